@@ -1,0 +1,56 @@
+//! `nbos`: the NotebookOS operator CLI.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use notebookosd::cli::{self, client::Target, NotYet};
+
+/// Operate a NotebookOS host: status, kernels, benchmarks, simulation.
+#[derive(Debug, Parser)]
+#[command(name = "nbos", version, about)]
+struct Args {
+    #[command(flatten)]
+    target: Target,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Show this host: GPUs, kernels, endpoint.
+    Status(cli::status::Args),
+    /// List kernels, their replicas and who holds which GPU.
+    Kernels(cli::kernels::Args),
+    /// Run a benchmark.
+    #[command(subcommand)]
+    Bench(cli::bench::BenchCmd),
+    /// Replay a workload trace under the scheduling policies.
+    Sim(cli::sim::Args),
+    /// Live view of per-process GPU activity.
+    Observe(cli::observe::Args),
+    /// Local ZMQ kernel facade that forwards to the gateway (used by kernelspecs).
+    KernelProxy(cli::proxy::Args),
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let result = match args.cmd {
+        Cmd::Status(a) => cli::status::run(&args.target, a),
+        Cmd::Kernels(a) => cli::kernels::run(a),
+        Cmd::Bench(b) => cli::bench::run(b),
+        Cmd::Sim(a) => cli::sim::run(a),
+        Cmd::Observe(a) => cli::observe::run(a),
+        Cmd::KernelProxy(a) => cli::proxy::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nbos: {e:#}");
+            if e.downcast_ref::<NotYet>().is_some() {
+                ExitCode::from(NotYet::EXIT_CODE as u8)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}

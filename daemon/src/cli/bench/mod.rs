@@ -1,0 +1,29 @@
+//! `nbos bench …`: benchmarks that print human-readable figures, or one JSON object with `--json`.
+
+pub mod cell;
+pub mod observe;
+pub mod raft;
+pub mod shim;
+
+/// Which benchmark to run.
+#[derive(Debug, clap::Subcommand)]
+pub enum BenchCmd {
+    /// Raft store: commit latency, throughput, failover, idle-group memory (and etcd side by side).
+    Raft(raft::Args),
+    /// CUDA shim: per-call overhead, lease acquire latency, evict/restore bandwidth.
+    Shim(shim::Args),
+    /// eBPF observer: the price of observation per probed call.
+    Observe(observe::Args),
+    /// Gateway: trivial-cell round trip through the gateway vs straight to ipykernel.
+    Cell(cell::Args),
+}
+
+/// Runs the chosen benchmark.
+pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
+    match cmd {
+        BenchCmd::Raft(a) => raft::run(a),
+        BenchCmd::Shim(a) => shim::run(a),
+        BenchCmd::Observe(a) => observe::run(a),
+        BenchCmd::Cell(a) => cell::run(a),
+    }
+}

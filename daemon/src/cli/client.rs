@@ -1,0 +1,80 @@
+//! How `nbos` finds and talks to the local daemon.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::node::{Endpoint, ENDPOINT_FILE};
+
+/// Where the daemon is and how to authenticate, as given on the command line or
+/// in the environment.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Target {
+    /// Base URL of the daemon's API. Default: the local daemon's endpoint file, else http://127.0.0.1:8888.
+    #[arg(long, global = true, env = "NBOS_URL")]
+    pub url: Option<String>,
+    /// API token. Default: the token file the local daemon names.
+    #[arg(long, global = true, env = "NBOS_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+/// Runtime directory of a packaged daemon.
+const DEFAULT_RUNTIME_DIR: &str = "/run/notebookos";
+
+/// A resolved daemon address and token.
+#[derive(Debug, Clone)]
+pub struct Client {
+    /// Base URL without a trailing slash.
+    pub url: String,
+    token: Option<String>,
+    agent: ureq::Agent,
+}
+
+impl Client {
+    /// Resolves `--url`/`--token`, falling back to the local daemon's endpoint file.
+    pub fn new(target: &Target) -> anyhow::Result<Self> {
+        let endpoint = read_endpoint(&PathBuf::from(DEFAULT_RUNTIME_DIR).join(ENDPOINT_FILE));
+        let url = match (&target.url, &endpoint) {
+            (Some(u), _) => u.clone(),
+            (None, Some(e)) => e.url.clone(),
+            (None, None) => "http://127.0.0.1:8888".to_owned(),
+        };
+        let token = match (&target.token, &endpoint) {
+            (Some(t), _) => Some(t.clone()),
+            (None, Some(Endpoint { token_file: Some(f), url, .. })) if target.url.as_deref().is_none_or(|u| u == url) => {
+                std::fs::read_to_string(f).ok().and_then(|s| s.lines().next().map(|l| l.trim().to_owned()))
+            }
+            _ => None,
+        };
+        let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(10)).build();
+        Ok(Self { url: url.trim_end_matches('/').to_owned(), token, agent })
+    }
+
+    /// `GET path` and decode the JSON body.
+    pub fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        let mut req = self.agent.get(&format!("{}{path}", self.url));
+        if let Some(t) = &self.token {
+            req = req.set("Authorization", &format!("token {t}"));
+        }
+        match req.call() {
+            Ok(resp) => resp.into_json().with_context(|| format!("decoding the answer of GET {}{path}", self.url)),
+            Err(ureq::Error::Status(401, _)) => anyhow::bail!(
+                "the daemon at {} refused the token (401): pass --token or set NBOS_TOKEN",
+                self.url
+            ),
+            Err(ureq::Error::Status(code, resp)) => {
+                let body = resp.into_string().unwrap_or_default();
+                anyhow::bail!("GET {}{path} failed with HTTP {code}: {}", self.url, body.trim())
+            }
+            Err(e) => Err(anyhow::anyhow!(e)).with_context(|| {
+                format!("cannot reach notebookosd at {} (is it running? set --url or NBOS_URL)", self.url)
+            }),
+        }
+    }
+}
+
+fn read_endpoint(path: &std::path::Path) -> Option<Endpoint> {
+    let text = std::fs::read_to_string(path).ok()?;
+    serde_json::from_str(&text).ok()
+}

@@ -1,0 +1,16 @@
+//! `nbos kernels`.
+
+use crate::cli::not_yet::not_yet;
+
+/// Options of `nbos kernels`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs the subcommand.
+pub fn run(_args: Args) -> anyhow::Result<()> {
+    not_yet("kernels", "the single-host platform (issue 6)")
+}

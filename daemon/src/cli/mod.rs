@@ -1,0 +1,12 @@
+//! The `nbos` operator CLI: one module per subcommand.
+
+pub mod bench;
+pub mod client;
+pub mod kernels;
+pub mod not_yet;
+pub mod observe;
+pub mod proxy;
+pub mod sim;
+pub mod status;
+
+pub use not_yet::NotYet;

@@ -1,0 +1,16 @@
+//! `nbos observe`.
+
+use crate::cli::not_yet::not_yet;
+
+/// Options of `nbos observe`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs the subcommand.
+pub fn run(_args: Args) -> anyhow::Result<()> {
+    not_yet("observe", "the eBPF observer (issue 5)")
+}

@@ -1,0 +1,98 @@
+//! The HTTP face of a host: the Jupyter gateway API (with the single-host platform,
+//! issue 6), the operator API (`/api/v1/…`), `/metrics` and `/healthz`.
+
+pub mod auth;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+
+use crate::gpu::Inventory;
+use crate::metrics::{HttpLabels, Metrics};
+use crate::status::NodeStatus;
+
+/// What the HTTP handlers share.
+pub struct AppState {
+    /// Host name.
+    pub node: String,
+    /// Base URL clients use.
+    pub url: String,
+    /// Durable state directory (shown in status).
+    pub state_dir: String,
+    /// Started with `--dev`.
+    pub dev: bool,
+    /// When the daemon started.
+    pub started: Instant,
+    /// The API token; `None` means the API is open (loopback `--dev` only).
+    pub token: Option<String>,
+    /// GPU inventory.
+    pub inventory: Inventory,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+/// Builds the router.
+pub fn router(state: Arc<AppState>) -> Router {
+    let api = Router::new()
+        .route("/api", get(api_version))
+        .route("/api/v1/status", get(status))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_token));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .merge(api)
+        .layer(middleware::from_fn_with_state(state.clone(), count_requests))
+        .with_state(state)
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        st.metrics.render(),
+    )
+        .into_response()
+}
+
+/// `GET /api`: what Jupyter clients probe first.
+async fn api_version() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "version": env!("CARGO_PKG_VERSION"), "server": "notebookosd" }))
+}
+
+async fn status(State(st): State<Arc<AppState>>) -> Json<NodeStatus> {
+    Json(NodeStatus {
+        node: st.node.clone(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        uptime_s: st.started.elapsed().as_secs(),
+        dev: st.dev,
+        url: st.url.clone(),
+        state_dir: st.state_dir.clone(),
+        auth: st.token.is_some(),
+        inventory: st.inventory.clone(),
+        kernels: 0,
+    })
+}
+
+async fn count_requests(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    // The route template, not the raw path: kernel ids must not become label values.
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let resp = next.run(req).await;
+    let code = resp.status().as_u16();
+    st.metrics.http_requests_total.get_or_create(&HttpLabels { route, code }).inc();
+    if resp.status() == StatusCode::UNAUTHORIZED {
+        st.metrics.http_auth_failures_total.inc();
+    }
+    resp
+}

@@ -1,0 +1,15 @@
+//! `notebookosd`, the NotebookOS node daemon, and the `nbos` operator CLI.
+//!
+//! The layout follows the path of a cell (see `docs/design.md`): entry points and
+//! [`node`] wiring at the top, then the [`gateway`], the lease server and GPU
+//! control ([`lease`], [`gpu`]), down to pure modules such as [`config`].
+
+pub mod cli;
+pub mod config;
+pub mod gateway;
+pub mod gpu;
+pub mod lease;
+pub mod logging;
+pub mod metrics;
+pub mod node;
+pub mod status;

@@ -1,0 +1,95 @@
+//! `notebookosd`: the NotebookOS node daemon.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use notebookosd::config::Config;
+use notebookosd::node::{self, RunOptions};
+
+/// The NotebookOS node daemon: Jupyter kernels that hold GPUs only while a cell runs.
+#[derive(Debug, Parser)]
+#[command(name = "notebookosd", version, about)]
+struct Args {
+    /// Configuration file (TOML; see /usr/share/doc/notebookosd/notebookosd.toml).
+    #[arg(long, value_name = "FILE", conflicts_with = "dev")]
+    config: Option<PathBuf>,
+
+    /// Development mode: one host, loopback only, no token, state in a temporary
+    /// directory (or --state-dir), removed on exit when temporary.
+    #[arg(long)]
+    dev: bool,
+
+    /// With --dev: keep state in DIR instead of a temporary directory.
+    #[arg(long, value_name = "DIR", requires = "dev")]
+    state_dir: Option<PathBuf>,
+
+    /// With --dev: listen on ADDR (a loopback address; port 0 picks a free one).
+    #[arg(long, value_name = "ADDR", requires = "dev", default_value = "127.0.0.1:8888")]
+    listen: SocketAddr,
+
+    /// With --dev: simulate N GPUs with the fake-cuda test double.
+    #[arg(long, value_name = "N", requires = "dev", default_value_t = 0)]
+    fake_gpus: u32,
+
+    /// Validate the configuration and exit.
+    #[arg(long)]
+    check_config: bool,
+}
+
+/// Default config path when neither --config nor --dev is given.
+const DEFAULT_CONFIG: &str = "/etc/notebookos/notebookosd.toml";
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let (config, opts) = match load(&args) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("notebookosd: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.check_config {
+        println!("notebookosd: configuration OK");
+        return ExitCode::SUCCESS;
+    }
+    notebookosd::logging::init(&config.log);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("notebookosd: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(node::run(config, opts)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "notebookosd failed");
+            eprintln!("notebookosd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load(args: &Args) -> anyhow::Result<(Config, RunOptions)> {
+    if !args.dev {
+        let path = args.config.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
+        return Ok((Config::load(&path)?, RunOptions::default()));
+    }
+    anyhow::ensure!(
+        args.listen.ip().is_loopback(),
+        "--dev listens on loopback only; {} is not a loopback address (use --config for anything else)",
+        args.listen
+    );
+    let (state_dir, remove_on_exit) = match &args.state_dir {
+        Some(d) => (d.clone(), None),
+        None => {
+            let d = tempfile::Builder::new().prefix("notebookosd-dev-").tempdir()?.keep();
+            (d.clone(), Some(d))
+        }
+    };
+    let config = Config::dev(&state_dir, args.listen, args.fake_gpus);
+    config.validate("--dev")?;
+    Ok((config, RunOptions { dev: true, remove_on_exit }))
+}

@@ -1,0 +1,214 @@
+//! Wires one host together: config -> components -> run -> graceful shutdown.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+
+use crate::config::Config;
+use crate::gateway::{self, AppState};
+use crate::gpu;
+use crate::metrics::{BuildLabels, Metrics};
+
+/// How the node was started, beyond its config.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Started with `--dev`.
+    pub dev: bool,
+    /// A directory the node created for itself and removes on shutdown.
+    pub remove_on_exit: Option<PathBuf>,
+}
+
+/// What a running node tells whoever started it, once it listens.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Endpoint {
+    /// Base URL of the HTTP API.
+    pub url: String,
+    /// Process id of the daemon.
+    pub pid: u32,
+    /// File holding the API token, if the API needs one.
+    pub token_file: Option<PathBuf>,
+    /// Durable state directory.
+    pub state_dir: PathBuf,
+}
+
+/// Name of the file in `runtime_dir` where a running node describes its endpoint.
+pub const ENDPOINT_FILE: &str = "endpoint.json";
+/// Name of the file in `runtime_dir` holding a generated API token.
+pub const GENERATED_TOKEN_FILE: &str = "api-token";
+
+/// Runs the node until SIGTERM or SIGINT.
+pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let node = config.node_name();
+    create_private_dir(&config.node.state_dir)?;
+    create_private_dir(&config.node.runtime_dir)?;
+
+    let (token, token_file) = api_token(&config)?;
+    let inventory = gpu::inventory::discover(&config.gpu).context("taking the GPU inventory")?;
+
+    let metrics = Metrics::new();
+    metrics.build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION").into(), node: node.clone() }).set(1);
+    metrics.gpus_total.set(i64::try_from(inventory.gpus.len()).unwrap_or(i64::MAX));
+    let metrics = Arc::new(metrics);
+
+    let listener = TcpListener::bind(config.http.listen)
+        .await
+        .with_context(|| format!("binding http.listen = {}", config.http.listen))?;
+    let addr: SocketAddr = listener.local_addr().context("reading the bound address")?;
+    let url = format!("http://{addr}");
+
+    let state = Arc::new(AppState {
+        node: node.clone(),
+        url: url.clone(),
+        state_dir: config.node.state_dir.display().to_string(),
+        dev: opts.dev,
+        started,
+        token: token.clone(),
+        inventory: inventory.clone(),
+        metrics,
+    });
+
+    let endpoint = Endpoint {
+        url: url.clone(),
+        pid: std::process::id(),
+        token_file: token_file.clone(),
+        state_dir: config.node.state_dir.clone(),
+    };
+    let endpoint_path = config.node.runtime_dir.join(ENDPOINT_FILE);
+    write_file_atomically(&endpoint_path, serde_json::to_string_pretty(&endpoint)?.as_bytes())?;
+
+    tracing::info!(
+        node = %node, %url, state_dir = %config.node.state_dir.display(),
+        gpus = inventory.gpus.len(), gpu_source = %inventory.source, dev = opts.dev,
+        "notebookosd listening"
+    );
+    // One plain line on stdout for people and scripts (the logs go to stderr).
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "notebookosd {}: listening on {url}", env!("CARGO_PKG_VERSION"))?;
+    writeln!(out, "notebookosd: state in {}", config.node.state_dir.display())?;
+    match (&token, &token_file) {
+        (None, _) => writeln!(out, "notebookosd: API open without a token (loopback, dev mode)")?,
+        (Some(_), Some(f)) => writeln!(out, "notebookosd: API token in {}", f.display())?,
+        (Some(_), None) => {}
+    }
+    writeln!(
+        out,
+        "notebookosd: {} GPU(s) ({}){}",
+        inventory.gpus.len(),
+        inventory.source,
+        if inventory.source == "fake" { " — SIMULATED by the fake-cuda test double" } else { "" }
+    )?;
+    out.flush()?;
+    drop(out);
+
+    let watchdog = systemd_ready();
+
+    let app = gateway::router(state);
+    let served = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await;
+
+    if let Some(w) = watchdog {
+        w.abort();
+    }
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    tracing::info!("shutting down");
+    let _ = std::fs::remove_file(&endpoint_path);
+    if let Some(dir) = &opts.remove_on_exit {
+        if let Err(e) = std::fs::remove_dir_all(dir) {
+            tracing::warn!(dir = %dir.display(), error = %e, "could not remove the temporary state directory");
+        }
+    }
+    served.context("serving HTTP")
+}
+
+/// The token clients must present, and the file it lives in.
+fn api_token(config: &Config) -> anyhow::Result<(Option<String>, Option<PathBuf>)> {
+    if let Some(path) = &config.http.token_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading http.token_file {}", path.display()))?;
+        let token = text.lines().next().unwrap_or("").trim().to_owned();
+        anyhow::ensure!(token.len() >= 16, "http.token_file {}: the token must be at least 16 characters", path.display());
+        return Ok((Some(token), Some(path.clone())));
+    }
+    if config.http.listen.ip().is_loopback() && config.http.allow_unauthenticated_loopback {
+        tracing::warn!(listen = %config.http.listen, "API open without a token (loopback only)");
+        return Ok((None, None));
+    }
+    // Loopback without a configured token: generate one readable only by root, as Jupyter does.
+    let path = config.node.runtime_dir.join(GENERATED_TOKEN_FILE);
+    let token = random_token()?;
+    write_file_atomically(&path, format!("{token}\n").as_bytes())?;
+    Ok((Some(token), Some(path)))
+}
+
+/// 32 random bytes, hex-encoded.
+fn random_token() -> anyhow::Result<String> {
+    use std::io::Read;
+    let mut buf = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .context("reading /dev/urandom for an API token")?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating directory {}", dir.display()))
+}
+
+/// Writes `path` via a temporary file and rename, mode 0600, so readers never see half a file.
+fn write_file_atomically(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("creating {}", tmp.display()))?;
+    f.write_all(contents).with_context(|| format!("writing {}", tmp.display()))?;
+    f.sync_all().with_context(|| format!("syncing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+}
+
+/// Tells systemd we are ready and, when it asks for one, keeps its watchdog fed.
+fn systemd_ready() -> Option<tokio::task::JoinHandle<()>> {
+    if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+        tracing::debug!(error = %e, "sd_notify READY failed (not under systemd?)");
+    }
+    let interval = sd_notify::watchdog_enabled().filter(|d| !d.is_zero())?;
+    // Ping at half the interval, as sd_watchdog_enabled(3) recommends.
+    let period = interval / 2;
+    tracing::info!(?period, "systemd watchdog enabled");
+    Some(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        loop {
+            tick.tick().await;
+            let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+        }
+    }))
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot install the SIGTERM handler");
+            return std::future::pending().await;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    }
+}
