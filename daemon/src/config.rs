@@ -245,8 +245,8 @@ const MAX_FAKE_GPUS: u32 = 64;
 impl Config {
     /// Reads, parses and validates a config file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
         Self::parse(&text, &path.display().to_string())
     }
 
@@ -271,11 +271,8 @@ impl Config {
 
     /// Checks what the types cannot: ranges, and combinations of fields.
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
-        let invalid = |field: &'static str, reason: String| ConfigError::Invalid {
-            origin: origin.to_owned(),
-            field,
-            reason,
-        };
+        let invalid =
+            |field: &'static str, reason: String| ConfigError::Invalid { origin: origin.to_owned(), field, reason };
         if self.node.state_dir.as_os_str().is_empty() {
             return Err(invalid("node.state_dir", "must not be empty".into()));
         }
@@ -319,10 +316,7 @@ impl Config {
             }
             GpuDriver::Auto | GpuDriver::Nvidia | GpuDriver::None => {
                 if self.gpu.fake_gpus != 0 {
-                    return Err(invalid(
-                        "gpu.fake_gpus",
-                        "only applies with gpu.driver = \"fake\"".into(),
-                    ));
+                    return Err(invalid("gpu.fake_gpus", "only applies with gpu.driver = \"fake\"".into()));
                 }
             }
         }

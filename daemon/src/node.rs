@@ -52,7 +52,10 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
     let inventory = gpu::inventory::discover(&config.gpu).context("taking the GPU inventory")?;
 
     let metrics = Metrics::new();
-    metrics.build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION").into(), node: node.clone() }).set(1);
+    metrics
+        .build_info
+        .get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION").into(), node: node.clone() })
+        .set(1);
     metrics.gpus_total.set(i64::try_from(inventory.gpus.len()).unwrap_or(i64::MAX));
     let metrics = Arc::new(metrics);
 
@@ -128,10 +131,14 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
 /// The token clients must present, and the file it lives in.
 fn api_token(config: &Config) -> anyhow::Result<(Option<String>, Option<PathBuf>)> {
     if let Some(path) = &config.http.token_file {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading http.token_file {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading http.token_file {}", path.display()))?;
         let token = text.lines().next().unwrap_or("").trim().to_owned();
-        anyhow::ensure!(token.len() >= 16, "http.token_file {}: the token must be at least 16 characters", path.display());
+        anyhow::ensure!(
+            token.len() >= 16,
+            "http.token_file {}: the token must be at least 16 characters",
+            path.display()
+        );
         return Ok((Some(token), Some(path.clone())));
     }
     if config.http.listen.ip().is_loopback() && config.http.allow_unauthenticated_loopback {

@@ -42,7 +42,9 @@ impl Client {
         };
         let token = match (&target.token, &endpoint) {
             (Some(t), _) => Some(t.clone()),
-            (None, Some(Endpoint { token_file: Some(f), url, .. })) if target.url.as_deref().is_none_or(|u| u == url) => {
+            (None, Some(Endpoint { token_file: Some(f), url, .. }))
+                if target.url.as_deref().is_none_or(|u| u == url) =>
+            {
                 std::fs::read_to_string(f).ok().and_then(|s| s.lines().next().map(|l| l.trim().to_owned()))
             }
             _ => None,
@@ -59,10 +61,9 @@ impl Client {
         }
         match req.call() {
             Ok(resp) => resp.into_json().with_context(|| format!("decoding the answer of GET {}{path}", self.url)),
-            Err(ureq::Error::Status(401, _)) => anyhow::bail!(
-                "the daemon at {} refused the token (401): pass --token or set NBOS_TOKEN",
-                self.url
-            ),
+            Err(ureq::Error::Status(401, _)) => {
+                anyhow::bail!("the daemon at {} refused the token (401): pass --token or set NBOS_TOKEN", self.url)
+            }
             Err(ureq::Error::Status(code, resp)) => {
                 let body = resp.into_string().unwrap_or_default();
                 anyhow::bail!("GET {}{path} failed with HTTP {code}: {}", self.url, body.trim())

@@ -64,7 +64,13 @@ mod tests {
             inventory: Inventory {
                 source: "fake".into(),
                 gpus: (0..2)
-                    .map(|i| GpuInfo { index: i, uuid: format!("GPU-{i}"), name: "Sim".into(), memory_mib: 1024, simulated: true })
+                    .map(|i| GpuInfo {
+                        index: i,
+                        uuid: format!("GPU-{i}"),
+                        name: "Sim".into(),
+                        memory_mib: 1024,
+                        simulated: true,
+                    })
                     .collect(),
             },
             kernels: 0,

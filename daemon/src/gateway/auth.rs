@@ -38,10 +38,7 @@ pub fn presented_token(req: &Request) -> Option<String> {
         }
     }
     req.uri().query().and_then(|q| {
-        q.split('&')
-            .filter_map(|kv| kv.split_once('='))
-            .find(|(k, _)| *k == "token")
-            .map(|(_, v)| percent_decode(v))
+        q.split('&').filter_map(|kv| kv.split_once('=')).find(|(k, _)| *k == "token").map(|(_, v)| percent_decode(v))
     })
 }
 

@@ -56,10 +56,7 @@ async fn healthz() -> &'static str {
 }
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
-    (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-        st.metrics.render(),
-    )
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], st.metrics.render())
         .into_response()
 }
 
@@ -84,10 +81,7 @@ async fn status(State(st): State<Arc<AppState>>) -> Json<NodeStatus> {
 
 async fn count_requests(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     // The route template, not the raw path: kernel ids must not become label values.
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let route = req.extensions().get::<MatchedPath>().map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
     let resp = next.run(req).await;
     let code = resp.status().as_u16();
     st.metrics.http_requests_total.get_or_create(&HttpLabels { route, code }).inc();

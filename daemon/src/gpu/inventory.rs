@@ -73,7 +73,8 @@ mod tests {
 
     #[test]
     fn fake_inventory_has_the_configured_gpus_with_distinct_uuids() {
-        let cfg = GpuConfig { driver: GpuDriver::Fake, fake_gpus: 3, fake_gpu_memory_mib: 1024, ..GpuConfig::default() };
+        let cfg =
+            GpuConfig { driver: GpuDriver::Fake, fake_gpus: 3, fake_gpu_memory_mib: 1024, ..GpuConfig::default() };
         let inv = discover(&cfg).expect("fake inventory");
         assert_eq!(inv.source, "fake");
         assert_eq!(inv.gpus.len(), 3);
