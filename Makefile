@@ -1,0 +1,62 @@
+# NotebookOS-rs — the two commands a newcomer needs:
+#   make demo   the main job: start notebookosd in dev mode and show what it does
+#   make test   every test of the workspace (Rust and Python)
+# Both install what they need first (scripts/install-deps.sh, idempotent).
+
+SHELL := /bin/bash
+CARGO ?= cargo
+VENV := $(CURDIR)/.venv
+# Tests and the demo use the venv's Python (ipykernel, jupyter_client, nbclient, ...).
+export NBOS_PYTHON := $(VENV)/bin/python
+export PATH := $(VENV)/bin:$(PATH)
+
+.PHONY: all deps build test test-rust test-python demo demo-stop lint fmt package clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+build: deps
+	$(CARGO) build --workspace --all-targets
+
+test: deps
+	$(CARGO) build --workspace --all-targets
+	$(MAKE) --no-print-directory test-rust
+	$(MAKE) --no-print-directory test-python
+
+test-rust:
+	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
+	  $(CARGO) nextest run --workspace --no-fail-fast; \
+	else \
+	  $(CARGO) test --workspace --no-fail-fast; \
+	fi
+
+test-python:
+	$(NBOS_PYTHON) -m pytest -q python/tests $(wildcard tests/jupyter)
+
+demo: deps
+	$(CARGO) build --workspace
+	@scripts/demo.sh start
+
+demo-stop:
+	@scripts/demo.sh stop
+
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+# Debian and RPM packages of notebookosd + nbos (installs cargo-deb / cargo-generate-rpm if missing).
+package: deps
+	@command -v cargo-deb >/dev/null || $(CARGO) install --locked cargo-deb@3.8.0
+	@command -v cargo-generate-rpm >/dev/null || $(CARGO) install --locked cargo-generate-rpm@0.21.0
+	$(CARGO) build --release -p notebookosd
+	$(CARGO) deb -p notebookosd --no-build
+	$(CARGO) generate-rpm -p daemon
+
+clean:
+	$(CARGO) clean
+	rm -rf .nbos

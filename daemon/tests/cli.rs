@@ -1,0 +1,233 @@
+//! The binaries as an operator uses them: config validation, dev mode, `nbos status`,
+//! token auth, unfinished subcommands.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const NOTEBOOKOSD: &str = env!("CARGO_BIN_EXE_notebookosd");
+const NBOS: &str = env!("CARGO_BIN_EXE_nbos");
+
+fn run(bin: &str, args: &[&str]) -> Output {
+    Command::new(bin).args(args).env_remove("NBOS_URL").env_remove("NBOS_TOKEN").output().expect("spawn")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn write_config(dir: &Path, body: &str) -> std::path::PathBuf {
+    let p = dir.join("notebookosd.toml");
+    std::fs::write(&p, body).expect("write config");
+    p
+}
+
+/// A daemon child process, killed on drop.
+struct Daemon {
+    child: Child,
+    url: String,
+}
+
+impl Daemon {
+    fn start(args: &[&str]) -> Daemon {
+        let mut child = Command::new(NOTEBOOKOSD)
+            .args(args)
+            .env("NBOS_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn notebookosd");
+        let out = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = rx.recv_timeout(left).unwrap_or_else(|_| panic!("notebookosd did not print its URL within 20 s"));
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                return Daemon { child, url: rest.trim().to_owned() };
+            }
+        }
+    }
+
+    fn terminate(mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
+        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        assert_eq!(rc, 0, "kill SIGTERM");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(st) = self.child.try_wait().expect("wait") {
+                return st;
+            }
+            assert!(Instant::now() < deadline, "notebookosd did not exit within 10 s of SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn http_get(url: &str, token: Option<&str>) -> (u16, String) {
+    let mut req = ureq::get(url);
+    if let Some(t) = token {
+        req = req.set("Authorization", &format!("token {t}"));
+    }
+    match req.call() {
+        Ok(r) => (r.status(), r.into_string().expect("body")),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        Err(e) => panic!("GET {url}: {e}"),
+    }
+}
+
+#[test]
+fn both_binaries_answer_help_and_version() {
+    for bin in [NOTEBOOKOSD, NBOS] {
+        let v = run(bin, &["--version"]);
+        assert!(v.status.success(), "{bin} --version: {}", stderr(&v));
+        assert!(stdout(&v).contains(env!("CARGO_PKG_VERSION")), "{}", stdout(&v));
+        let h = run(bin, &["--help"]);
+        assert!(h.status.success());
+        assert!(stdout(&h).contains("Usage:"), "{}", stdout(&h));
+    }
+    let h = stdout(&run(NBOS, &["--help"]));
+    for sub in ["status", "kernels", "bench", "sim", "kernel-proxy"] {
+        assert!(h.contains(sub), "nbos --help lacks {sub}: {h}");
+    }
+}
+
+#[test]
+fn unknown_config_key_is_refused_and_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), "[gpu]\nidle_releas = \"10s\"\n");
+    let o = run(NOTEBOOKOSD, &["--config", cfg.to_str().expect("utf8")]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("idle_releas") && e.contains("gpu"), "{e}");
+    assert!(e.contains("line 2"), "{e}");
+}
+
+#[test]
+fn malformed_config_value_is_refused_and_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), "[gpu]\nsubscription_ratio = \"lots\"\n");
+    let o = run(NOTEBOOKOSD, &["--config", cfg.to_str().expect("utf8")]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("gpu.subscription_ratio"), "{}", stderr(&o));
+
+    let cfg = write_config(dir.path(), "[http]\nlisten = \"0.0.0.0:8888\"\n");
+    let o = run(NOTEBOOKOSD, &["--config", cfg.to_str().expect("utf8"), "--check-config"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("http.token_file"), "{}", stderr(&o));
+}
+
+#[test]
+fn missing_config_file_is_named() {
+    let o = run(NOTEBOOKOSD, &["--config", "/nonexistent/notebookosd.toml"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("/nonexistent/notebookosd.toml"), "{}", stderr(&o));
+}
+
+#[test]
+fn shipped_config_passes_check_config() {
+    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/../packaging/notebookosd.toml");
+    let o = run(NOTEBOOKOSD, &["--config", shipped, "--check-config"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("configuration OK"));
+}
+
+#[test]
+fn dev_mode_refuses_a_non_loopback_address() {
+    let o = run(NOTEBOOKOSD, &["--dev", "--listen", "0.0.0.0:0"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("loopback"), "{}", stderr(&o));
+}
+
+#[test]
+fn dev_daemon_serves_status_health_and_metrics_then_cleans_up() {
+    let d = Daemon::start(&["--dev", "--listen", "127.0.0.1:0", "--fake-gpus", "2"]);
+    assert!(d.url.starts_with("http://127.0.0.1:"), "{}", d.url);
+
+    let (code, body) = http_get(&format!("{}/healthz", d.url), None);
+    assert_eq!((code, body.trim()), (200, "ok"));
+
+    let o = Command::new(NBOS).args(["status", "--json"]).env("NBOS_URL", &d.url).output().expect("nbos");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let status: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json status");
+    assert_eq!(status["dev"], true);
+    assert_eq!(status["inventory"]["source"], "fake");
+    let gpus = status["inventory"]["gpus"].as_array().expect("gpus");
+    assert_eq!(gpus.len(), 2);
+    assert!(gpus.iter().all(|g| g["simulated"] == true));
+    let state_dir = status["state_dir"].as_str().expect("state_dir").to_owned();
+    assert!(Path::new(&state_dir).is_dir(), "{state_dir}");
+
+    let table = Command::new(NBOS).arg("status").env("NBOS_URL", &d.url).output().expect("nbos");
+    assert!(stdout(&table).contains("SIMULATED"), "{}", stdout(&table));
+
+    let (code, metrics) = http_get(&format!("{}/metrics", d.url), None);
+    assert_eq!(code, 200);
+    assert!(metrics.contains("notebookos_gpus 2"), "{metrics}");
+    assert!(metrics.contains("notebookos_http_requests_total{route=\"/api/v1/status\",code=\"200\"}"), "{metrics}");
+
+    let st = d.terminate();
+    assert!(st.success(), "graceful shutdown exits 0, got {st}");
+    assert!(!Path::new(&state_dir).exists(), "temporary dev state dir {state_dir} must be removed on exit");
+}
+
+#[test]
+fn token_is_required_when_configured() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = "0123456789abcdef-test-token";
+    std::fs::write(dir.path().join("token"), format!("{token}\n")).expect("token");
+    let cfg = write_config(
+        dir.path(),
+        &format!(
+            "[node]\nstate_dir = \"{0}/state\"\nruntime_dir = \"{0}/run\"\n[http]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"{0}/token\"\n[gpu]\ndriver = \"none\"\n",
+            dir.path().display()
+        ),
+    );
+    let d = Daemon::start(&["--config", cfg.to_str().expect("utf8")]);
+    let status = format!("{}/api/v1/status", d.url);
+    assert_eq!(http_get(&status, None).0, 401);
+    assert_eq!(http_get(&status, Some("wrong-token-wrong-token")).0, 401);
+    assert_eq!(http_get(&status, Some(token)).0, 200);
+    assert_eq!(http_get(&format!("{status}?token={token}"), None).0, 200);
+    // Probes stay open for load balancers and Prometheus.
+    assert_eq!(http_get(&format!("{}/healthz", d.url), None).0, 200);
+
+    let o = Command::new(NBOS).args(["status", "--token", "nope-nope-nope"]).env("NBOS_URL", &d.url).output().expect("nbos");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("401"), "{}", stderr(&o));
+    let o = Command::new(NBOS).args(["status", "--token", token]).env("NBOS_URL", &d.url).output().expect("nbos");
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    let (_, m) = http_get(&format!("{}/metrics", d.url), None);
+    assert!(m.contains("notebookos_http_auth_failures_total 3"), "{m}");
+    assert!(d.terminate().success());
+}
+
+#[test]
+fn nbos_status_without_a_daemon_says_where_it_looked() {
+    let o = Command::new(NBOS).args(["status"]).env("NBOS_URL", "http://127.0.0.1:9").output().expect("nbos");
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert!(e.contains("cannot reach notebookosd at http://127.0.0.1:9"), "{e}");
+    assert!(!e.contains("panicked"), "{e}");
+}

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Installs what building, testing and the demo need, idempotently:
+#   Debian packages (apt-get, when missing and we are root; otherwise prints the command),
+#   and the Python venv at .venv from requirements-dev.txt plus python/ (nbos_kernel).
+# Usage: scripts/install-deps.sh [--no-venv]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# clang + libbpf-dev + bpftool: the eBPF programs (C, -target bpf, CO-RE against the kernel's BTF).
+# gcc/libc6-dev: C test programs and crates with C parts. python3-venv: the venv.
+# pkg-config: -sys crates. procps: `ps`/`pkill` used by tests and the demo.
+packages=(clang llvm libbpf-dev bpftool gcc libc6-dev pkg-config python3-venv procps curl)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if ((${#missing[@]})); then
+  if [ "$(id -u)" = 0 ]; then
+    echo "install-deps: installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    echo "install-deps: missing Debian packages: ${missing[*]}" >&2
+    echo "install-deps: run:  sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+
+for tool in cargo rustc; do
+  command -v "$tool" >/dev/null || { echo "install-deps: $tool not found: install Rust 1.95 with rustup (https://rustup.rs)" >&2; exit 1; }
+done
+
+[ "${1:-}" = "--no-venv" ] && exit 0
+
+# The venv is rebuilt only when requirements-dev.txt or python/pyproject.toml change.
+# Debian's interpreter (python3-venv above); some toolchains put a python3 without ssl first on PATH.
+default_python=python3
+[ -x /usr/bin/python3 ] && default_python=/usr/bin/python3
+python=${PYTHON:-$default_python}
+stamp=.venv/.nbos-installed
+want=$(cat requirements-dev.txt python/pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ -x .venv/bin/python ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+  exit 0
+fi
+echo "install-deps: creating the Python venv in .venv (requirements-dev.txt)"
+"$python" -m venv .venv
+log=.venv/install.log
+{
+  .venv/bin/python -m pip install -q -r requirements-dev.txt &&
+  .venv/bin/python -m pip install -q -e python/
+} >"$log" 2>&1 || { cat "$log" >&2; echo "install-deps: pip failed (log above, also in $log)" >&2; exit 1; }
+.venv/bin/python -m ipykernel --version >/dev/null
+echo "$want" > "$stamp"
