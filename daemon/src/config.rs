@@ -437,3 +437,38 @@ mod tests {
         assert_eq!(c.gpu.driver, GpuDriver::Fake);
     }
 }
+
+#[cfg(test)]
+mod docs_tests {
+    use super::Config;
+
+    /// Every `section.key` of the config, from the defaults serialised back to TOML.
+    fn all_keys() -> Vec<String> {
+        let value = toml::Value::try_from(Config::default()).expect("config serialises");
+        let mut keys = Vec::new();
+        if let toml::Value::Table(sections) = value {
+            for (section, body) in sections {
+                if let toml::Value::Table(fields) = body {
+                    keys.extend(fields.keys().map(|k| format!("{section}.{k}")));
+                }
+            }
+        }
+        keys
+    }
+
+    #[test]
+    fn every_config_field_is_documented_in_the_reference_and_the_shipped_file() {
+        let reference = include_str!("../../docs/configuration.md");
+        let shipped = include_str!("../../packaging/notebookosd.toml");
+        let keys = all_keys();
+        assert!(keys.len() >= 15, "{keys:?}");
+        for key in keys {
+            assert!(reference.contains(&format!("`{key}`")), "docs/configuration.md does not document `{key}`");
+            let field = key.rsplit('.').next().expect("field");
+            assert!(
+                shipped.lines().any(|l| l.trim_start_matches("# ").starts_with(&format!("{field} ="))),
+                "packaging/notebookosd.toml does not show `{key}`"
+            );
+        }
+    }
+}

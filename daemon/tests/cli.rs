@@ -231,3 +231,27 @@ fn nbos_status_without_a_daemon_says_where_it_looked() {
     assert!(e.contains("cannot reach notebookosd at http://127.0.0.1:9"), "{e}");
     assert!(!e.contains("panicked"), "{e}");
 }
+
+#[test]
+fn systemd_unit_verifies_against_the_built_daemon() {
+    let Ok(analyze) = which("systemd-analyze") else {
+        eprintln!("skipped: systemd-analyze is not installed (Debian package systemd)");
+        return;
+    };
+    let unit = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../packaging/notebookosd.service"))
+        .expect("unit file");
+    assert!(unit.contains("Type=notify") && unit.contains("WatchdogSec="), "{unit}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("notebookosd.service");
+    std::fs::write(&path, unit.replace("/usr/bin/notebookosd", NOTEBOOKOSD)).expect("write unit");
+    let o = Command::new(analyze).arg("verify").arg(&path).output().expect("systemd-analyze");
+    assert!(o.status.success(), "systemd-analyze verify: {}{}", stdout(&o), stderr(&o));
+    let noise = stderr(&o);
+    assert!(!noise.contains("notebookosd.service:"), "unit has warnings: {noise}");
+}
+
+fn which(name: &str) -> Result<std::path::PathBuf, ()> {
+    std::env::var_os("PATH")
+        .and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|c| c.is_file()))
+        .ok_or(())
+}
