@@ -8,6 +8,8 @@ pub mod cli;
 pub mod config;
 pub mod gateway;
 pub mod gpu;
+pub mod jupyter;
+pub mod kernel;
 pub mod lease;
 pub mod logging;
 pub mod metrics;

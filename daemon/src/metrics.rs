@@ -6,6 +6,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 /// Labels of `notebookos_build_info`.
@@ -26,6 +27,29 @@ pub struct HttpLabels {
     pub code: u16,
 }
 
+/// Labels of `notebookos_messages_dropped_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DropLabels {
+    /// Who sent it: `websocket`, `kernel`, `proxy`.
+    pub source: String,
+    /// Why: `bad_signature`, `malformed_json`, `too_large`, …
+    pub reason: String,
+}
+
+/// Labels of `notebookos_kernels`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    /// Execution state (`idle`, `busy`, `starting`, `dead`, …).
+    pub state: String,
+}
+
+/// Labels of `notebookos_cells_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// `ok`, `error`, `aborted`, `rejected` (could never get its GPUs).
+    pub outcome: String,
+}
+
 /// The daemon's metrics and their registry.
 pub struct Metrics {
     registry: Registry,
@@ -37,6 +61,24 @@ pub struct Metrics {
     pub http_requests_total: Family<HttpLabels, Counter>,
     /// Requests refused for a missing or wrong token.
     pub http_auth_failures_total: Counter,
+    /// Messages dropped, by source and reason.
+    pub messages_dropped_total: Family<DropLabels, Counter>,
+    /// Kernels started.
+    pub kernels_started_total: Counter,
+    /// Kernel processes that died on their own.
+    pub kernel_deaths_total: Counter,
+    /// Kernels by execution state (set when scraped).
+    pub kernels: Family<StateLabels, Gauge>,
+    /// Cells (execute requests) finished, by outcome.
+    pub cells_total: Family<OutcomeLabels, Counter>,
+    /// Submit (execute_request received) to start of execution (execute_input), seconds.
+    pub interactivity_delay_seconds: Histogram,
+    /// Cells waiting for GPUs right now.
+    pub cells_waiting_for_gpus: Gauge,
+    /// GPUs committed to running cells.
+    pub gpus_committed: Gauge,
+    /// GPUs requested by hosted kernels divided by GPUs on the host.
+    pub subscription_ratio: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl Metrics {
@@ -55,7 +97,60 @@ impl Metrics {
             "HTTP requests refused for a missing or wrong token",
             http_auth_failures_total.clone(),
         );
-        Self { registry, build_info, gpus_total, http_requests_total, http_auth_failures_total }
+        let messages_dropped_total = Family::<DropLabels, Counter>::default();
+        registry.register(
+            "notebookos_messages_dropped",
+            "Jupyter messages dropped (bad HMAC, malformed, too large), by source and reason",
+            messages_dropped_total.clone(),
+        );
+        let kernels_started_total = Counter::default();
+        registry.register("notebookos_kernels_started", "Kernels started", kernels_started_total.clone());
+        let kernel_deaths_total = Counter::default();
+        registry.register(
+            "notebookos_kernel_deaths",
+            "Kernel processes that exited without being asked to",
+            kernel_deaths_total.clone(),
+        );
+        let kernels = Family::<StateLabels, Gauge>::default();
+        registry.register("notebookos_kernels", "Kernels hosted, by execution state", kernels.clone());
+        let cells_total = Family::<OutcomeLabels, Counter>::default();
+        registry.register("notebookos_cells", "Cells finished, by outcome", cells_total.clone());
+        let interactivity_delay_seconds = Histogram::new(exponential_buckets(0.000_25, 2.0, 20));
+        registry.register(
+            "notebookos_interactivity_delay_seconds",
+            "Time from a cell's submission to the start of its execution",
+            interactivity_delay_seconds.clone(),
+        );
+        let cells_waiting_for_gpus = Gauge::default();
+        registry.register(
+            "notebookos_cells_waiting_for_gpus",
+            "Cells queued until their GPUs can be committed",
+            cells_waiting_for_gpus.clone(),
+        );
+        let gpus_committed = Gauge::default();
+        registry.register("notebookos_gpus_committed", "GPUs committed to running cells", gpus_committed.clone());
+        let subscription_ratio = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "notebookos_subscription_ratio",
+            "GPUs requested by hosted kernels / GPUs on this host",
+            subscription_ratio.clone(),
+        );
+        Self {
+            registry,
+            build_info,
+            gpus_total,
+            http_requests_total,
+            http_auth_failures_total,
+            messages_dropped_total,
+            kernels_started_total,
+            kernel_deaths_total,
+            kernels,
+            cells_total,
+            interactivity_delay_seconds,
+            cells_waiting_for_gpus,
+            gpus_committed,
+            subscription_ratio,
+        }
     }
 
     /// The registry, for components that register their own metrics at start-up.

@@ -1,0 +1,325 @@
+//! The WebSocket encodings of the Kernel Gateway API.
+//!
+//! - JSON text: `{"channel", "header", "parent_header", "metadata", "content", …}`.
+//!   jupyter_server's gateway client omits `channel` on shell messages and sends
+//!   `date` as a float; both are accepted (missing channel = shell; a non-string
+//!   `date` is rewritten to ISO 8601, which is what ipykernel expects).
+//! - Legacy binary (no subprotocol, used when a message has buffers):
+//!   `u32 BE nbufs, u32 BE offsets[nbufs], JSON message, buffers…`.
+//! - `v1.kernel.websocket.jupyter.org`: every frame binary,
+//!   `u64 LE n, u64 LE offsets[n], channel, header, parent_header, metadata, content, buffers…`.
+
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use serde_json::Value;
+
+use super::message::iso_date;
+use super::{Channel, Message, WireError, MAX_CLIENT_MESSAGE_BYTES};
+
+/// The binary subprotocol name clients offer in `Sec-WebSocket-Protocol`.
+pub const V1_SUBPROTOCOL: &str = "v1.kernel.websocket.jupyter.org";
+
+fn bad_json(part: &'static str, reason: impl ToString) -> WireError {
+    WireError::BadJson { part, reason: reason.to_string() }
+}
+
+fn check_size(size: usize) -> Result<(), WireError> {
+    if size > MAX_CLIENT_MESSAGE_BYTES {
+        return Err(WireError::TooLarge { size, cap: MAX_CLIENT_MESSAGE_BYTES });
+    }
+    Ok(())
+}
+
+/// Decodes a JSON text frame from a client. `now` fills a missing `date`.
+pub fn from_json_text(text: &str, now: SystemTime) -> Result<(Channel, Message), WireError> {
+    check_size(text.len())?;
+    let v: Value = serde_json::from_str(text).map_err(|e| bad_json("message", e))?;
+    from_json_value(v, Vec::new(), now)
+}
+
+fn from_json_value(v: Value, buffers: Vec<Bytes>, now: SystemTime) -> Result<(Channel, Message), WireError> {
+    let Value::Object(mut obj) = v else { return Err(bad_json("message", "not an object")) };
+    let channel = match obj.get("channel") {
+        None | Some(Value::Null) => Channel::Shell,
+        Some(Value::String(s)) => Channel::parse(s)?,
+        Some(_) => return Err(bad_json("channel", "not a string")),
+    };
+    let mut header = match obj.remove("header") {
+        Some(Value::Object(h)) => h,
+        Some(_) => return Err(bad_json("header", "not an object")),
+        None => return Err(WireError::MissingField("header")),
+    };
+    for required in ["msg_id", "msg_type"] {
+        if !header.get(required).is_some_and(Value::is_string) {
+            return Err(WireError::MissingField(if required == "msg_id" { "msg_id" } else { "msg_type" }));
+        }
+    }
+    normalize_date(&mut header, now);
+    let mut part = |name: &'static str| -> Result<Bytes, WireError> {
+        match obj.remove(name) {
+            None | Some(Value::Null) => Ok(Bytes::from_static(b"{}")),
+            Some(Value::Object(mut o)) => {
+                if name == "parent_header" && !o.is_empty() {
+                    normalize_date(&mut o, now);
+                }
+                Ok(Bytes::from(Value::Object(o).to_string()))
+            }
+            Some(_) => Err(bad_json(name, "not an object")),
+        }
+    };
+    let parent_header = part("parent_header")?;
+    let metadata = part("metadata")?;
+    let content = part("content")?;
+    Ok((
+        channel,
+        Message { header: Bytes::from(Value::Object(header).to_string()), parent_header, metadata, content, buffers },
+    ))
+}
+
+/// A float (seconds since the epoch) or missing `date` becomes an ISO 8601 string.
+fn normalize_date(header: &mut serde_json::Map<String, Value>, now: SystemTime) {
+    let date = match header.get("date") {
+        Some(Value::String(_)) => return,
+        Some(Value::Number(n)) => n
+            .as_f64()
+            .filter(|s| s.is_finite() && *s >= 0.0 && *s < 1e11)
+            .map_or(now, |s| SystemTime::UNIX_EPOCH + std::time::Duration::from_secs_f64(s)),
+        _ => now,
+    };
+    header.insert("date".to_owned(), Value::String(iso_date(date)));
+}
+
+/// Decodes a legacy binary frame (a JSON message followed by its buffers).
+pub fn from_legacy_binary(data: &[u8], now: SystemTime) -> Result<(Channel, Message), WireError> {
+    check_size(data.len())?;
+    let word = |i: usize| -> Result<usize, WireError> {
+        let b = data.get(4 * i..4 * i + 4).ok_or(WireError::BadBinary("truncated offset table"))?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    };
+    let nbufs = word(0)?;
+    if nbufs == 0 || nbufs > data.len() / 4 {
+        return Err(WireError::BadBinary("impossible part count"));
+    }
+    let mut offsets = Vec::with_capacity(nbufs + 1);
+    for i in 0..nbufs {
+        offsets.push(word(i + 1)?);
+    }
+    offsets.push(data.len());
+    let mut parts = Vec::with_capacity(nbufs);
+    for w in offsets.windows(2) {
+        let (start, end) = (w[0], w[1]);
+        if start > end || end > data.len() || start < 4 * (nbufs + 1) {
+            return Err(WireError::BadBinary("offsets out of order or out of range"));
+        }
+        parts.push(Bytes::copy_from_slice(&data[start..end]));
+    }
+    let mut parts = parts.into_iter();
+    let json = parts.next().ok_or(WireError::BadBinary("no JSON part"))?;
+    let v: Value = serde_json::from_slice(&json).map_err(|e| bad_json("message", e))?;
+    from_json_value(v, parts.collect(), now)
+}
+
+/// Decodes a `v1.kernel.websocket.jupyter.org` frame. The parts are kept as sent.
+pub fn from_v1_binary(data: &[u8]) -> Result<(Channel, Message), WireError> {
+    check_size(data.len())?;
+    let word = |i: usize| -> Result<usize, WireError> {
+        let b = data.get(8 * i..8 * i + 8).ok_or(WireError::BadBinary("truncated offset table"))?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        usize::try_from(u64::from_le_bytes(a)).map_err(|_| WireError::BadBinary("offset overflows"))
+    };
+    let n = word(0)?;
+    // channel + 4 JSON parts need 6 offsets.
+    if n < 6 || n > data.len() / 8 {
+        return Err(WireError::BadBinary("impossible offset count"));
+    }
+    let mut offsets = Vec::with_capacity(n);
+    for i in 0..n {
+        offsets.push(word(i + 1)?);
+    }
+    let mut parts = Vec::with_capacity(n - 1);
+    for w in offsets.windows(2) {
+        let (start, end) = (w[0], w[1]);
+        if start > end || end > data.len() || start < 8 * (n + 1) {
+            return Err(WireError::BadBinary("offsets out of order or out of range"));
+        }
+        parts.push(Bytes::copy_from_slice(&data[start..end]));
+    }
+    let mut parts = parts.into_iter();
+    let channel_raw = parts.next().ok_or(WireError::BadBinary("no channel"))?;
+    let channel =
+        Channel::parse(std::str::from_utf8(&channel_raw).map_err(|_| WireError::BadBinary("channel not UTF-8"))?)?;
+    let (Some(header), Some(parent_header), Some(metadata), Some(content)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(WireError::BadBinary("fewer than four message parts"));
+    };
+    let msg = Message { header, parent_header, metadata, content, buffers: parts.collect() };
+    msg.header()?;
+    for (name, p) in [("parent_header", &msg.parent_header), ("metadata", &msg.metadata), ("content", &msg.content)] {
+        let v: Value = serde_json::from_slice(p).map_err(|e| bad_json(name, e))?;
+        if !v.is_object() {
+            return Err(bad_json(name, "not an object"));
+        }
+    }
+    Ok((channel, msg))
+}
+
+/// The JSON object a client receives, without buffers: the raw parts are spliced
+/// in, so nothing the kernel sent is re-serialised.
+pub fn to_json_text(channel: Channel, msg: &Message) -> Result<String, WireError> {
+    let h = msg.header()?;
+    let esc = |s: &str| Value::String(s.to_owned()).to_string();
+    let utf8 = |part: &'static str, b: &Bytes| -> Result<String, WireError> {
+        std::str::from_utf8(b).map(str::to_owned).map_err(|e| bad_json(part, e))
+    };
+    Ok(format!(
+        r#"{{"channel":"{}","msg_id":{},"msg_type":{},"header":{},"parent_header":{},"metadata":{},"content":{},"buffers":[]}}"#,
+        channel.as_str(),
+        esc(&h.msg_id),
+        esc(&h.msg_type),
+        utf8("header", &msg.header)?,
+        utf8("parent_header", &msg.parent_header)?,
+        utf8("metadata", &msg.metadata)?,
+        utf8("content", &msg.content)?,
+    ))
+}
+
+/// The legacy binary frame for a message with buffers.
+pub fn to_legacy_binary(channel: Channel, msg: &Message) -> Result<Vec<u8>, WireError> {
+    let json = to_json_text(channel, &Message { buffers: Vec::new(), ..msg.clone() })?;
+    let nbufs = 1 + msg.buffers.len();
+    let mut offsets = Vec::with_capacity(nbufs);
+    let mut at = 4 * (nbufs + 1);
+    offsets.push(at);
+    at += json.len();
+    for b in &msg.buffers[..msg.buffers.len().saturating_sub(1)] {
+        offsets.push(at);
+        at += b.len();
+    }
+    if !msg.buffers.is_empty() {
+        offsets.push(at);
+    }
+    let mut out = Vec::with_capacity(at + msg.buffers.last().map_or(0, Bytes::len));
+    let to_u32 = |x: usize| u32::try_from(x).map_err(|_| WireError::TooLarge { size: x, cap: u32::MAX as usize });
+    out.extend_from_slice(&to_u32(nbufs)?.to_be_bytes());
+    for o in offsets {
+        out.extend_from_slice(&to_u32(o)?.to_be_bytes());
+    }
+    out.extend_from_slice(json.as_bytes());
+    for b in &msg.buffers {
+        out.extend_from_slice(b);
+    }
+    Ok(out)
+}
+
+/// The `v1.kernel.websocket.jupyter.org` frame.
+pub fn to_v1_binary(channel: Channel, msg: &Message) -> Vec<u8> {
+    let chan = channel.as_str().as_bytes();
+    let mut parts: Vec<&[u8]> = vec![chan, &msg.header, &msg.parent_header, &msg.metadata, &msg.content];
+    parts.extend(msg.buffers.iter().map(|b| b.as_ref()));
+    let n = parts.len() + 1;
+    let mut offsets = Vec::with_capacity(n);
+    let mut at = 8 * (n + 1);
+    offsets.push(at);
+    for p in &parts {
+        at += p.len();
+        offsets.push(at);
+    }
+    let mut out = Vec::with_capacity(at);
+    out.extend_from_slice(&(n as u64).to_le_bytes());
+    for o in offsets {
+        out.extend_from_slice(&(o as u64).to_le_bytes());
+    }
+    for p in parts {
+        out.extend_from_slice(p);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: std::time::Duration = std::time::Duration::from_secs(1_700_000_000);
+
+    fn now() -> SystemTime {
+        SystemTime::UNIX_EPOCH + NOW
+    }
+
+    #[test]
+    fn missing_channel_is_shell_and_float_date_becomes_iso() {
+        let text = r#"{"header":{"msg_id":"a","msg_type":"execute_request","date":1700000001.5,"session":"s"},
+                      "parent_header":{},"metadata":{},"content":{"code":"1"}}"#;
+        let (ch, msg) = from_json_text(text, now()).expect("ok");
+        assert_eq!(ch, Channel::Shell);
+        let h: Value = serde_json::from_slice(&msg.header).expect("json");
+        assert_eq!(h["date"], "2023-11-14T22:13:21.500000Z");
+        assert_eq!(msg.header().expect("hdr").msg_type, "execute_request");
+    }
+
+    #[test]
+    fn malformed_json_messages_are_errors() {
+        for bad in [
+            "not json",
+            "[]",
+            r#"{"channel":"shell"}"#,
+            r#"{"header":{"msg_id":"a"}}"#,
+            r#"{"channel":"bogus","header":{"msg_id":"a","msg_type":"x"}}"#,
+            r#"{"header":{"msg_id":"a","msg_type":"x"},"content":[1]}"#,
+        ] {
+            assert!(from_json_text(bad, now()).is_err(), "{bad} should be refused");
+        }
+    }
+
+    #[test]
+    fn json_text_out_has_channel_ids_and_raw_parts() {
+        let (_, msg) = from_json_text(
+            r#"{"channel":"iopub","header":{"msg_id":"m","msg_type":"stream","date":"2020-01-01T00:00:00Z"},"content":{"text":"hi"}}"#,
+            now(),
+        )
+        .expect("ok");
+        let out: Value = serde_json::from_str(&to_json_text(Channel::Iopub, &msg).expect("enc")).expect("json");
+        assert_eq!(out["channel"], "iopub");
+        assert_eq!(out["msg_id"], "m");
+        assert_eq!(out["msg_type"], "stream");
+        assert_eq!(out["content"]["text"], "hi");
+        assert_eq!(out["header"]["date"], "2020-01-01T00:00:00Z");
+    }
+
+    #[test]
+    fn v1_round_trip_with_buffers() {
+        let (_, mut msg) =
+            from_json_text(r#"{"header":{"msg_id":"m","msg_type":"comm_msg"},"content":{}}"#, now()).expect("ok");
+        msg.buffers = vec![Bytes::from_static(b"abc"), Bytes::from_static(b"")];
+        let frame = to_v1_binary(Channel::Control, &msg);
+        let (ch, back) = from_v1_binary(&frame).expect("decodes");
+        assert_eq!(ch, Channel::Control);
+        assert_eq!(back, msg);
+    }
+
+    #[test]
+    fn legacy_binary_round_trip_with_buffers() {
+        let (_, mut msg) =
+            from_json_text(r#"{"header":{"msg_id":"m","msg_type":"comm_msg","date":"x"},"content":{}}"#, now())
+                .expect("ok");
+        msg.buffers = vec![Bytes::from_static(b"abc"), Bytes::from_static(b"defg")];
+        let frame = to_legacy_binary(Channel::Shell, &msg).expect("enc");
+        let (ch, back) = from_legacy_binary(&frame, now()).expect("decodes");
+        assert_eq!(ch, Channel::Shell);
+        assert_eq!(back.buffers, msg.buffers);
+        assert_eq!(back.header().expect("h").msg_id, "m");
+    }
+
+    #[test]
+    fn truncated_binary_frames_are_errors() {
+        let (_, msg) = from_json_text(r#"{"header":{"msg_id":"m","msg_type":"x"}}"#, now()).expect("ok");
+        let frame = to_v1_binary(Channel::Shell, &msg);
+        for cut in [0, 7, 8, 30, frame.len() - 1] {
+            assert!(from_v1_binary(&frame[..cut]).is_err(), "cut at {cut}");
+        }
+        assert!(from_legacy_binary(&[0, 0, 0, 9], now()).is_err());
+        assert!(from_legacy_binary(&[], now()).is_err());
+    }
+}

@@ -1,0 +1,151 @@
+//! The connection file of one kernel process: ports, transport and HMAC key.
+
+use std::net::{Ipv4Addr, TcpListener};
+use std::path::Path;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+/// The Jupyter connection file (`jupyter_client.connect.write_connection_file`'s format).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConnectionInfo {
+    /// Shell ROUTER port.
+    pub shell_port: u16,
+    /// IOPub PUB port.
+    pub iopub_port: u16,
+    /// Stdin ROUTER port.
+    pub stdin_port: u16,
+    /// Control ROUTER port.
+    pub control_port: u16,
+    /// Heartbeat REP port.
+    pub hb_port: u16,
+    /// Address the kernel binds.
+    pub ip: String,
+    /// HMAC key (hex text used as bytes, as jupyter_client does).
+    pub key: String,
+    /// `tcp`.
+    pub transport: String,
+    /// `hmac-sha256`.
+    pub signature_scheme: String,
+    /// Kernel name (informational).
+    #[serde(default)]
+    pub kernel_name: String,
+}
+
+impl ConnectionInfo {
+    /// Fresh loopback ports and a random 256-bit key.
+    ///
+    /// The ports are found by binding port 0 and releasing it, as jupyter_client
+    /// does; another process could take one in between, which then shows up as a
+    /// kernel that fails to start (and is reported as such), never as a wrong peer,
+    /// because every message is signed with the key.
+    pub fn new_loopback(kernel_name: &str) -> anyhow::Result<Self> {
+        let mut held = Vec::with_capacity(5);
+        let mut ports = [0u16; 5];
+        for p in &mut ports {
+            let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("finding a free loopback port")?;
+            *p = l.local_addr().context("reading a bound port")?.port();
+            held.push(l);
+        }
+        drop(held);
+        Ok(Self {
+            shell_port: ports[0],
+            iopub_port: ports[1],
+            stdin_port: ports[2],
+            control_port: ports[3],
+            hb_port: ports[4],
+            ip: "127.0.0.1".to_owned(),
+            key: random_hex(32)?,
+            transport: "tcp".to_owned(),
+            signature_scheme: "hmac-sha256".to_owned(),
+            kernel_name: kernel_name.to_owned(),
+        })
+    }
+
+    /// Same key, fresh ports (a restarted kernel keeps its key).
+    pub fn with_fresh_ports(&self) -> anyhow::Result<Self> {
+        let fresh = Self::new_loopback(&self.kernel_name)?;
+        Ok(Self { key: self.key.clone(), ..fresh })
+    }
+
+    /// Reads a connection file (what a client wrote for `nbos kernel-proxy -f`).
+    pub fn read(path: &Path) -> anyhow::Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading connection file {}", path.display()))?;
+        let info: Self =
+            serde_json::from_str(&text).with_context(|| format!("parsing connection file {}", path.display()))?;
+        anyhow::ensure!(
+            info.transport == "tcp",
+            "connection file {}: transport {:?} is not supported (only tcp)",
+            path.display(),
+            info.transport
+        );
+        anyhow::ensure!(
+            info.signature_scheme == "hmac-sha256" || info.key.is_empty(),
+            "connection file {}: signature_scheme {:?} is not supported (only hmac-sha256)",
+            path.display(),
+            info.signature_scheme
+        );
+        Ok(info)
+    }
+
+    /// Writes the file with mode 0600 (the key is a secret).
+    pub fn write(&self, path: &Path) -> anyhow::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)
+            .with_context(|| format!("creating connection file {}", path.display()))?;
+        f.write_all(serde_json::to_string_pretty(self)?.as_bytes())
+            .with_context(|| format!("writing connection file {}", path.display()))
+    }
+
+    /// `tcp://ip:port`.
+    pub fn endpoint(&self, port: u16) -> String {
+        format!("{}://{}:{port}", self.transport, self.ip)
+    }
+}
+
+/// `n` random bytes from the OS, hex-encoded.
+pub fn random_hex(n: usize) -> anyhow::Result<String> {
+    let mut buf = vec![0u8; n];
+    getrandom::fill(&mut buf).map_err(|e| anyhow::anyhow!("reading random bytes: {e}"))?;
+    Ok(hex::encode(buf))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_files_have_distinct_ports_and_a_long_random_key() {
+        let a = ConnectionInfo::new_loopback("k").expect("a");
+        let b = ConnectionInfo::new_loopback("k").expect("b");
+        assert_ne!(a.key, b.key);
+        assert_eq!(a.key.len(), 64);
+        let mut ports = vec![a.shell_port, a.iopub_port, a.stdin_port, a.control_port, a.hb_port];
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), 5);
+        let r = a.with_fresh_ports().expect("fresh");
+        assert_eq!(r.key, a.key);
+    }
+
+    #[test]
+    fn write_then_read_and_refuse_other_transports() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("c.json");
+        let a = ConnectionInfo::new_loopback("k").expect("a");
+        a.write(&p).expect("write");
+        assert_eq!(ConnectionInfo::read(&p).expect("read"), a);
+        let ipc = ConnectionInfo { transport: "ipc".into(), ..a };
+        ipc.write(&p).expect("write");
+        assert!(ConnectionInfo::read(&p).unwrap_err().to_string().contains("ipc"));
+        std::fs::write(&p, "{").expect("w");
+        assert!(ConnectionInfo::read(&p).is_err());
+    }
+}

@@ -1,0 +1,279 @@
+//! Where a kernel's messages meet its clients: replies go to the client that
+//! asked, IOPub to every client, and whatever arrives while no client is
+//! connected is kept (bounded) and replayed to the next one.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::jupyter::{Channel, Message};
+
+/// A message on its way to a client.
+pub type Outgoing = (Channel, Message);
+
+/// Messages kept for replay while no client is connected.
+const MAX_BUFFERED_MESSAGES: usize = 10_000;
+/// Bytes kept for replay while no client is connected.
+const MAX_BUFFERED_BYTES: usize = 64 * 1024 * 1024;
+/// Messages queued to one client before it is considered stuck and dropped
+/// (it reconnects and gets the replay buffer from then on).
+pub const CLIENT_QUEUE: usize = 4096;
+
+/// Identifies one connected client of a kernel.
+pub type ClientId = u64;
+
+/// Where a request's replies go.
+enum ReplyTo {
+    Client(ClientId),
+    Internal(oneshot::Sender<Message>),
+}
+
+#[derive(Default)]
+struct Inner {
+    next_client: ClientId,
+    clients: Vec<(ClientId, mpsc::Sender<Outgoing>)>,
+    pending: HashMap<String, ReplyTo>,
+    buffer: VecDeque<Outgoing>,
+    buffered_bytes: usize,
+    dropped_from_buffer: u64,
+    execution_state: String,
+    last_activity: Option<SystemTime>,
+}
+
+/// The hub of one kernel.
+#[derive(Default)]
+pub struct Hub {
+    inner: Mutex<Inner>,
+}
+
+/// What a kernel looks like from outside right now.
+#[derive(Debug, Clone)]
+pub struct Activity {
+    /// `starting`, `idle`, `busy`, `restarting`, `dead`…
+    pub execution_state: String,
+    /// Last message in either direction.
+    pub last_activity: SystemTime,
+    /// Clients connected.
+    pub connections: usize,
+}
+
+impl Hub {
+    /// A hub for a kernel in `state`.
+    pub fn new(state: &str, now: SystemTime) -> Self {
+        let inner = Inner { execution_state: state.to_owned(), last_activity: Some(now), ..Default::default() };
+        Self { inner: Mutex::new(inner) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding this lock would be a bug in this file; keep serving.
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Connects a client: it first receives everything buffered, then live messages.
+    pub fn connect(&self) -> (ClientId, mpsc::Receiver<Outgoing>, usize) {
+        let mut g = self.lock();
+        // Room for the whole replay plus live traffic, so replay never drops.
+        let (tx, rx) = mpsc::channel(CLIENT_QUEUE + g.buffer.len());
+        let id = g.next_client;
+        g.next_client += 1;
+        let mut replayed = 0;
+        while let Some(m) = g.buffer.pop_front() {
+            if tx.try_send(m).is_err() {
+                break;
+            }
+            replayed += 1;
+        }
+        g.buffer.clear();
+        g.buffered_bytes = 0;
+        g.clients.push((id, tx));
+        (id, rx, replayed)
+    }
+
+    /// Forgets a client.
+    pub fn disconnect(&self, id: ClientId) {
+        let mut g = self.lock();
+        g.clients.retain(|(c, _)| *c != id);
+        g.pending.retain(|_, r| !matches!(r, ReplyTo::Client(c) if *c == id));
+    }
+
+    /// Notes that `msg_id`, sent by `client`, expects replies.
+    pub fn expect_reply(&self, msg_id: &str, client: ClientId, now: SystemTime) {
+        let mut g = self.lock();
+        g.pending.insert(msg_id.to_owned(), ReplyTo::Client(client));
+        g.last_activity = Some(now);
+    }
+
+    /// Notes a request the daemon itself sends; the reply comes back on the receiver.
+    pub fn expect_internal_reply(&self, msg_id: &str) -> oneshot::Receiver<Message> {
+        let (tx, rx) = oneshot::channel();
+        self.lock().pending.insert(msg_id.to_owned(), ReplyTo::Internal(tx));
+        rx
+    }
+
+    /// Sets the execution state (from IOPub `status`, or lifecycle events).
+    pub fn set_state(&self, state: &str, now: SystemTime) {
+        let mut g = self.lock();
+        g.execution_state = state.to_owned();
+        g.last_activity = Some(now);
+    }
+
+    /// The current activity.
+    pub fn activity(&self) -> Activity {
+        let g = self.lock();
+        Activity {
+            execution_state: g.execution_state.clone(),
+            last_activity: g.last_activity.unwrap_or(SystemTime::UNIX_EPOCH),
+            connections: g.clients.len(),
+        }
+    }
+
+    /// Messages dropped from the replay buffer because it was full.
+    pub fn dropped_from_buffer(&self) -> u64 {
+        self.lock().dropped_from_buffer
+    }
+
+    /// Delivers a message from the kernel.
+    pub fn deliver(&self, channel: Channel, msg: Message, now: SystemTime) {
+        let parent_id = parent_msg_id(&msg);
+        let mut g = self.lock();
+        g.last_activity = Some(now);
+        if channel == Channel::Iopub {
+            if let Some(state) = status_of(&msg) {
+                g.execution_state = state;
+            }
+        }
+        let mut target = None;
+        if channel != Channel::Iopub {
+            if let Some(pid) = &parent_id {
+                // Stdin's input_request shares the execute_request's id, so keep the
+                // route for it; shell and control get exactly one reply.
+                let route = if channel == Channel::Stdin { None } else { g.pending.remove(pid) };
+                match route {
+                    Some(ReplyTo::Internal(tx)) => {
+                        let _ = tx.send(msg);
+                        return;
+                    }
+                    Some(ReplyTo::Client(c)) => target = Some(c),
+                    None => {
+                        if let Some(ReplyTo::Client(c)) = g.pending.get(pid) {
+                            target = Some(*c);
+                        }
+                    }
+                }
+            }
+        }
+        let inner = &mut *g;
+        inner.clients.retain(|(_, tx)| !tx.is_closed());
+        let mut delivered = false;
+        let mut stuck = Vec::new();
+        for (id, tx) in &inner.clients {
+            if target.is_some_and(|t| t != *id) {
+                continue;
+            }
+            match tx.try_send((channel, msg.clone())) {
+                Ok(()) => delivered = true,
+                Err(_) => stuck.push(*id),
+            }
+        }
+        if !stuck.is_empty() {
+            tracing::warn!(clients = ?stuck, "dropping clients whose queues are full");
+            inner.clients.retain(|(id, _)| !stuck.contains(id));
+        }
+        if !delivered {
+            inner.buffered_bytes += msg.size();
+            inner.buffer.push_back((channel, msg));
+            while inner.buffer.len() > MAX_BUFFERED_MESSAGES || inner.buffered_bytes > MAX_BUFFERED_BYTES {
+                let Some((_, old)) = inner.buffer.pop_front() else { break };
+                inner.buffered_bytes -= old.size();
+                inner.dropped_from_buffer += 1;
+            }
+        }
+    }
+}
+
+fn parent_msg_id(msg: &Message) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(&msg.parent_header).ok()?;
+    v.get("msg_id")?.as_str().map(str::to_owned)
+}
+
+fn status_of(msg: &Message) -> Option<String> {
+    if msg.header().ok()?.msg_type != "status" {
+        return None;
+    }
+    let v = msg.content_json().ok()?;
+    v.get("execution_state")?.as_str().map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn msg(id: &str, ty: &str, parent: Option<&str>, content: &str) -> Message {
+        Message {
+            header: Bytes::from(format!(r#"{{"msg_id":"{id}","msg_type":"{ty}"}}"#)),
+            parent_header: Bytes::from(parent.map_or("{}".to_owned(), |p| format!(r#"{{"msg_id":"{p}"}}"#))),
+            metadata: Bytes::from_static(b"{}"),
+            content: Bytes::from(content.to_owned()),
+            buffers: vec![],
+        }
+    }
+
+    #[test]
+    fn output_while_disconnected_is_replayed_in_order() {
+        let hub = Hub::new("idle", SystemTime::UNIX_EPOCH);
+        for i in 0..3 {
+            hub.deliver(Channel::Iopub, msg(&format!("m{i}"), "stream", None, "{}"), SystemTime::UNIX_EPOCH);
+        }
+        let (_, mut rx, replayed) = hub.connect();
+        assert_eq!(replayed, 3);
+        for i in 0..3 {
+            let (_, m) = rx.try_recv().expect("buffered");
+            assert_eq!(m.header().expect("h").msg_id, format!("m{i}"));
+        }
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn replies_go_to_the_requester_iopub_to_all() {
+        let hub = Hub::new("idle", SystemTime::UNIX_EPOCH);
+        let (a, mut ra, _) = hub.connect();
+        let (_b, mut rb, _) = hub.connect();
+        hub.expect_reply("req", a, SystemTime::UNIX_EPOCH);
+        hub.deliver(Channel::Shell, msg("r", "execute_reply", Some("req"), "{}"), SystemTime::UNIX_EPOCH);
+        hub.deliver(
+            Channel::Iopub,
+            msg("s", "status", Some("req"), r#"{"execution_state":"busy"}"#),
+            SystemTime::UNIX_EPOCH,
+        );
+        assert_eq!(ra.try_recv().expect("reply").1.header().expect("h").msg_id, "r");
+        assert_eq!(ra.try_recv().expect("status").1.header().expect("h").msg_id, "s");
+        assert_eq!(rb.try_recv().expect("status").1.header().expect("h").msg_id, "s");
+        assert!(rb.try_recv().is_err(), "b must not see a's reply");
+        assert_eq!(hub.activity().execution_state, "busy");
+    }
+
+    #[test]
+    fn internal_requests_do_not_reach_clients() {
+        let hub = Hub::new("starting", SystemTime::UNIX_EPOCH);
+        let (_, mut ra, _) = hub.connect();
+        let mut rx = hub.expect_internal_reply("ki");
+        hub.deliver(Channel::Shell, msg("r", "kernel_info_reply", Some("ki"), "{}"), SystemTime::UNIX_EPOCH);
+        assert!(rx.try_recv().is_ok());
+        assert!(ra.try_recv().is_err());
+    }
+
+    #[test]
+    fn replay_buffer_is_bounded() {
+        let hub = Hub::new("idle", SystemTime::UNIX_EPOCH);
+        for i in 0..(MAX_BUFFERED_MESSAGES + 5) {
+            hub.deliver(Channel::Iopub, msg(&format!("m{i}"), "stream", None, "{}"), SystemTime::UNIX_EPOCH);
+        }
+        assert_eq!(hub.dropped_from_buffer(), 5);
+        let (_, mut rx, replayed) = hub.connect();
+        assert_eq!(replayed, MAX_BUFFERED_MESSAGES);
+        assert_eq!(rx.try_recv().expect("first kept").1.header().expect("h").msg_id, "m5");
+    }
+}

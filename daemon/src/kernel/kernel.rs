@@ -1,0 +1,272 @@
+//! A kernel as clients see it: a *distributed* kernel whose replicas run on hosts,
+//! with a router that picks the replica that executes. On one host there is one
+//! replica; replication (issue 7) adds replicas and an election, not a rewrite.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Mutex, RwLock};
+
+use super::connection::ConnectionInfo;
+use super::hub::{ClientId, Hub};
+use super::process::LaunchSpec;
+use super::replica::Replica;
+use crate::jupyter::message::iso_date;
+use crate::jupyter::{Channel, Message};
+use crate::metrics::Metrics;
+
+/// How long a kernel has to answer its first `kernel_info_request`.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a kernel has to exit after `shutdown_request` before it is killed.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+/// The Kernel Gateway kernel model (`GET /api/kernels/{id}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KernelModel {
+    /// Kernel id (UUID).
+    pub id: String,
+    /// Kernelspec name.
+    pub name: String,
+    /// `%Y-%m-%dT%H:%M:%S.%fZ`.
+    pub last_activity: String,
+    /// `starting`, `idle`, `busy`, `restarting`, `dead`.
+    pub execution_state: String,
+    /// Connected WebSocket clients.
+    pub connections: usize,
+    /// NotebookOS extension: GPUs the kernel asks for per cell.
+    #[serde(default)]
+    pub gpus: u32,
+    /// NotebookOS extension: the replicas' process ids.
+    #[serde(default)]
+    pub pids: Vec<u32>,
+}
+
+/// One kernel.
+pub struct Kernel {
+    /// Kernel id.
+    pub id: String,
+    /// Kernelspec name.
+    pub name: String,
+    /// GPUs each cell needs.
+    pub gpus: u32,
+    /// Messages to and from clients.
+    pub hub: Arc<Hub>,
+    replicas: RwLock<Vec<Arc<Replica>>>,
+    launch: LaunchSpec,
+    /// Serialises restart and shutdown.
+    lifecycle: Mutex<()>,
+    stopping: AtomicBool,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernel").field("id", &self.id).field("name", &self.name).finish()
+    }
+}
+
+impl Kernel {
+    /// Starts a kernel with one replica and waits until it answers `kernel_info`.
+    pub async fn start(
+        id: String,
+        name: String,
+        gpus: u32,
+        launch: LaunchSpec,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<Arc<Self>> {
+        std::fs::create_dir_all(&launch.dir)
+            .with_context(|| format!("creating kernel directory {}", launch.dir.display()))?;
+        let hub = Arc::new(Hub::new("starting", SystemTime::now()));
+        let conn = ConnectionInfo::new_loopback(&name)?;
+        let replica = Arc::new(Replica::start(0, &launch, conn, hub.clone(), metrics.clone()).await?);
+        let kernel = Arc::new(Self {
+            id,
+            name,
+            gpus,
+            hub,
+            replicas: RwLock::new(vec![replica.clone()]),
+            launch,
+            lifecycle: Mutex::new(()),
+            stopping: AtomicBool::new(false),
+            metrics,
+        });
+        kernel.watch_exit(&replica);
+        kernel.wait_ready(&replica).await?;
+        Ok(kernel)
+    }
+
+    /// The replica that executes the next request. With one replica it is that one;
+    /// with several, this is where the executor election's result is applied.
+    pub async fn executor(&self) -> anyhow::Result<Arc<Replica>> {
+        self.replicas.read().await.first().cloned().context("the kernel has no running replica")
+    }
+
+    /// Forwards a client's message to the executing replica.
+    pub async fn send_from_client(&self, client: ClientId, channel: Channel, msg: Message) -> anyhow::Result<()> {
+        let header = msg.header()?;
+        if matches!(channel, Channel::Shell | Channel::Control) {
+            self.hub.expect_reply(&header.msg_id, client, SystemTime::now());
+        }
+        self.executor().await?.send(channel, &msg).await
+    }
+
+    /// Interrupts the running cell (SIGINT, as `interrupt_mode = "signal"`).
+    pub async fn interrupt(&self) -> anyhow::Result<()> {
+        let r = self.executor().await?;
+        tracing::info!(kernel = %self.id, pid = r.process.pid(), "interrupting kernel");
+        r.process.signal(libc::SIGINT)
+    }
+
+    /// Replaces every replica's process with a fresh one (same key, fresh ports).
+    pub async fn restart(self: &Arc<Self>) -> anyhow::Result<()> {
+        let _g = self.lifecycle.lock().await;
+        tracing::info!(kernel = %self.id, "restarting kernel");
+        self.publish_status("restarting");
+        let old = std::mem::take(&mut *self.replicas.write().await);
+        let mut conn = None;
+        for r in &old {
+            conn.get_or_insert_with(|| r.conn.clone());
+            self.stop_replica(r).await;
+        }
+        drop(old);
+        let conn = match conn {
+            Some(c) => c.with_fresh_ports()?,
+            None => ConnectionInfo::new_loopback(&self.name)?,
+        };
+        let replica = Arc::new(Replica::start(0, &self.launch, conn, self.hub.clone(), self.metrics.clone()).await?);
+        self.replicas.write().await.push(replica.clone());
+        self.watch_exit(&replica);
+        self.wait_ready(&replica).await
+    }
+
+    /// Asks every replica to shut down, kills what does not, removes the kernel's files.
+    pub async fn shutdown(&self) {
+        let _g = self.lifecycle.lock().await;
+        self.stopping.store(true, Ordering::SeqCst);
+        let replicas = std::mem::take(&mut *self.replicas.write().await);
+        for r in &replicas {
+            self.stop_replica(r).await;
+        }
+        self.hub.set_state("dead", SystemTime::now());
+        if let Err(e) = std::fs::remove_dir_all(&self.launch.dir) {
+            tracing::warn!(kernel = %self.id, dir = %self.launch.dir.display(), error = %e, "could not remove the kernel directory");
+        }
+    }
+
+    /// The Kernel Gateway model.
+    pub async fn model(&self) -> KernelModel {
+        let a = self.hub.activity();
+        let pids = self.replicas.read().await.iter().map(|r| r.process.pid()).collect();
+        KernelModel {
+            id: self.id.clone(),
+            name: self.name.clone(),
+            last_activity: iso_date(a.last_activity),
+            execution_state: a.execution_state,
+            connections: a.connections,
+            gpus: self.gpus,
+            pids,
+        }
+    }
+
+    async fn stop_replica(&self, r: &Replica) {
+        let msg = Message::new(
+            "shutdown_request",
+            "notebookosd",
+            &uuid::Uuid::new_v4().to_string(),
+            SystemTime::now(),
+            None,
+            &serde_json::json!({ "restart": false }),
+        );
+        let _ = self.hub.expect_internal_reply(&msg.header().map(|h| h.msg_id).unwrap_or_default());
+        if let Err(e) = r.send(Channel::Control, &msg).await {
+            tracing::debug!(kernel = %self.id, error = format!("{e:#}"), "shutdown_request not sent");
+        }
+        r.process.stop(SHUTDOWN_GRACE).await;
+    }
+
+    async fn wait_ready(&self, r: &Replica) -> anyhow::Result<()> {
+        let msg_id = uuid::Uuid::new_v4().to_string();
+        let msg = Message::new(
+            "kernel_info_request",
+            "notebookosd",
+            &msg_id,
+            SystemTime::now(),
+            None,
+            &serde_json::json!({}),
+        );
+        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        // The kernel may drop a request that arrives before its sockets are wired
+        // up, so ask again until it answers.
+        loop {
+            let rx = self.hub.expect_internal_reply(&msg_id);
+            r.send(Channel::Shell, &msg).await?;
+            let wait = tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + Duration::from_secs(2)));
+            tokio::select! {
+                reply = rx => {
+                    reply.context("kernel_info reply lost")?;
+                    self.hub.set_state("idle", SystemTime::now());
+                    tracing::info!(kernel = %self.id, pid = r.process.pid(), "kernel ready");
+                    return Ok(());
+                }
+                how = r.process.wait() => anyhow::bail!(
+                    "the kernel process exited while starting ({how}); see {}",
+                    self.launch.dir.join("kernel.log").display()
+                ),
+                () = wait => {
+                    if tokio::time::Instant::now() >= deadline {
+                        anyhow::bail!("the kernel did not answer kernel_info within {READY_TIMEOUT:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    fn watch_exit(self: &Arc<Self>, r: &Arc<Replica>) {
+        let weak_kernel = Arc::downgrade(self);
+        let weak_replica = Arc::downgrade(r);
+        tokio::spawn(async move {
+            let Some(replica) = weak_replica.upgrade() else { return };
+            let how = replica.process.wait().await;
+            let pid = replica.process.pid();
+            drop(replica);
+            let Some(kernel) = weak_kernel.upgrade() else { return };
+            // A replica that is still in the set died on its own (not restart/shutdown).
+            let current = kernel.replicas.read().await.iter().any(|x| x.process.pid() == pid);
+            if current && !kernel.stopping.load(Ordering::SeqCst) {
+                tracing::warn!(kernel = %kernel.id, pid, exit = %how, "kernel process died");
+                kernel.metrics.kernel_deaths_total.inc();
+                kernel.hub.set_state("dead", SystemTime::now());
+                kernel.replicas.write().await.retain(|x| x.process.pid() != pid);
+            }
+        });
+    }
+
+    fn publish_status(&self, state: &str) {
+        let msg = Message::new(
+            "status",
+            "notebookosd",
+            &uuid::Uuid::new_v4().to_string(),
+            SystemTime::now(),
+            None,
+            &serde_json::json!({ "execution_state": state }),
+        );
+        self.hub.deliver(Channel::Iopub, msg, SystemTime::now());
+    }
+
+    /// Publishes a daemon-originated IOPub message in reply to `parent`.
+    pub fn publish(&self, parent: &Message, msg_type: &str, content: &serde_json::Value) {
+        let session = parent.header().map(|h| h.session).unwrap_or_default();
+        let msg = Message::new(
+            msg_type,
+            &session,
+            &uuid::Uuid::new_v4().to_string(),
+            SystemTime::now(),
+            Some(&parent.header),
+            content,
+        );
+        self.hub.deliver(Channel::Iopub, msg, SystemTime::now());
+    }
+}

@@ -1,0 +1,21 @@
+//! Kernel hosting: ipykernel processes, their connection files and sockets, and
+//! the kernel object clients talk to (a router over the kernel's replicas).
+//!
+//! - [`connection`]: ports and the random HMAC key of one process.
+//! - [`process`]: spawn, signal, wait.
+//! - [`replica`]: one process plus the daemon's ZMQ sockets to it.
+//! - [`hub`]: routing to clients, replay buffer for disconnected clients.
+//! - [`kernel`]: the distributed kernel (replicas + executor choice).
+//! - [`registry`]: all kernels of this host.
+//! - [`spec`]: kernelspecs and their GPU requests.
+
+pub mod connection;
+pub mod hub;
+pub mod kernel;
+pub mod process;
+pub mod registry;
+pub mod replica;
+pub mod spec;
+
+pub use kernel::{Kernel, KernelModel};
+pub use registry::Kernels;

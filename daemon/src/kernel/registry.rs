@@ -1,0 +1,114 @@
+//! The kernels hosted here, by id.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::RwLock;
+
+use super::kernel::{Kernel, KernelModel};
+use super::process::LaunchSpec;
+use super::spec;
+use crate::metrics::Metrics;
+
+/// Why a kernel could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    /// No such kernelspec.
+    #[error("no such kernelspec: {0}")]
+    UnknownSpec(String),
+    /// A GPU request that is not a small non-negative integer.
+    #[error("invalid GPU request: {0}")]
+    BadGpuRequest(String),
+    /// The process did not start.
+    #[error("the kernel failed to start: {0:#}")]
+    Start(anyhow::Error),
+}
+
+/// Upper bound on GPUs one kernel may ask for per cell (more than any host has).
+pub const MAX_GPUS_PER_KERNEL: u32 = 64;
+
+/// The kernels of this host.
+pub struct Kernels {
+    map: RwLock<HashMap<String, Arc<Kernel>>>,
+    python: PathBuf,
+    dir: PathBuf,
+    extra_env: Vec<(String, String)>,
+    metrics: Arc<Metrics>,
+}
+
+impl Kernels {
+    /// Kernels run with `python` and keep their files under `dir`.
+    pub fn new(python: PathBuf, dir: PathBuf, extra_env: Vec<(String, String)>, metrics: Arc<Metrics>) -> Self {
+        Self { map: RwLock::new(HashMap::new()), python, dir, extra_env, metrics }
+    }
+
+    /// Starts a kernel of spec `name` (default when `None`); `gpus` overrides the spec's request.
+    pub async fn create(
+        &self,
+        name: Option<&str>,
+        gpus: Option<u32>,
+        env: &[(String, String)],
+    ) -> Result<Arc<Kernel>, CreateError> {
+        let name = name.unwrap_or(spec::DEFAULT_SPEC);
+        let spec_gpus = spec::gpus_of(name).ok_or_else(|| CreateError::UnknownSpec(name.to_owned()))?;
+        let gpus = gpus.unwrap_or(spec_gpus);
+        if gpus > MAX_GPUS_PER_KERNEL {
+            return Err(CreateError::BadGpuRequest(format!("{gpus} > {MAX_GPUS_PER_KERNEL}")));
+        }
+        let id = uuid::Uuid::new_v4().to_string();
+        let mut all_env = self.extra_env.clone();
+        all_env.extend(env.iter().cloned());
+        all_env.push(("NOTEBOOKOS_KERNEL_ID".to_owned(), id.clone()));
+        all_env.push(("NOTEBOOKOS_GPUS".to_owned(), gpus.to_string()));
+        let launch = LaunchSpec { python: self.python.clone(), env: all_env, dir: self.dir.join(&id) };
+        self.metrics.kernels_started_total.inc();
+        let kernel = Kernel::start(id.clone(), name.to_owned(), gpus, launch, self.metrics.clone())
+            .await
+            .map_err(CreateError::Start)?;
+        self.map.write().await.insert(id.clone(), kernel.clone());
+        tracing::info!(kernel = %id, spec = name, gpus, "kernel started");
+        Ok(kernel)
+    }
+
+    /// A kernel by id.
+    pub async fn get(&self, id: &str) -> Option<Arc<Kernel>> {
+        self.map.read().await.get(id).cloned()
+    }
+
+    /// Models of all kernels, oldest id order is not promised.
+    pub async fn list(&self) -> Vec<KernelModel> {
+        let kernels: Vec<_> = self.map.read().await.values().cloned().collect();
+        let mut out = Vec::with_capacity(kernels.len());
+        for k in kernels {
+            out.push(k.model().await);
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    /// Number of kernels.
+    pub async fn len(&self) -> usize {
+        self.map.read().await.len()
+    }
+
+    /// True when no kernel is hosted.
+    pub async fn is_empty(&self) -> bool {
+        self.len().await == 0
+    }
+
+    /// Shuts a kernel down and forgets it; false if there was none.
+    pub async fn remove(&self, id: &str) -> bool {
+        let Some(k) = self.map.write().await.remove(id) else { return false };
+        k.shutdown().await;
+        tracing::info!(kernel = %id, "kernel shut down");
+        true
+    }
+
+    /// Shuts every kernel down (daemon exit).
+    pub async fn shutdown_all(&self) {
+        let all: Vec<_> = self.map.write().await.drain().map(|(_, k)| k).collect();
+        let stops = all.iter().map(|k| k.shutdown());
+        futures_util::future::join_all(stops).await;
+    }
+}
