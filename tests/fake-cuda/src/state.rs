@@ -1,0 +1,183 @@
+//! The test double's process-wide driver state and its two locks.
+//!
+//! `GATE` is the checkpoint lock: every call that touches contexts, memory or work
+//! holds it shared; `cuCheckpointProcessLock` (served in this process by the control
+//! thread) holds it exclusively, which blocks the process's CUDA calls as the real
+//! driver does. `STATE` protects the tables and is only held inside one call.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Instant;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::config::config;
+use crate::memory::Allocation;
+use crate::result::{self, CUresult};
+
+/// The checkpoint lock (see the module docs).
+pub static GATE: RwLock<()> = RwLock::new(());
+/// The driver's tables.
+pub static STATE: Mutex<Option<Driver>> = Mutex::new(None);
+
+/// `CUprocessState` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum ProcessState {
+    /// `CU_PROCESS_STATE_RUNNING`.
+    Running = 0,
+    /// `CU_PROCESS_STATE_LOCKED`.
+    Locked = 1,
+    /// `CU_PROCESS_STATE_CHECKPOINTED`.
+    Checkpointed = 2,
+}
+
+/// A context.
+#[derive(Debug)]
+pub struct Ctx {
+    /// Its GPU ordinal (changes when a restore remaps GPUs).
+    pub device: u32,
+    /// Primary context of its device.
+    pub primary: bool,
+}
+
+/// Everything the test double knows about this process's CUDA use.
+#[derive(Debug)]
+pub struct Driver {
+    /// Contexts by handle.
+    pub contexts: HashMap<u64, Ctx>,
+    /// Primary context of each device.
+    pub primary: HashMap<u32, u64>,
+    /// Allocations by base address.
+    pub allocs: BTreeMap<u64, Allocation>,
+    /// Loaded pseudo-modules.
+    pub modules: HashSet<u64>,
+    /// Streams.
+    pub streams: HashSet<u64>,
+    /// Events and the time they were last recorded.
+    pub events: HashMap<u64, Option<Instant>>,
+    /// Next handle value.
+    pub next_handle: u64,
+    /// Checkpoint state of this process.
+    pub process_state: ProcessState,
+}
+
+impl Driver {
+    fn new() -> Self {
+        Self {
+            contexts: HashMap::new(),
+            primary: HashMap::new(),
+            allocs: BTreeMap::new(),
+            modules: HashSet::new(),
+            streams: HashSet::new(),
+            events: HashMap::new(),
+            // Handles are multiples of 16 starting high, so they never look like small integers.
+            next_handle: 0x7000,
+            process_state: ProcessState::Running,
+        }
+    }
+
+    /// A fresh handle.
+    pub fn handle(&mut self) -> u64 {
+        self.next_handle += 16;
+        self.next_handle
+    }
+
+    /// Bytes this process holds on `device`.
+    pub fn bytes_on(&self, device: u32) -> u64 {
+        self.allocs.values().filter(|a| a.device == device && a.backup.is_none()).map(|a| a.size as u64).sum()
+    }
+
+    /// Checks that `[ptr, ptr+len)` lies in one live (not checkpointed) allocation.
+    pub fn check_range(&self, ptr: u64, len: usize) -> Result<(), CUresult> {
+        let (base, a) = self.allocs.range(..=ptr).next_back().ok_or(result::ILLEGAL_ADDRESS)?;
+        let end = ptr.checked_add(len as u64).ok_or(result::ILLEGAL_ADDRESS)?;
+        if end > base + a.size as u64 || a.backup.is_some() {
+            return Err(result::ILLEGAL_ADDRESS);
+        }
+        Ok(())
+    }
+}
+
+thread_local! {
+    static CURRENT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// This thread's current context handle (0: none).
+pub fn current() -> u64 {
+    CURRENT.with(|c| c.get())
+}
+
+/// Makes `ctx` current on this thread.
+pub fn set_current(ctx: u64) {
+    CURRENT.with(|c| c.set(ctx));
+}
+
+/// This process's id.
+pub fn pid() -> u32 {
+    std::process::id()
+}
+
+/// Runs `f` on the initialised driver, under the shared checkpoint gate, catching panics.
+pub fn gated(f: impl FnOnce(&mut Driver) -> CUresult) -> CUresult {
+    catch_unwind(AssertUnwindSafe(|| {
+        let _gate = GATE.read();
+        let mut st = STATE.lock();
+        match st.as_mut() {
+            Some(d) => f(d),
+            None => result::NOT_INITIALIZED,
+        }
+    }))
+    .unwrap_or(result::UNKNOWN)
+}
+
+/// Runs `f` without the gate (pure queries the real driver also answers while locked).
+pub fn ungated(f: impl FnOnce() -> CUresult) -> CUresult {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(result::UNKNOWN)
+}
+
+/// `cuInit`: creates the tables, starts the checkpoint control thread, installs fork handlers.
+pub fn init() -> CUresult {
+    let mut st = STATE.lock();
+    if st.is_none() {
+        if config().gpus.is_empty() {
+            return result::NO_DEVICE;
+        }
+        *st = Some(Driver::new());
+        drop(st);
+        install_fork_handlers();
+        if let Err(e) = crate::checkpoint::start_server() {
+            eprintln!("fake-cuda (test double): checkpoint control socket unavailable: {e}");
+        }
+    }
+    result::SUCCESS
+}
+
+fn install_fork_handlers() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: the handlers are plain extern "C" fns that live for the program.
+        unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+    });
+}
+
+extern "C" fn prepare() {
+    // Hold the state lock across fork so the child never inherits it mid-update.
+    std::mem::forget(STATE.lock());
+}
+
+extern "C" fn parent() {
+    // SAFETY: `prepare` locked it on this thread and forgot the guard.
+    unsafe { STATE.force_unlock() };
+}
+
+extern "C" fn child() {
+    // SAFETY: `prepare` locked it in the parent's forking thread, which is this thread in the child.
+    unsafe { STATE.force_unlock() };
+    // As with the real driver, a child does not inherit the parent's CUDA state: it
+    // starts uninitialised and calls cuInit again (its copies of the parent's mappings are
+    // not its allocations and are never charged to its ledger entry).
+    *STATE.lock() = None;
+    set_current(0);
+    crate::checkpoint::forget_server_after_fork();
+}
