@@ -1,1 +1,36 @@
-//! (being written)
+//! Per-process GPU activity observer.
+//!
+//! In eBPF mode, C BPF programs (`bpf/observer.bpf.c`, built by `build.rs`, loaded with aya)
+//! count calls to the CUDA driver's work-submitting entry points with uprobes, per thread
+//! group, and report process exits from the `sched_process_exit` tracepoint on a ring buffer.
+//! When BPF cannot be loaded, procfs mode polls `/proc` for CPU time, context switches and exits
+//! and reads the shim's counters files ([`shim_counters`]). [`Observer`] hides which mode runs.
+//!
+//! ```no_run
+//! let observer = nbos_ebpf::Observer::start(nbos_ebpf::ObserverConfig::default())?;
+//! let mut exits = observer.exit_events();
+//! if let Some(a) = observer.snapshot(1234) {
+//!     println!("{} launches, idle for {:?}", a.launches, observer.idle_for(1234));
+//! }
+//! # Ok::<(), nbos_ebpf::ObserverError>(())
+//! ```
+#![deny(missing_docs)]
+
+mod activity;
+mod bpf_abi;
+pub mod clock;
+mod config;
+pub mod driver_library;
+mod ebpf_backend;
+pub mod entry_points;
+mod error;
+mod metrics;
+mod observer;
+mod procfs_sampler;
+pub mod shim_counters;
+
+pub use activity::{ExitEvent, Mode, ProcessActivity, Sources};
+pub use config::{ModeRequest, ObserverConfig, DEFAULT_COUNTERS_DIR};
+pub use error::ObserverError;
+pub use metrics::{KernelLabels, ModeLabels, ObserverMetrics};
+pub use observer::Observer;

@@ -1,0 +1,107 @@
+//! The eBPF backend: loads `bpf/observer.bpf.c`'s object, attaches the uprobes and the exit
+//! tracepoint, and reads the per-process map.
+
+use std::num::NonZeroU32;
+
+use aya::maps::{HashMap as BpfHashMap, MapData, MapError, RingBuf};
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
+use aya::programs::{BtfTracePoint, UProbe};
+use aya::{Btf, Ebpf, EbpfLoader};
+
+use crate::bpf_abi::RawActivity;
+use crate::driver_library::DriverLibrary;
+use crate::error::ObserverError;
+
+/// The compiled object, built by `build.rs`.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observer.bpf.o"));
+
+const UPROBE_PROGRAM: &str = "nbos_cuda_call";
+const EXIT_PROGRAM: &str = "nbos_process_exit";
+const EXIT_TRACEPOINT: &str = "sched_process_exit";
+
+/// Loaded and attached programs plus the maps user space reads.
+pub(crate) struct EbpfBackend {
+    /// Owns the programs; dropping it detaches every probe (aya's links are owned by programs).
+    _bpf: Ebpf,
+    activity: BpfHashMap<MapData, u32, RawActivity>,
+    watched: BpfHashMap<MapData, u32, u8>,
+    /// Number of uprobes attached, for the start-up log line.
+    pub probes: usize,
+}
+
+impl EbpfBackend {
+    /// Loads the programs, attaches the exit tracepoint and one uprobe per probe site.
+    /// On any failure everything attached so far is detached when the `Ebpf` is dropped.
+    pub(crate) fn load(libraries: &[DriverLibrary], max_processes: u32) -> Result<(Self, RingBuf<MapData>), ObserverError> {
+        let btf = Btf::from_sys_fs().map_err(|e| ObserverError::Load(format!("reading kernel BTF: {e}")))?;
+        let mut bpf = EbpfLoader::new()
+            .btf(Some(&btf))
+            .map_max_entries("activity", max_processes)
+            .map_max_entries("watched", max_processes)
+            .load(OBJECT)
+            .map_err(|e| ObserverError::Load(format!("{e:#}")))?;
+
+        let exit: &mut BtfTracePoint = program(&mut bpf, EXIT_PROGRAM)?;
+        exit.load(EXIT_TRACEPOINT, &btf).map_err(|e| ObserverError::Load(format!("{EXIT_PROGRAM}: {e}")))?;
+        exit.attach().map_err(|e| ObserverError::Attach { what: EXIT_TRACEPOINT.into(), reason: e.to_string() })?;
+
+        let uprobe: &mut UProbe = program(&mut bpf, UPROBE_PROGRAM)?;
+        uprobe.load().map_err(|e| ObserverError::Load(format!("{UPROBE_PROGRAM}: {e}")))?;
+        let mut probes = 0;
+        for lib in libraries {
+            for site in &lib.sites {
+                let point = UProbeAttachPoint {
+                    location: UProbeAttachLocation::AbsoluteOffset(site.file_offset),
+                    cookie: Some(site.entry.cookie()),
+                };
+                uprobe.attach(point, &lib.path, UProbeScope::AllProcesses).map_err(|e| ObserverError::Attach {
+                    what: format!("uprobe on {} in {}", site.entry.symbol, lib.path.display()),
+                    reason: e.to_string(),
+                })?;
+                probes += 1;
+            }
+        }
+
+        let activity = BpfHashMap::try_from(take_map(&mut bpf, "activity")?).map_err(map_err("activity"))?;
+        let watched = BpfHashMap::try_from(take_map(&mut bpf, "watched")?).map_err(map_err("watched"))?;
+        let exits = RingBuf::try_from(take_map(&mut bpf, "exits")?).map_err(map_err("exits"))?;
+        Ok((Self { _bpf: bpf, activity, watched, probes }, exits))
+    }
+
+    /// The activity entry of `pid`, if it made any probed call.
+    pub(crate) fn activity(&self, pid: u32) -> Result<Option<RawActivity>, ObserverError> {
+        match self.activity.get(&pid, 0) {
+            Ok(a) => Ok(Some(a)),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(map_err("activity")(e)),
+        }
+    }
+
+    /// Every tracked process.
+    pub(crate) fn all(&self) -> Vec<(u32, RawActivity)> {
+        // An entry deleted by the exit program between the key walk and the lookup shows up as an
+        // error; it is simply gone, so errors are skipped.
+        self.activity.iter().filter_map(Result::ok).collect()
+    }
+
+    /// Asks the exit program to report `pid`'s exit even if it never touches the GPU.
+    pub(crate) fn watch(&mut self, pid: NonZeroU32) -> Result<(), ObserverError> {
+        self.watched.insert(pid.get(), 1, 0).map_err(map_err("watched"))
+    }
+}
+
+fn program<'a, T>(bpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, ObserverError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    let p = bpf.program_mut(name).ok_or_else(|| ObserverError::Load(format!("program {name} missing from the object")))?;
+    p.try_into().map_err(|e: aya::programs::ProgramError| ObserverError::Load(format!("program {name}: {e}")))
+}
+
+fn take_map(bpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, ObserverError> {
+    bpf.take_map(name).ok_or(ObserverError::Map { map: name, reason: "missing from the object".into() })
+}
+
+fn map_err(map: &'static str) -> impl Fn(MapError) -> ObserverError {
+    move |e| ObserverError::Map { map, reason: e.to_string() }
+}

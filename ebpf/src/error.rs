@@ -1,0 +1,46 @@
+//! Errors of the observer, named after the operation that failed.
+
+use std::path::PathBuf;
+
+/// Why the observer could not start or answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ObserverError {
+    /// A configured (or discovered) driver library cannot be probed.
+    #[error("CUDA driver library {path}: {reason}")]
+    Library {
+        /// The library path as configured.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Loading the BPF object into the kernel failed (no permission, old kernel, verifier).
+    #[error("loading the eBPF observer programs: {0}")]
+    Load(String),
+    /// Attaching a program failed.
+    #[error("attaching {what}: {reason}")]
+    Attach {
+        /// What was being attached (symbol and library, or the tracepoint).
+        what: String,
+        /// The kernel's or aya's answer.
+        reason: String,
+    },
+    /// Reading or writing a BPF map failed.
+    #[error("BPF map {map}: {reason}")]
+    Map {
+        /// The map's name.
+        map: &'static str,
+        /// The error.
+        reason: String,
+    },
+    /// A shim counters file could not be created or mapped.
+    #[error("shim counters file {path}: {source}")]
+    Counters {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The observer's background thread could not be started.
+    #[error("starting the observer thread: {0}")]
+    Thread(std::io::Error),
+}

@@ -1,0 +1,227 @@
+//! The shim's per-process counters file: exact launch counts without a uprobe per launch.
+//!
+//! A uprobe costs about a microsecond per hit, PyTorch launches every few microseconds, so the
+//! shim counts its own calls in a shared page instead and the observer reads it. Layout of
+//! `<counters_dir>/<pid>` (one page, native-endian, every field an 8-byte-aligned atomic u64
+//! updated with relaxed atomic adds; the shim maps it `MAP_SHARED`):
+//!
+//! | offset | field |
+//! |---|---|
+//! | 0 | magic `u32` = [`MAGIC`], then version `u32` = [`VERSION`] |
+//! | 8 | launches |
+//! | 16 | copies |
+//! | 24 | copy_bytes |
+//! | 32 | memsets |
+//! | 40 | memset_bytes |
+//! | 48 | syncs |
+//! | 56 | first_ns (CLOCK_MONOTONIC of the first call, 0 before it) |
+//! | 64 | last_ns (CLOCK_MONOTONIC of the latest call) |
+//!
+//! The values are written by the observed process itself, so they are trusted only about that
+//! process: a wrong file can make a process look busy or idle, nothing else.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::clock::monotonic_ns;
+use crate::error::ObserverError;
+
+/// `b"NBSC"` read as a little-endian u32.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"NBSC");
+/// Layout version.
+pub const VERSION: u32 = 1;
+/// Size of the file (one page; the fields use the first 72 bytes).
+pub const FILE_SIZE: usize = 4096;
+const FIELDS: usize = 9; // header word + 8 counters
+
+/// Counts read from a counters file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShimCounts {
+    /// Kernel and graph launches.
+    pub launches: u64,
+    /// Copies.
+    pub copies: u64,
+    /// Bytes copied.
+    pub copy_bytes: u64,
+    /// Memsets.
+    pub memsets: u64,
+    /// Bytes set.
+    pub memset_bytes: u64,
+    /// Synchronisations.
+    pub syncs: u64,
+    /// First call, CLOCK_MONOTONIC ns.
+    pub first_ns: u64,
+    /// Latest call, CLOCK_MONOTONIC ns.
+    pub last_ns: u64,
+}
+
+/// The path of `pid`'s counters file.
+pub fn path_for(dir: &Path, pid: u32) -> PathBuf {
+    dir.join(pid.to_string())
+}
+
+/// A shared read-only or read-write mapping of one counters file.
+struct Mapping {
+    ptr: *mut libc::c_void,
+}
+
+impl Mapping {
+    fn new(file: &File, writable: bool) -> std::io::Result<Self> {
+        let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
+        // SAFETY: we ask the kernel for a fresh shared mapping of FILE_SIZE bytes of an open file
+        // descriptor; no existing memory is touched. The result is checked for MAP_FAILED.
+        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), FILE_SIZE, prot, libc::MAP_SHARED, file.as_raw_fd(), 0) };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Self { ptr })
+    }
+
+    /// The i-th 8-byte word of the page.
+    fn word(&self, i: usize) -> &AtomicU64 {
+        assert!(i < FIELDS, "counters field index out of range");
+        // SAFETY: the mapping is FILE_SIZE (4096) bytes, page-aligned, and i < 9, so the 8 bytes
+        // at i*8 are inside it and 8-byte aligned. Other processes (the shim) write the same
+        // page only through atomic operations of the same width, so viewing it as AtomicU64 is
+        // sound; the reference lives no longer than `self`, which owns the mapping.
+        unsafe { &*(self.ptr.cast::<u8>().add(i * 8).cast::<AtomicU64>()) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from a successful mmap of FILE_SIZE bytes and is unmapped once,
+        // here; no reference from `word` outlives `self`.
+        unsafe { libc::munmap(self.ptr, FILE_SIZE) };
+    }
+}
+
+/// Reads `pid`'s counters; `None` when there is no file or it is not a version-1 counters file.
+pub fn read(dir: &Path, pid: u32) -> Option<ShimCounts> {
+    let path = path_for(dir, pid);
+    let file = File::open(&path).ok()?;
+    let len = file.metadata().ok()?.len();
+    if len < FILE_SIZE as u64 {
+        tracing::debug!(path = %path.display(), len, "counters file too short, ignored");
+        return None;
+    }
+    let map = Mapping::new(&file, false).ok()?;
+    let header = map.word(0).load(Ordering::Relaxed);
+    if header != u64::from(MAGIC) | (u64::from(VERSION) << 32) {
+        tracing::debug!(path = %path.display(), header, "not a version-1 counters file, ignored");
+        return None;
+    }
+    let w = |i| map.word(i).load(Ordering::Relaxed);
+    Some(ShimCounts {
+        launches: w(1),
+        copies: w(2),
+        copy_bytes: w(3),
+        memsets: w(4),
+        memset_bytes: w(5),
+        syncs: w(6),
+        first_ns: w(7),
+        last_ns: w(8),
+    })
+}
+
+/// Pids that have a counters file in `dir`.
+pub fn list(dir: &Path) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()
+}
+
+/// The writer's side, as the shim keeps it: a mapped counters file with cheap atomic updates.
+pub struct ShimCountersWriter {
+    map: Mapping,
+    path: PathBuf,
+}
+
+// SAFETY: the mapping is only accessed through atomics, and the pointer stays valid until drop.
+unsafe impl Send for ShimCountersWriter {}
+// SAFETY: as above; every access through `&self` is an atomic operation.
+unsafe impl Sync for ShimCountersWriter {}
+
+impl ShimCountersWriter {
+    /// Creates (or truncates) `<dir>/<pid>` and maps it.
+    pub fn create(dir: &Path, pid: u32) -> Result<Self, ObserverError> {
+        let path = path_for(dir, pid);
+        let err = |source| ObserverError::Counters { path: path.clone(), source };
+        let mut file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).map_err(err)?;
+        let mut page = vec![0u8; FILE_SIZE];
+        page[..4].copy_from_slice(&MAGIC.to_ne_bytes());
+        page[4..8].copy_from_slice(&VERSION.to_ne_bytes());
+        file.write_all(&page).map_err(err)?;
+        let map = Mapping::new(&file, true).map_err(err)?;
+        Ok(Self { map, path })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn touch(&self) {
+        let now = monotonic_ns();
+        let _ = self.map.word(7).compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
+        self.map.word(8).fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// Counts a launch.
+    pub fn record_launch(&self) {
+        self.map.word(1).fetch_add(1, Ordering::Relaxed);
+        self.touch();
+    }
+
+    /// Counts a copy of `bytes`.
+    pub fn record_copy(&self, bytes: u64) {
+        self.map.word(2).fetch_add(1, Ordering::Relaxed);
+        self.map.word(3).fetch_add(bytes, Ordering::Relaxed);
+        self.touch();
+    }
+
+    /// Counts a memset of `bytes`.
+    pub fn record_memset(&self, bytes: u64) {
+        self.map.word(4).fetch_add(1, Ordering::Relaxed);
+        self.map.word(5).fetch_add(bytes, Ordering::Relaxed);
+        self.touch();
+    }
+
+    /// Counts a synchronisation.
+    pub fn record_sync(&self) {
+        self.map.word(6).fetch_add(1, Ordering::Relaxed);
+        self.touch();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn written_counts_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = ShimCountersWriter::create(dir.path(), 4242).unwrap();
+        for _ in 0..5 {
+            w.record_launch();
+        }
+        w.record_copy(1 << 20);
+        w.record_sync();
+        let c = read(dir.path(), 4242).unwrap();
+        assert_eq!((c.launches, c.copies, c.copy_bytes, c.syncs, c.memsets), (5, 1, 1 << 20, 1, 0));
+        assert!(c.first_ns > 0 && c.last_ns >= c.first_ns);
+        assert_eq!(list(dir.path()), vec![4242]);
+    }
+
+    #[test]
+    fn foreign_or_short_files_are_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(path_for(dir.path(), 1), vec![0u8; FILE_SIZE]).unwrap();
+        std::fs::write(path_for(dir.path(), 2), b"NBSC").unwrap();
+        assert_eq!(read(dir.path(), 1), None);
+        assert_eq!(read(dir.path(), 2), None);
+        assert_eq!(read(dir.path(), 3), None);
+    }
+}

@@ -1,0 +1,137 @@
+//! Shared by the observer's integration tests: building the C test programs, driving a
+//! workload process, and the privileged-test rule.
+
+#![allow(dead_code, reason = "each test binary uses a different part of this module")]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The C test programs, compiled once per test binary.
+pub struct CPrograms {
+    /// `libmini_cuda.so`: the observer's own tiny driver stand-in.
+    pub mini_cuda: PathBuf,
+    /// `workload`: calls driver entry points on command.
+    pub workload: PathBuf,
+}
+
+fn cc(args: &[&str], out: &Path) {
+    // Build into a unique name and rename, so parallel test binaries never see a half-written file.
+    let tmp = out.with_extension(format!("tmp{}", std::process::id()));
+    let status = Command::new("cc").args(args).arg("-o").arg(&tmp).status().expect("running cc (apt-get install gcc)");
+    assert!(status.success(), "cc {args:?} failed");
+    std::fs::rename(&tmp, out).unwrap();
+}
+
+/// Compiles `tests/c/*.c` into `$CARGO_TARGET_TMPDIR/nbos-ebpf-c`.
+pub fn c_programs() -> &'static CPrograms {
+    static PROGRAMS: OnceLock<CPrograms> = OnceLock::new();
+    PROGRAMS.get_or_init(|| {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("nbos-ebpf-c");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mini_cuda = dir.join("libmini_cuda.so");
+        let workload = dir.join("workload");
+        let mini_src = src.join("mini_cuda.c");
+        let work_src = src.join("workload.c");
+        cc(&["-shared", "-fPIC", "-O2", "-Wall", "-Werror", mini_src.to_str().unwrap()], &mini_cuda);
+        cc(&["-O2", "-Wall", "-Werror", work_src.to_str().unwrap(), "-ldl"], &workload);
+        CPrograms { mini_cuda, workload }
+    })
+}
+
+/// The driver library the acceptance tests call through: `tests/fake-cuda`'s
+/// `libfake_cuda.so` when `NBOS_FAKE_CUDA` names it, else the tiny C stand-in.
+pub fn driver_library() -> PathBuf {
+    match std::env::var_os("NBOS_FAKE_CUDA") {
+        Some(p) => PathBuf::from(p),
+        None => c_programs().mini_cuda.clone(),
+    }
+}
+
+/// A running `workload` process.
+pub struct Workload {
+    pub child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Workload {
+    /// Starts the workload on `lib` and waits for it to be ready.
+    pub fn start(lib: &Path) -> Self {
+        let mut child = Command::new(&c_programs().workload)
+            .arg(lib)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut w = Self { child, stdin, stdout };
+        assert_eq!(w.line(), "ready");
+        w
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn line(&mut self) -> String {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim_end().to_owned()
+    }
+
+    /// Sends one command and waits for it to finish.
+    pub fn run(&mut self, cmd: &str) {
+        writeln!(self.stdin, "{cmd}").unwrap();
+        self.stdin.flush().unwrap();
+        assert_eq!(self.line(), "ok", "workload command {cmd:?}");
+    }
+
+    /// Asks the workload to exit and reaps it.
+    pub fn exit(mut self) {
+        writeln!(self.stdin, "exit").unwrap();
+        self.stdin.flush().unwrap();
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether `NBOS_REQUIRE_PRIVILEGED=1` is set (CI): then privileged tests must not skip.
+pub fn privileged_required() -> bool {
+    std::env::var("NBOS_REQUIRE_PRIVILEGED").as_deref() == Ok("1")
+}
+
+/// Skips (returns `None` after printing why) or fails when eBPF cannot be used here.
+pub fn ebpf_observer(test: &str, config: nbos_ebpf::ObserverConfig) -> Option<nbos_ebpf::Observer> {
+    let config = nbos_ebpf::ObserverConfig { mode: nbos_ebpf::ModeRequest::Ebpf, ..config };
+    match nbos_ebpf::Observer::start(config) {
+        Ok(o) => Some(o),
+        Err(e) if privileged_required() => panic!("{test}: eBPF observer must load (NBOS_REQUIRE_PRIVILEGED=1): {e}"),
+        Err(e) => {
+            eprintln!("skipping {test}: eBPF observer cannot load here ({e}); needs root with CAP_BPF/CAP_PERFMON");
+            None
+        }
+    }
+}
+
+/// Polls `f` until it returns `Some`, or panics after `deadline`.
+pub fn wait_for<T>(what: &str, deadline: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < deadline, "timed out after {deadline:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
