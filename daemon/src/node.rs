@@ -12,6 +12,7 @@ use tokio::net::TcpListener;
 use crate::config::Config;
 use crate::gateway::{self, AppState};
 use crate::gpu;
+use crate::kernel::Kernels;
 use crate::metrics::{BuildLabels, Metrics};
 
 /// How the node was started, beyond its config.
@@ -65,6 +66,10 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
     let addr: SocketAddr = listener.local_addr().context("reading the bound address")?;
     let url = format!("http://{addr}");
 
+    let kernels_dir = config.node.runtime_dir.join("kernels");
+    create_private_dir(&kernels_dir)?;
+    let kernels = Arc::new(Kernels::new(config.kernel.python.clone(), kernels_dir, Vec::new(), metrics.clone()));
+
     let state = Arc::new(AppState {
         node: node.clone(),
         url: url.clone(),
@@ -74,6 +79,7 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
         token: token.clone(),
         inventory: inventory.clone(),
         metrics,
+        kernels: kernels.clone(),
     });
 
     let endpoint = Endpoint {
@@ -119,6 +125,8 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     tracing::info!("shutting down");
+    // Tell every kernel to stop, kill what does not, so nothing is orphaned.
+    kernels.shutdown_all().await;
     let _ = std::fs::remove_file(&endpoint_path);
     if let Some(dir) = &opts.remove_on_exit {
         if let Err(e) = std::fs::remove_dir_all(dir) {

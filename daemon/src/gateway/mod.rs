@@ -2,6 +2,11 @@
 //! issue 6), the operator API (`/api/v1/…`), `/metrics` and `/healthz`.
 
 pub mod auth;
+pub mod cell;
+pub mod channels;
+pub mod error;
+pub mod kernels;
+pub mod kernelspecs;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,11 +15,12 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 
 use crate::gpu::Inventory;
-use crate::metrics::{HttpLabels, Metrics};
+use crate::kernel::Kernels;
+use crate::metrics::{HttpLabels, Metrics, StateLabels};
 use crate::status::NodeStatus;
 
 /// What the HTTP handlers share.
@@ -35,6 +41,8 @@ pub struct AppState {
     pub inventory: Inventory,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// The kernels hosted here.
+    pub kernels: Arc<Kernels>,
 }
 
 /// Builds the router.
@@ -42,11 +50,21 @@ pub fn router(state: Arc<AppState>) -> Router {
     let api = Router::new()
         .route("/api", get(api_version))
         .route("/api/v1/status", get(status))
+        .route("/api/kernelspecs", get(kernelspecs::list))
+        .route("/api/kernelspecs/{name}", get(kernelspecs::get))
+        .route("/kernelspecs/{name}/{resource}", get(kernelspecs::resource))
+        .route("/api/kernels", get(kernels::list).post(kernels::create))
+        .route("/api/kernels/{id}", get(kernels::get).delete(kernels::delete))
+        .route("/api/kernels/{id}/interrupt", post(kernels::interrupt))
+        .route("/api/kernels/{id}/restart", post(kernels::restart))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_token));
+    // The channels WebSocket checks the token itself (see `channels` for why).
+    let ws = Router::new().route("/api/kernels/{id}/channels", get(channels::channels));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .merge(api)
+        .merge(ws)
         .layer(middleware::from_fn_with_state(state.clone(), count_requests))
         .with_state(state)
 }
@@ -56,6 +74,11 @@ async fn healthz() -> &'static str {
 }
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    // Kernels by state are counted when scraped, so the gauge never drifts.
+    st.metrics.kernels.clear();
+    for k in st.kernels.list().await {
+        st.metrics.kernels.get_or_create(&StateLabels { state: k.execution_state }).inc();
+    }
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], st.metrics.render())
         .into_response()
 }
@@ -75,7 +98,7 @@ async fn status(State(st): State<Arc<AppState>>) -> Json<NodeStatus> {
         state_dir: st.state_dir.clone(),
         auth: st.token.is_some(),
         inventory: st.inventory.clone(),
-        kernels: 0,
+        kernels: u64::try_from(st.kernels.len().await).unwrap_or(u64::MAX),
     })
 }
 

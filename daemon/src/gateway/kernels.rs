@@ -1,0 +1,96 @@
+//! `/api/kernels…`: create, list, get, delete, interrupt, restart.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+
+use super::error::ApiError;
+use super::AppState;
+use crate::kernel::registry::CreateError;
+use crate::kernel::KernelModel;
+
+/// Body of `POST /api/kernels`.
+#[derive(Debug, Default, Deserialize)]
+pub struct CreateKernel {
+    /// Kernelspec name; the default spec when absent.
+    pub name: Option<String>,
+    /// Environment for the kernel (Kernel Gateway passes `KERNEL_*` variables).
+    #[serde(default)]
+    pub env: HashMap<String, String>,
+    /// NotebookOS extension: GPUs per cell, overriding the spec.
+    pub gpus: Option<u32>,
+}
+
+/// Environment variables a client may set in a kernel (as Kernel Gateway allows
+/// `KERNEL_*`); anything else, `LD_PRELOAD` for instance, is not the client's to set.
+fn allowed_env(k: &str) -> bool {
+    k.starts_with("KERNEL_") || k == "JPY_SESSION_NAME"
+}
+
+/// `POST /api/kernels`.
+pub async fn create(
+    State(st): State<Arc<AppState>>,
+    body: axum::body::Bytes,
+) -> Result<(StatusCode, Json<KernelModel>), ApiError> {
+    let req: CreateKernel = if body.iter().all(u8::is_ascii_whitespace) {
+        CreateKernel::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid kernel request: {e}")))?
+    };
+    let gpus = match (req.gpus, req.env.get("KERNEL_GPUS")) {
+        (Some(g), _) => Some(g),
+        (None, Some(s)) => Some(
+            s.trim().parse().map_err(|_| ApiError::bad_request(format!("KERNEL_GPUS must be a number, got {s:?}")))?,
+        ),
+        (None, None) => None,
+    };
+    let env: Vec<(String, String)> = req.env.into_iter().filter(|(k, _)| allowed_env(k)).collect();
+    match st.kernels.create(req.name.as_deref(), gpus, &env).await {
+        Ok(k) => Ok((StatusCode::CREATED, Json(k.model().await))),
+        Err(e @ CreateError::UnknownSpec(_)) => Err(ApiError::not_found(e.to_string())),
+        Err(e @ CreateError::BadGpuRequest(_)) => Err(ApiError::bad_request(e.to_string())),
+        Err(e @ CreateError::Start(_)) => {
+            tracing::error!(error = %e, "kernel start failed");
+            Err(ApiError::internal(e.to_string()))
+        }
+    }
+}
+
+/// `GET /api/kernels`.
+pub async fn list(State(st): State<Arc<AppState>>) -> Json<Vec<KernelModel>> {
+    Json(st.kernels.list().await)
+}
+
+/// `GET /api/kernels/{id}`.
+pub async fn get(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<KernelModel>, ApiError> {
+    let k = st.kernels.get(&id).await.ok_or_else(|| ApiError::no_kernel(&id))?;
+    Ok(Json(k.model().await))
+}
+
+/// `DELETE /api/kernels/{id}`.
+pub async fn delete(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    if st.kernels.remove(&id).await {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::no_kernel(&id))
+    }
+}
+
+/// `POST /api/kernels/{id}/interrupt`.
+pub async fn interrupt(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    let k = st.kernels.get(&id).await.ok_or_else(|| ApiError::no_kernel(&id))?;
+    k.interrupt().await.map_err(|e| ApiError::internal(format!("{e:#}")))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /api/kernels/{id}/restart`.
+pub async fn restart(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let k = st.kernels.get(&id).await.ok_or_else(|| ApiError::no_kernel(&id))?;
+    k.restart().await.map_err(|e| ApiError::internal(format!("restart failed: {e:#}")))?;
+    Ok(Json(k.model().await).into_response())
+}
