@@ -19,6 +19,8 @@ typedef int (*htod_fn)(uint64_t, const void *, size_t);
 typedef int (*memset32_fn)(uint64_t, unsigned, size_t);
 typedef int (*copy2d_fn)(const void *);
 typedef int (*sync_fn)(void);
+typedef int (*module_load_fn)(void **, const void *);
+typedef int (*get_function_fn)(void **, void *, const char *);
 
 static void *need(void *lib, const char *name)
 {
@@ -57,6 +59,23 @@ int main(int argc, char **argv)
 	}
 	mem_alloc_fn mem_alloc = (mem_alloc_fn)dlsym(lib, "cuMemAlloc_v2");
 	size_t allocated = 0;
+	/* A real kernel to launch where the library has modules: fill_f32(dst, 1.0f, 1) on a
+	 * 4-byte buffer (tests/fake-cuda's built-in kernel); any handle for the tiny stand-in. */
+	void *function = (void *)0x1;
+	uint64_t kernel_buf = 0;
+	float fill_value = 1.0f;
+	uint64_t fill_n = 1;
+	void *params[3] = {&kernel_buf, &fill_value, &fill_n};
+	module_load_fn module_load = (module_load_fn)dlsym(lib, "cuModuleLoadData");
+	get_function_fn get_function = (get_function_fn)dlsym(lib, "cuModuleGetFunction");
+	if (module_load && get_function && mem_alloc) {
+		void *module = 0;
+		if (module_load(&module, "") != 0 || get_function(&function, module, "fill_f32") != 0 ||
+		    mem_alloc(&kernel_buf, 4) != 0) {
+			fprintf(stderr, "workload: module/function/buffer setup failed\n");
+			return 4;
+		}
+	}
 	char line[256];
 	printf("ready\n");
 	fflush(stdout);
@@ -66,7 +85,7 @@ int main(int argc, char **argv)
 		if (sscanf(line, "launch %lu", &n) == 1) {
 			launch_fn f = (launch_fn)need(lib, "cuLaunchKernel");
 			for (unsigned long i = 0; i < n && rc == 0; i++)
-				rc = f((void *)0x1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0);
+				rc = f(function, 1, 1, 1, 1, 1, 1, 0, 0, params, 0);
 		} else if (sscanf(line, "htod %lu %lu", &n, &a) == 2) {
 			htod_fn f = (htod_fn)need(lib, "cuMemcpyHtoD_v2");
 			void *buf = calloc(1, a);

@@ -43,12 +43,25 @@ pub fn c_programs() -> &'static CPrograms {
 }
 
 /// The driver library the acceptance tests call through: `tests/fake-cuda`'s
-/// `libfake_cuda.so` when `NBOS_FAKE_CUDA` names it, else the tiny C stand-in.
+/// `libfake_cuda.so` (built as a dev-dependency, found next to the test binary), or the path
+/// in `NBOS_FAKE_CUDA`.
 pub fn driver_library() -> PathBuf {
-    match std::env::var_os("NBOS_FAKE_CUDA") {
-        Some(p) => PathBuf::from(p),
-        None => c_programs().mini_cuda.clone(),
+    if let Some(p) = std::env::var_os("NBOS_FAKE_CUDA") {
+        return PathBuf::from(p);
     }
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    [deps.join("libfake_cuda.so"), deps.parent().unwrap().join("libfake_cuda.so")]
+        .into_iter()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("libfake_cuda.so not found near {} (cargo build -p fake-cuda)", deps.display()))
+}
+
+/// Environment for tests/fake-cuda: its capacity ledgers in this test run's scratch directory.
+pub fn fake_cuda_state_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("nbos-ebpf-fake-cuda-state");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
 /// A running `workload` process.
@@ -63,6 +76,7 @@ impl Workload {
     pub fn start(lib: &Path) -> Self {
         let mut child = Command::new(&c_programs().workload)
             .arg(lib)
+            .env("FAKE_CUDA_STATE_DIR", fake_cuda_state_dir())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
