@@ -19,8 +19,8 @@ fn main() {
 
 fn build() -> Result<(), String> {
     let out = PathBuf::from(env::var("OUT_DIR").map_err(|e| format!("OUT_DIR: {e}"))?);
-    let bpf_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").map_err(|e| format!("CARGO_MANIFEST_DIR: {e}"))?)
-        .join("bpf");
+    let bpf_dir =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").map_err(|e| format!("CARGO_MANIFEST_DIR: {e}"))?).join("bpf");
     for f in ["observer.bpf.c", "observer.h"] {
         println!("cargo:rerun-if-changed={}", bpf_dir.join(f).display());
     }

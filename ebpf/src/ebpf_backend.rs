@@ -32,7 +32,10 @@ pub(crate) struct EbpfBackend {
 impl EbpfBackend {
     /// Loads the programs, attaches the exit tracepoint and one uprobe per probe site.
     /// On any failure everything attached so far is detached when the `Ebpf` is dropped.
-    pub(crate) fn load(libraries: &[DriverLibrary], max_processes: u32) -> Result<(Self, RingBuf<MapData>), ObserverError> {
+    pub(crate) fn load(
+        libraries: &[DriverLibrary],
+        max_processes: u32,
+    ) -> Result<(Self, RingBuf<MapData>), ObserverError> {
         let btf = Btf::from_sys_fs().map_err(|e| ObserverError::Load(format!("reading kernel BTF: {e}")))?;
         let mut bpf = EbpfLoader::new()
             .btf(Some(&btf))
@@ -94,7 +97,8 @@ fn program<'a, T>(bpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, ObserverEr
 where
     &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
 {
-    let p = bpf.program_mut(name).ok_or_else(|| ObserverError::Load(format!("program {name} missing from the object")))?;
+    let p =
+        bpf.program_mut(name).ok_or_else(|| ObserverError::Load(format!("program {name} missing from the object")))?;
     p.try_into().map_err(|e: aya::programs::ProgramError| ObserverError::Load(format!("program {name}: {e}")))
 }
 

@@ -62,7 +62,11 @@ impl ObserverMetrics {
         registry.register("notebookos_gpu_memsets", "GPU memsets observed", self.memsets.clone());
         registry.register("notebookos_gpu_syncs", "GPU context/stream/event synchronisations", self.syncs.clone());
         registry.register("notebookos_observer_mode", "Active GPU observer mode (1) by mode", self.mode.clone());
-        registry.register("notebookos_observer_processes", "Processes with observed GPU activity", self.processes.clone());
+        registry.register(
+            "notebookos_observer_processes",
+            "Processes with observed GPU activity",
+            self.processes.clone(),
+        );
         registry.register("notebookos_observer_exits", "Process exit events delivered", self.exits.clone());
         registry.register("notebookos_observer_errors", "Observer read errors", self.errors.clone());
     }

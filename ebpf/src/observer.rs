@@ -161,7 +161,8 @@ impl Observer {
     /// Every process with observed GPU activity, by pid.
     pub fn snapshot_all(&self) -> Vec<ProcessActivity> {
         let state = self.shared.lock();
-        let mut pids: Vec<u32> = state.bpf.as_ref().map(|b| b.all().into_iter().map(|(p, _)| p).collect()).unwrap_or_default();
+        let mut pids: Vec<u32> =
+            state.bpf.as_ref().map(|b| b.all().into_iter().map(|(p, _)| p).collect()).unwrap_or_default();
         if let Some(dir) = &self.shared.counters_dir {
             pids.extend(shim_counters::list(dir));
         }
@@ -355,7 +356,8 @@ impl Shared {
     /// Adds what each process did since the last sweep to the Prometheus counters.
     fn sweep(&self) {
         let mut state = self.lock();
-        let mut pids: Vec<u32> = state.bpf.as_ref().map(|b| b.all().into_iter().map(|(p, _)| p).collect()).unwrap_or_default();
+        let mut pids: Vec<u32> =
+            state.bpf.as_ref().map(|b| b.all().into_iter().map(|(p, _)| p).collect()).unwrap_or_default();
         if let Some(dir) = &self.counters_dir {
             let with_counters = shim_counters::list(dir);
             // In eBPF mode a process known only by its counters file must still produce an exit
@@ -383,7 +385,8 @@ impl Shared {
     }
 
     fn fold(&self, state: &mut State, now: &ProcessActivity) {
-        let label = KernelLabels { kernel: state.labels.get(&now.pid).cloned().unwrap_or_else(|| UNMANAGED.to_owned()) };
+        let label =
+            KernelLabels { kernel: state.labels.get(&now.pid).cloned().unwrap_or_else(|| UNMANAGED.to_owned()) };
         let before = state.folded.get(&now.pid).cloned().unwrap_or_default();
         let m = &self.metrics;
         m.launches.get_or_create(&label).inc_by(now.launches.saturating_sub(before.launches));
@@ -456,7 +459,8 @@ mod tests {
 
     #[test]
     fn merge_takes_the_larger_count_and_both_sources() {
-        let b = RawActivity { launches: 10, copies: 1, copy_bytes: 100, first_ns: 50, last_ns: 90, ..Default::default() };
+        let b =
+            RawActivity { launches: 10, copies: 1, copy_bytes: 100, first_ns: 50, last_ns: 90, ..Default::default() };
         let s = ShimCounts { launches: 12, syncs: 3, first_ns: 40, last_ns: 80, ..Default::default() };
         let m = merge(7, Some(&b), Some(&s)).unwrap();
         assert_eq!((m.launches, m.copies, m.copy_bytes, m.syncs), (12, 1, 100, 3));

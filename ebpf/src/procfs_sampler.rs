@@ -25,10 +25,8 @@ pub(crate) struct ProcSample {
 pub(crate) fn sample(pid: u32) -> Option<ProcSample> {
     let proc = procfs::process::Process::new(i32::try_from(pid).ok()?).ok()?;
     let stat = proc.stat().ok()?;
-    let context_switches = proc
-        .status()
-        .ok()
-        .and_then(|s| Some(s.voluntary_ctxt_switches? + s.nonvoluntary_ctxt_switches?));
+    let context_switches =
+        proc.status().ok().and_then(|s| Some(s.voluntary_ctxt_switches? + s.nonvoluntary_ctxt_switches?));
     let exited = matches!(stat.state, 'Z' | 'X' | 'x');
     Some(ProcSample {
         start_ticks: stat.starttime,

@@ -149,7 +149,8 @@ impl ShimCountersWriter {
     pub fn create(dir: &Path, pid: u32) -> Result<Self, ObserverError> {
         let path = path_for(dir, pid);
         let err = |source| ObserverError::Counters { path: path.clone(), source };
-        let mut file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).map_err(err)?;
+        let mut file =
+            OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).map_err(err)?;
         let mut page = vec![0u8; FILE_SIZE];
         page[..4].copy_from_slice(&MAGIC.to_ne_bytes());
         page[4..8].copy_from_slice(&VERSION.to_ne_bytes());

@@ -1,0 +1,134 @@
+//! The procfs fallback: chosen automatically without privileges, and answering the same API
+//! from the shim's counters files, /proc sampling and exit polling.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use common::wait_for;
+use nbos_ebpf::shim_counters::{self, ShimCountersWriter};
+use nbos_ebpf::{Mode, ModeRequest, Observer, ObserverConfig};
+
+const MIB: u64 = 1 << 20;
+
+fn procfs_config(counters: &std::path::Path) -> ObserverConfig {
+    ObserverConfig {
+        mode: ModeRequest::Procfs,
+        counters_dir: Some(counters.to_owned()),
+        poll_interval: Duration::from_millis(10),
+        ..ObserverConfig::default()
+    }
+}
+
+#[test]
+fn procfs_mode_answers_snapshot_idle_for_and_exits_from_shim_counters() {
+    let dir = tempfile::tempdir().unwrap();
+    let observer = Observer::start(procfs_config(dir.path())).unwrap();
+    assert_eq!(observer.mode(), Mode::Procfs);
+    let mut exits = observer.exit_events();
+
+    // Two real processes; the first "uses the GPU" through the shim, whose side we play by
+    // writing its counters file exactly as the shim does.
+    let mut busy = Command::new("sleep").arg("30").spawn().unwrap();
+    let mut idle = Command::new("sleep").arg("30").spawn().unwrap();
+    let shim = ShimCountersWriter::create(dir.path(), busy.id()).unwrap();
+    for _ in 0..1000 {
+        shim.record_launch();
+    }
+    for _ in 0..100 {
+        shim.record_copy(MIB);
+    }
+
+    let a = observer.snapshot(busy.id()).expect("activity from the counters file");
+    assert_eq!((a.launches, a.copies, a.copy_bytes), (1000, 100, 100 * MIB));
+    assert!(a.sources.shim_counters && !a.sources.uprobes);
+    assert_eq!(a.comm, "sleep");
+    assert!(a.cpu_time_ns.is_some() && a.context_switches.is_some(), "procfs fields: {a:?}");
+    assert_eq!(observer.snapshot(idle.id()), None);
+
+    let grown = wait_for("idle_for to grow past 100 ms", Duration::from_secs(5), || {
+        observer.idle_for(busy.id()).filter(|d| *d >= Duration::from_millis(100))
+    });
+    shim.record_launch();
+    let reset = observer.idle_for(busy.id()).unwrap();
+    assert!(reset < grown, "reset {reset:?} grown {grown:?}");
+
+    busy.kill().unwrap();
+    busy.wait().unwrap();
+    let event = wait_for("the exit event", Duration::from_secs(5), || loop {
+        match exits.try_recv() {
+            Ok(e) if e.pid == busy.id() => break Some(e),
+            Ok(_) => continue,
+            Err(_) => break None,
+        }
+    });
+    assert_eq!(event.activity.map(|a| a.launches), Some(1001));
+    assert!(!shim_counters::path_for(dir.path(), busy.id()).exists(), "counters file of the dead process removed");
+    assert_eq!(observer.idle_for(busy.id()), None);
+    idle.kill().unwrap();
+    idle.wait().unwrap();
+}
+
+#[test]
+fn procfs_mode_judges_a_process_without_shim_by_its_cpu_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let observer = Observer::start(procfs_config(dir.path())).unwrap();
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    observer.watch(sleeper.id()).unwrap();
+    // A sleeping process uses no CPU: its idle time grows from when it was first seen.
+    let grown = wait_for("a sleeping process to look idle", Duration::from_secs(5), || {
+        observer.idle_for(sleeper.id()).filter(|d| *d >= Duration::from_millis(100))
+    });
+    assert!(grown >= Duration::from_millis(100));
+    let mut exits = observer.exit_events();
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    let event = wait_for("the watched exit", Duration::from_secs(5), || exits.try_recv().ok());
+    assert_eq!(event.pid, sleeper.id());
+    assert_eq!(event.activity, None);
+}
+
+#[test]
+fn a_missing_or_unreadable_library_is_an_error_naming_the_path() {
+    let missing = PathBuf::from("/nonexistent/nbos/libcuda.so.1");
+    for mode in [ModeRequest::Auto, ModeRequest::Procfs, ModeRequest::Ebpf] {
+        let config = ObserverConfig { mode, libraries: vec![missing.clone()], ..ObserverConfig::default() };
+        let err = Observer::start(config).err().expect("start must fail").to_string();
+        assert!(err.contains("/nonexistent/nbos/libcuda.so.1"), "{mode:?}: {err}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("libcuda.so.1");
+    std::fs::write(&garbage, b"\x7fELF but not really").unwrap();
+    let config = ObserverConfig { libraries: vec![garbage.clone()], ..ObserverConfig::default() };
+    let err = Observer::start(config).err().expect("start must fail").to_string();
+    assert!(err.contains(&garbage.display().to_string()), "{err}");
+    // A directory cannot be read as a library either.
+    let config = ObserverConfig { libraries: vec![dir.path().to_owned()], ..ObserverConfig::default() };
+    let err = Observer::start(config).err().expect("start must fail").to_string();
+    assert!(err.contains(&dir.path().display().to_string()), "{err}");
+}
+
+/// Without privileges `mode = auto` must fall back to procfs with a clear log line. As root we
+/// drop to `nobody` in a child process (the check binary); as a normal user we are already
+/// unprivileged.
+#[test]
+fn without_privileges_auto_mode_falls_back_to_procfs_with_a_log_line() {
+    let lib = common::driver_library();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nbos-observer-check"));
+    cmd.args(["--mode", "auto", "--library"]).arg(&lib);
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        use std::os::unix::process::CommandExt;
+        cmd.uid(65534).gid(65534);
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout {stdout} stderr {stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["mode"], "procfs", "{stderr}");
+    assert_eq!(v["uprobes"], 0);
+    assert!(stderr.contains("falling back to procfs mode"), "{stderr}");
+}
