@@ -118,6 +118,12 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
     let watchdog = systemd_ready();
 
     let app = gateway::router(state);
+    // Small WebSocket frames (a cell's messages) must not wait for Nagle's algorithm.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY");
+        }
+    });
     let served = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await;
 
     if let Some(w) = watchdog {

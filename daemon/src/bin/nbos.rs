@@ -30,17 +30,27 @@ enum Cmd {
     Observe(cli::observe::Args),
     /// Local ZMQ kernel facade that forwards to the gateway (used by kernelspecs).
     KernelProxy(cli::proxy::Args),
+    /// Install a Jupyter kernelspec that runs `nbos kernel-proxy` (for nbclient, papermill, VS Code).
+    InstallKernelspec(cli::proxy::InstallArgs),
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
     let result = match args.cmd {
         Cmd::Status(a) => cli::status::run(&args.target, a),
-        Cmd::Kernels(a) => cli::kernels::run(a),
+        Cmd::Kernels(a) => cli::kernels::run(&args.target, a),
         Cmd::Bench(b) => cli::bench::run(b),
         Cmd::Sim(a) => cli::sim::run(a),
         Cmd::Observe(a) => cli::observe::run(a),
-        Cmd::KernelProxy(a) => cli::proxy::run(a),
+        Cmd::KernelProxy(a) => {
+            // The proxy runs as a kernel: its logs go to stderr, which Jupyter clients show or keep.
+            notebookosd::logging::init(&notebookosd::config::LogConfig {
+                level: "info,zeromq=warn".to_owned(),
+                ..notebookosd::config::LogConfig::default()
+            });
+            cli::proxy::run(&args.target, a)
+        }
+        Cmd::InstallKernelspec(a) => cli::proxy::install_kernelspec(&args.target, a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod cell;
 pub mod channels;
+pub mod client;
 pub mod error;
 pub mod kernels;
 pub mod kernelspecs;
