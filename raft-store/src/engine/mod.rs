@@ -1,0 +1,438 @@
+//! The driving loop: one thread runs every group of the process, TiKV style.
+//!
+//! Each iteration: take what arrived (raft messages, client requests), tick, then for every group
+//! with a `Ready`: send its messages, apply committed entries, and put its entries and hard state
+//! into ONE shared `LogBatch`; write that batch with one fsync; then send the messages that had to
+//! wait for persistence and advance. Idle groups hibernate (stop ticking) and are woken by traffic,
+//! by a request, or when the node liveness tracker says their leader went quiet.
+
+pub mod group;
+pub mod request;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use raft::eraftpb::{ConfState, Message, MessageType};
+use raft::{RawNode, StateRole};
+use raft_engine::LogBatch;
+use tokio::sync::oneshot;
+
+use self::group::Group;
+use self::request::{Control, GroupRequest, Inbound};
+use crate::config::StoreConfig;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::state_machine::KvState;
+use crate::storage::{self, GroupStorage, LogEngine};
+use crate::transport::Transport;
+
+/// Most inbound items handled before the loop persists and sends (bounds latency under load).
+const MAX_INBOX_PER_ITERATION: usize = 4096;
+
+pub(crate) struct Engine {
+    cfg: StoreConfig,
+    log: Arc<LogEngine>,
+    groups: HashMap<u64, Group>,
+    dirty: HashSet<u64>,
+    transport: Transport,
+    metrics: Arc<Metrics>,
+    logger: slog::Logger,
+    /// Writes produced after this iteration's batch (compactions); go out with the next one.
+    deferred: LogBatch,
+    stopping: bool,
+}
+
+fn raft_config(cfg: &StoreConfig, applied: u64) -> raft::Config {
+    raft::Config {
+        id: cfg.node_id,
+        election_tick: cfg.election_ticks,
+        heartbeat_tick: cfg.heartbeat_ticks,
+        applied,
+        max_size_per_msg: 1 << 20,
+        max_inflight_msgs: 256,
+        pre_vote: true,
+        // Reads use ReadIndex with a quorum round (Safe); no clock-based leader lease.
+        read_only_option: raft::ReadOnlyOption::Safe,
+        ..Default::default()
+    }
+}
+
+impl Engine {
+    /// Opens every group found in the log.
+    pub(crate) fn open(
+        cfg: StoreConfig,
+        log: Arc<LogEngine>,
+        transport: Transport,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self> {
+        let logger = slog::Logger::root(crate::logging::TracingDrain, slog::o!());
+        let mut engine = Engine {
+            cfg,
+            log,
+            groups: HashMap::new(),
+            dirty: HashSet::new(),
+            transport,
+            metrics,
+            logger,
+            deferred: LogBatch::default(),
+            stopping: false,
+        };
+        for gid in storage::stored_groups(&engine.log) {
+            match engine.load_group(gid) {
+                Ok(g) => {
+                    engine.groups.insert(gid, g);
+                    engine.dirty.insert(gid);
+                }
+                // One unreadable group must not take the others down; it stays on disk for repair.
+                Err(e) => tracing::error!(group = gid, error = %e, "cannot load raft group; skipping it"),
+            }
+        }
+        engine.metrics.groups.set(i64::try_from(engine.groups.len()).unwrap_or(i64::MAX));
+        tracing::info!(node = engine.cfg.node_id, groups = engine.groups.len(), "raft engine opened");
+        Ok(engine)
+    }
+
+    fn load_group(&self, gid: u64) -> Result<Group> {
+        let store = GroupStorage::load(self.log.clone(), gid)?;
+        let snap = raft::Storage::snapshot(&store, 0, 0)?;
+        let sm = KvState::from_bytes(snap.get_data())
+            .map_err(|e| Error::Corrupt(format!("snapshot of group {gid}: {e}")))?;
+        let applied = snap.get_metadata().index;
+        let raw = RawNode::new(&raft_config(&self.cfg, applied), store, &self.logger)?;
+        Ok(Group::new(gid, self.cfg.node_id, raw, sm, applied))
+    }
+
+    fn create_group(&mut self, gid: u64, voters: Vec<u64>, join: bool) -> Result<()> {
+        if self.groups.contains_key(&gid) {
+            return Err(Error::GroupExists(gid));
+        }
+        if gid == 0 || gid > u64::MAX / 2 - 1 {
+            return Err(Error::Config(format!("group id {gid} out of range")));
+        }
+        let conf_state = if join {
+            None
+        } else {
+            if voters.is_empty() || voters.contains(&0) {
+                return Err(Error::Config("a new group needs a non-empty list of non-zero voters".into()));
+            }
+            let mut cs = ConfState::default();
+            cs.set_voters(voters);
+            Some(cs)
+        };
+        let mut batch = LogBatch::default();
+        let store = GroupStorage::create(self.log.clone(), gid, conf_state, &mut batch)?;
+        self.write(&mut batch)?;
+        let applied = store.snapshot_metadata().index;
+        let raw = RawNode::new(&raft_config(&self.cfg, applied), store, &self.logger)?;
+        self.groups.insert(gid, Group::new(gid, self.cfg.node_id, raw, KvState::default(), applied));
+        self.dirty.insert(gid);
+        self.metrics.groups.inc();
+        Ok(())
+    }
+
+    fn destroy_group(&mut self, gid: u64) -> Result<()> {
+        if self.groups.remove(&gid).is_none() {
+            return Err(Error::GroupNotFound(gid));
+        }
+        let mut batch = LogBatch::default();
+        GroupStorage::destroy(gid, &mut batch);
+        self.write(&mut batch)?;
+        self.metrics.groups.dec();
+        Ok(())
+    }
+
+    fn write(&self, batch: &mut LogBatch) -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let start = Instant::now();
+        self.log.write(batch, self.cfg.sync_log).map_err(|source| Error::Log {
+            path: self.cfg.data_dir.display().to_string(),
+            source,
+        })?;
+        self.metrics.log_writes.inc();
+        self.metrics.log_write_seconds.observe(start.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// Runs until shutdown. A failed log write stops the loop (fail-stop: nothing unpersisted is
+    /// ever acknowledged).
+    pub(crate) fn run(mut self, control: Receiver<Control>, inbound: Receiver<Inbound>) {
+        let tick = self.cfg.tick_interval;
+        let mut next_tick = Instant::now() + tick;
+        let mut last_prune = Instant::now();
+        let mut last_purge = Instant::now();
+        while !self.stopping {
+            let now = Instant::now();
+            let timeout = if self.dirty.is_empty() { next_tick.saturating_duration_since(now) } else { Duration::ZERO };
+            crossbeam_channel::select! {
+                recv(control) -> m => match m {
+                    Ok(m) => self.on_control(m),
+                    Err(_) => self.stopping = true,
+                },
+                recv(inbound) -> m => match m {
+                    Ok(m) => self.on_inbound(m),
+                    Err(_) => self.stopping = true,
+                },
+                default(timeout) => {},
+            }
+            let mut handled = 0;
+            while handled < MAX_INBOX_PER_ITERATION {
+                let mut any = false;
+                if let Ok(m) = control.try_recv() {
+                    self.on_control(m);
+                    any = true;
+                }
+                if let Ok(m) = inbound.try_recv() {
+                    self.on_inbound(m);
+                    any = true;
+                }
+                if !any {
+                    break;
+                }
+                handled += 1;
+            }
+            let now = Instant::now();
+            if now >= next_tick {
+                self.tick_all(now);
+                next_tick = if now > next_tick + tick { now + tick } else { next_tick + tick };
+            }
+            if now.duration_since(last_prune) > Duration::from_secs(1) {
+                last_prune = now;
+                for g in self.groups.values_mut() {
+                    g.prune_abandoned();
+                }
+            }
+            if now.duration_since(last_purge) > Duration::from_secs(10) {
+                last_purge = now;
+                if let Err(e) = self.log.purge_expired_files() {
+                    tracing::warn!(error = %e, "raft log purge failed");
+                }
+            }
+            if let Err(e) = self.process_ready() {
+                tracing::error!(error = %e, "raft log write failed; stopping the raft engine");
+                break;
+            }
+        }
+        tracing::info!(node = self.cfg.node_id, "raft engine stopped");
+    }
+
+    fn on_control(&mut self, m: Control) {
+        match m {
+            Control::Group { group, req } => self.on_group_request(group, req),
+            Control::Create { group, voters, join, reply } => {
+                let _ = reply.send(self.create_group(group, voters, join));
+            }
+            Control::Destroy { group, reply } => {
+                let _ = reply.send(self.destroy_group(group));
+            }
+            Control::ListGroups { reply } => {
+                let mut ids: Vec<u64> = self.groups.keys().copied().collect();
+                ids.sort_unstable();
+                let _ = reply.send(ids);
+            }
+            Control::Shutdown => self.stopping = true,
+        }
+    }
+
+    fn on_group_request(&mut self, gid: u64, req: GroupRequest) {
+        let Some(g) = self.groups.get_mut(&gid) else {
+            fail_request(req, Error::GroupNotFound(gid));
+            return;
+        };
+        if !matches!(req, GroupRequest::Status { .. }) {
+            g.wake();
+        }
+        match req {
+            GroupRequest::Propose { cmd, reply } => {
+                g.propose(cmd, reply);
+                self.metrics.proposals.inc();
+            }
+            GroupRequest::Read { query, linearizable, reply } => g.read(query, linearizable, reply),
+            GroupRequest::ChangeMembership { changes, reply } => g.change_membership(changes, reply),
+            GroupRequest::TransferLeader { to, reply } => g.transfer_leader(to, reply),
+            GroupRequest::LeaseKeepAlive { id, reply } => g.lease_keepalive(id, reply),
+            GroupRequest::Watch { prefix, from_revision, tx, reply } => g.watch(prefix, from_revision, tx, reply),
+            GroupRequest::Status { reply } => {
+                let _ = reply.send(Ok(g.status()));
+            }
+        }
+        self.dirty.insert(gid);
+    }
+
+    fn on_inbound(&mut self, m: Inbound) {
+        match m {
+            Inbound::Raft { group, msg } => {
+                let Some(g) = self.groups.get_mut(&group) else {
+                    self.metrics.reject("unknown_group");
+                    tracing::warn!(group, from = msg.from, "raft message for a group this node does not host; dropped");
+                    return;
+                };
+                let is_heartbeat =
+                    matches!(msg.get_msg_type(), MessageType::MsgHeartbeat | MessageType::MsgHeartbeatResponse);
+                if !is_heartbeat {
+                    g.wake();
+                }
+                if let Err(e) = g.raw.step(msg) {
+                    tracing::debug!(group, error = %e, "raft step refused a message");
+                }
+                self.dirty.insert(group);
+            }
+            Inbound::PeerConnected { peer } => {
+                // A peer (re)connected: maybe it restarted. Wake groups it belongs to so their
+                // leaders tell it who leads before its election timer fires.
+                for g in self.groups.values_mut() {
+                    if g.hibernating && g.raw.raft.prs().conf().voters().contains(peer) {
+                        g.wake();
+                    }
+                }
+            }
+        }
+    }
+
+    fn tick_all(&mut self, now: Instant) {
+        let threshold = self.cfg.hibernate_after_ticks;
+        let quiet_after = self.cfg.election_timeout();
+        let mut hibernating = 0i64;
+        for (gid, g) in self.groups.iter_mut() {
+            if g.hibernating {
+                // A hibernating follower wakes when its leader's node goes quiet.
+                let leader = g.raw.raft.leader_id;
+                let leader_alive = leader == self.cfg.node_id
+                    || self.transport.last_seen(leader).is_some_and(|t| now.duration_since(t) < quiet_after);
+                if leader_alive {
+                    hibernating += 1;
+                    continue;
+                }
+                tracing::debug!(group = gid, leader, "leader's node went quiet; waking group");
+                g.wake();
+            }
+            g.raw.tick();
+            g.idle_ticks = g.idle_ticks.saturating_add(1);
+            g.expire_leases(now);
+            if g.can_hibernate(threshold) {
+                g.hibernating = true;
+            }
+            self.dirty.insert(*gid);
+        }
+        self.metrics.groups_hibernating.set(hibernating);
+    }
+
+    fn send(&self, gid: u64, msgs: Vec<Message>, g: &mut Group) {
+        for msg in msgs {
+            let to = msg.to;
+            let is_snapshot = msg.get_msg_type() == MessageType::MsgSnapshot;
+            let sent = self.transport.send(gid, msg);
+            if is_snapshot {
+                let status = if sent { raft::SnapshotStatus::Finish } else { raft::SnapshotStatus::Failure };
+                if sent {
+                    self.metrics.snapshots_sent.inc();
+                }
+                g.raw.report_snapshot(to, status);
+            } else if !sent {
+                g.raw.report_unreachable(to);
+            }
+        }
+    }
+
+    fn process_ready(&mut self) -> Result<()> {
+        let mut batch = LogBatch::default();
+        if !self.deferred.is_empty() {
+            batch.merge(&mut self.deferred).map_err(|e| Error::Corrupt(format!("merge log batch: {e}")))?;
+        }
+        let mut readies = Vec::new();
+        let dirty: Vec<u64> = self.dirty.drain().collect();
+        let mut broken = Vec::new();
+        for gid in dirty {
+            let Some(mut g) = self.groups.remove(&gid) else { continue };
+            if !g.raw.has_ready() {
+                self.groups.insert(gid, g);
+                continue;
+            }
+            let mut rd = g.raw.ready();
+            if let Some(ss) = rd.ss() {
+                let (role, leader) = (ss.raft_state, ss.leader_id);
+                if g.on_soft_state(role, leader).leader_changed {
+                    self.metrics.leader_changes.inc();
+                }
+                if role == StateRole::Leader {
+                    g.wake();
+                }
+            }
+            self.send(gid, rd.take_messages(), &mut g);
+            if !rd.snapshot().is_empty() {
+                let snap = rd.snapshot().clone();
+                if let Err(e) = g.restore(&snap) {
+                    tracing::error!(group = gid, error = %e, "cannot install snapshot; group stopped on this node");
+                    broken.push(gid);
+                    continue;
+                }
+                g.raw.mut_store().install_snapshot(&snap, &mut batch)?;
+                self.metrics.snapshots_installed.inc();
+            }
+            if let Err(e) = g.apply(rd.take_committed_entries()) {
+                tracing::error!(group = gid, error = %e, "cannot apply entries; group stopped on this node");
+                broken.push(gid);
+                continue;
+            }
+            g.raw.mut_store().append(rd.entries(), &mut batch)?;
+            if let Some(hs) = rd.hs() {
+                g.raw.mut_store().set_hard_state(hs.clone(), &mut batch)?;
+            }
+            if !rd.read_states().is_empty() {
+                g.on_read_states(rd.take_read_states());
+            }
+            readies.push((gid, g, rd));
+        }
+        for gid in broken {
+            self.metrics.groups.dec();
+            tracing::error!(group = gid, "raft group disabled after an unrecoverable error");
+        }
+        self.write(&mut batch)?;
+        for (gid, mut g, mut rd) in readies {
+            self.send(gid, rd.take_persisted_messages(), &mut g);
+            let mut light = g.raw.advance(rd);
+            if let Some(commit) = light.commit_index() {
+                // Persisted with the next hard state; losing it in a crash is safe (recomputed).
+                let _ = commit;
+            }
+            self.send(gid, light.take_messages(), &mut g);
+            if let Err(e) = g.apply(light.take_committed_entries()) {
+                tracing::error!(group = gid, error = %e, "cannot apply entries; group stopped on this node");
+                self.metrics.groups.dec();
+                continue;
+            }
+            g.raw.advance_apply();
+            if g.maybe_compact(self.cfg.snapshot_interval, &mut self.deferred)? {
+                self.metrics.compactions.inc();
+                self.dirty.insert(gid);
+            }
+            if g.raw.has_ready() {
+                self.dirty.insert(gid);
+            }
+            self.groups.insert(gid, g);
+        }
+        if !self.deferred.is_empty() && self.dirty.is_empty() {
+            let mut deferred = std::mem::take(&mut self.deferred);
+            self.write(&mut deferred)?;
+        }
+        Ok(())
+    }
+}
+
+fn fail_request(req: GroupRequest, e: Error) {
+    fn fail<T>(reply: oneshot::Sender<Result<T>>, e: Error) {
+        let _ = reply.send(Err(e));
+    }
+    match req {
+        GroupRequest::Propose { reply, .. } => fail(reply, e),
+        GroupRequest::Read { reply, .. } => fail(reply, e),
+        GroupRequest::ChangeMembership { reply, .. } => fail(reply, e),
+        GroupRequest::TransferLeader { reply, .. } => fail(reply, e),
+        GroupRequest::LeaseKeepAlive { reply, .. } => fail(reply, e),
+        GroupRequest::Watch { reply, .. } => fail(reply, e),
+        GroupRequest::Status { reply } => fail(reply, e),
+    }
+}

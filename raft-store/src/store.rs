@@ -1,0 +1,351 @@
+//! The public handle: [`RaftStore`] (one per process) and [`Kv`] (one group's key-value API).
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::StoreConfig;
+use crate::engine::request::{
+    Control, GroupRequest, GroupStatus, Inbound, Membership, MembershipChange, Query, ReadOutput,
+};
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::state_machine::{CasOutcome, Command, CommandOutput, KeyValue, WatchEvent};
+use crate::transport::Transport;
+
+/// Depth of the engine's inbound queues (requests, and raft messages from the network).
+const INBOX_DEPTH: usize = 65_536;
+/// Events buffered per watch before a slow watcher is cut off.
+const WATCH_BUFFER: usize = 1024;
+
+struct Inner {
+    cfg: StoreConfig,
+    control: crossbeam_channel::Sender<Control>,
+    transport: Transport,
+    metrics: Arc<Metrics>,
+    registry: Mutex<Registry>,
+    engine_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    runtime: Mutex<Option<tokio::runtime::Runtime>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let _ = self.control.send(Control::Shutdown);
+        if let Some(t) = self.engine_thread.lock().ok().and_then(|mut t| t.take()) {
+            let _ = t.join();
+        }
+        if let Some(rt) = self.runtime.lock().ok().and_then(|mut r| r.take()) {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// An embedded multi-group Raft store: one per process, hosting any number of groups.
+///
+/// All methods may be called from any thread; the async ones need a tokio runtime (for their
+/// deadline). The store runs its own driving thread and its own small transport runtime.
+#[derive(Clone)]
+pub struct RaftStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for RaftStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RaftStore").field("node_id", &self.inner.cfg.node_id).finish()
+    }
+}
+
+impl RaftStore {
+    /// Opens (or creates) the store: recovers every group from the log, binds the transport and
+    /// starts the driving loop.
+    pub fn open(cfg: StoreConfig) -> Result<Self> {
+        cfg.validate()?;
+        std::fs::create_dir_all(&cfg.data_dir)
+            .map_err(|e| Error::io(format!("create data directory {}", cfg.data_dir.display()), e))?;
+        let log_cfg = raft_engine::Config {
+            dir: cfg.data_dir.join("raft-log").display().to_string(),
+            // Small files: purge reclaims space sooner; many tiny groups should not pin big files.
+            target_file_size: raft_engine::ReadableSize::mb(32),
+            purge_threshold: raft_engine::ReadableSize::mb(256),
+            ..Default::default()
+        };
+        let log = Arc::new(raft_engine::Engine::open(log_cfg).map_err(|source| Error::Log {
+            path: cfg.data_dir.display().to_string(),
+            source,
+        })?);
+        let metrics = Arc::new(Metrics::default());
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name(format!("raft-net-{}", cfg.node_id))
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io("start transport runtime", e))?;
+        let (control_tx, control_rx) = crossbeam_channel::bounded(INBOX_DEPTH);
+        let (inbound_tx, inbound_rx) = crossbeam_channel::bounded::<Inbound>(INBOX_DEPTH);
+        let transport = Transport::start(&cfg, metrics.clone(), inbound_tx, runtime.handle().clone())?;
+        let engine = Engine::open(cfg.clone(), log, transport.clone(), metrics.clone())?;
+        let thread = std::thread::Builder::new()
+            .name(format!("raft-engine-{}", cfg.node_id))
+            .spawn(move || engine.run(control_rx, inbound_rx))
+            .map_err(|e| Error::io("spawn raft engine thread", e))?;
+        Ok(RaftStore {
+            inner: Arc::new(Inner {
+                cfg,
+                control: control_tx,
+                transport,
+                metrics,
+                registry: Mutex::new(registry),
+                engine_thread: Mutex::new(Some(thread)),
+                runtime: Mutex::new(Some(runtime)),
+            }),
+        })
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> u64 {
+        self.inner.cfg.node_id
+    }
+
+    /// The configuration the store was opened with.
+    pub fn config(&self) -> &StoreConfig {
+        &self.inner.cfg
+    }
+
+    async fn call<T>(&self, group: u64, make: impl FnOnce(oneshot::Sender<Result<T>>) -> Control) -> Result<T> {
+        let (tx, rx) = oneshot::channel();
+        self.inner.control.try_send(make(tx)).map_err(|e| match e {
+            crossbeam_channel::TrySendError::Full(_) => Error::Timeout { group, after: Duration::ZERO },
+            crossbeam_channel::TrySendError::Disconnected(_) => Error::Stopped,
+        })?;
+        let after = self.inner.cfg.request_timeout;
+        match tokio::time::timeout(after, rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(Error::Stopped),
+            Err(_) => Err(Error::Timeout { group, after }),
+        }
+    }
+
+    pub(crate) async fn group_call<T>(
+        &self,
+        group: u64,
+        make: impl FnOnce(oneshot::Sender<Result<T>>) -> GroupRequest,
+    ) -> Result<T> {
+        self.call(group, |tx| Control::Group { group, req: make(tx) }).await
+    }
+
+    /// Creates a group with the given founding voters (every founding member calls this with the
+    /// same list). Durable when it returns.
+    pub async fn create_group(&self, group: u64, voters: &[u64]) -> Result<()> {
+        let voters = voters.to_vec();
+        self.call(group, |reply| Control::Create { group, voters, join: false, reply }).await
+    }
+
+    /// Creates an empty replica of an existing group on this node; it receives a snapshot once the
+    /// leader adds this node (see [`RaftStore::change_membership`]).
+    pub async fn join_group(&self, group: u64) -> Result<()> {
+        self.call(group, |reply| Control::Create { group, voters: Vec::new(), join: true, reply }).await
+    }
+
+    /// Removes the group's replica and its data from this node.
+    pub async fn destroy_group(&self, group: u64) -> Result<()> {
+        self.call(group, |reply| Control::Destroy { group, reply }).await
+    }
+
+    /// Ids of the groups hosted here.
+    pub async fn groups(&self) -> Result<Vec<u64>> {
+        let (tx, rx) = oneshot::channel();
+        self.inner.control.try_send(Control::ListGroups { reply: tx }).map_err(|_| Error::Stopped)?;
+        rx.await.map_err(|_| Error::Stopped)
+    }
+
+    /// The key-value API of one group.
+    pub fn kv(&self, group: u64) -> Kv {
+        Kv { store: self.clone(), group }
+    }
+
+    /// Proposes a membership change (on the leader). One change is applied directly; several at
+    /// once use joint consensus (`ConfChangeV2`, left automatically). Returns the membership once
+    /// the change is applied here.
+    pub async fn change_membership(&self, group: u64, changes: &[MembershipChange]) -> Result<Membership> {
+        let changes = changes.to_vec();
+        self.group_call(group, |reply| GroupRequest::ChangeMembership { changes, reply }).await
+    }
+
+    /// Asks the leader to hand leadership to `to` (returns once the transfer started).
+    pub async fn transfer_leader(&self, group: u64, to: u64) -> Result<()> {
+        self.group_call(group, |reply| GroupRequest::TransferLeader { to, reply }).await
+    }
+
+    /// The group's raft status on this node.
+    pub async fn status(&self, group: u64) -> Result<GroupStatus> {
+        self.group_call(group, |reply| GroupRequest::Status { reply }).await
+    }
+
+    /// Adds or re-addresses a peer node.
+    pub fn add_peer(&self, node_id: u64, addr: SocketAddr) {
+        self.inner.transport.add_peer(node_id, addr);
+    }
+
+    /// Test seam: drop all transport traffic to and from `peer`, as a network partition would.
+    pub fn set_peer_blocked(&self, peer: u64, blocked: bool) {
+        self.inner.transport.set_blocked(peer, blocked);
+    }
+
+    /// The store's metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// Metrics in the Prometheus text format.
+    pub fn metrics_text(&self) -> String {
+        let mut out = String::new();
+        if let Ok(reg) = self.inner.registry.lock() {
+            let _ = prometheus_client::encoding::text::encode(&mut out, &reg);
+        }
+        out
+    }
+}
+
+/// The key-value API of one group. Writes return once committed and applied; errors are typed.
+#[derive(Clone, Debug)]
+pub struct Kv {
+    store: RaftStore,
+    group: u64,
+}
+
+/// A lease id.
+pub type LeaseId = u64;
+
+/// A stream of committed changes under a prefix.
+#[derive(Debug)]
+pub struct Watch {
+    /// The first revision this watch reports.
+    pub start_revision: u64,
+    rx: mpsc::Receiver<WatchEvent>,
+}
+
+impl Watch {
+    /// The next change; `None` when the watch ended (group gone, snapshot installed, or the
+    /// watcher fell more than its buffer behind): re-watch from the last revision + 1.
+    pub async fn next(&mut self) -> Option<WatchEvent> {
+        self.rx.recv().await
+    }
+}
+
+fn unexpected(out: CommandOutput) -> Error {
+    Error::Corrupt(format!("unexpected command output {out:?}"))
+}
+
+impl Kv {
+    /// The group id.
+    pub fn group(&self) -> u64 {
+        self.group
+    }
+
+    async fn propose(&self, cmd: Command) -> Result<CommandOutput> {
+        self.store.group_call(self.group, |reply| GroupRequest::Propose { cmd, reply }).await
+    }
+
+    async fn read(&self, query: Query, linearizable: bool) -> Result<ReadOutput> {
+        self.store.group_call(self.group, |reply| GroupRequest::Read { query, linearizable, reply }).await
+    }
+
+    /// Sets a key.
+    pub async fn put(&self, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Result<()> {
+        match self.propose(Command::Put { key: key.into(), value: value.into(), lease: None }).await? {
+            CommandOutput::Put => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Sets a key attached to a lease: it is deleted when the lease ends.
+    pub async fn put_with_lease(&self, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>, lease: LeaseId) -> Result<()> {
+        match self.propose(Command::Put { key: key.into(), value: value.into(), lease: Some(lease) }).await? {
+            CommandOutput::Put => Ok(()),
+            CommandOutput::LeaseNotFound(id) => Err(Error::LeaseNotFound(id)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Deletes a key; true when it existed.
+    pub async fn delete(&self, key: impl Into<Vec<u8>>) -> Result<bool> {
+        match self.propose(Command::Delete { key: key.into() }).await? {
+            CommandOutput::Delete { existed } => Ok(existed),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Sets `key` to `value` if its value is `expected` (`None`: if absent).
+    pub async fn cas(
+        &self,
+        key: impl Into<Vec<u8>>,
+        expected: Option<Vec<u8>>,
+        value: impl Into<Vec<u8>>,
+    ) -> Result<CasOutcome> {
+        match self.propose(Command::Cas { key: key.into(), expected, value: value.into() }).await? {
+            CommandOutput::Cas(o) => Ok(o),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Linearizable get (ReadIndex through the leader).
+    pub async fn get(&self, key: impl Into<Vec<u8>>) -> Result<Option<KeyValue>> {
+        Ok(self.read(Query::Get { key: key.into() }, true).await?.kvs.pop())
+    }
+
+    /// Get from this replica's local state without contacting the leader; may be behind
+    /// (`stale` is set in the output).
+    pub async fn get_stale(&self, key: impl Into<Vec<u8>>) -> Result<ReadOutput> {
+        self.read(Query::Get { key: key.into() }, false).await
+    }
+
+    /// Linearizable prefix range (at most `limit` keys, 0 = all).
+    pub async fn range(&self, prefix: impl Into<Vec<u8>>, limit: usize) -> Result<Vec<KeyValue>> {
+        Ok(self.read(Query::Range { prefix: prefix.into(), limit }, true).await?.kvs)
+    }
+
+    /// Prefix range from local state (may be stale).
+    pub async fn range_stale(&self, prefix: impl Into<Vec<u8>>, limit: usize) -> Result<ReadOutput> {
+        self.read(Query::Range { prefix: prefix.into(), limit }, false).await
+    }
+
+    /// Watches committed changes under `prefix` starting at `from_revision` (0 = from now on).
+    pub async fn watch(&self, prefix: impl Into<Vec<u8>>, from_revision: u64) -> Result<Watch> {
+        let (tx, rx) = mpsc::channel(WATCH_BUFFER);
+        let prefix = prefix.into();
+        let start_revision = self
+            .store
+            .group_call(self.group, |reply| GroupRequest::Watch { prefix, from_revision, tx, reply })
+            .await?;
+        Ok(Watch { start_revision, rx })
+    }
+
+    /// Grants a lease with a time to live; keep it alive with [`Kv::lease_keepalive`].
+    pub async fn lease_grant(&self, ttl: Duration) -> Result<LeaseId> {
+        let id = rand::random::<u64>() | 1;
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        match self.propose(Command::LeaseGrant { id, ttl_ms }).await? {
+            CommandOutput::LeaseGranted => Ok(id),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Renews a lease for another TTL (at the leader); returns the TTL in milliseconds.
+    pub async fn lease_keepalive(&self, lease: LeaseId) -> Result<u64> {
+        self.store.group_call(self.group, |reply| GroupRequest::LeaseKeepAlive { id: lease, reply }).await
+    }
+
+    /// Ends a lease now, deleting its keys; true when it existed.
+    pub async fn lease_revoke(&self, lease: LeaseId) -> Result<bool> {
+        match self.propose(Command::LeaseRevoke { id: lease }).await? {
+            CommandOutput::LeaseRevoked { existed } => Ok(existed),
+            other => Err(unexpected(other)),
+        }
+    }
+}

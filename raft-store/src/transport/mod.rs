@@ -1,0 +1,395 @@
+//! TCP transport between nodes: one outbound connection per peer carrying every group's messages.
+//!
+//! Each node dials each peer once and keeps that stream (re-dialled with exponential backoff); the
+//! stream multiplexes all groups via the frame's group id. Inbound streams are read-only. Per-peer
+//! queues are bounded: when one is full the message is dropped and counted (raft retransmits).
+//! Authentication (mutual TLS, then the HELLO's node id checked against the certificate) happens
+//! before any protobuf byte is decoded (RUSTSEC-2024-0437), and every frame is size-capped first.
+
+pub mod frame;
+pub mod tls;
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use protobuf::Message as _;
+use raft::eraftpb::Message;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use self::frame::{Frame, FrameError};
+use self::tls::TlsPair;
+use crate::engine::request::Inbound;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+
+/// How long a peer gets to finish the TLS handshake and say HELLO.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// Frames written per flush.
+const WRITE_BATCH: usize = 256;
+
+struct Shared {
+    node_id: u64,
+    max_frame: usize,
+    queue_depth: usize,
+    keepalive: Duration,
+    peers: RwLock<HashMap<u64, mpsc::Sender<Bytes>>>,
+    blocked: RwLock<HashSet<u64>>,
+    last_seen: Mutex<HashMap<u64, Instant>>,
+    metrics: Arc<Metrics>,
+    tls: Option<TlsPair>,
+    inbound: crossbeam_channel::Sender<Inbound>,
+    rt: tokio::runtime::Handle,
+}
+
+/// Handle to the transport (cheap to clone).
+#[derive(Clone)]
+pub(crate) struct Transport {
+    shared: Arc<Shared>,
+}
+
+enum ReadError {
+    /// The peer closed the stream between frames.
+    Closed,
+    Truncated,
+    Frame(FrameError),
+    Io(std::io::Error),
+}
+
+async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> std::result::Result<Frame, ReadError> {
+    let first = match r.read_u8().await {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(ReadError::Closed),
+        Err(e) => return Err(ReadError::Io(e)),
+    };
+    let mut rest = [0u8; frame::HEADER_LEN - 1];
+    let eof = |e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            ReadError::Truncated
+        } else {
+            ReadError::Io(e)
+        }
+    };
+    r.read_exact(&mut rest).await.map_err(eof)?;
+    let len = u32::from_be_bytes([first, rest[0], rest[1], rest[2]]);
+    let len = frame::check_len(len, max).map_err(ReadError::Frame)?;
+    let mut body = BytesMut::zeroed(len);
+    r.read_exact(&mut body).await.map_err(eof)?;
+    frame::decode(body.freeze()).map_err(ReadError::Frame)
+}
+
+impl Transport {
+    /// Binds the listener and starts dialling `peers`.
+    pub(crate) fn start(
+        cfg: &crate::config::StoreConfig,
+        metrics: Arc<Metrics>,
+        inbound: crossbeam_channel::Sender<Inbound>,
+        rt: tokio::runtime::Handle,
+    ) -> Result<Self> {
+        let tls = match &cfg.security {
+            crate::config::TransportSecurity::MutualTls { ca_cert, cert, key } => Some(tls::load(ca_cert, cert, key)?),
+            crate::config::TransportSecurity::Plaintext => {
+                tracing::warn!(node = cfg.node_id, "raft transport is PLAINTEXT (configured explicitly)");
+                None
+            }
+        };
+        let std_listener = std::net::TcpListener::bind(cfg.listen)
+            .map_err(|e| Error::io(format!("bind raft transport on {}", cfg.listen), e))?;
+        std_listener.set_nonblocking(true).map_err(|e| Error::io("set listener non-blocking", e))?;
+        let shared = Arc::new(Shared {
+            node_id: cfg.node_id,
+            max_frame: cfg.max_frame_bytes,
+            queue_depth: cfg.peer_queue_depth,
+            keepalive: cfg.tick_interval,
+            peers: RwLock::new(HashMap::new()),
+            blocked: RwLock::new(HashSet::new()),
+            last_seen: Mutex::new(HashMap::new()),
+            metrics,
+            tls,
+            inbound,
+            rt: rt.clone(),
+        });
+        let listener = {
+            let _guard = rt.enter();
+            TcpListener::from_std(std_listener).map_err(|e| Error::io("register listener", e))?
+        };
+        rt.spawn(accept_loop(shared.clone(), listener));
+        let t = Transport { shared };
+        for (id, addr) in &cfg.peers {
+            t.add_peer(*id, *addr);
+        }
+        Ok(t)
+    }
+
+    /// Adds (or re-addresses) a peer and starts its connection.
+    pub(crate) fn add_peer(&self, peer: u64, addr: SocketAddr) {
+        let (tx, rx) = mpsc::channel(self.shared.queue_depth);
+        if let Ok(mut peers) = self.shared.peers.write() {
+            peers.insert(peer, tx);
+        }
+        self.shared.rt.spawn(dial_loop(self.shared.clone(), peer, addr, rx));
+    }
+
+    /// Test seam: drop all traffic to and from `peer` (both raft messages and keepalives).
+    pub(crate) fn set_blocked(&self, peer: u64, blocked: bool) {
+        if let Ok(mut b) = self.shared.blocked.write() {
+            if blocked {
+                b.insert(peer);
+            } else {
+                b.remove(&peer);
+            }
+        }
+    }
+
+    /// When a frame last arrived from `peer`.
+    pub(crate) fn last_seen(&self, peer: u64) -> Option<Instant> {
+        self.shared.last_seen.lock().ok()?.get(&peer).copied()
+    }
+
+    /// Queues a message; false when it could not be queued (the caller tells raft).
+    pub(crate) fn send(&self, group: u64, msg: Message) -> bool {
+        let m = &self.shared.metrics;
+        if self.shared.is_blocked(msg.to) {
+            m.drop_msg("partitioned");
+            return true; // lost "on the wire", like a real partition
+        }
+        let payload = match msg.write_to_bytes() {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot encode raft message");
+                return false;
+            }
+        };
+        let Some(frame) = frame::raft(group, &payload, self.shared.max_frame) else {
+            m.drop_msg("too_large");
+            tracing::warn!(group, to = msg.to, bytes = payload.len(), "raft message exceeds the frame cap; dropped");
+            return false;
+        };
+        let tx = self.shared.peers.read().ok().and_then(|p| p.get(&msg.to).cloned());
+        let Some(tx) = tx else {
+            m.drop_msg("no_route");
+            return false;
+        };
+        match tx.try_send(frame) {
+            Ok(()) => true,
+            Err(_) => {
+                m.drop_msg("queue_full");
+                false
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn is_blocked(&self, peer: u64) -> bool {
+        self.blocked.read().is_ok_and(|b| b.contains(&peer))
+    }
+
+    fn touch(&self, peer: u64) {
+        if let Ok(mut m) = self.last_seen.lock() {
+            m.insert(peer, Instant::now());
+        }
+    }
+}
+
+type BoxedWrite = Box<dyn AsyncWrite + Unpin + Send>;
+type BoxedRead = Box<dyn AsyncRead + Unpin + Send>;
+
+async fn connect(shared: &Shared, peer: u64, addr: SocketAddr) -> std::io::Result<BoxedWrite> {
+    let sock = TcpStream::connect(addr).await?;
+    sock.set_nodelay(true)?;
+    match &shared.tls {
+        Some(tls) => {
+            let name = rustls::pki_types::ServerName::try_from(tls::node_name(peer))
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+            let stream = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.connector.connect(name, sock))
+                .await
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake timed out"))??;
+            Ok(Box::new(stream))
+        }
+        None => Ok(Box::new(sock)),
+    }
+}
+
+async fn dial_loop(shared: Arc<Shared>, peer: u64, addr: SocketAddr, mut rx: mpsc::Receiver<Bytes>) {
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        match connect(&shared, peer, addr).await {
+            Ok(stream) => {
+                tracing::debug!(peer, %addr, "connected to peer");
+                backoff = BACKOFF_MIN;
+                match pump(&shared, peer, stream, &mut rx).await {
+                    Ok(()) => return, // queue closed: peer removed or shutting down
+                    Err(e) => tracing::debug!(peer, %addr, error = %e, "connection to peer lost"),
+                }
+            }
+            Err(e) => tracing::debug!(peer, %addr, error = %e, "cannot connect to peer"),
+        }
+        if rx.is_closed() {
+            return;
+        }
+        let jitter = Duration::from_millis(rand::random::<u64>() % 25);
+        tokio::time::sleep(backoff + jitter).await;
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+async fn pump(shared: &Shared, peer: u64, mut w: BoxedWrite, rx: &mut mpsc::Receiver<Bytes>) -> std::io::Result<()> {
+    w.write_all(&frame::hello(shared.node_id)).await?;
+    w.flush().await?;
+    let mut buf = Vec::with_capacity(64 << 10);
+    loop {
+        let first = tokio::select! {
+            m = rx.recv() => match m {
+                Some(m) => m,
+                None => return Ok(()),
+            },
+            _ = tokio::time::sleep(shared.keepalive) => {
+                if !shared.is_blocked(peer) {
+                    w.write_all(&frame::keepalive()).await?;
+                    w.flush().await?;
+                }
+                continue;
+            }
+        };
+        buf.clear();
+        buf.extend_from_slice(&first);
+        for _ in 1..WRITE_BATCH {
+            match rx.try_recv() {
+                Ok(m) => buf.extend_from_slice(&m),
+                Err(_) => break,
+            }
+        }
+        w.write_all(&buf).await?;
+        w.flush().await?;
+    }
+}
+
+async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok((sock, addr)) => {
+                let _ = sock.set_nodelay(true);
+                tokio::spawn(serve_inbound(shared.clone(), sock, addr));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept on raft transport failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn serve_inbound(shared: Arc<Shared>, sock: TcpStream, addr: SocketAddr) {
+    let m = &shared.metrics;
+    let (stream, cert): (BoxedRead, _) = match &shared.tls {
+        Some(tls) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.acceptor.accept(sock)).await {
+            Ok(Ok(s)) => {
+                let cert = s.get_ref().1.peer_certificates().and_then(|c| c.first().cloned());
+                (Box::new(s), cert)
+            }
+            Ok(Err(e)) => {
+                m.reject("tls");
+                tracing::warn!(%addr, error = %e, "raft transport: TLS handshake refused");
+                return;
+            }
+            Err(_) => {
+                m.reject("tls");
+                tracing::warn!(%addr, "raft transport: TLS handshake timed out");
+                return;
+            }
+        },
+        None => (Box::new(sock), None),
+    };
+    let mut r = BufReader::with_capacity(64 << 10, stream);
+    let peer = match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_frame(&mut r, shared.max_frame)).await {
+        Ok(Ok(Frame::Hello { node_id })) => node_id,
+        Ok(Ok(_)) => {
+            m.reject("garbage");
+            tracing::warn!(%addr, "raft transport: first frame is not HELLO; closing");
+            return;
+        }
+        Ok(Err(e)) => {
+            report_read_error(&shared, addr, None, e);
+            return;
+        }
+        Err(_) => {
+            m.reject("truncated");
+            tracing::warn!(%addr, "raft transport: no HELLO in time; closing");
+            return;
+        }
+    };
+    if let Some(cert) = &cert {
+        if !tls::cert_names_node(cert, peer) {
+            m.reject("identity");
+            tracing::warn!(%addr, claimed = peer, "raft transport: certificate does not name the claimed node; closing");
+            return;
+        }
+    }
+    if !shared.is_blocked(peer) {
+        shared.touch(peer);
+        let _ = shared.inbound.try_send(Inbound::PeerConnected { peer });
+    }
+    loop {
+        match read_frame(&mut r, shared.max_frame).await {
+            Ok(Frame::Keepalive) => {
+                if !shared.is_blocked(peer) {
+                    shared.touch(peer);
+                }
+            }
+            Ok(Frame::Raft { group, payload }) => {
+                if shared.is_blocked(peer) {
+                    continue;
+                }
+                shared.touch(peer);
+                let msg = match Message::parse_from_bytes(&payload) {
+                    Ok(msg) => msg,
+                    Err(e) => {
+                        m.reject("garbage");
+                        tracing::warn!(%addr, peer, group, error = %e, "raft transport: undecodable raft message; closing");
+                        return;
+                    }
+                };
+                if msg.from != peer || msg.to != shared.node_id {
+                    m.reject("wrong_sender");
+                    tracing::warn!(%addr, peer, group, from = msg.from, to = msg.to, "raft transport: message not from/to the connected nodes; dropped");
+                    continue;
+                }
+                if shared.inbound.try_send(Inbound::Raft { group, msg }).is_err() {
+                    m.drop_msg("inbox_full");
+                }
+            }
+            Ok(Frame::Hello { .. }) => {
+                m.reject("garbage");
+                tracing::warn!(%addr, peer, "raft transport: second HELLO; closing");
+                return;
+            }
+            Err(e) => {
+                report_read_error(&shared, addr, Some(peer), e);
+                return;
+            }
+        }
+    }
+}
+
+fn report_read_error(shared: &Shared, addr: SocketAddr, peer: Option<u64>, e: ReadError) {
+    let m = &shared.metrics;
+    match e {
+        ReadError::Closed => tracing::debug!(%addr, ?peer, "raft transport: peer closed the connection"),
+        ReadError::Truncated => {
+            m.reject("truncated");
+            tracing::warn!(%addr, ?peer, "raft transport: truncated frame; closing");
+        }
+        ReadError::Frame(e) => {
+            m.reject(e.reason());
+            tracing::warn!(%addr, ?peer, error = %e, "raft transport: bad frame; closing");
+        }
+        ReadError::Io(e) => tracing::debug!(%addr, ?peer, error = %e, "raft transport: read failed"),
+    }
+}
