@@ -1,0 +1,133 @@
+"""Starts a real notebookosd for the Jupyter client tests and tears it down.
+
+One daemon per test session (kernels are cheap, the daemon start is not free on
+2 cores). Binaries come from $NBOS_BIN_DIR, else `cargo build` puts them in
+target/debug.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def bin_dir() -> Path:
+    env = os.environ.get("NBOS_BIN_DIR")
+    if env:
+        return Path(env)
+    subprocess.run(
+        ["cargo", "build", "-q", "-p", "notebookosd", "--bins"], cwd=REPO, check=True
+    )
+    return REPO / "target" / "debug"
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+class Daemon:
+    """A running notebookosd with a token."""
+
+    def __init__(self) -> None:
+        self.bins = bin_dir()
+        self.dir = Path(tempfile.mkdtemp(prefix="nbos-jupyter-test-"))
+        self.token = secrets.token_hex(24)
+        self.token_file = self.dir / "token"
+        self.token_file.write_text(self.token + "\n")
+        self.token_file.chmod(0o600)
+        runtime = self.dir / "run"
+        config = self.dir / "notebookosd.toml"
+        config.write_text(
+            f"""
+[node]
+name = "pytest"
+state_dir = "{self.dir / 'state'}"
+runtime_dir = "{runtime}"
+[http]
+listen = "127.0.0.1:0"
+token_file = "{self.token_file}"
+[kernel]
+python = "{sys.executable}"
+[log]
+format = "text"
+"""
+        )
+        self.log = open(self.dir / "daemon.log", "wb")
+        self.proc = subprocess.Popen(
+            [str(self.bins / "notebookosd"), "--config", str(config)],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        endpoint = runtime / "endpoint.json"
+
+        def ready():
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"notebookosd exited: {(self.dir / 'daemon.log').read_text()}"
+                )
+            return endpoint.exists() and json.loads(endpoint.read_text())
+
+        self.url = wait_for(ready, 30, "notebookosd to listen")["url"]
+        self.nbos = str(self.bins / "nbos")
+        self.jupyter_path = self.dir / "jupyter"
+        subprocess.run(
+            [
+                self.nbos,
+                "--url",
+                self.url,
+                "install-kernelspec",
+                "--name",
+                "notebookos-test",
+                "--kernels-dir",
+                str(self.jupyter_path / "kernels"),
+                "--token-file",
+                str(self.token_file),
+            ],
+            check=True,
+            capture_output=True,
+        )
+        atexit.register(self.stop)
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"token {self.token}"}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+_DAEMON: Daemon | None = None
+
+
+def daemon() -> Daemon:
+    """The session's daemon, started on first use. Also points JUPYTER_PATH at
+    its kernelspec and the jupyter_server gateway client at it."""
+    global _DAEMON
+    if _DAEMON is None:
+        _DAEMON = Daemon()
+        os.environ["JUPYTER_PATH"] = str(_DAEMON.jupyter_path) + os.pathsep + os.environ.get("JUPYTER_PATH", "")
+        os.environ["JUPYTER_GATEWAY_URL"] = _DAEMON.url
+        os.environ["JUPYTER_GATEWAY_AUTH_TOKEN"] = _DAEMON.token
+    return _DAEMON

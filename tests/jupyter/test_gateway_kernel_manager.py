@@ -1,0 +1,49 @@
+"""jupyter_kernel_test through jupyter_server's GatewayKernelManager, the code
+path `jupyter lab --gateway-url` uses, with token auth on."""
+
+from typing import Any
+
+import jupyter_kernel_test
+from jupyter_core.utils import run_sync
+from kernel_samples import PythonSamples
+from nbos_harness import daemon
+
+ASYNC_METHODS = {"get_shell_msg", "get_iopub_msg", "get_stdin_msg", "get_control_msg", "wait_for_ready"}
+
+
+class SyncGatewayClient:
+    """GatewayKernelClient is an AsyncKernelClient; KernelTests drives a blocking
+    client. Awaitable getters are run to completion, everything else passes through."""
+
+    def __init__(self, kc: Any) -> None:
+        self._kc = kc
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._kc, name)
+        if name in ASYNC_METHODS:
+            return run_sync(attr)
+        return attr
+
+
+def start_gateway_kernel(kernel_name: str = "python3"):
+    daemon()
+    from jupyter_server.gateway.managers import GatewayKernelManager
+
+    km = GatewayKernelManager()
+    run_sync(km.start_kernel)(kernel_name=kernel_name)
+    kc = km.client()
+    run_sync(kc.start_channels)()
+    client = SyncGatewayClient(kc)
+    client.wait_for_ready(timeout=60)
+    return km, client
+
+
+class TestNotebookOSThroughGatewayKernelManager(PythonSamples, jupyter_kernel_test.KernelTests):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.km, cls.kc = start_gateway_kernel(cls.kernel_name)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.kc.stop_channels()
+        run_sync(cls.km.shutdown_kernel)()
