@@ -17,6 +17,7 @@
 #![deny(missing_docs)]
 
 mod activity;
+pub mod bench;
 mod bpf_abi;
 pub mod clock;
 mod config;

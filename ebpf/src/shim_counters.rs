@@ -26,7 +26,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::clock::monotonic_ns;
+use crate::clock::monotonic_coarse_ns;
 use crate::error::ObserverError;
 
 /// `b"NBSC"` read as a little-endian u32.
@@ -164,10 +164,17 @@ impl ShimCountersWriter {
         &self.path
     }
 
+    /// Stamps the call. The coarse clock (tick resolution) is plenty for idle detection and
+    /// costs a few nanoseconds; plain stores, because a launch-heavy loop must not pay for a
+    /// read-modify-write it does not need (a racing thread's older stamp is at most a tick old).
     fn touch(&self) {
-        let now = monotonic_ns();
-        let _ = self.map.word(7).compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
-        self.map.word(8).fetch_max(now, Ordering::Relaxed);
+        let now = monotonic_coarse_ns();
+        if self.map.word(7).load(Ordering::Relaxed) == 0 {
+            let _ = self.map.word(7).compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
+        }
+        if self.map.word(8).load(Ordering::Relaxed) != now {
+            self.map.word(8).store(now, Ordering::Relaxed);
+        }
     }
 
     /// Counts a launch.

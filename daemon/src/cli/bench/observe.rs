@@ -1,6 +1,10 @@
-//! `nbos bench observe`.
+//! `nbos bench observe`: the price of observation per probed call and on a launch-heavy loop,
+//! observer attached vs detached, measured in one run (see `nbos_ebpf::bench`).
 
-use crate::cli::not_yet::not_yet;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use nbos_ebpf::bench::{BenchOptions, BenchReport};
 
 /// Options of `nbos bench observe`.
 #[derive(Debug, clap::Args)]
@@ -8,9 +12,73 @@ pub struct Args {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Driver library to call and probe; default: tests/fake-cuda's `libfake_cuda.so` next to
+    /// this executable (a development build).
+    #[arg(long)]
+    pub library: Option<PathBuf>,
+    /// Launches per timed loop.
+    #[arg(long, default_value_t = 100_000)]
+    pub launches: u64,
+    /// One `cuCtxSynchronize` every this many launches (0: none).
+    #[arg(long, default_value_t = 100)]
+    pub sync_every: u64,
+    /// Rounds; each figure is the median over rounds.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+}
+
+/// `libfake_cuda.so` beside the running `nbos` (target/debug or target/release).
+fn default_library() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the nbos executable")?;
+    let dir = exe.parent().context("nbos executable has no directory")?;
+    [dir.join("libfake_cuda.so"), dir.join("deps/libfake_cuda.so")].into_iter().find(|p| p.exists()).with_context(
+        || {
+            format!(
+                "no libfake_cuda.so next to {}: build it (cargo build -p fake-cuda) or pass --library",
+                exe.display()
+            )
+        },
+    )
 }
 
 /// Runs the benchmark.
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    not_yet("bench observe", "the eBPF observer (issue 5)")
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let Args { json, library, launches, sync_every, rounds } = args;
+    let library = match library {
+        Some(l) => l,
+        None => default_library()?,
+    };
+    let report = nbos_ebpf::bench::run(&BenchOptions { library, launches, sync_every, rounds })
+        .context("benchmarking the GPU activity observer")?;
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", human(&report));
+    }
+    Ok(())
+}
+
+fn opt(v: Option<f64>, unit: &str) -> String {
+    v.map_or_else(|| "n/a (no eBPF)".to_owned(), |v| format!("{v:.1} {unit}"))
+}
+
+fn human(r: &BenchReport) -> String {
+    format!(
+        "observer bench ({mode} mode), {launches} launches + {syncs} syncs through {lib}, median of {rounds}\n\
+         detached:                      {det:.1} ns/launch\n\
+         uprobes on every call:         {all} ({allpct})\n\
+         uprobe cost per hit:           {cost}\n\
+         production design (shim counters + uprobes on rarer calls): {des:.1} ns/launch, {pct:+.2}% wall time\n",
+        mode = r.mode,
+        launches = r.launches,
+        syncs = r.syncs,
+        lib = r.library.display(),
+        rounds = r.rounds,
+        det = r.detached_ns_per_launch,
+        all = opt(r.all_probes_ns_per_launch, "ns/launch"),
+        allpct = opt(r.all_probes_overhead_pct, "%"),
+        cost = opt(r.uprobe_cost_ns, "ns"),
+        des = r.designed_ns_per_launch,
+        pct = r.launch_loop_overhead_pct,
+    )
 }
