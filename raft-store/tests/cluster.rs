@@ -1,0 +1,263 @@
+//! Fault tests on a 3-node cluster of real processes on loopback (mutual TLS, fsync on).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::linearizability::{check, Event, Op};
+use common::{assert_all_present, election_timeout, Cluster, Opts, Writers, CLUSTER_LOCK};
+use raft_store::service::Request;
+use raft_store::MembershipChange;
+
+const G: u64 = 1;
+const LONG: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_kill_9_elects_new_leader_fast_and_loses_no_acknowledged_write() {
+    let _serial = CLUSTER_LOCK.lock().await;
+    let mut c = Cluster::start(3, Opts::default());
+    let (leader, term) = c.wait_leader(G, 0, LONG).await;
+    let writers = Writers::start(&c, G, 4);
+    writers.wait_more(50, LONG).await;
+    let killed_at = Instant::now();
+    c.kill(leader);
+    let (new_leader, _) = c.wait_leader(G, term, LONG).await;
+    let failover = killed_at.elapsed();
+    assert_ne!(new_leader, leader);
+    assert!(
+        failover <= election_timeout() * 3,
+        "new leader after {failover:?}; limit is 3 election timeouts ({:?})",
+        election_timeout() * 3
+    );
+    writers.wait_more(50, LONG).await;
+    let acked = writers.stop().await;
+    assert_all_present(&acked, &c.range(G, "w/").await, "leader after failover");
+    // The killed node comes back and catches up with everything.
+    c.spawn(leader);
+    let commit = c.status(new_leader, G).await.expect("status").commit;
+    c.wait_applied(leader, G, commit, LONG).await;
+    assert_all_present(&acked, &c.range_stale(leader, G, "w/").await, "restarted old leader");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_in_a_loop_while_writing_keeps_every_acknowledged_write() {
+    let _serial = CLUSTER_LOCK.lock().await;
+    let mut c = Cluster::start(3, Opts { snapshot_interval: 200, ..Opts::default() });
+    c.wait_leader(G, 0, LONG).await;
+    let writers = Writers::start(&c, G, 4);
+    for round in 0..6u64 {
+        writers.wait_more(30, LONG).await;
+        // Alternate between the leader and a follower.
+        let (leader, _) = c.wait_leader(G, 0, LONG).await;
+        let victim = if round % 2 == 0 { leader } else { c.live_ids().into_iter().find(|&n| n != leader).expect("follower") };
+        c.kill(victim);
+        writers.wait_more(30, LONG).await;
+        c.spawn(victim);
+    }
+    writers.wait_more(30, LONG).await;
+    let acked = writers.stop().await;
+    assert!(acked.len() >= 400, "only {} writes acknowledged", acked.len());
+    assert_all_present(&acked, &c.range(G, "w/").await, "leader");
+    let (leader, _) = c.wait_leader(G, 0, LONG).await;
+    let commit = c.status(leader, G).await.expect("status").commit;
+    for id in c.live_ids() {
+        c.wait_applied(id, G, commit, LONG).await;
+        assert_all_present(&acked, &c.range_stale(id, G, "w/").await, &format!("node {id}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_follower_catches_up_by_snapshot() {
+    let _serial = CLUSTER_LOCK.lock().await;
+    let c = Cluster::start(3, Opts { snapshot_interval: 50, ..Opts::default() });
+    let (leader, _) = c.wait_leader(G, 0, LONG).await;
+    let follower = c.live_ids().into_iter().find(|&n| n != leader).expect("follower");
+    let mut client = c.client();
+    let set_blocked = |blocked: bool| {
+        let mut reqs = Vec::new();
+        for other in c.live_ids().into_iter().filter(|&n| n != follower) {
+            reqs.push((follower, Request::SetBlocked { peer: other, blocked }));
+            reqs.push((other, Request::SetBlocked { peer: follower, blocked }));
+        }
+        reqs
+    };
+    for (node, req) in set_blocked(true) {
+        assert!(client.call_node(node, &req).await.expect("partition").ok);
+    }
+    let behind = c.status(follower, G).await.expect("status").last_index;
+    for i in 0..300 {
+        let req = Request::Put { group: G, key: format!("p/{i:03}"), value: format!("{i}") };
+        let r = client.call_leader(&req, Instant::now() + LONG).await.expect("put");
+        assert!(r.ok, "put during partition: {r:?}");
+    }
+    let leader_status = c.status(leader, G).await.expect("status");
+    assert!(
+        leader_status.snapshot_index > behind,
+        "the leader must have compacted past the follower's log ({} <= {behind})",
+        leader_status.snapshot_index
+    );
+    assert!(c.range_stale(follower, G, "p/").await.is_empty(), "a partitioned follower must not see new writes");
+    for (node, req) in set_blocked(false) {
+        assert!(client.call_node(node, &req).await.expect("heal").ok);
+    }
+    c.wait_applied(follower, G, leader_status.commit, LONG).await;
+    assert!(c.metric(follower, "notebookos_raft_snapshots_installed_total").await >= 1.0, "no snapshot installed");
+    let got = c.range_stale(follower, G, "p/").await;
+    assert_eq!(got.len(), 300);
+    assert_eq!(got.get("p/299").map(String::as_str), Some("299"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_cluster_restart_recovers_all_data() {
+    let _serial = CLUSTER_LOCK.lock().await;
+    let mut c = Cluster::start(3, Opts { snapshot_interval: 100, bootstrap_groups: vec![1, 2] });
+    c.wait_leader(1, 0, LONG).await;
+    c.wait_leader(2, 0, LONG).await;
+    let writers = Writers::start(&c, 1, 2);
+    writers.wait_more(250, LONG).await;
+    let mut client = c.client();
+    let r = client
+        .call_leader(&Request::Put { group: 2, key: "other".into(), value: "group".into() }, Instant::now() + LONG)
+        .await
+        .expect("put");
+    assert!(r.ok);
+    for id in c.live_ids() {
+        c.kill(id);
+    }
+    let acked = writers.stop().await;
+    for id in [1, 2, 3] {
+        c.spawn(id);
+    }
+    c.wait_leader(1, 0, LONG).await;
+    assert_all_present(&acked, &c.range(1, "w/").await, "after full restart");
+    assert_eq!(c.range(2, "other").await.get("other").map(String::as_str), Some("group"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_add_learner_promote_remove_old_while_writing() {
+    let _serial = CLUSTER_LOCK.lock().await;
+    let mut c = Cluster::start(3, Opts { snapshot_interval: 100, ..Opts::default() });
+    let (leader, _) = c.wait_leader(G, 0, LONG).await;
+    let writers = Writers::start(&c, G, 2);
+    writers.wait_more(150, LONG).await; // past a compaction: the new node needs a snapshot
+    c.add_node(4).await;
+    let mut client = c.client();
+    let r = client.call_node(4, &Request::JoinGroup { group: G }).await.expect("join");
+    assert!(r.ok, "join: {r:?}");
+    let change = |changes: Vec<MembershipChange>| Request::ChangeMembership { group: G, changes };
+    let r = client.call_leader(&change(vec![MembershipChange::AddLearner(4)]), Instant::now() + LONG).await.expect("add learner");
+    assert!(r.ok, "add learner: {r:?}");
+    let commit = c.status(leader, G).await.map_or(0, |s| s.commit);
+    let s = c.wait_applied(4, G, commit, LONG).await;
+    assert!(s.membership.learners.contains(&4));
+    writers.wait_more(50, LONG).await;
+    let old = c.live_ids().into_iter().find(|&n| n != leader && n != 4).expect("an old follower");
+    let r = client
+        .call_leader(&change(vec![MembershipChange::AddVoter(4), MembershipChange::Remove(old)]), Instant::now() + LONG)
+        .await
+        .expect("promote+remove");
+    assert!(r.ok, "joint change: {r:?}");
+    // Joint consensus is left automatically; wait for the final configuration.
+    let deadline = Instant::now() + LONG;
+    loop {
+        let s = c.status(leader, G).await.expect("status");
+        if s.membership.voters_outgoing.is_empty() && s.membership.voters.contains(&4) && !s.membership.voters.contains(&old) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "joint consensus not left: {:?}", s.membership);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    writers.wait_more(50, LONG).await;
+    c.kill(old); // no longer needed: the group keeps a quorum without it
+    writers.wait_more(50, LONG).await;
+    let acked = writers.stop().await;
+    assert_all_present(&acked, &c.range(G, "w/").await, "leader");
+    let (leader, _) = c.wait_leader(G, 0, LONG).await;
+    let commit = c.status(leader, G).await.expect("status").commit;
+    c.wait_applied(4, G, commit, LONG).await;
+    assert_all_present(&acked, &c.range_stale(4, G, "w/").await, "new member");
+    assert!(c.metric(4, "notebookos_raft_snapshots_installed_total").await >= 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_transfer_moves_leadership() {
+    let _serial = CLUSTER_LOCK.lock().await;
+    let c = Cluster::start(3, Opts::default());
+    let (leader, term) = c.wait_leader(G, 0, LONG).await;
+    let target = c.live_ids().into_iter().find(|&n| n != leader).expect("follower");
+    let mut client = c.client();
+    let r = client.call_node(leader, &Request::TransferLeader { group: G, to: target }).await.expect("transfer");
+    assert!(r.ok, "transfer: {r:?}");
+    let (now, _) = c.wait_leader(G, term, LONG).await;
+    assert_eq!(now, target);
+    let r = client.call_node(leader, &Request::Put { group: G, key: "k".into(), value: "v".into() }).await.expect("put");
+    assert_eq!(r.error.as_ref().map(|e| (e.kind.as_str(), e.leader)), Some(("not_leader", Some(target))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_history_is_linearizable_under_leader_kills() {
+    let _serial = CLUSTER_LOCK.lock().await;
+    let mut c = Cluster::start(3, Opts::default());
+    c.wait_leader(G, 0, LONG).await;
+    let t0 = Instant::now();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for w in 0..4u64 {
+        let mut client = c.client();
+        client.call_timeout = Duration::from_secs(2);
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut history = Vec::new();
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < 120 {
+                i += 1;
+                let v = format!("{w}-{i}");
+                let (op, req) = match i % 3 {
+                    0 => (Op::Write(v.clone()), Request::Put { group: G, key: "reg".into(), value: v }),
+                    1 => (Op::Read(None), Request::Get { group: G, key: "reg".into(), stale: false }),
+                    _ => {
+                        let expected = history.iter().rev().find_map(|e: &Event| match &e.op {
+                            Op::Read(Some(x)) => Some(x.clone()),
+                            _ => None,
+                        });
+                        (
+                            Op::Cas { expected: expected.clone(), new: v.clone(), ok: None },
+                            Request::Cas { group: G, key: "reg".into(), expected, value: v },
+                        )
+                    }
+                };
+                let call = t0.elapsed().as_nanos();
+                let r = client.call_leader(&req, Instant::now() + Duration::from_secs(10)).await;
+                let ret = t0.elapsed().as_nanos();
+                let (op, answered) = match (op, r) {
+                    (Op::Read(_), Ok(r)) if r.ok => (Op::Read(r.result["value"].as_str().map(Into::into)), true),
+                    (Op::Cas { expected, new, .. }, Ok(r)) if r.ok => {
+                        (Op::Cas { expected, new, ok: r.result["succeeded"].as_bool() }, true)
+                    }
+                    (op @ Op::Write(_), Ok(r)) if r.ok => (op, true),
+                    // Definite failures (not leader, group not found) did nothing.
+                    (_, Ok(r)) if matches!(r.error_kind(), Some("not_leader" | "group_not_found")) => continue,
+                    (op, _) => (op, false),
+                };
+                history.push(Event { op, call, ret: answered.then_some(ret) });
+            }
+            history
+        }));
+    }
+    for _ in 0..2 {
+        let (leader, _) = c.wait_leader(G, 0, LONG).await;
+        let before = c.status(leader, G).await.map_or(0, |s| s.commit);
+        c.wait_applied(leader, G, before + 20, LONG).await;
+        c.kill(leader);
+        c.wait_leader(G, 0, LONG).await;
+        c.spawn(leader);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut history = Vec::new();
+    for t in tasks {
+        history.extend(t.await.expect("client"));
+    }
+    let answered = history.iter().filter(|e| e.ret.is_some()).count();
+    assert!(answered >= 100, "too few answered operations ({answered})");
+    assert!(check(&history), "history of {} operations is not linearizable", history.len());
+}
