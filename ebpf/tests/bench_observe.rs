@@ -35,6 +35,6 @@ fn bench_counts_every_observed_launch_and_reports_the_mode() {
 #[test]
 fn bench_on_a_missing_library_names_it() {
     let opts = BenchOptions { library: "/nonexistent/libcuda.so.1".into(), launches: 10, sync_every: 0, rounds: 1 };
-    let err = run(&opts).err().expect("must fail").to_string();
+    let err = run(&opts).expect_err("must fail").to_string();
     assert!(err.contains("/nonexistent/libcuda.so.1"), "{err}");
 }
