@@ -427,11 +427,10 @@ impl ClusterClient {
             .addrs
             .get(&node)
             .ok_or_else(|| CallError::Connect(std::io::Error::other(format!("unknown node {node}"))))?;
-        if !self.conns.contains_key(&node) {
-            let c = NodeClient::connect(addr).await?;
-            self.conns.insert(node, c);
-        }
-        let conn = self.conns.get_mut(&node).ok_or(CallError::Timeout)?;
+        let conn = match self.conns.entry(node) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(NodeClient::connect(addr).await?),
+        };
         let r = conn.call(req, self.call_timeout).await;
         if r.is_err() {
             self.conns.remove(&node);
@@ -490,7 +489,7 @@ impl ClusterClient {
             if !retry || Instant::now() >= deadline {
                 return r;
             }
-            if self.leaders.get(&group).is_none() {
+            if !self.leaders.contains_key(&group) {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }

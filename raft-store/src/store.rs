@@ -73,10 +73,10 @@ impl RaftStore {
             purge_threshold: raft_engine::ReadableSize::mb(256),
             ..Default::default()
         };
-        let log = Arc::new(raft_engine::Engine::open(log_cfg).map_err(|source| Error::Log {
-            path: cfg.data_dir.display().to_string(),
-            source,
-        })?);
+        let log = Arc::new(
+            raft_engine::Engine::open(log_cfg)
+                .map_err(|source| Error::Log { path: cfg.data_dir.display().to_string(), source })?,
+        );
         let metrics = Arc::new(Metrics::default());
         let mut registry = Registry::default();
         metrics.register(&mut registry);
@@ -88,12 +88,23 @@ impl RaftStore {
             .map_err(|e| Error::io("start transport runtime", e))?;
         let (control_tx, control_rx) = crossbeam_channel::bounded(INBOX_DEPTH);
         let (inbound_tx, inbound_rx) = crossbeam_channel::bounded::<Inbound>(INBOX_DEPTH);
-        let transport = Transport::start(&cfg, metrics.clone(), inbound_tx, runtime.handle().clone())?;
-        let engine = Engine::open(cfg.clone(), log, transport.clone(), metrics.clone())?;
-        let thread = std::thread::Builder::new()
-            .name(format!("raft-engine-{}", cfg.node_id))
-            .spawn(move || engine.run(control_rx, inbound_rx))
-            .map_err(|e| Error::io("spawn raft engine thread", e))?;
+        let started = (|| {
+            let transport = Transport::start(&cfg, metrics.clone(), inbound_tx, runtime.handle().clone())?;
+            let engine = Engine::open(cfg.clone(), log, transport.clone(), metrics.clone())?;
+            let thread = std::thread::Builder::new()
+                .name(format!("raft-engine-{}", cfg.node_id))
+                .spawn(move || engine.run(control_rx, inbound_rx))
+                .map_err(|e| Error::io("spawn raft engine thread", e))?;
+            Ok((transport, thread))
+        })();
+        let (transport, thread) = match started {
+            Ok(t) => t,
+            Err(e) => {
+                // Dropping a runtime blocks, which panics inside an async caller; let it go instead.
+                runtime.shutdown_background();
+                return Err(e);
+            }
+        };
         Ok(RaftStore {
             inner: Arc::new(Inner {
                 cfg,
@@ -265,7 +276,12 @@ impl Kv {
     }
 
     /// Sets a key attached to a lease: it is deleted when the lease ends.
-    pub async fn put_with_lease(&self, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>, lease: LeaseId) -> Result<()> {
+    pub async fn put_with_lease(
+        &self,
+        key: impl Into<Vec<u8>>,
+        value: impl Into<Vec<u8>>,
+        lease: LeaseId,
+    ) -> Result<()> {
         match self.propose(Command::Put { key: key.into(), value: value.into(), lease: Some(lease) }).await? {
             CommandOutput::Put => Ok(()),
             CommandOutput::LeaseNotFound(id) => Err(Error::LeaseNotFound(id)),
@@ -319,10 +335,8 @@ impl Kv {
     pub async fn watch(&self, prefix: impl Into<Vec<u8>>, from_revision: u64) -> Result<Watch> {
         let (tx, rx) = mpsc::channel(WATCH_BUFFER);
         let prefix = prefix.into();
-        let start_revision = self
-            .store
-            .group_call(self.group, |reply| GroupRequest::Watch { prefix, from_revision, tx, reply })
-            .await?;
+        let start_revision =
+            self.store.group_call(self.group, |reply| GroupRequest::Watch { prefix, from_revision, tx, reply }).await?;
         Ok(Watch { start_revision, rx })
     }
 

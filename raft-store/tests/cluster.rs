@@ -49,7 +49,8 @@ async fn kill_9_in_a_loop_while_writing_keeps_every_acknowledged_write() {
         writers.wait_more(30, LONG).await;
         // Alternate between the leader and a follower.
         let (leader, _) = c.wait_leader(G, 0, LONG).await;
-        let victim = if round % 2 == 0 { leader } else { c.live_ids().into_iter().find(|&n| n != leader).expect("follower") };
+        let victim =
+            if round % 2 == 0 { leader } else { c.live_ids().into_iter().find(|&n| n != leader).expect("follower") };
         c.kill(victim);
         writers.wait_more(30, LONG).await;
         c.spawn(victim);
@@ -145,7 +146,10 @@ async fn membership_add_learner_promote_remove_old_while_writing() {
     let r = client.call_node(4, &Request::JoinGroup { group: G }).await.expect("join");
     assert!(r.ok, "join: {r:?}");
     let change = |changes: Vec<MembershipChange>| Request::ChangeMembership { group: G, changes };
-    let r = client.call_leader(&change(vec![MembershipChange::AddLearner(4)]), Instant::now() + LONG).await.expect("add learner");
+    let r = client
+        .call_leader(&change(vec![MembershipChange::AddLearner(4)]), Instant::now() + LONG)
+        .await
+        .expect("add learner");
     assert!(r.ok, "add learner: {r:?}");
     let commit = c.status(leader, G).await.map_or(0, |s| s.commit);
     let s = c.wait_applied(4, G, commit, LONG).await;
@@ -161,7 +165,10 @@ async fn membership_add_learner_promote_remove_old_while_writing() {
     let deadline = Instant::now() + LONG;
     loop {
         let s = c.status(leader, G).await.expect("status");
-        if s.membership.voters_outgoing.is_empty() && s.membership.voters.contains(&4) && !s.membership.voters.contains(&old) {
+        if s.membership.voters_outgoing.is_empty()
+            && s.membership.voters.contains(&4)
+            && !s.membership.voters.contains(&old)
+        {
             break;
         }
         assert!(Instant::now() < deadline, "joint consensus not left: {:?}", s.membership);
@@ -190,7 +197,8 @@ async fn leader_transfer_moves_leadership() {
     assert!(r.ok, "transfer: {r:?}");
     let (now, _) = c.wait_leader(G, term, LONG).await;
     assert_eq!(now, target);
-    let r = client.call_node(leader, &Request::Put { group: G, key: "k".into(), value: "v".into() }).await.expect("put");
+    let r =
+        client.call_node(leader, &Request::Put { group: G, key: "k".into(), value: "v".into() }).await.expect("put");
     assert_eq!(r.error.as_ref().map(|e| (e.kind.as_str(), e.leader)), Some(("not_leader", Some(target))));
 }
 

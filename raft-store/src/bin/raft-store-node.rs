@@ -25,12 +25,9 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let text = std::fs::read_to_string(&args.config)
         .with_context(|| format!("read node configuration {}", args.config.display()))?;
-    let cfg: raft_store::service::NodeServiceConfig = serde_json::from_str(&text)
-        .with_context(|| format!("parse node configuration {}", args.config.display()))?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("start runtime")?;
+    let cfg: raft_store::service::NodeServiceConfig =
+        serde_json::from_str(&text).with_context(|| format!("parse node configuration {}", args.config.display()))?;
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("start runtime")?;
     rt.block_on(raft_store::service::run_node(cfg))
 }

@@ -247,8 +247,7 @@ impl Group {
             return;
         }
         // raft silently turns a second pending change into an empty entry; refuse it instead.
-        if self.raw.raft.has_pending_conf() || !self.raw.raft.prs().conf().to_conf_state().voters_outgoing.is_empty()
-        {
+        if self.raw.raft.has_pending_conf() || !self.raw.raft.prs().conf().to_conf_state().voters_outgoing.is_empty() {
             let _ = reply.send(Err(Error::ConfChange("another membership change is still in progress".into())));
             return;
         }

@@ -148,10 +148,9 @@ impl Engine {
             return Ok(());
         }
         let start = Instant::now();
-        self.log.write(batch, self.cfg.sync_log).map_err(|source| Error::Log {
-            path: self.cfg.data_dir.display().to_string(),
-            source,
-        })?;
+        self.log
+            .write(batch, self.cfg.sync_log)
+            .map_err(|source| Error::Log { path: self.cfg.data_dir.display().to_string(), source })?;
         self.metrics.log_writes.inc();
         self.metrics.log_write_seconds.observe(start.elapsed().as_secs_f64());
         Ok(())

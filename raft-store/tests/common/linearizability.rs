@@ -9,7 +9,11 @@ pub enum Op {
     /// A read and the value it returned (`None` = absent).
     Read(Option<String>),
     /// CAS from `expected` to `new`; `ok` is the reported outcome (`None` when unknown).
-    Cas { expected: Option<String>, new: String, ok: Option<bool> },
+    Cas {
+        expected: Option<String>,
+        new: String,
+        ok: Option<bool>,
+    },
 }
 
 /// One operation: invoked at `call`, answered at `ret` (`None`: no answer, outcome unknown).
@@ -41,8 +45,7 @@ fn step(state: &Option<String>, op: &Op) -> Option<Option<String>> {
 /// True when the history is linearizable from an absent register. Operations without an
 /// answer may take effect at any time after their call, or never; unanswered reads are ignored.
 pub fn check(history: &[Event]) -> bool {
-    let events: Vec<&Event> =
-        history.iter().filter(|e| !(e.ret.is_none() && matches!(e.op, Op::Read(_)))).collect();
+    let events: Vec<&Event> = history.iter().filter(|e| !(e.ret.is_none() && matches!(e.op, Op::Read(_)))).collect();
     let n = events.len();
     let ret = |i: usize| events[i].ret.unwrap_or(u128::MAX);
     let must: usize = events.iter().filter(|e| e.ret.is_some()).count();
@@ -91,8 +94,16 @@ mod tests {
         assert!(!check(&[ev(w("a"), 0, Some(10)), ev(w("b"), 20, Some(30)), ev(r(Some("a")), 35, Some(40))]));
         // Two successful CAS from the same value cannot both win.
         let cas = |e: &str, n: &str, ok| Op::Cas { expected: Some(e.into()), new: n.into(), ok: Some(ok) };
-        assert!(!check(&[ev(w("a"), 0, Some(1)), ev(cas("a", "b", true), 2, Some(5)), ev(cas("a", "c", true), 3, Some(6))]));
-        assert!(check(&[ev(w("a"), 0, Some(1)), ev(cas("a", "b", true), 2, Some(5)), ev(cas("a", "c", false), 3, Some(6))]));
+        assert!(!check(&[
+            ev(w("a"), 0, Some(1)),
+            ev(cas("a", "b", true), 2, Some(5)),
+            ev(cas("a", "c", true), 3, Some(6))
+        ]));
+        assert!(check(&[
+            ev(w("a"), 0, Some(1)),
+            ev(cas("a", "b", true), 2, Some(5)),
+            ev(cas("a", "c", false), 3, Some(6))
+        ]));
         // An unanswered write may explain a later read, or never happen.
         assert!(check(&[ev(w("a"), 0, None), ev(r(Some("a")), 5, Some(6))]));
         assert!(check(&[ev(w("a"), 0, None), ev(r(None), 5, Some(6))]));

@@ -1,5 +1,5 @@
 //! Multi-process cluster harness: real node processes on loopback, mutual TLS, kill -9, restart.
-#![allow(dead_code, reason = "each test binary uses a different part of the harness")]
+
 
 pub mod linearizability;
 
@@ -62,13 +62,7 @@ impl Cluster {
         for id in 1..=n {
             c.nodes.insert(
                 id,
-                Node {
-                    id,
-                    raft_addr: free_addr(),
-                    client_addr: free_addr(),
-                    config_path: PathBuf::new(),
-                    child: None,
-                },
+                Node { id, raft_addr: free_addr(), client_addr: free_addr(), config_path: PathBuf::new(), child: None },
             );
         }
         let voters: Vec<u64> = (1..=n).collect();

@@ -1,0 +1,154 @@
+//! Hostile or broken peers: each bad input is refused, logged, counted, and the node keeps working.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use protobuf::Message as _;
+use raft::eraftpb::{Message, MessageType};
+use raft_store::transport::frame;
+use raft_store::{NodeTlsFiles, RaftStore, StoreConfig};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port")
+}
+
+const MAX_FRAME: usize = 64 << 10;
+
+async fn open_node(pki: &Path, data: &Path) -> RaftStore {
+    let mut cfg = StoreConfig::new(1, data.to_path_buf(), free_addr(), NodeTlsFiles::in_dir(pki, 1).security());
+    cfg.tick_interval = Duration::from_millis(20);
+    cfg.max_frame_bytes = MAX_FRAME;
+    let store = RaftStore::open(cfg).expect("open");
+    store.create_group(1, &[1]).await.expect("create group");
+    store
+}
+
+/// A TLS client presenting node `id`'s certificate from `pki`.
+async fn tls_connect(
+    pki: &Path,
+    id: u64,
+    server: SocketAddr,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let files = NodeTlsFiles::in_dir(pki, id);
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(&files.ca_cert).expect("ca").flatten() {
+        roots.add(c).expect("root");
+    }
+    let chain: Vec<_> = CertificateDer::pem_file_iter(&files.cert).expect("cert").flatten().collect();
+    let key = PrivateKeyDer::from_pem_file(&files.key).expect("key");
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .expect("client cert");
+    let sock = TcpStream::connect(server).await?;
+    let name = ServerName::try_from("node-1").expect("name");
+    let mut s = tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(name, sock).await?;
+    // The server's verdict on our certificate arrives after the handshake (TLS 1.3): flush and
+    // let the caller observe the close.
+    s.flush().await?;
+    Ok(s)
+}
+
+async fn wait_count(store: &RaftStore, reason: &str, at_least: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store.metrics().rejected_count(reason) < at_least {
+        assert!(Instant::now() < deadline, "rejection '{reason}' not counted:\n{}", store.metrics_text());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn raft_msg(from: u64, to: u64) -> Vec<u8> {
+    let mut m = Message::default();
+    m.set_msg_type(MessageType::MsgHeartbeat);
+    m.from = from;
+    m.to = to;
+    m.term = 1;
+    m.write_to_bytes().expect("encode")
+}
+
+async fn send_after_hello(pki: &Path, store: &RaftStore, hello_id: u64, bytes: &[u8]) {
+    let addr = store.config().listen;
+    let mut s = tls_connect(pki, 2, addr).await.expect("authenticated connection");
+    s.write_all(&frame::hello(hello_id)).await.expect("hello");
+    s.write_all(bytes).await.expect("write");
+    s.flush().await.expect("flush");
+    let _ = s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_frames_and_peers_are_refused_counted_and_harmless() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = dir.path().join("pki");
+    let rogue = dir.path().join("rogue");
+    raft_store::generate_cluster_pki(&pki, &[1, 2]).expect("pki");
+    raft_store::generate_cluster_pki(&rogue, &[2]).expect("rogue pki");
+    let store = open_node(&pki, &dir.path().join("data")).await;
+
+    // A peer whose certificate comes from another CA never gets past the handshake.
+    let _ = tls_connect(&rogue, 2, store.config().listen).await;
+    wait_count(&store, "tls", 1).await;
+    // Plain TCP garbage where TLS is expected is a failed handshake too.
+    let mut raw = TcpStream::connect(store.config().listen).await.expect("connect");
+    raw.write_all(b"GET / HTTP/1.1\r\n\r\n").await.expect("write");
+    wait_count(&store, "tls", 2).await;
+
+    // A valid certificate for node 2 that claims to be node 3.
+    send_after_hello(&pki, &store, 3, &[]).await;
+    wait_count(&store, "identity", 1).await;
+
+    // Garbage frame kind.
+    send_after_hello(&pki, &store, 2, &[0, 0, 0, 2, 9, 9]).await;
+    wait_count(&store, "garbage", 1).await;
+    // A raft frame whose payload is not protobuf.
+    let junk = frame::raft(1, &[0xff; 32], MAX_FRAME).expect("frame");
+    send_after_hello(&pki, &store, 2, &junk).await;
+    wait_count(&store, "garbage", 2).await;
+    // Truncated: the header promises more than arrives before the peer hangs up.
+    let full = frame::raft(1, &raft_msg(2, 1), MAX_FRAME).expect("frame");
+    send_after_hello(&pki, &store, 2, &full[..full.len() - 3]).await;
+    wait_count(&store, "truncated", 1).await;
+    // Oversized: refused from the length prefix alone.
+    let huge = u32::try_from(MAX_FRAME + 1).expect("fits").to_be_bytes();
+    send_after_hello(&pki, &store, 2, &huge).await;
+    wait_count(&store, "oversized", 1).await;
+    // A message for a group this node does not host.
+    let unknown = frame::raft(999, &raft_msg(2, 1), MAX_FRAME).expect("frame");
+    send_after_hello(&pki, &store, 2, &unknown).await;
+    wait_count(&store, "unknown_group", 1).await;
+    // A message that claims to come from another node than the authenticated one.
+    let spoofed = frame::raft(1, &raft_msg(3, 1), MAX_FRAME).expect("frame");
+    send_after_hello(&pki, &store, 2, &spoofed).await;
+    wait_count(&store, "wrong_sender", 1).await;
+
+    // The node is unharmed.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store.status(1).await.expect("status").role != "leader" {
+        assert!(Instant::now() < deadline, "no leader");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    store.kv(1).put("still", "works").await.expect("put after attacks");
+    assert_eq!(store.kv(1).get("still").await.expect("get").map(|k| k.value), Some(b"works".to_vec()));
+    let text = store.metrics_text();
+    assert!(text.contains("notebookos_raft_transport_rejected_total{reason=\"oversized\"} 1"), "{text}");
+}
+
+#[tokio::test]
+async fn bad_configuration_is_refused_with_a_clear_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = NodeTlsFiles::in_dir(&dir.path().join("nope"), 1).security();
+    let err = RaftStore::open(StoreConfig::new(1, dir.path().join("d"), free_addr(), missing)).expect_err("no certs");
+    assert!(err.to_string().contains("nope"), "error names the missing file: {err}");
+    let zero = StoreConfig::new(0, dir.path().join("d"), free_addr(), raft_store::TransportSecurity::Plaintext);
+    assert!(matches!(RaftStore::open(zero), Err(raft_store::Error::Config(_))));
+    let json = r#"{"node_id":1,"data_dir":"/tmp/x","listen":"127.0.0.1:1","security":{"mode":"plaintext"},"bogus":1}"#;
+    assert!(serde_json::from_str::<StoreConfig>(json).is_err(), "unknown fields are refused");
+}
