@@ -57,14 +57,38 @@ pub fn discover(cfg: &GpuConfig) -> Result<Inventory, InventoryError> {
                 .collect(),
         }),
         GpuDriver::None => Ok(Inventory { source: "none".to_owned(), gpus: Vec::new() }),
-        GpuDriver::Nvidia => Err(InventoryError::NvidiaUnavailable(
-            "NVML inventory is not in this build yet (cuda-shim work, issue 4)".to_owned(),
-        )),
-        GpuDriver::Auto => {
-            tracing::info!("no GPU driver support in this build yet; running with no GPUs");
-            Ok(Inventory { source: "none".to_owned(), gpus: Vec::new() })
-        }
+        GpuDriver::Nvidia => nvml_inventory(None).map_err(InventoryError::NvidiaUnavailable),
+        GpuDriver::Auto => match nvml_inventory(None) {
+            Ok(inv) => Ok(inv),
+            Err(e) => {
+                tracing::info!(reason = %e, "no usable NVIDIA driver; running with no GPUs");
+                Ok(Inventory { source: "none".to_owned(), gpus: Vec::new() })
+            }
+        },
     }
+}
+
+/// Lists GPUs through NVML (`libnvidia-ml.so.1`, or the library at `lib`, e.g. the
+/// fake-cuda TEST DOUBLE, which carries an NVML subset). A host without the driver
+/// gives an error, never a panic.
+pub fn nvml_inventory(lib: Option<&std::path::Path>) -> Result<Inventory, String> {
+    use nvml_wrapper::Nvml;
+    let nvml = match lib {
+        Some(p) => Nvml::builder().lib_path(p.as_os_str()).init(),
+        None => Nvml::init(),
+    }
+    .map_err(|e| format!("NVML init: {e}"))?;
+    let n = nvml.device_count().map_err(|e| format!("NVML device count: {e}"))?;
+    let mut gpus = Vec::new();
+    for index in 0..n {
+        let d = nvml.device_by_index(index).map_err(|e| format!("NVML device {index}: {e}"))?;
+        let uuid = d.uuid().map_err(|e| format!("NVML device {index} UUID: {e}"))?;
+        let name = d.name().unwrap_or_else(|_| "NVIDIA GPU".to_owned());
+        let memory = d.memory_info().map_err(|e| format!("NVML device {index} memory: {e}"))?;
+        let simulated = uuid.starts_with("GPU-fa4e0000-");
+        gpus.push(GpuInfo { index, uuid, name, memory_mib: memory.total >> 20, simulated });
+    }
+    Ok(Inventory { source: if lib.is_some() { "nvml-library" } else { "nvidia" }.to_owned(), gpus })
 }
 
 #[cfg(test)]
@@ -82,6 +106,30 @@ mod tests {
         let mut uuids: Vec<_> = inv.gpus.iter().map(|g| g.uuid.clone()).collect();
         uuids.dedup();
         assert_eq!(uuids.len(), 3);
+    }
+
+    #[test]
+    fn nvml_inventory_lists_the_fake_cuda_nvml_gpus_with_the_fake_inventory_uuids() {
+        // The fake-cuda TEST DOUBLE (a dev-dependency) sits next to this test binary.
+        let Some(lib) = std::env::current_exe()
+            .ok()
+            .and_then(|p| p.parent().map(|d| d.join("libfake_cuda.so")))
+            .filter(|p| p.exists())
+        else {
+            panic!("libfake_cuda.so not built next to the test binary");
+        };
+        // Default fake-cuda config: 2 GPUs of 1024 MiB (the env of this test process is not set).
+        let inv = nvml_inventory(Some(&lib)).expect("fake NVML");
+        assert_eq!(inv.gpus.len(), 2);
+        assert_eq!(inv.gpus[1].uuid, fake_gpu_uuid(1));
+        assert_eq!(inv.gpus[0].memory_mib, 1024);
+        assert!(inv.gpus.iter().all(|g| g.simulated));
+    }
+
+    #[test]
+    fn missing_nvml_library_is_an_error_not_a_panic() {
+        let e = nvml_inventory(Some(std::path::Path::new("/nonexistent/libnvidia-ml.so.1"))).expect_err("no library");
+        assert!(e.contains("NVML init"), "{e}");
     }
 
     #[test]

@@ -1,6 +1,9 @@
-//! GPU control on the host: inventory, and (with the cuda-shim work) eviction and
-//! restore of a process's GPU memory.
+//! GPU control on the host: inventory ([`inventory`]: NVML or the fake-cuda TEST
+//! DOUBLE), and eviction/restore of a process's GPU memory through the driver's
+//! checkpoint API ([`checkpoint`], [`control`]).
 
+pub mod checkpoint;
+pub mod control;
 pub mod inventory;
 
 pub use inventory::{GpuInfo, Inventory};

@@ -1,2 +1,12 @@
-//! Host side of the lease protocol between the CUDA shim and this daemon
-//! (arrives with the cuda-shim work, issue 4).
+//! Host side of the lease protocol between the CUDA shim (inside kernel processes)
+//! and this daemon: the lease table ([`table`], pure), the peer check by
+//! `SO_PEERCRED` ([`peer`]), the Unix socket server that drives both and calls GPU
+//! control to evict and restore ([`server`]), and its metrics ([`metrics`]).
+
+pub mod metrics;
+pub mod peer;
+pub mod server;
+pub mod table;
+
+pub use server::{KernelProcess, LeaseServer, LeaseServerConfig, LeaseServerError, ProcessStatus};
+pub use table::LeaseState;

@@ -109,6 +109,11 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUd
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
+    device_uuid(uuid, dev)
+}
+
+// Exports never call other exports by name: an interposer (the shim) would be called instead.
+fn device_uuid(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
     ungated(|| match device(dev) {
         Ok(g) => {
             out!(uuid, g.uuid);
@@ -120,8 +125,7 @@ pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) -> 
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
-    // SAFETY: same contract.
-    unsafe { cuDeviceGetUuid(uuid, dev) }
+    device_uuid(uuid, dev)
 }
 
 #[no_mangle]
@@ -223,6 +227,10 @@ pub extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CUresult {
 
 #[no_mangle]
 pub extern "C" fn cuCtxSetCurrent(ctx: Handle) -> CUresult {
+    set_current(ctx)
+}
+
+fn set_current(ctx: Handle) -> CUresult {
     gated(|d| {
         let h = ctx as u64;
         if h != 0 && !d.contexts.contains_key(&h) {
@@ -244,7 +252,7 @@ pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut Handle) -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuCtxPushCurrent_v2(ctx: Handle) -> CUresult {
     // One level of nesting is all the shim and tests need: push == set.
-    cuCtxSetCurrent(ctx)
+    set_current(ctx)
 }
 
 #[no_mangle]
@@ -379,7 +387,7 @@ pub extern "C" fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, bytes: u
 
 #[no_mangle]
 pub extern "C" fn cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, bytes: usize) -> CUresult {
-    cuMemcpyHtoD_v2(dst, src, bytes)
+    gated(|d| copy_htod(d, dst, src, bytes))
 }
 
 #[no_mangle]
@@ -389,7 +397,8 @@ pub extern "C" fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, byt
 
 #[no_mangle]
 pub extern "C" fn cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, bytes: usize, s: Handle) -> CUresult {
-    cuMemcpyHtoDAsync_v2(dst, src, bytes, s)
+    let _ = s;
+    gated(|d| copy_htod(d, dst, src, bytes))
 }
 
 #[no_mangle]
@@ -399,7 +408,7 @@ pub extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, bytes: usi
 
 #[no_mangle]
 pub extern "C" fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, bytes: usize) -> CUresult {
-    cuMemcpyDtoH_v2(dst, src, bytes)
+    gated(|d| copy_dtoh(d, dst, src, bytes))
 }
 
 #[no_mangle]
@@ -494,13 +503,25 @@ pub unsafe extern "C" fn cuLaunchKernel(
     _shared: c_uint,
     _stream: Handle,
     params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { launch_kernel(f, [gx, gy, gz, bx, by, bz], _shared, _stream, params, extra) }
+}
+
+unsafe fn launch_kernel(
+    f: Handle,
+    dims: [c_uint; 6],
+    _shared: c_uint,
+    _stream: Handle,
+    params: *mut *mut c_void,
     _extra: *mut *mut c_void,
 ) -> CUresult {
     gated(|d| {
         if let Err(e) = current_device(d) {
             return e;
         }
-        if [gx, gy, gz, bx, by, bz].contains(&0) {
+        if dims.contains(&0) {
             return result::INVALID_VALUE;
         }
         let Some(k) = Kernel::by_handle(f as usize) else { return result::INVALID_HANDLE };
@@ -524,7 +545,7 @@ pub unsafe extern "C" fn cuLaunchKernel_ptsz(
     extra: *mut *mut c_void,
 ) -> CUresult {
     // SAFETY: same contract.
-    unsafe { cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) }
+    unsafe { launch_kernel(f, [gx, gy, gz, bx, by, bz], shared, stream, params, extra) }
 }
 
 #[no_mangle]
@@ -611,6 +632,10 @@ pub extern "C" fn cuEventDestroy_v2(event: Handle) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuGetErrorName(code: CUresult, s: *mut *const c_char) -> CUresult {
+    error_name(code, s)
+}
+
+fn error_name(code: CUresult, s: *mut *const c_char) -> CUresult {
     ungated(|| {
         out!(s, result::name(code).as_ptr());
         result::SUCCESS
@@ -619,8 +644,7 @@ pub unsafe extern "C" fn cuGetErrorName(code: CUresult, s: *mut *const c_char) -
 
 #[no_mangle]
 pub unsafe extern "C" fn cuGetErrorString(code: CUresult, s: *mut *const c_char) -> CUresult {
-    // SAFETY: same contract.
-    unsafe { cuGetErrorName(code, s) }
+    error_name(code, s)
 }
 
 #[no_mangle]
@@ -630,12 +654,21 @@ pub unsafe extern "C" fn cuGetProcAddress(
     cuda_version: c_int,
     flags: u64,
 ) -> CUresult {
-    // SAFETY: same contract, without the status output.
-    unsafe { cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, std::ptr::null_mut()) }
+    get_proc_address(symbol, pfn, cuda_version, flags, std::ptr::null_mut())
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    get_proc_address(symbol, pfn, cuda_version, flags, status)
+}
+
+fn get_proc_address(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     cuda_version: c_int,

@@ -141,3 +141,37 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(dev: *mut c_void, mem: *mut Nvm
         _ => NVML_ERROR_INVALID_ARGUMENT,
     })
 }
+
+/// `nvmlMemory_v2_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlMemoryV2 {
+    /// Struct version (set by the caller).
+    pub version: c_uint,
+    /// Total bytes.
+    pub total: u64,
+    /// Reserved by the driver, bytes.
+    pub reserved: u64,
+    /// Free bytes.
+    pub free: u64,
+    /// Used bytes.
+    pub used: u64,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(dev: *mut c_void, mem: *mut NvmlMemoryV2) -> c_uint {
+    guarded(|| match gpu(dev) {
+        Some(g) if !mem.is_null() => {
+            let used = crate::ledger::used(g).unwrap_or(0).min(g.memory_bytes);
+            // SAFETY: non-null output pointer; the caller set `version`, which we keep.
+            unsafe {
+                (*mem).total = g.memory_bytes;
+                (*mem).reserved = 0;
+                (*mem).free = g.memory_bytes - used;
+                (*mem).used = used;
+            }
+            NVML_SUCCESS
+        }
+        _ => NVML_ERROR_INVALID_ARGUMENT,
+    })
+}

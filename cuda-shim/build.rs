@@ -1,0 +1,155 @@
+//! Generates the shim's exports from `driver-api.list` (itself derived from cudarc's
+//! bindings by `tools/gen-driver-api.py`): one pass-through per driver entry point
+//! that `src/hooks.rs` does not define by hand, plus the symbol and address tables
+//! `cuGetProcAddress` needs. Also gives the shared object the soname `libcuda.so.1`.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+/// Calls answered without a lease: they touch no GPU state a checkpoint moves.
+const UNGATED: &[&str] = &[
+    "cuDriverGetVersion",
+    "cuGetErrorString",
+    "cuGetErrorName",
+    "cuGetExportTable",
+    "cuCheckpointProcessGetRestoreThreadId",
+    "cuCheckpointProcessGetState",
+    "cuCheckpointProcessLock",
+    "cuCheckpointProcessCheckpoint",
+    "cuCheckpointProcessRestore",
+    "cuCheckpointProcessUnlock",
+];
+
+fn rust_type(class: &str) -> Result<&'static str, String> {
+    Ok(match class {
+        "ptr" => "*mut ::core::ffi::c_void",
+        "devout" => "*mut i32",
+        "CUdevice" | "i32" => "i32",
+        "ipc64" => "crate::abi::Ipc64",
+        "memloc" => "crate::abi::MemLocation",
+        "u32" => "u32",
+        "u64" => "u64",
+        "i64" => "i64",
+        "usize" => "usize",
+        "isize" => "isize",
+        "u16" => "u16",
+        "i16" => "i16",
+        "u8" => "u8",
+        "i8" => "i8",
+        "f32" => "f32",
+        "f64" => "f64",
+        "CUresult" => "u32",
+        other => return Err(format!("driver-api.list: unknown ABI class {other}")),
+    })
+}
+
+fn main() -> Result<(), String> {
+    println!("cargo:rerun-if-changed=driver-api.list");
+    println!("cargo:rerun-if-changed=src/hooks.rs");
+    // dlopen("libcuda.so.1") and -lcuda both find this library by its soname.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libcuda.so.1");
+
+    let list = std::fs::read_to_string("driver-api.list").map_err(|e| format!("driver-api.list: {e}"))?;
+    let hooks = std::fs::read_to_string("src/hooks.rs").map_err(|e| format!("src/hooks.rs: {e}"))?;
+    let hooked: BTreeSet<&str> = hooks
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("pub unsafe extern \"C\" fn "))
+        .filter_map(|l| l.split('(').next())
+        .collect();
+
+    let mut names = Vec::new();
+    let mut code = String::new();
+    for line in list.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+        let mut words = line.split_whitespace();
+        let name = words.next().ok_or("empty line")?;
+        let ret = rust_type(words.next().ok_or(format!("{name}: no return type"))?)?;
+        let params: Vec<(String, String)> = words
+            .enumerate()
+            .map(|(i, w)| {
+                let class = w.split_once(':').map_or(w, |(_, c)| c);
+                (format!("a{i}"), class.to_owned())
+            })
+            .collect();
+        let idx = names.len();
+        names.push(name.to_owned());
+        if hooked.contains(name) {
+            continue;
+        }
+        let mut sig = Vec::new();
+        let mut types = Vec::new();
+        for (p, c) in &params {
+            let t = rust_type(c)?;
+            sig.push(format!("{p}: {t}"));
+            types.push(t);
+        }
+        let args: Vec<&str> = params.iter().map(|(p, _)| p.as_str()).collect();
+        let has_device = params.iter().any(|(_, c)| c == "CUdevice" || c == "devout");
+        let ungated = UNGATED.contains(&name)
+            || (has_device && name.starts_with("cuDevice") && !name.starts_with("cuDevicePrimaryCtx"));
+        let entry = if ungated { "ungated" } else { "gated" };
+        let lease = if has_device { "lease" } else { "_lease" };
+        let _ = writeln!(code, "#[no_mangle]");
+        let _ = writeln!(code, "pub unsafe extern \"C\" fn {name}({}) -> {ret} {{", sig.join(", "));
+        let _ = writeln!(code, "    type F = unsafe extern \"C\" fn({}) -> {ret};", types.join(", "));
+        let _ = writeln!(code, "    crate::gate::{entry}(|{lease}| {{");
+        for (p, c) in &params {
+            if c == "CUdevice" {
+                let _ = writeln!(code, "        let {p} = {lease}.physical({p});");
+            }
+        }
+        let _ = writeln!(
+            code,
+            "        let Some(f) = crate::driver::function::<F>({idx}) else {{ return crate::abi::NOT_FOUND }};"
+        );
+        let _ = writeln!(
+            code,
+            "        // SAFETY: `f` is the real driver's export of this very symbol, whose C signature\n        // driver-api.list records; the arguments are the caller's, passed on unchanged."
+        );
+        let has_devout = params.iter().any(|(_, c)| c == "devout");
+        if !has_devout {
+            let _ = writeln!(code, "        unsafe {{ f({}) }}", args.join(", "));
+            let _ = writeln!(code, "    }})");
+            let _ = writeln!(code, "}}\n");
+            continue;
+        }
+        let _ = writeln!(code, "        let r = unsafe {{ f({}) }};", args.join(", "));
+        for (p, c) in &params {
+            if c == "devout" {
+                let _ = writeln!(
+                    code,
+                    "        // SAFETY: the driver just wrote a CUdevice through this caller-supplied pointer."
+                );
+                let _ = writeln!(
+                    code,
+                    "        if r == 0 && !{p}.is_null() {{ unsafe {{ *{p} = {lease}.virtual_of(*{p}) }} }}"
+                );
+            }
+        }
+        let _ = writeln!(code, "        r");
+        let _ = writeln!(code, "    }})");
+        let _ = writeln!(code, "}}\n");
+    }
+
+    let mut out = String::new();
+    let _ = writeln!(out, "/// Number of driver entry points the shim exports.");
+    let _ = writeln!(out, "pub const COUNT: usize = {};", names.len());
+    let _ = writeln!(out, "/// Their names, sorted (index = position in the real-driver table).");
+    let _ = writeln!(out, "pub static NAMES: [&::core::ffi::CStr; COUNT] = [");
+    for n in &names {
+        let _ = writeln!(out, "    c\"{n}\",");
+    }
+    let _ = writeln!(out, "];");
+    let _ = writeln!(out, "/// The shim's own function for each name.");
+    let _ = writeln!(out, "pub fn own_functions() -> [usize; COUNT] {{ [");
+    for n in &names {
+        let path = if hooked.contains(n.as_str()) { "crate::hooks::" } else { "" };
+        let _ = writeln!(out, "    {path}{n} as *const () as usize,");
+    }
+    let _ = writeln!(out, "] }}\n");
+    out.push_str(&code);
+
+    let dest = PathBuf::from(std::env::var("OUT_DIR").map_err(|e| e.to_string())?).join("driver_api.rs");
+    std::fs::write(&dest, out).map_err(|e| format!("{}: {e}", dest.display()))?;
+    Ok(())
+}

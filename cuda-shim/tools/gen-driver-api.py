@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Derives cuda-shim/driver-api.list from cudarc's driver bindings.
+
+cudarc carries bindgen output of cuda.h for every CUDA version it supports, each
+function under #[cfg(any(feature = "cuda-XXXXX", ...))]. We keep every entry point
+present in any 12.x or 13.x version, lower each parameter type to its C ABI class
+(what the shim's pass-through needs), and add the per-thread default stream variants
+(_ptsz for stream-taking calls, _ptds for synchronous copies and memsets) that cuda.h
+declares by macro and bindgen therefore never sees.
+
+Usage: gen-driver-api.py <cudarc>/src/driver/sys/mod.rs > cuda-shim/driver-api.list
+"""
+import re
+import sys
+
+src = open(sys.argv[1]).read()
+lines = src.splitlines()
+
+PRIM = {
+    "::core::ffi::c_int": "i32", "::core::ffi::c_uint": "u32", "::core::ffi::c_long": "i64",
+    "::core::ffi::c_ulong": "u64", "::core::ffi::c_longlong": "i64", "::core::ffi::c_ulonglong": "u64",
+    "::core::ffi::c_short": "i16", "::core::ffi::c_ushort": "u16", "::core::ffi::c_char": "i8",
+    "::core::ffi::c_uchar": "u8", "::core::ffi::c_float": "f32", "::core::ffi::c_double": "f64",
+    "f32": "f32", "f64": "f64", "u8": "u8", "i8": "i8", "u16": "u16", "i16": "i16", "u32": "u32",
+    "i32": "i32", "u64": "u64", "i64": "i64", "usize": "usize", "isize": "isize",
+}
+
+aliases = {}
+for m in re.finditer(r"^pub type (\w+) = (.+);$", src, re.M):
+    aliases.setdefault(m.group(1), m.group(2).strip())
+for m in re.finditer(r"^pub use self::(\w+) as (\w+);$", src, re.M):
+    aliases.setdefault(m.group(2), m.group(1))
+enums = set(re.findall(r"^pub enum (\w+)", src, re.M))
+# newtype enums: pub struct X(pub ::core::ffi::c_uint);
+newtypes = dict(re.findall(r"^pub struct (\w+)\(pub ([\w:]+)\);", src, re.M))
+# Structs the driver API passes by value, with their ABI-equivalent shim type.
+BYVAL = {"CUipcEventHandle_st": "ipc64", "CUipcMemHandle_st": "ipc64", "CUmemLocation_st": "memloc"}
+structs = {}
+# struct sizes by value: only needed when a struct is passed by value; record field text.
+for m in re.finditer(r"^pub (struct|union) (\w+) \{(.*?)^\}", src, re.M | re.S):
+    structs[m.group(2)] = (m.group(1), m.group(3))
+
+
+def lower(t, depth=0):
+    t = t.strip()
+    if t.startswith("*mut ") or t.startswith("*const "):
+        inner = t.split(" ", 1)[1].strip()
+        return "devout" if inner == "CUdevice" else "ptr"
+    if t.startswith("::core::option::Option<"):
+        return "ptr"
+    if t == "CUdevice":
+        return "CUdevice"
+    if t in PRIM:
+        return PRIM[t]
+    if t in enums:
+        return "u32"
+    if t in newtypes:
+        return lower(newtypes[t], depth + 1)
+    if t in BYVAL:
+        return BYVAL[t]
+    if t in aliases and depth < 20:
+        return lower(aliases[t], depth + 1)
+    if t in structs:
+        return "struct:" + t
+    raise SystemExit(f"cannot lower type {t!r}")
+
+
+VERSIONS = re.compile(r'feature = "cuda-(\d+)"')
+fns = {}
+for i, line in enumerate(lines):
+    m = re.match(r"^pub unsafe fn (cu\w+)\((.*)\) -> (\w+) \{$", line)
+    if not m:
+        continue
+    name, params, ret = m.groups()
+    prev = lines[i - 1]
+    vers = [int(v) for v in VERSIONS.findall(prev)] if prev.startswith("#[cfg(") else [0]
+    if vers != [0] and not any(12000 <= v < 14000 for v in vers):
+        continue
+    ps = []
+    if params.strip():
+        # bindgen types contain no top-level commas except inside Option<fn(..)>
+        depth, cur, parts = 0, "", []
+        for ch in params:
+            if ch in "(<[":
+                depth += 1
+            elif ch in ")>]":
+                depth -= 1
+            if ch == "," and depth == 0:
+                parts.append(cur)
+                cur = ""
+            else:
+                cur += ch
+        parts.append(cur)
+        for p in parts:
+            pname, ptype = p.split(":", 1)
+            ps.append((pname.strip(), ptype.strip()))
+    newest = max(vers)
+    if name in fns and fns[name][0] >= newest:
+        continue
+    fns[name] = (newest, ps, ret)
+
+out = []
+for name in sorted(fns):
+    _, ps, ret = fns[name]
+    lowered = [(n, lower(t)) for n, t in ps]
+    for n, l in lowered:
+        if l.startswith("struct:"):
+            kind, body = structs[l[7:]]
+            print(f"BYVAL {name} {l[7:]}", file=sys.stderr)
+    rl = "CUresult" if ret == "CUresult" else lower(ret)
+    variants = [name]
+    # cuLaunchKernelEx's stream travels inside CUlaunchConfig, so no CUstream parameter shows it.
+    if name == "cuLaunchKernelEx":
+        variants.append(name + "_ptsz")
+    elif any(l == "ptr" and t == "CUstream" for (_, t), (_, l) in zip(ps, lowered)):
+        variants.append(name + "_ptsz")
+    elif re.match(r"cuMem(cpy|set)", name) and not name.endswith("Async"):
+        variants.append(name + "_ptds")
+    for v in variants:
+        out.append(v + " " + rl + " " + " ".join(f"{n}:{l}" for n, l in lowered))
+print("# Generated by cuda-shim/tools/gen-driver-api.py from cudarc's driver bindings; do not edit.")
+print("# <symbol> <return> <param>:<abi class> ...   (ptr, devout = CUdevice*, CUdevice, i32, u32, u64, usize, f32…)")
+# Entry points libcuda exports that cudarc's bindings lack (declared by macro, or newer
+# than the bindings): signatures from cuda.h.
+EXTRA = [
+    "cuGetProcAddress CUresult symbol:ptr pfn:ptr cudaVersion:i32 flags:u64",
+    "cuCheckpointProcessGetRestoreThreadId CUresult pid:i32 tid:ptr",
+    "cuCheckpointProcessGetState CUresult pid:i32 state:ptr",
+    "cuCheckpointProcessLock CUresult pid:i32 args:ptr",
+    "cuCheckpointProcessCheckpoint CUresult pid:i32 args:ptr",
+    "cuCheckpointProcessRestore CUresult pid:i32 args:ptr",
+    "cuCheckpointProcessUnlock CUresult pid:i32 args:ptr",
+]
+have = {l.split()[0] for l in out}
+out += [e for e in EXTRA if e.split()[0] not in have]
+out.sort()
+print("\n".join(out))

@@ -1,0 +1,93 @@
+//! Eviction and restore of a kernel process's GPU memory, on top of the driver's
+//! checkpoint API. Where the API is missing or fails, memory stays resident on the GPU
+//! (logged, and counted as `notebookos_gpu_evictions_total{mode="resident"}`).
+
+use std::time::Duration;
+
+use crate::gpu::checkpoint::{CheckpointApi, DriverError, ProcessState, NOT_INITIALIZED};
+use crate::lease::metrics::{EvictionLabels, LeaseMetrics};
+
+/// How long to wait for a process's in-flight CUDA calls when locking it.
+pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What an eviction did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Eviction {
+    /// Memory moved to host memory; the GPU is free. The process stays locked until restore.
+    Checkpointed,
+    /// The process had no CUDA state; nothing to move.
+    Nothing,
+    /// Memory left on the GPU (no checkpoint API, or it failed).
+    Resident,
+}
+
+/// GPU control: evicts and restores processes by pid.
+pub struct GpuControl {
+    api: Option<Box<dyn CheckpointApi>>,
+    metrics: LeaseMetrics,
+}
+
+impl std::fmt::Debug for GpuControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuControl").field("checkpoint_api", &self.api.is_some()).finish()
+    }
+}
+
+impl GpuControl {
+    /// With the given checkpoint API (`None`: always keep memory resident).
+    pub fn new(api: Option<Box<dyn CheckpointApi>>, metrics: LeaseMetrics) -> Self {
+        if api.is_none() {
+            tracing::warn!("no CUDA checkpoint API: revoked GPU memory stays resident on the GPU");
+        }
+        Self { api, metrics }
+    }
+
+    fn count(&self, mode: &str) {
+        self.metrics.evictions.get_or_create(&EvictionLabels { mode: mode.to_owned() }).inc();
+    }
+
+    /// Locks `pid` and checkpoints its GPU memory.
+    pub fn evict(&self, pid: u32) -> Eviction {
+        let Some(api) = &self.api else {
+            self.count("resident");
+            return Eviction::Resident;
+        };
+        let timeout = u32::try_from(LOCK_TIMEOUT.as_millis()).unwrap_or(u32::MAX);
+        match api.lock(pid, timeout) {
+            Ok(()) => {}
+            Err(DriverError { code: NOT_INITIALIZED, .. }) => return Eviction::Nothing,
+            Err(e) => {
+                tracing::warn!(pid, error = %e, "cannot lock process for checkpoint; GPU memory stays resident");
+                self.count("resident");
+                return Eviction::Resident;
+            }
+        }
+        if let Err(e) = api.checkpoint(pid) {
+            tracing::warn!(pid, error = %e, "checkpoint failed; GPU memory stays resident");
+            if let Err(e) = api.unlock(pid) {
+                tracing::error!(pid, error = %e, "unlock after a failed checkpoint failed");
+            }
+            self.count("resident");
+            return Eviction::Resident;
+        }
+        self.count("checkpoint");
+        Eviction::Checkpointed
+    }
+
+    /// Restores `pid`'s memory, remapping `(old, new)` GPU UUID pairs, and unlocks it.
+    pub fn restore(&self, pid: u32, pairs: &[([u8; 16], [u8; 16])]) -> Result<(), DriverError> {
+        let Some(api) = &self.api else { return Ok(()) };
+        let remap: Vec<_> = pairs.iter().filter(|(a, b)| a != b).copied().collect();
+        let r = match api.state(pid) {
+            Ok(ProcessState::Checkpointed) => api.restore(pid, &remap).and_then(|()| api.unlock(pid)),
+            Ok(ProcessState::Locked) => api.unlock(pid),
+            Ok(_) | Err(DriverError { code: NOT_INITIALIZED, .. }) => Ok(()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = &r {
+            tracing::error!(pid, error = %e, "restoring GPU memory failed");
+            self.metrics.restore_failures.inc();
+        }
+        r
+    }
+}

@@ -1,0 +1,73 @@
+//! Metrics of the lease server and GPU control.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Labels of `notebookos_gpu_evictions_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EvictionLabels {
+    /// `checkpoint` (memory moved to host) or `resident` (driver cannot checkpoint; kept on the GPU).
+    pub mode: String,
+}
+
+/// Labels of `notebookos_lease_refused_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    /// Why: `unregistered`, `pid_mismatch`, `kernel_mismatch`, `bad_frame`.
+    pub reason: String,
+}
+
+/// The lease server's metrics (cheap to clone; clones share the values).
+#[derive(Clone, Debug)]
+pub struct LeaseMetrics {
+    /// Leases granted.
+    pub grants: Counter,
+    /// Revocations sent.
+    pub revocations: Counter,
+    /// Connections refused, by reason.
+    pub refused: Family<RefusedLabels, Counter>,
+    /// Evictions, by mode.
+    pub evictions: Family<EvictionLabels, Counter>,
+    /// Restores that failed (the process is left without a lease).
+    pub restore_failures: Counter,
+    /// Request-to-grant time.
+    pub acquire_seconds: Histogram,
+}
+
+impl Default for LeaseMetrics {
+    fn default() -> Self {
+        Self {
+            grants: Counter::default(),
+            revocations: Counter::default(),
+            refused: Family::default(),
+            evictions: Family::default(),
+            restore_failures: Counter::default(),
+            acquire_seconds: Histogram::new([
+                0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0,
+            ]),
+        }
+    }
+}
+
+impl LeaseMetrics {
+    /// Registers every metric in `r`.
+    pub fn register(&self, r: &mut Registry) {
+        r.register("notebookos_lease_grants", "GPU leases granted", self.grants.clone());
+        r.register("notebookos_lease_revocations", "GPU lease revocations sent", self.revocations.clone());
+        r.register("notebookos_lease_refused", "Lease connections refused, by reason", self.refused.clone());
+        r.register("notebookos_gpu_evictions", "Evictions of a process's GPU memory, by mode", self.evictions.clone());
+        r.register(
+            "notebookos_gpu_restore_failures",
+            "Restores of a process's GPU memory that failed",
+            self.restore_failures.clone(),
+        );
+        r.register(
+            "notebookos_lease_acquire_seconds",
+            "Time from a lease request to its grant",
+            self.acquire_seconds.clone(),
+        );
+    }
+}

@@ -1,0 +1,497 @@
+//! The lease server: a Unix stream socket, one reader thread per connection, and one
+//! actor thread that owns the [`Table`], writes frames, and calls GPU control.
+//!
+//! Every connection starts with `Register`; the peer is authenticated by `SO_PEERCRED`
+//! and accepted only if it is a kernel process registered with
+//! [`LeaseServer::register_process`] (same uid) or a descendant of one, and claims
+//! its own pid and its kernel's id. Anything else gets `Refused` and is closed.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nbos_lease_proto::{read_message, write_message, Message};
+
+use crate::gpu::control::{Eviction, GpuControl};
+use crate::gpu::GpuInfo;
+use crate::lease::metrics::{LeaseMetrics, RefusedLabels};
+use crate::lease::peer;
+use crate::lease::table::{Action, LeaseState, Policy, Table};
+
+/// How long a new connection may take to send `Register`.
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Settings of the lease server.
+#[derive(Debug, Clone)]
+pub struct LeaseServerConfig {
+    /// The socket path (created; an existing socket file is replaced).
+    pub socket: PathBuf,
+    /// Idle detection and release.
+    pub policy: Policy,
+    /// How often shims report activity while bound.
+    pub activity_interval: Duration,
+    /// Per-GPU memory limit told to shims (0: none).
+    pub memory_limit_bytes: u64,
+}
+
+/// A kernel process the daemon started (the root of a process tree allowed to lease).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelProcess {
+    /// The kernel's id.
+    pub kernel_id: String,
+    /// Replica number.
+    pub replica: u32,
+    /// Process id.
+    pub pid: u32,
+    /// User it runs as.
+    pub uid: u32,
+    /// GPUs it may lease.
+    pub gpus: u32,
+}
+
+/// One connected process, as reported by [`LeaseServer::status`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ProcessStatus {
+    /// Process id (of the shim's process; may be a descendant of the kernel process).
+    pub pid: u32,
+    /// Kernel id.
+    pub kernel_id: String,
+    /// Lease state.
+    pub state: LeaseState,
+    /// Lease number.
+    pub lease: u64,
+    /// Indices of the GPUs bound.
+    pub gpus: Vec<usize>,
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseServerError {
+    /// Binding the socket failed.
+    #[error("cannot listen on lease socket {path}: {source}")]
+    Bind {
+        /// The socket path.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// Starting a thread failed.
+    #[error("cannot start lease server thread: {0}")]
+    Thread(std::io::Error),
+}
+
+enum Event {
+    Connected { conn: u64, pid: u32, kernel_id: String, gpus: u32, writer: UnixStream },
+    Frame { conn: u64, msg: Message },
+    Closed { conn: u64 },
+    Revoke { pid: u32 },
+    Cordon { gpu: usize, on: bool },
+    Pause(bool),
+    Stop,
+}
+
+struct Shared {
+    registry: Mutex<HashMap<u32, KernelProcess>>,
+    status: Mutex<Vec<ProcessStatus>>,
+    changed: Condvar,
+    stop: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panicking holder cannot leave these plain tables half-updated in a way that
+    // matters more than stopping the lease server would.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The running lease server. Dropping it stops it and removes the socket.
+pub struct LeaseServer {
+    shared: Arc<Shared>,
+    events: Sender<Event>,
+    socket: PathBuf,
+    threads: Vec<JoinHandle<()>>,
+    metrics: LeaseMetrics,
+}
+
+impl std::fmt::Debug for LeaseServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseServer").field("socket", &self.socket).finish()
+    }
+}
+
+impl LeaseServer {
+    /// Binds the socket and starts the threads.
+    pub fn start(
+        cfg: LeaseServerConfig,
+        gpus: Vec<GpuInfo>,
+        control: GpuControl,
+        metrics: LeaseMetrics,
+    ) -> Result<Self, LeaseServerError> {
+        let bind_err = |source| LeaseServerError::Bind { path: cfg.socket.clone(), source };
+        if cfg.socket.exists() {
+            std::fs::remove_file(&cfg.socket).map_err(bind_err)?;
+        }
+        let listener = UnixListener::bind(&cfg.socket).map_err(bind_err)?;
+        // Kernel processes may run as other users; SO_PEERCRED is the access check.
+        std::fs::set_permissions(&cfg.socket, std::fs::Permissions::from_mode(0o666)).map_err(bind_err)?;
+        let shared = Arc::new(Shared {
+            registry: Mutex::new(HashMap::new()),
+            status: Mutex::new(Vec::new()),
+            changed: Condvar::new(),
+            stop: AtomicBool::new(false),
+        });
+        let (tx, rx) = mpsc::channel();
+        let mut threads = Vec::new();
+        let actor = Actor {
+            table: Table::new(gpus.len(), cfg.policy),
+            gpus,
+            control,
+            conns: HashMap::new(),
+            by_pid: HashMap::new(),
+            shared: shared.clone(),
+            metrics: metrics.clone(),
+            cfg: cfg.clone(),
+        };
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new().name(name.to_owned()).spawn(f).map_err(LeaseServerError::Thread)
+        };
+        threads.push(spawn("lease-actor", Box::new(move || actor.run(rx)))?);
+        let (sh, etx, m) = (shared.clone(), tx.clone(), metrics.clone());
+        threads.push(spawn("lease-accept", Box::new(move || accept_loop(listener, sh, etx, m)))?);
+        Ok(Self { shared, events: tx, socket: cfg.socket, threads, metrics })
+    }
+
+    /// The socket path (for `NBOS_LEASE_SOCKET`).
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The server's metrics.
+    pub fn metrics(&self) -> &LeaseMetrics {
+        &self.metrics
+    }
+
+    /// Allows `p` (and its descendants) to lease GPUs.
+    pub fn register_process(&self, p: KernelProcess) {
+        tracing::info!(pid = p.pid, kernel = %p.kernel_id, gpus = p.gpus, "kernel process may lease GPUs");
+        lock(&self.shared.registry).insert(p.pid, p);
+    }
+
+    /// Withdraws a registration (new connections from its tree are refused).
+    pub fn unregister_process(&self, pid: u32) {
+        lock(&self.shared.registry).remove(&pid);
+    }
+
+    /// Asks the process `pid` to give its GPUs back now.
+    pub fn revoke(&self, pid: u32) {
+        let _ = self.events.send(Event::Revoke { pid });
+    }
+
+    /// Cordons a GPU (never granted) or uncordons it.
+    pub fn set_cordoned(&self, gpu: usize, on: bool) {
+        let _ = self.events.send(Event::Cordon { gpu, on });
+    }
+
+    /// Holds all grants (drain) or resumes them.
+    pub fn set_paused(&self, paused: bool) {
+        let _ = self.events.send(Event::Pause(paused));
+    }
+
+    /// The connected processes and their leases.
+    pub fn status(&self) -> Vec<ProcessStatus> {
+        lock(&self.shared.status).clone()
+    }
+
+    /// Waits until `pred` holds for the status, or `timeout` passes; returns whether it held.
+    pub fn wait_until(&self, timeout: Duration, pred: impl Fn(&[ProcessStatus]) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut s = lock(&self.shared.status);
+        loop {
+            if pred(&s) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            s = self.shared.changed.wait_timeout(s, left).unwrap_or_else(std::sync::PoisonError::into_inner).0;
+        }
+    }
+}
+
+impl Drop for LeaseServer {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = self.events.send(Event::Stop);
+        // Wake the acceptor blocked in accept().
+        let _ = UnixStream::connect(&self.socket);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+fn accept_loop(listener: UnixListener, shared: Arc<Shared>, events: Sender<Event>, metrics: LeaseMetrics) {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    for stream in listener.incoming() {
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok(stream) = stream else { continue };
+        let conn = NEXT.fetch_add(1, Ordering::Relaxed);
+        let (sh, ev, m) = (shared.clone(), events.clone(), metrics.clone());
+        let spawned =
+            std::thread::Builder::new().name("lease-conn".into()).spawn(move || serve_conn(conn, stream, &sh, &ev, &m));
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start a lease connection thread");
+        }
+    }
+}
+
+fn refuse(mut s: UnixStream, metrics: &LeaseMetrics, reason_label: &str, reason: String) {
+    tracing::warn!(reason = %reason, "lease connection refused");
+    metrics.refused.get_or_create(&RefusedLabels { reason: reason_label.to_owned() }).inc();
+    let _ = write_message(&mut s, &Message::Refused { reason });
+    let _ = s.flush();
+}
+
+/// Authenticates a connection, then forwards its frames to the actor.
+fn serve_conn(conn: u64, mut s: UnixStream, shared: &Shared, events: &Sender<Event>, metrics: &LeaseMetrics) {
+    let cred = match peer::peer_cred(&s) {
+        Ok(c) => c,
+        Err(e) => return refuse(s, metrics, "bad_peer", format!("cannot read peer credentials: {e}")),
+    };
+    let _ = s.set_read_timeout(Some(REGISTER_TIMEOUT));
+    let (kernel_id, pid) = match read_message(&mut s) {
+        Ok(Message::Register { kernel_id, pid, .. }) => (kernel_id, pid),
+        Ok(other) => return refuse(s, metrics, "bad_frame", format!("expected Register, got tag {}", other.tag())),
+        Err(e) => return refuse(s, metrics, "bad_frame", e.to_string()),
+    };
+    let root = {
+        let reg = lock(&shared.registry);
+        peer::lineage(cred.pid).into_iter().find_map(|p| reg.get(&p).filter(|k| k.uid == cred.uid).cloned())
+    };
+    let Some(root) = root else {
+        return refuse(
+            s,
+            metrics,
+            "unregistered",
+            format!("process {} (uid {}) is not a kernel process of this host", cred.pid, cred.uid),
+        );
+    };
+    if pid != cred.pid {
+        return refuse(s, metrics, "pid_mismatch", format!("claims pid {pid} but is pid {}", cred.pid));
+    }
+    if kernel_id != root.kernel_id {
+        return refuse(
+            s,
+            metrics,
+            "kernel_mismatch",
+            format!("claims kernel {kernel_id:?}, registered as {:?}", root.kernel_id),
+        );
+    }
+    let _ = s.set_read_timeout(None);
+    let Ok(writer) = s.try_clone() else { return };
+    if events.send(Event::Connected { conn, pid, kernel_id, gpus: root.gpus, writer }).is_err() {
+        return;
+    }
+    loop {
+        match read_message(&mut s) {
+            Ok(msg) => {
+                if events.send(Event::Frame { conn, msg }).is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                tracing::debug!(conn, error = %e, "lease connection ended");
+                let _ = events.send(Event::Closed { conn });
+                return;
+            }
+        }
+    }
+}
+
+struct Conn {
+    pid: u32,
+    kernel_id: String,
+    writer: UnixStream,
+}
+
+struct Actor {
+    table: Table,
+    gpus: Vec<GpuInfo>,
+    control: GpuControl,
+    conns: HashMap<u64, Conn>,
+    by_pid: HashMap<u32, u64>,
+    shared: Arc<Shared>,
+    metrics: LeaseMetrics,
+    cfg: LeaseServerConfig,
+}
+
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (or bare hex) to the 16 UUID bytes.
+pub fn uuid_bytes(uuid: &str) -> Option<[u8; 16]> {
+    let hex: String = uuid.trim_start_matches("GPU-").chars().filter(|c| *c != '-').collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+impl Actor {
+    fn run(mut self, rx: Receiver<Event>) {
+        let tick = (self.cfg.policy.idle_grace / 4).clamp(Duration::from_millis(5), Duration::from_millis(500));
+        loop {
+            let now = Instant::now();
+            let actions = match rx.recv_timeout(tick) {
+                Ok(Event::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+                Ok(ev) => self.handle(ev, now),
+                Err(RecvTimeoutError::Timeout) => Vec::new(),
+            };
+            let mut all = actions;
+            all.extend(self.table.tick(Instant::now()));
+            self.perform(all);
+            self.publish();
+        }
+    }
+
+    fn uuid(&self, gpu: usize) -> [u8; 16] {
+        self.gpus.get(gpu).and_then(|g| uuid_bytes(&g.uuid)).unwrap_or([0; 16])
+    }
+
+    fn handle(&mut self, ev: Event, now: Instant) -> Vec<Action> {
+        match ev {
+            Event::Connected { conn, pid, kernel_id, gpus, mut writer } => {
+                let want = self.table.add(pid, gpus as usize, now);
+                let reply = Message::Registered {
+                    device_count: want as u32,
+                    activity_interval_ms: u32::try_from(self.cfg.activity_interval.as_millis()).unwrap_or(u32::MAX),
+                    memory_limit_bytes: self.cfg.memory_limit_bytes,
+                };
+                if write_message(&mut writer, &reply).is_err() {
+                    return self.table.remove(pid, now);
+                }
+                tracing::info!(pid, kernel = %kernel_id, gpus = want, "shim registered");
+                self.by_pid.insert(pid, conn);
+                self.conns.insert(conn, Conn { pid, kernel_id, writer });
+                Vec::new()
+            }
+            Event::Frame { conn, msg } => {
+                let Some(pid) = self.conns.get(&conn).map(|c| c.pid) else { return Vec::new() };
+                match msg {
+                    Message::Request { .. } => self.table.request(pid, now),
+                    Message::Activity { calls, .. } => {
+                        self.table.activity(pid, calls, now);
+                        Vec::new()
+                    }
+                    Message::Released { lease } => {
+                        let evicted = self.control.evict(pid);
+                        tracing::info!(pid, lease, ?evicted, "lease released");
+                        self.table.released(pid, lease, evicted == Eviction::Checkpointed, Instant::now())
+                    }
+                    other => {
+                        tracing::warn!(pid, tag = other.tag(), "unexpected frame from shim; ignored");
+                        Vec::new()
+                    }
+                }
+            }
+            Event::Closed { conn } => match self.conns.remove(&conn) {
+                Some(c) => {
+                    self.by_pid.remove(&c.pid);
+                    self.table.remove(c.pid, now)
+                }
+                None => Vec::new(),
+            },
+            Event::Revoke { pid } => self.table.revoke(pid),
+            Event::Cordon { gpu, on } => self.table.set_cordoned(gpu, on, now),
+            Event::Pause(p) => self.table.set_paused(p, now),
+            Event::Stop => Vec::new(),
+        }
+    }
+
+    fn send(&mut self, pid: u32, m: &Message) -> bool {
+        let Some(conn) = self.by_pid.get(&pid).and_then(|c| self.conns.get_mut(c)) else { return false };
+        write_message(&mut conn.writer, m).is_ok()
+    }
+
+    fn perform(&mut self, mut actions: Vec<Action>) {
+        while let Some(a) = actions.pop() {
+            match a {
+                Action::Grant { pid, lease, gpus, restore_from } => {
+                    if let Some(from) = restore_from {
+                        let pairs: Vec<_> =
+                            from.iter().zip(&gpus).map(|(f, t)| (self.uuid(*f), self.uuid(*t))).collect();
+                        if let Err(e) = self.control.restore(pid, &pairs) {
+                            let reason = format!("restoring GPU memory failed: {e}");
+                            let _ = self.send(pid, &Message::Refused { reason });
+                            actions.extend(self.table.remove(pid, Instant::now()));
+                            continue;
+                        }
+                    }
+                    if let Some(t) = self.table.get(pid).and_then(|e| e.requested_at) {
+                        self.metrics.acquire_seconds.observe(t.elapsed().as_secs_f64());
+                    }
+                    self.metrics.grants.inc();
+                    let uuids = gpus.iter().map(|g| self.uuid(*g)).collect();
+                    if !self.send(pid, &Message::Grant { lease, gpus: uuids }) {
+                        actions.extend(self.table.remove(pid, Instant::now()));
+                    }
+                }
+                Action::Revoke { pid, lease } => {
+                    self.metrics.revocations.inc();
+                    if !self.send(pid, &Message::Revoke { lease }) {
+                        actions.extend(self.table.remove(pid, Instant::now()));
+                    }
+                }
+            }
+        }
+    }
+
+    fn publish(&self) {
+        let status: Vec<ProcessStatus> = self
+            .table
+            .entries()
+            .map(|(pid, e)| ProcessStatus {
+                pid: *pid,
+                kernel_id: self
+                    .by_pid
+                    .get(pid)
+                    .and_then(|c| self.conns.get(c))
+                    .map(|c| c.kernel_id.clone())
+                    .unwrap_or_default(),
+                state: e.state,
+                lease: e.lease,
+                gpus: e.gpus.clone(),
+            })
+            .collect();
+        let mut s = lock(&self.shared.status);
+        if *s != status {
+            *s = status;
+            self.shared.changed.notify_all();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::uuid_bytes;
+
+    #[test]
+    fn uuid_strings_parse_to_driver_bytes() {
+        let b = uuid_bytes("GPU-fa4e0000-0000-4000-8000-000000000003").expect("parse");
+        assert_eq!(b[0..2], [0xfa, 0x4e]);
+        assert_eq!(b[15], 3);
+        assert!(uuid_bytes("GPU-nothex").is_none());
+        assert!(uuid_bytes("GPU-fa4e0000-0000-4000-8000-0000000000zz").is_none());
+    }
+}

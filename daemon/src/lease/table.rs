@@ -1,0 +1,383 @@
+//! The lease table: which kernel process holds which GPUs, as a pure state machine.
+//!
+//! Per process: `Unbound -> Requested -> Bound -> IdleHeld -> Revoking -> Unbound`
+//! (DESIGN.md). No I/O and no clock: the server passes `now` in and carries out the
+//! [`Action`]s the table returns, so every scenario test is deterministic.
+//!
+//! Policy: a request is granted as soon as enough GPUs are free, preferring the GPUs the
+//! process used last (no remapping on restore). A bound lease whose process made no
+//! gated call for `idle_grace` becomes idle-held; an idle-held lease is revoked when a
+//! waiting request needs its GPUs, or once it has been idle for `idle_release`.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// A lease's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseState {
+    /// No GPUs; nothing asked.
+    Unbound,
+    /// Asked for GPUs; waiting.
+    Requested,
+    /// GPUs bound and in use.
+    Bound,
+    /// GPUs bound, no recent activity.
+    IdleHeld,
+    /// Revoke sent; waiting for the shim's release and the eviction.
+    Revoking,
+}
+
+/// What the server must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Restore (when `restore_from` is set) the process's memory onto `gpus`, then send Grant.
+    Grant {
+        /// The process.
+        pid: u32,
+        /// Lease number.
+        lease: u64,
+        /// GPU indices, in virtual ordinal order.
+        gpus: Vec<usize>,
+        /// GPUs the process's memory was checkpointed from, in the same order.
+        restore_from: Option<Vec<usize>>,
+    },
+    /// Send Revoke.
+    Revoke {
+        /// The process.
+        pid: u32,
+        /// Lease number.
+        lease: u64,
+    },
+}
+
+/// One kernel process in the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// State.
+    pub state: LeaseState,
+    /// GPUs wanted.
+    pub want: usize,
+    /// Current (or last) lease number.
+    pub lease: u64,
+    /// GPUs bound (empty unless Bound/IdleHeld/Revoking).
+    pub gpus: Vec<usize>,
+    /// GPUs it held last (preferred at the next grant: no remapping).
+    pub last_gpus: Vec<usize>,
+    /// Its memory was checkpointed off `last_gpus` (a grant must restore it). False after
+    /// a resident eviction (driver without the checkpoint API): memory stayed on `last_gpus`.
+    pub checkpointed: bool,
+    /// Last time its activity counter moved (or it was granted).
+    pub last_active: Instant,
+    /// Last activity counter seen.
+    pub calls: u64,
+    /// When it entered Requested (acquire latency).
+    pub requested_at: Option<Instant>,
+}
+
+/// Tunables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// No gated call for this long: Bound -> IdleHeld.
+    pub idle_grace: Duration,
+    /// Idle-held this long: revoked even without a waiter.
+    pub idle_release: Duration,
+}
+
+/// The table.
+#[derive(Debug)]
+pub struct Table {
+    policy: Policy,
+    gpus: usize,
+    /// GPUs an operator (or a test) cordoned: never granted.
+    cordoned: Vec<bool>,
+    /// Hold all grants (drain).
+    paused: bool,
+    procs: BTreeMap<u32, Entry>,
+    next_lease: u64,
+}
+
+impl Table {
+    /// A table for a host with `gpus` GPUs.
+    pub fn new(gpus: usize, policy: Policy) -> Self {
+        Self { policy, gpus, cordoned: vec![false; gpus], paused: false, procs: BTreeMap::new(), next_lease: 1 }
+    }
+
+    /// Adds a registered process (Unbound). Wanting more GPUs than the host has is capped.
+    pub fn add(&mut self, pid: u32, want: usize, now: Instant) -> usize {
+        let want = want.min(self.gpus);
+        self.procs.entry(pid).or_insert(Entry {
+            state: LeaseState::Unbound,
+            want,
+            lease: 0,
+            gpus: Vec::new(),
+            last_gpus: Vec::new(),
+            checkpointed: false,
+            last_active: now,
+            calls: 0,
+            requested_at: None,
+        });
+        want
+    }
+
+    /// Forgets a process (exited or disconnected); its GPUs become free.
+    pub fn remove(&mut self, pid: u32, now: Instant) -> Vec<Action> {
+        self.procs.remove(&pid);
+        self.schedule(now)
+    }
+
+    /// The entry of `pid`.
+    pub fn get(&self, pid: u32) -> Option<&Entry> {
+        self.procs.get(&pid)
+    }
+
+    /// All entries.
+    pub fn entries(&self) -> impl Iterator<Item = (&u32, &Entry)> {
+        self.procs.iter()
+    }
+
+    /// The shim asks for GPUs.
+    pub fn request(&mut self, pid: u32, now: Instant) -> Vec<Action> {
+        if let Some(e) = self.procs.get_mut(&pid) {
+            if e.state == LeaseState::Unbound {
+                e.state = LeaseState::Requested;
+                e.requested_at = Some(now);
+            }
+        }
+        self.schedule(now)
+    }
+
+    /// The shim reports its counters.
+    pub fn activity(&mut self, pid: u32, calls: u64, now: Instant) {
+        if let Some(e) = self.procs.get_mut(&pid) {
+            if calls != e.calls {
+                e.calls = calls;
+                e.last_active = now;
+                if e.state == LeaseState::IdleHeld {
+                    e.state = LeaseState::Bound;
+                }
+            }
+        }
+    }
+
+    /// The shim released lease `lease` and the server evicted its memory from its GPUs
+    /// (`evicted` false: kept resident because the driver cannot checkpoint).
+    pub fn released(&mut self, pid: u32, lease: u64, evicted: bool, now: Instant) -> Vec<Action> {
+        if let Some(e) = self.procs.get_mut(&pid) {
+            if e.lease == lease && matches!(e.state, LeaseState::Revoking | LeaseState::Bound | LeaseState::IdleHeld) {
+                e.last_gpus = std::mem::take(&mut e.gpus);
+                e.checkpointed = evicted;
+                e.state = LeaseState::Unbound;
+            }
+        }
+        self.schedule(now)
+    }
+
+    /// The host wants `pid`'s GPUs back now (operator, shutdown, migration).
+    pub fn revoke(&mut self, pid: u32) -> Vec<Action> {
+        match self.procs.get_mut(&pid) {
+            Some(e) if matches!(e.state, LeaseState::Bound | LeaseState::IdleHeld) => {
+                e.state = LeaseState::Revoking;
+                vec![Action::Revoke { pid, lease: e.lease }]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Cordons or uncordons a GPU.
+    pub fn set_cordoned(&mut self, gpu: usize, cordoned: bool, now: Instant) -> Vec<Action> {
+        if let Some(c) = self.cordoned.get_mut(gpu) {
+            *c = cordoned;
+        }
+        self.schedule(now)
+    }
+
+    /// Holds or resumes all grants.
+    pub fn set_paused(&mut self, paused: bool, now: Instant) -> Vec<Action> {
+        self.paused = paused;
+        self.schedule(now)
+    }
+
+    /// Time passes: idle detection and idle release.
+    pub fn tick(&mut self, now: Instant) -> Vec<Action> {
+        for e in self.procs.values_mut() {
+            if e.state == LeaseState::Bound && now.saturating_duration_since(e.last_active) >= self.policy.idle_grace {
+                e.state = LeaseState::IdleHeld;
+            }
+        }
+        self.schedule(now)
+    }
+
+    fn free_gpus(&self) -> Vec<usize> {
+        let mut used = vec![false; self.gpus];
+        for e in self.procs.values() {
+            for &g in &e.gpus {
+                if let Some(u) = used.get_mut(g) {
+                    *u = true;
+                }
+            }
+        }
+        (0..self.gpus).filter(|&g| !used[g] && !self.cordoned[g]).collect()
+    }
+
+    /// Grants what can be granted (oldest request first), revokes what must be revoked.
+    fn schedule(&mut self, now: Instant) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let mut waiting: Vec<(Instant, u32)> = self
+            .procs
+            .iter()
+            .filter(|(_, e)| e.state == LeaseState::Requested)
+            .map(|(p, e)| (e.requested_at.unwrap_or(now), *p))
+            .collect();
+        waiting.sort();
+        let mut blocked = false;
+        if !self.paused {
+            for (_, pid) in &waiting {
+                let free = self.free_gpus();
+                let Some(e) = self.procs.get(pid) else { continue };
+                if e.want == 0 || free.len() < e.want {
+                    blocked = true;
+                    continue;
+                }
+                let mut pick: Vec<usize> = Vec::with_capacity(e.want);
+                pick.extend(e.last_gpus.iter().copied().filter(|g| free.contains(g)).take(e.want));
+                for g in free {
+                    if pick.len() == e.want {
+                        break;
+                    }
+                    if !pick.contains(&g) {
+                        pick.push(g);
+                    }
+                }
+                let restore_from = e.checkpointed.then(|| e.last_gpus.clone());
+                let lease = self.next_lease;
+                self.next_lease += 1;
+                if let Some(e) = self.procs.get_mut(pid) {
+                    e.state = LeaseState::Bound;
+                    e.lease = lease;
+                    e.gpus = pick.clone();
+                    e.checkpointed = false;
+                    e.last_active = now;
+                }
+                actions.push(Action::Grant { pid: *pid, lease, gpus: pick, restore_from });
+            }
+        } else {
+            blocked = !waiting.is_empty();
+        }
+        let release_after = self.policy.idle_release;
+        for (pid, e) in self.procs.iter_mut() {
+            if e.state != LeaseState::IdleHeld {
+                continue;
+            }
+            let idle = now.saturating_duration_since(e.last_active);
+            if (blocked && !self.paused) || idle >= release_after {
+                e.state = LeaseState::Revoking;
+                actions.push(Action::Revoke { pid: *pid, lease: e.lease });
+            }
+        }
+        actions
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POLICY: Policy = Policy { idle_grace: Duration::from_millis(100), idle_release: Duration::from_secs(30) };
+
+    fn at(t0: Instant, ms: u64) -> Instant {
+        t0 + Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn request_is_granted_when_free_and_prefers_nothing_special() {
+        let t0 = Instant::now();
+        let mut t = Table::new(2, POLICY);
+        t.add(10, 1, t0);
+        let a = t.request(10, t0);
+        assert_eq!(a, vec![Action::Grant { pid: 10, lease: 1, gpus: vec![0], restore_from: None }]);
+        assert_eq!(t.get(10).map(|e| e.state), Some(LeaseState::Bound));
+    }
+
+    #[test]
+    fn oversubscribed_gpu_is_handed_over_only_after_the_holder_idles_and_releases() {
+        let t0 = Instant::now();
+        let mut t = Table::new(1, POLICY);
+        t.add(1, 1, t0);
+        t.add(2, 1, t0);
+        assert_eq!(t.request(1, t0).len(), 1);
+        assert!(t.request(2, at(t0, 1)).is_empty(), "GPU busy: no grant, no revoke of an active lease");
+        t.activity(1, 5, at(t0, 50));
+        assert!(t.tick(at(t0, 120)).is_empty(), "active 70 ms ago: still bound");
+        let a = t.tick(at(t0, 151));
+        assert_eq!(a, vec![Action::Revoke { pid: 1, lease: 1 }]);
+        assert_eq!(t.get(1).map(|e| e.state), Some(LeaseState::Revoking));
+        let a = t.released(1, 1, true, at(t0, 160));
+        assert_eq!(a, vec![Action::Grant { pid: 2, lease: 2, gpus: vec![0], restore_from: None }]);
+        assert_eq!(t.get(1).map(|e| (e.last_gpus.clone(), e.checkpointed)), Some((vec![0], true)));
+        // Process 1 comes back: waits, then gets GPU 0 back with a restore from GPU 0.
+        assert!(t.request(1, at(t0, 170)).is_empty());
+        assert_eq!(t.tick(at(t0, 300)), vec![Action::Revoke { pid: 2, lease: 2 }]);
+        let a = t.released(2, 2, true, at(t0, 310));
+        assert_eq!(a, vec![Action::Grant { pid: 1, lease: 3, gpus: vec![0], restore_from: Some(vec![0]) }]);
+    }
+
+    #[test]
+    fn cordoned_gpu_forces_restore_onto_another() {
+        let t0 = Instant::now();
+        let mut t = Table::new(2, POLICY);
+        t.add(1, 1, t0);
+        t.request(1, t0);
+        assert_eq!(t.revoke(1), vec![Action::Revoke { pid: 1, lease: 1 }]);
+        t.released(1, 1, true, t0);
+        t.set_cordoned(0, true, t0);
+        let a = t.request(1, t0);
+        assert_eq!(a, vec![Action::Grant { pid: 1, lease: 2, gpus: vec![1], restore_from: Some(vec![0]) }]);
+    }
+
+    #[test]
+    fn paused_table_holds_requests_and_resuming_grants_them() {
+        let t0 = Instant::now();
+        let mut t = Table::new(1, POLICY);
+        t.add(1, 1, t0);
+        t.set_paused(true, t0);
+        assert!(t.request(1, t0).is_empty());
+        assert_eq!(t.get(1).map(|e| e.state), Some(LeaseState::Requested));
+        assert_eq!(t.set_paused(false, t0).len(), 1);
+    }
+
+    #[test]
+    fn idle_lease_is_released_after_idle_release_without_contention() {
+        let t0 = Instant::now();
+        let mut t =
+            Table::new(1, Policy { idle_grace: Duration::from_millis(10), idle_release: Duration::from_secs(1) });
+        t.add(1, 1, t0);
+        t.request(1, t0);
+        assert!(t.tick(at(t0, 500)).is_empty());
+        assert_eq!(t.get(1).map(|e| e.state), Some(LeaseState::IdleHeld));
+        assert_eq!(t.tick(at(t0, 1000)), vec![Action::Revoke { pid: 1, lease: 1 }]);
+    }
+
+    #[test]
+    fn stale_release_and_unknown_pids_change_nothing() {
+        let t0 = Instant::now();
+        let mut t = Table::new(1, POLICY);
+        t.add(1, 1, t0);
+        t.request(1, t0);
+        assert!(t.released(1, 99, true, t0).is_empty());
+        assert_eq!(t.get(1).map(|e| e.state), Some(LeaseState::Bound));
+        assert!(t.request(42, t0).is_empty());
+        assert!(t.revoke(42).is_empty());
+    }
+
+    #[test]
+    fn removing_a_holder_frees_its_gpus_for_a_waiter() {
+        let t0 = Instant::now();
+        let mut t = Table::new(1, POLICY);
+        t.add(1, 1, t0);
+        t.add(2, 1, t0);
+        t.request(1, t0);
+        t.request(2, t0);
+        assert_eq!(t.remove(1, t0), vec![Action::Grant { pid: 2, lease: 2, gpus: vec![0], restore_from: None }]);
+    }
+}
