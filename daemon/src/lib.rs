@@ -14,4 +14,5 @@ pub mod lease;
 pub mod logging;
 pub mod metrics;
 pub mod node;
+pub mod sched;
 pub mod status;

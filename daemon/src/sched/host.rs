@@ -1,0 +1,440 @@
+//! One host's GPUs, bound per cell.
+//!
+//! States of a GPU: free, committed to a running cell, or idle-held by the kernel
+//! whose cell last ran on it (so its next cell starts without an eviction/restore).
+//! An idle-held GPU goes back to free after `idle_release`, or earlier when a
+//! waiting cell of another kernel needs it (the caller then revokes: evicts the
+//! kernel's GPU memory). Cells that cannot get GPUs wait in one FIFO queue; the
+//! head is served first so a large request is never starved by small ones.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use super::{CellId, KernelId, Millis};
+
+/// What the caller must do, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Take the GPUs back from `kernel` (evict its GPU memory) before anyone else uses them.
+    Revoke {
+        /// The kernel losing the GPUs.
+        kernel: KernelId,
+        /// Which GPUs (host indices).
+        gpus: Vec<u32>,
+        /// True when revoked because another kernel needs them (not idle timeout).
+        preempted: bool,
+    },
+    /// Start the cell on these GPUs (bind the kernel's lease to them).
+    Start {
+        /// The cell.
+        cell: CellId,
+        /// Its kernel.
+        kernel: KernelId,
+        /// GPUs committed to it (empty for a CPU-only kernel).
+        gpus: Vec<u32>,
+        /// Time it waited in the queue.
+        waited: Millis,
+    },
+    /// The cell waits for GPUs; tell the client.
+    Queued {
+        /// The cell.
+        cell: CellId,
+        /// 1-based position in the queue.
+        position: usize,
+    },
+    /// The cell can never run here.
+    Reject {
+        /// The cell.
+        cell: CellId,
+        /// Why, for the client.
+        reason: String,
+    },
+}
+
+/// Why a request was refused outright.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The kernel is unknown.
+    #[error("unknown kernel {0}")]
+    UnknownKernel(KernelId),
+    /// The kernel is known already.
+    #[error("kernel {0} is already registered")]
+    DuplicateKernel(KernelId),
+    /// Admitting the kernel would exceed the subscription ratio.
+    #[error(
+        "host oversubscribed: {requested} GPUs requested by kernels would exceed {limit} ({ratio} x {total} GPUs)"
+    )]
+    Oversubscribed {
+        /// GPUs requested by all kernels, this one included.
+        requested: u32,
+        /// The limit.
+        limit: u32,
+        /// Configured ratio.
+        ratio: String,
+        /// GPUs on the host.
+        total: u32,
+    },
+    /// The kernel already has a cell running or waiting.
+    #[error("kernel {0} already has a cell running or waiting")]
+    Busy(KernelId),
+    /// No such cell running.
+    #[error("cell {0} is not running")]
+    NotRunning(CellId),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Gpu {
+    Free,
+    Committed { kernel: KernelId },
+    IdleHeld { kernel: KernelId, since: Millis },
+}
+
+#[derive(Debug, Clone)]
+struct Kernel {
+    /// GPUs the kernel declared (its kernelspec): what subscription counts.
+    gpus: u32,
+    running: Option<CellId>,
+    /// The waiting cell, when it was submitted, and the GPUs it needs.
+    queued: Option<(CellId, Millis, u32)>,
+}
+
+/// The scheduler of one host.
+#[derive(Debug, Clone)]
+pub struct HostScheduler {
+    gpus: Vec<Gpu>,
+    kernels: BTreeMap<KernelId, Kernel>,
+    queue: VecDeque<KernelId>,
+    idle_release: Millis,
+    ratio: f64,
+}
+
+/// A point-in-time view for status pages and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Snapshot {
+    /// GPUs on the host.
+    pub total: u32,
+    /// GPUs committed to running cells.
+    pub committed: u32,
+    /// GPUs idle-held after a cell.
+    pub idle_held: u32,
+    /// Per GPU: `free`, `committed:<kernel>`, `idle:<kernel>`.
+    pub holders: Vec<String>,
+    /// Cells waiting, in order: (kernel, cell).
+    pub waiting: Vec<(KernelId, CellId)>,
+    /// GPUs requested by registered kernels.
+    pub requested: u32,
+}
+
+impl HostScheduler {
+    /// A host with `gpus` GPUs; idle-held GPUs are released after `idle_release`;
+    /// kernels may request up to `ratio` x `gpus` GPUs in total.
+    pub fn new(gpus: u32, idle_release: Millis, ratio: f64) -> Self {
+        Self {
+            gpus: vec![Gpu::Free; gpus as usize],
+            kernels: BTreeMap::new(),
+            queue: VecDeque::new(),
+            idle_release,
+            ratio,
+        }
+    }
+
+    fn total(&self) -> u32 {
+        u32::try_from(self.gpus.len()).unwrap_or(u32::MAX)
+    }
+
+    /// GPUs requested by registered kernels / GPUs on the host (0 with no GPUs).
+    pub fn subscription_ratio(&self) -> f64 {
+        let requested: u32 = self.kernels.values().map(|k| k.gpus).sum();
+        if self.gpus.is_empty() {
+            0.0
+        } else {
+            f64::from(requested) / f64::from(self.total())
+        }
+    }
+
+    /// Registers a kernel that asks for `gpus` GPUs per cell.
+    pub fn add_kernel(&mut self, kernel: &str, gpus: u32) -> Result<(), Refusal> {
+        if self.kernels.contains_key(kernel) {
+            return Err(Refusal::DuplicateKernel(kernel.to_owned()));
+        }
+        let requested: u32 = self.kernels.values().map(|k| k.gpus).sum::<u32>() + gpus;
+        // Truncation is the intent: a limit of 2.5 GPUs admits 2.
+        #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "ratio >= 1, finite (config)")]
+        let limit = (self.ratio * f64::from(self.total())).floor() as u32;
+        // A kernel asking for more than the host has is admitted: its cells are
+        // rejected with a clear reason, which is what the user needs to see.
+        if gpus > 0 && gpus <= self.total() && requested > limit {
+            return Err(Refusal::Oversubscribed {
+                requested,
+                limit,
+                ratio: format!("{}", self.ratio),
+                total: self.total(),
+            });
+        }
+        self.kernels.insert(kernel.to_owned(), Kernel { gpus, running: None, queued: None });
+        Ok(())
+    }
+
+    /// Forgets a kernel (shut down or died): frees its GPUs at once, drops its queued cell.
+    pub fn remove_kernel(&mut self, kernel: &str, now: Millis) -> Vec<Action> {
+        if self.kernels.remove(kernel).is_none() {
+            return Vec::new();
+        }
+        self.queue.retain(|k| k != kernel);
+        for g in &mut self.gpus {
+            let mine = match g {
+                Gpu::Committed { kernel: k } | Gpu::IdleHeld { kernel: k, .. } => k == kernel,
+                Gpu::Free => false,
+            };
+            if mine {
+                *g = Gpu::Free;
+            }
+        }
+        self.serve_queue(now)
+    }
+
+    /// A cell of `kernel` that needs `gpus` GPUs was submitted (usually the
+    /// kernel's declared count; a trace may vary it per cell).
+    pub fn submit(&mut self, kernel: &str, cell: &str, gpus: u32, now: Millis) -> Result<Vec<Action>, Refusal> {
+        let total = self.total();
+        let k = self.kernels.get_mut(kernel).ok_or_else(|| Refusal::UnknownKernel(kernel.to_owned()))?;
+        if k.running.is_some() || k.queued.is_some() {
+            return Err(Refusal::Busy(kernel.to_owned()));
+        }
+        if gpus > total {
+            return Ok(vec![Action::Reject {
+                cell: cell.to_owned(),
+                reason: format!("this cell needs {gpus} GPUs but the host has {total}"),
+            }]);
+        }
+        k.queued = Some((cell.to_owned(), now, gpus));
+        self.queue.push_back(kernel.to_owned());
+        let mut actions = self.serve_queue(now);
+        if let Some(pos) = self.queue.iter().position(|q| q == kernel) {
+            actions.push(Action::Queued { cell: cell.to_owned(), position: pos + 1 });
+        }
+        Ok(actions)
+    }
+
+    /// The running cell of `kernel` finished: its GPUs become idle-held.
+    pub fn finish(&mut self, kernel: &str, cell: &str, now: Millis) -> Result<Vec<Action>, Refusal> {
+        let k = self.kernels.get_mut(kernel).ok_or_else(|| Refusal::UnknownKernel(kernel.to_owned()))?;
+        if k.running.as_deref() != Some(cell) {
+            return Err(Refusal::NotRunning(cell.to_owned()));
+        }
+        k.running = None;
+        for g in &mut self.gpus {
+            if matches!(g, Gpu::Committed { kernel: owner } if owner == kernel) {
+                *g = Gpu::IdleHeld { kernel: kernel.to_owned(), since: now };
+            }
+        }
+        Ok(self.serve_queue(now))
+    }
+
+    /// Time passes: idle-held GPUs past `idle_release` are revoked and freed.
+    pub fn tick(&mut self, now: Millis) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let mut by_kernel: BTreeMap<KernelId, Vec<u32>> = BTreeMap::new();
+        for (i, g) in self.gpus.iter_mut().enumerate() {
+            if let Gpu::IdleHeld { kernel, since } = g {
+                if now.saturating_sub(*since) >= self.idle_release {
+                    by_kernel.entry(kernel.clone()).or_default().push(index(i));
+                    *g = Gpu::Free;
+                }
+            }
+        }
+        for (kernel, gpus) in by_kernel {
+            actions.push(Action::Revoke { kernel, gpus, preempted: false });
+        }
+        actions.extend(self.serve_queue(now));
+        actions
+    }
+
+    /// Starts queued cells, in order, while the head can get its GPUs.
+    fn serve_queue(&mut self, now: Millis) -> Vec<Action> {
+        let mut actions = Vec::new();
+        while let Some(kernel) = self.queue.front().cloned() {
+            let Some((_, _, need)) = self.kernels.get(&kernel).and_then(|k| k.queued.clone()) else {
+                self.queue.pop_front();
+                continue;
+            };
+            let need = need as usize;
+            // Prefer the kernel's own idle-held GPUs (no eviction, no restore), then
+            // free ones, then other kernels' idle-held GPUs, oldest first.
+            let mut own: Vec<usize> = Vec::new();
+            let mut free: Vec<usize> = Vec::new();
+            let mut others: Vec<(Millis, usize)> = Vec::new();
+            for (i, g) in self.gpus.iter().enumerate() {
+                match g {
+                    Gpu::IdleHeld { kernel: owner, .. } if *owner == kernel => own.push(i),
+                    Gpu::Free => free.push(i),
+                    Gpu::IdleHeld { since, .. } => others.push((*since, i)),
+                    Gpu::Committed { .. } => {}
+                }
+            }
+            if own.len() + free.len() + others.len() < need {
+                break;
+            }
+            others.sort_unstable();
+            let mut chosen: Vec<usize> = own.iter().chain(free.iter()).copied().take(need).collect();
+            let mut stolen: BTreeMap<KernelId, Vec<u32>> = BTreeMap::new();
+            for (_, i) in others.iter().take(need - chosen.len()) {
+                if let Gpu::IdleHeld { kernel: owner, .. } = &self.gpus[*i] {
+                    stolen.entry(owner.clone()).or_default().push(index(*i));
+                }
+                chosen.push(*i);
+            }
+            // The kernel's own idle-held GPUs that it does not need now go back to free.
+            for i in own.iter().skip(need) {
+                self.gpus[*i] = Gpu::Free;
+            }
+            for (owner, gpus) in stolen {
+                actions.push(Action::Revoke { kernel: owner, gpus, preempted: true });
+            }
+            chosen.sort_unstable();
+            for i in &chosen {
+                self.gpus[*i] = Gpu::Committed { kernel: kernel.clone() };
+            }
+            self.queue.pop_front();
+            let Some(k) = self.kernels.get_mut(&kernel) else { continue };
+            let Some((cell, submitted, _)) = k.queued.take() else { continue };
+            k.running = Some(cell.clone());
+            actions.push(Action::Start {
+                cell,
+                kernel,
+                gpus: chosen.into_iter().map(index).collect(),
+                waited: now.saturating_sub(submitted),
+            });
+        }
+        actions
+    }
+
+    /// A view of the host.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut s = Snapshot { total: self.total(), ..Snapshot::default() };
+        for g in &self.gpus {
+            s.holders.push(match g {
+                Gpu::Free => "free".to_owned(),
+                Gpu::Committed { kernel } => {
+                    s.committed += 1;
+                    format!("committed:{kernel}")
+                }
+                Gpu::IdleHeld { kernel, .. } => {
+                    s.idle_held += 1;
+                    format!("idle:{kernel}")
+                }
+            });
+        }
+        for kernel in &self.queue {
+            if let Some((cell, _, _)) = self.kernels.get(kernel).and_then(|k| k.queued.as_ref()) {
+                s.waiting.push((kernel.clone(), cell.clone()));
+            }
+        }
+        s.requested = self.kernels.values().map(|k| k.gpus).sum();
+        s
+    }
+}
+
+fn index(i: usize) -> u32 {
+    u32::try_from(i).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn starts(actions: &[Action]) -> Vec<(String, Vec<u32>)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Start { kernel, gpus, .. } => Some((kernel.clone(), gpus.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_gpu_three_kernels_take_turns() {
+        let mut s = HostScheduler::new(1, 30_000, 3.0);
+        for k in ["a", "b", "c"] {
+            s.add_kernel(k, 1).expect("admit");
+        }
+        assert_eq!(starts(&s.submit("a", "a1", 1, 0).expect("a1")), vec![("a".into(), vec![0])]);
+        let q = s.submit("b", "b1", 1, 1).expect("b1");
+        assert_eq!(q, vec![Action::Queued { cell: "b1".into(), position: 1 }]);
+        let q = s.submit("c", "c1", 1, 2).expect("c1");
+        assert_eq!(q, vec![Action::Queued { cell: "c1".into(), position: 2 }]);
+        // a finishes: its idle-held GPU is preempted for b, the head of the queue.
+        let acts = s.finish("a", "a1", 10).expect("finish");
+        assert_eq!(
+            acts,
+            vec![
+                Action::Revoke { kernel: "a".into(), gpus: vec![0], preempted: true },
+                Action::Start { cell: "b1".into(), kernel: "b".into(), gpus: vec![0], waited: 9 },
+            ]
+        );
+        assert_eq!(s.snapshot().waiting, vec![("c".to_owned(), "c1".to_owned())]);
+    }
+
+    #[test]
+    fn own_idle_held_gpu_is_reused_and_released_after_idle_release() {
+        let mut s = HostScheduler::new(2, 30_000, 1.0);
+        s.add_kernel("a", 1).expect("admit");
+        s.submit("a", "1", 1, 0).expect("1");
+        s.finish("a", "1", 5).expect("f");
+        assert_eq!(s.snapshot().idle_held, 1);
+        assert_eq!(
+            s.submit("a", "2", 1, 6).expect("2"),
+            vec![Action::Start { cell: "2".into(), kernel: "a".into(), gpus: vec![0], waited: 0 }]
+        );
+        s.finish("a", "2", 7).expect("f");
+        assert!(s.tick(30_006).is_empty(), "not yet");
+        assert_eq!(s.tick(30_007), vec![Action::Revoke { kernel: "a".into(), gpus: vec![0], preempted: false }]);
+        assert_eq!(s.snapshot().idle_held, 0);
+    }
+
+    #[test]
+    fn too_many_gpus_is_rejected_with_a_reason() {
+        let mut s = HostScheduler::new(2, 1000, 3.0);
+        s.add_kernel("big", 4).expect("admitted; its cells are rejected");
+        let acts = s.submit("big", "c", 4, 0).expect("submit");
+        assert!(
+            matches!(&acts[..], [Action::Reject { reason, .. }] if reason.contains("needs 4 GPUs") && reason.contains("has 2"))
+        );
+    }
+
+    #[test]
+    fn subscription_ratio_is_enforced_and_reported() {
+        let mut s = HostScheduler::new(2, 1000, 1.5);
+        s.add_kernel("a", 2).expect("a");
+        assert!((s.subscription_ratio() - 1.0).abs() < 1e-9);
+        assert!(matches!(s.add_kernel("b", 2), Err(Refusal::Oversubscribed { limit: 3, .. })));
+        s.add_kernel("c", 1).expect("c fits");
+        assert!((s.subscription_ratio() - 1.5).abs() < 1e-9);
+        s.add_kernel("cpu", 0).expect("CPU-only kernels are always admitted");
+    }
+
+    #[test]
+    fn removing_a_kernel_frees_its_gpus_and_serves_the_queue() {
+        let mut s = HostScheduler::new(1, 1000, 2.0);
+        s.add_kernel("a", 1).expect("a");
+        s.add_kernel("b", 1).expect("b");
+        s.submit("a", "a1", 1, 0).expect("a1");
+        s.submit("b", "b1", 1, 0).expect("b1");
+        let acts = s.remove_kernel("a", 5);
+        assert_eq!(starts(&acts), vec![("b".into(), vec![0])]);
+    }
+
+    #[test]
+    fn head_of_queue_is_not_starved_by_smaller_requests() {
+        let mut s = HostScheduler::new(2, 1000, 3.0);
+        for (k, g) in [("a", 1), ("big", 2), ("c", 1)] {
+            s.add_kernel(k, g).expect("admit");
+        }
+        s.submit("a", "a1", 1, 0).expect("a1");
+        s.submit("big", "big1", 2, 1).expect("big1");
+        // One GPU is free, but `big` is first in line: `c` waits behind it.
+        assert_eq!(s.submit("c", "c1", 1, 2).expect("c1"), vec![Action::Queued { cell: "c1".into(), position: 2 }]);
+        let acts = s.finish("a", "a1", 3).expect("f");
+        assert_eq!(starts(&acts), vec![("big".into(), vec![0, 1])]);
+    }
+}

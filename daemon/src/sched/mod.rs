@@ -1,0 +1,22 @@
+//! The scheduler core: which cell gets which GPUs when. Pure: no I/O, no clock
+//! (time comes in as [`Millis`]), no randomness, so the daemon and the trace
+//! simulator drive the very same code and every run is reproducible.
+//!
+//! - [`host`]: one host's GPUs and who commits or idle-holds them ([`HostScheduler`]).
+//! - [`template`]: the NotebookOS workload templates (sessions, training events, 60 s ticks).
+//! - [`replay`]: drives a [`HostScheduler`] through a template in virtual time and measures it.
+
+pub mod host;
+pub mod replay;
+pub mod template;
+
+pub use host::{Action, HostScheduler, Refusal};
+
+/// Virtual or real time in milliseconds, from any fixed origin.
+pub type Millis = u64;
+
+/// A kernel's id.
+pub type KernelId = String;
+
+/// A cell's id (the `execute_request` msg_id in the daemon).
+pub type CellId = String;
