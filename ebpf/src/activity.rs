@@ -47,6 +47,8 @@ pub struct ProcessActivity {
     pub memset_bytes: u64,
     /// Context, stream and event synchronisations.
     pub syncs: u64,
+    /// Gated calls the shim reported over the lease protocol (`Activity { calls }`).
+    pub shim_calls: u64,
     /// First GPU activity, CLOCK_MONOTONIC nanoseconds.
     pub first_activity_ns: u64,
     /// Latest GPU activity, CLOCK_MONOTONIC nanoseconds.
@@ -66,6 +68,8 @@ pub struct Sources {
     pub uprobes: bool,
     /// The shim's counters file.
     pub shim_counters: bool,
+    /// The shim's `Activity` reports over the lease protocol.
+    pub lease_reports: bool,
 }
 
 /// A process the observer tracked or was asked to watch has exited.

@@ -21,7 +21,7 @@ pub struct BenchOptions {
     pub launches: u64,
     /// One `cuCtxSynchronize` every this many launches, as a training loop does.
     pub sync_every: u64,
-    /// Rounds of (detached, all probes, designed); the median of each is reported.
+    /// Rounds of the four loops (see [`run`]); medians over rounds are reported.
     pub rounds: usize,
 }
 
@@ -38,19 +38,22 @@ pub struct BenchReport {
     pub syncs: u64,
     /// Rounds measured.
     pub rounds: usize,
-    /// Median ns per launch with no probe on the loop's calls.
+    /// Median ns per launch with no observer and no counting.
+    pub bare_ns_per_launch: f64,
+    /// What the shim's counters-file update adds per launch (paid with or without observer).
+    pub shim_counter_ns_per_launch: f64,
+    /// Median ns per launch with the shim's counting and no observer: the baseline.
     pub detached_ns_per_launch: f64,
+    /// Median ns per launch with the observer attached in the production design.
+    pub designed_ns_per_launch: f64,
+    /// Added wall time of the attached observer (production design) over the detached
+    /// baseline, percent: the price of observation on a launch-heavy loop.
+    pub launch_loop_overhead_pct: f64,
     /// Median ns per launch with uprobes on every entry point, launches included.
     pub all_probes_ns_per_launch: Option<f64>,
-    /// Added cost of one uprobe hit: median of (all-probes minus the detached loop run just
-    /// before it), per probed call.
+    /// Added cost of one uprobe hit (all-probes minus bare, per probed call).
     pub uprobe_cost_ns: Option<f64>,
-    /// Median ns per launch in the production design: shim counters + uprobes on rarer calls.
-    pub designed_ns_per_launch: f64,
-    /// Added wall time of the production design over the detached loop run just before it
-    /// (median of paired differences), percent of detached.
-    pub launch_loop_overhead_pct: f64,
-    /// Added wall time with uprobes on every launch, percent.
+    /// Added wall time with uprobes on every launch, percent of the baseline.
     pub all_probes_overhead_pct: Option<f64>,
     /// Launches the observer counted in the last all-probes loop (must equal `launches`).
     pub all_probes_counted_launches: Option<u64>,
@@ -279,7 +282,15 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-/// Runs the benchmark.
+/// Runs the benchmark. Each round runs four loops of `launches` launches:
+/// 1. bare: no observer, no counting;
+/// 2. detached: the shim's counting (which the shim does whether or not an observer runs), no observer;
+/// 3. designed: as 2, with the observer attached in the production design (uprobes on the
+///    rarer calls, launches read from the counters file);
+/// 4. all probes: as 1, with uprobes on every entry point, launches included.
+///
+/// Figures are medians over rounds of differences paired within a round (3 - 2, 2 - 1, 4 - 1),
+/// because on a shared machine the speed drifts between rounds.
 pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
     let BenchOptions { library, launches, sync_every, rounds } = opts.clone();
     let rounds = rounds.max(1);
@@ -291,57 +302,49 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
     driver.run_loop(launches.min(10_000), sync_every, None)?;
 
     let per_launch = |ns: u64| ns as f64 / launches as f64;
-    // Each attached loop is paired with a detached loop run just before it, and the figures are
-    // medians of the paired differences: on a shared machine the speed drifts between rounds.
-    let (mut detached, mut all_diff, mut designed_diff) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut all_abs, mut designed_abs) = (Vec::new(), Vec::new());
     let mut mode = Mode::Ebpf;
+    let (mut bare, mut detached, mut designed, mut all) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut counter_cost, mut designed_added, mut all_added) = (Vec::new(), Vec::new(), Vec::new());
     let (mut all_counted, mut designed_counted) = (None, 0);
     for _ in 0..rounds {
-        let all_cfg = ObserverConfig {
-            mode: ModeRequest::Ebpf,
-            libraries: vec![library.clone()],
-            counters_dir: None,
-            ..ObserverConfig::default()
-        };
-        if mode == Mode::Ebpf {
-            let base = per_launch(driver.run_loop(launches, sync_every, None)?);
-            match Observer::start(all_cfg) {
-                Ok(observer) => {
-                    let probed = per_launch(driver.run_loop(launches, sync_every, None)?);
-                    all_counted = observer.snapshot(std::process::id()).map(|a| a.launches);
-                    detached.push(base);
-                    all_abs.push(probed);
-                    all_diff.push(probed - base);
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "eBPF unavailable: measuring the procfs design only");
-                    mode = Mode::Procfs;
-                }
-            }
-        }
+        let b = per_launch(driver.run_loop(launches, sync_every, None)?);
+        let d = per_launch(driver.run_loop(launches, sync_every, Some(&shim))?);
 
         let designed_cfg = ObserverConfig {
-            mode: if mode == Mode::Ebpf { ModeRequest::Ebpf } else { ModeRequest::Procfs },
+            mode: if mode == Mode::Ebpf { ModeRequest::Auto } else { ModeRequest::Procfs },
             libraries: vec![library.clone()],
             launch_probes: false,
             counters_dir: Some(counters.path().to_owned()),
             ..ObserverConfig::default()
         };
-        let base = per_launch(driver.run_loop(launches, sync_every, None)?);
         let observer = Observer::start(designed_cfg)?;
+        mode = observer.mode();
         let before = observer.snapshot(std::process::id()).map_or(0, |a| a.launches);
-        let with = per_launch(driver.run_loop(launches, sync_every, Some(&shim))?);
-        designed_counted = observer.snapshot(std::process::id()).map_or(0, |a| a.launches) - before;
-        detached.push(base);
-        designed_abs.push(with);
-        designed_diff.push(with - base);
+        let w = per_launch(driver.run_loop(launches, sync_every, Some(&shim))?);
+        designed_counted = observer.snapshot(std::process::id()).map_or(0, |a| a.launches).saturating_sub(before);
+        drop(observer);
+
+        if mode == Mode::Ebpf {
+            let all_cfg = ObserverConfig {
+                mode: ModeRequest::Ebpf,
+                libraries: vec![library.clone()],
+                counters_dir: None,
+                ..ObserverConfig::default()
+            };
+            let observer = Observer::start(all_cfg)?;
+            let a = per_launch(driver.run_loop(launches, sync_every, None)?);
+            all_counted = observer.snapshot(std::process::id()).map(|x| x.launches);
+            all.push(a);
+            all_added.push(a - b);
+        }
+        bare.push(b);
+        detached.push(d);
+        designed.push(w);
+        counter_cost.push(d - b);
+        designed_added.push(w - d);
     }
-    let detached = median(detached);
-    let designed = median(designed_abs);
-    let designed_added = median(designed_diff);
-    let all = (!all_abs.is_empty()).then(|| median(all_abs));
-    let all_added = (!all_diff.is_empty()).then(|| median(all_diff));
+    let detached_ns = median(detached);
+    let all_added = (!all_added.is_empty()).then(|| median(all_added));
     let calls_per_launch = 1.0 + if sync_every > 0 { 1.0 / sync_every as f64 } else { 0.0 };
     Ok(BenchReport {
         mode,
@@ -349,12 +352,14 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
         launches,
         syncs: launches.checked_div(sync_every).unwrap_or(0),
         rounds,
-        detached_ns_per_launch: detached,
-        all_probes_ns_per_launch: all,
+        bare_ns_per_launch: median(bare),
+        shim_counter_ns_per_launch: median(counter_cost),
+        detached_ns_per_launch: detached_ns,
+        designed_ns_per_launch: median(designed),
+        launch_loop_overhead_pct: median(designed_added) / detached_ns * 100.0,
+        all_probes_ns_per_launch: (!all.is_empty()).then(|| median(all)),
         uprobe_cost_ns: all_added.map(|d| d / calls_per_launch),
-        designed_ns_per_launch: designed,
-        launch_loop_overhead_pct: designed_added / detached * 100.0,
-        all_probes_overhead_pct: all_added.map(|d| d / detached * 100.0),
+        all_probes_overhead_pct: all_added.map(|d| d / detached_ns * 100.0),
         all_probes_counted_launches: all_counted,
         designed_counted_launches: designed_counted,
     })

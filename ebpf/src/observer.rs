@@ -52,6 +52,15 @@ struct State {
     labels: HashMap<u32, String>,
     /// Counts already added to the Prometheus counters, per pid.
     folded: HashMap<u32, ProcessActivity>,
+    /// The shim's lease-protocol `Activity` reports: gated calls and when the count last grew.
+    lease_reports: HashMap<u32, LeaseReport>,
+}
+
+/// The latest `Activity { calls }` of one process, and when its count last grew.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct LeaseReport {
+    calls: u64,
+    changed_ns: u64,
 }
 
 impl Observer {
@@ -112,6 +121,7 @@ impl Observer {
                 procs: ProcTracker::default(),
                 labels: HashMap::new(),
                 folded: HashMap::new(),
+                lease_reports: HashMap::new(),
             }),
             subscribers: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
@@ -166,6 +176,7 @@ impl Observer {
         if let Some(dir) = &self.shared.counters_dir {
             pids.extend(shim_counters::list(dir));
         }
+        pids.extend(state.lease_reports.keys());
         pids.sort_unstable();
         pids.dedup();
         pids.into_iter().filter_map(|p| self.shared.activity_of(&state, p)).collect()
@@ -207,6 +218,27 @@ impl Observer {
         state.procs.track(pid, now);
         if let (Some(bpf), Some(pid)) = (state.bpf.as_mut(), NonZeroU32::new(pid)) {
             bpf.watch(pid)?;
+        }
+        Ok(())
+    }
+
+    /// Feeds a shim's lease-protocol `Activity { calls }` report (gated calls since the process
+    /// started) for `pid`: the process counts as GPU-active when the number grows, and its exit
+    /// will be reported. The lease server calls this; the count is trusted only about `pid`,
+    /// whose identity the server checked with `SO_PEERCRED`.
+    pub fn record_shim_activity(&self, pid: u32, calls: u64) -> Result<(), ObserverError> {
+        let now = monotonic_ns();
+        let first = {
+            let mut state = self.shared.lock();
+            let entry = state.lease_reports.entry(pid).or_insert(LeaseReport { calls: 0, changed_ns: 0 });
+            let first = entry.changed_ns == 0;
+            if calls > entry.calls || first {
+                *entry = LeaseReport { calls: calls.max(entry.calls), changed_ns: now };
+            }
+            first
+        };
+        if first {
+            self.watch(pid)?;
         }
         Ok(())
     }
@@ -259,7 +291,7 @@ impl Shared {
             }
             None => None,
         };
-        let mut a = merge(pid, raw.as_ref(), self.counters(pid).as_ref())?;
+        let mut a = merge(pid, raw.as_ref(), self.counters(pid).as_ref(), state.lease_reports.get(&pid))?;
         if self.mode == Mode::Procfs {
             if let Some(s) = state.procs.last(pid).or_else(|| procfs_sampler::sample(pid)) {
                 a.cpu_time_ns = Some(procfs_sampler::ticks_to_ns(s.cpu_ticks));
@@ -302,7 +334,8 @@ impl Shared {
         let RawExitEvent { tgid, exit_code, exit_ns, had_activity, pad: _, activity } = raw;
         let bpf_activity = (had_activity != 0).then_some(activity);
         let counters = self.counters(tgid);
-        let activity = merge(tgid, bpf_activity.as_ref(), counters.as_ref());
+        let report = self.lock().lease_reports.get(&tgid).copied();
+        let activity = merge(tgid, bpf_activity.as_ref(), counters.as_ref(), report.as_ref());
         self.deliver(ExitEvent { pid: tgid, exit_code: Some(exit_code), exited_at_ns: exit_ns, activity });
     }
 
@@ -315,13 +348,13 @@ impl Shared {
                 for pid in shim_counters::list(dir) {
                     if !state.procs.track(pid, now) {
                         // A counters file of a process already gone before we saw it.
-                        state.procs.tick(now);
+                        let report = state.lease_reports.get(&pid).copied();
                         drop(state);
                         self.deliver(ExitEvent {
                             pid,
                             exit_code: None,
                             exited_at_ns: now,
-                            activity: merge(pid, None, self.counters(pid).as_ref()),
+                            activity: merge(pid, None, self.counters(pid).as_ref(), report.as_ref()),
                         });
                         state = self.lock();
                     }
@@ -330,7 +363,8 @@ impl Shared {
             state.procs.tick(now)
         };
         for g in gone {
-            let activity = merge(g.pid, None, self.counters(g.pid).as_ref());
+            let report = self.lock().lease_reports.get(&g.pid).copied();
+            let activity = merge(g.pid, None, self.counters(g.pid).as_ref(), report.as_ref());
             self.deliver(ExitEvent { pid: g.pid, exit_code: g.exit_code, exited_at_ns: now, activity });
         }
     }
@@ -344,6 +378,7 @@ impl Shared {
             }
             state.folded.remove(&pid);
             state.labels.remove(&pid);
+            state.lease_reports.remove(&pid);
         }
         if let Some(dir) = &self.counters_dir {
             remove_counters(dir, pid);
@@ -355,6 +390,17 @@ impl Shared {
 
     /// Adds what each process did since the last sweep to the Prometheus counters.
     fn sweep(&self) {
+        let mut dead = Vec::new();
+        self.sweep_counts(&mut dead);
+        for pid in dead {
+            let report = self.lock().lease_reports.get(&pid).copied();
+            let activity = merge(pid, None, self.counters(pid).as_ref(), report.as_ref());
+            self.deliver(ExitEvent { pid, exit_code: None, exited_at_ns: monotonic_ns(), activity });
+        }
+    }
+
+    /// Folds counts into the metrics; collects counters-file pids already gone in `dead`.
+    fn sweep_counts(&self, dead: &mut Vec<u32>) {
         let mut state = self.lock();
         let mut pids: Vec<u32> =
             state.bpf.as_ref().map(|b| b.all().into_iter().map(|(p, _)| p).collect()).unwrap_or_default();
@@ -363,6 +409,8 @@ impl Shared {
             // In eBPF mode a process known only by its counters file must still produce an exit
             // event: ask the exit program to watch it.
             if let Some(bpf) = state.bpf.as_mut() {
+                // A file whose process died before anyone watched it would never see an exit.
+                dead.extend(with_counters.iter().filter(|&&p| procfs_sampler::start_ns(p).is_none()));
                 for &pid in &with_counters {
                     if let Some(nz) = NonZeroU32::new(pid) {
                         if let Err(e) = bpf.watch(nz) {
@@ -374,6 +422,7 @@ impl Shared {
             }
             pids.extend(with_counters);
         }
+        pids.extend(state.lease_reports.keys());
         pids.sort_unstable();
         pids.dedup();
         self.metrics.processes.set(i64::try_from(pids.len()).unwrap_or(i64::MAX));
@@ -423,15 +472,24 @@ fn wait_readable(ring: &RingBuf<MapData>, timeout_ms: i32) {
     }
 }
 
-/// Combines the uprobe counts and the shim's counters. Where both count the same calls (a shim
-/// process on a probed driver), the larger is the truth, so nothing is counted twice.
-fn merge(pid: u32, bpf: Option<&RawActivity>, shim: Option<&ShimCounts>) -> Option<ProcessActivity> {
-    if bpf.is_none() && shim.is_none() {
+/// Combines the uprobe counts, the shim's counters file and its lease-protocol reports. Where
+/// two count the same calls (a shim process on a probed driver), the larger is the truth, so
+/// nothing is counted twice.
+fn merge(
+    pid: u32,
+    bpf: Option<&RawActivity>,
+    shim: Option<&ShimCounts>,
+    report: Option<&LeaseReport>,
+) -> Option<ProcessActivity> {
+    if bpf.is_none() && shim.is_none() && report.is_none() {
         return None;
     }
     let b = bpf.copied().unwrap_or_default();
     let s = shim.copied().unwrap_or_default();
-    let first = [b.first_ns, s.first_ns].into_iter().filter(|&t| t > 0).min().unwrap_or(0);
+    let r = report.copied().unwrap_or_default();
+    // A report with no call yet says nothing about activity.
+    let r_ns = if r.calls > 0 { r.changed_ns } else { 0 };
+    let first = [b.first_ns, s.first_ns, r_ns].into_iter().filter(|&t| t > 0).min().unwrap_or(0);
     Some(ProcessActivity {
         pid,
         comm: if bpf.is_some() { comm_to_string(&b.comm) } else { read_comm(pid) },
@@ -441,9 +499,10 @@ fn merge(pid: u32, bpf: Option<&RawActivity>, shim: Option<&ShimCounts>) -> Opti
         memsets: b.memsets.max(s.memsets),
         memset_bytes: b.memset_bytes.max(s.memset_bytes),
         syncs: b.syncs.max(s.syncs),
+        shim_calls: r.calls,
         first_activity_ns: first,
-        last_activity_ns: b.last_ns.max(s.last_ns),
-        sources: Sources { uprobes: bpf.is_some(), shim_counters: shim.is_some() },
+        last_activity_ns: b.last_ns.max(s.last_ns).max(r_ns),
+        sources: Sources { uprobes: bpf.is_some(), shim_counters: shim.is_some(), lease_reports: report.is_some() },
         cpu_time_ns: None,
         context_switches: None,
     })
@@ -462,10 +521,14 @@ mod tests {
         let b =
             RawActivity { launches: 10, copies: 1, copy_bytes: 100, first_ns: 50, last_ns: 90, ..Default::default() };
         let s = ShimCounts { launches: 12, syncs: 3, first_ns: 40, last_ns: 80, ..Default::default() };
-        let m = merge(7, Some(&b), Some(&s)).unwrap();
+        let m = merge(7, Some(&b), Some(&s), None).unwrap();
         assert_eq!((m.launches, m.copies, m.copy_bytes, m.syncs), (12, 1, 100, 3));
         assert_eq!((m.first_activity_ns, m.last_activity_ns), (40, 90));
         assert!(m.sources.uprobes && m.sources.shim_counters);
-        assert_eq!(merge(7, None, None), None);
+        assert_eq!(merge(7, None, None, None), None);
+        let r = LeaseReport { calls: 5, changed_ns: 95 };
+        let m = merge(7, Some(&b), None, Some(&r)).unwrap();
+        assert_eq!((m.shim_calls, m.last_activity_ns), (5, 95));
+        assert!(m.sources.lease_reports && m.sources.uprobes && !m.sources.shim_counters);
     }
 }

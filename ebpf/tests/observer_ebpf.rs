@@ -139,3 +139,42 @@ fn metrics_count_launches_per_kernel_label_and_show_the_mode() {
     prometheus_client::encoding::text::encode(&mut again, &registry).unwrap();
     assert!(again.contains("notebookos_gpu_launches_total{kernel=\"kernel-a\"} 5"), "{again}");
 }
+
+/// The production design: no uprobe on launches, exact launch counts from the shim's counters
+/// file, uprobes on the rarer calls, and the exit still reported (the observer watches every
+/// process with a counters file).
+#[test]
+fn production_design_reads_launches_from_the_counters_file_and_probes_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = ObserverConfig {
+        libraries: vec![driver_library()],
+        launch_probes: false,
+        counters_dir: Some(dir.path().to_owned()),
+        ..ObserverConfig::default()
+    };
+    let Some(observer) = ebpf_observer("production_design", config) else { return };
+    let mut exits = observer.exit_events();
+    let mut w = Workload::start(&driver_library());
+    let pid = w.pid();
+    // Play the shim's part: it counts what it forwards.
+    let shim = nbos_ebpf::shim_counters::ShimCountersWriter::create(dir.path(), pid).unwrap();
+    w.run("launch 1000");
+    for _ in 0..1000 {
+        shim.record_launch();
+    }
+    w.run("sync");
+    let a = observer.snapshot(pid).unwrap();
+    assert_eq!((a.launches, a.syncs), (1000, 1), "{a:?}");
+    assert!(a.sources.uprobes && a.sources.shim_counters);
+    observer.refresh_metrics();
+    w.exit();
+    let event = wait_for("the exit event", Duration::from_secs(5), || loop {
+        match exits.try_recv() {
+            Ok(e) if e.pid == pid => break Some(e),
+            Ok(_) => continue,
+            Err(_) => break None,
+        }
+    });
+    assert_eq!(event.activity.map(|a| a.launches), Some(1000));
+    assert!(!nbos_ebpf::shim_counters::path_for(dir.path(), pid).exists());
+}

@@ -132,3 +132,30 @@ fn without_privileges_auto_mode_falls_back_to_procfs_with_a_log_line() {
     assert_eq!(v["uprobes"], 0);
     assert!(stderr.contains("falling back to procfs mode"), "{stderr}");
 }
+
+/// The shim's lease-protocol `Activity { calls }` reports, fed in by the lease server, make a
+/// process GPU-active in any mode: idle time restarts only when the count grows.
+#[test]
+fn lease_protocol_activity_reports_drive_snapshot_and_idle_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let observer = Observer::start(procfs_config(dir.path())).unwrap();
+    let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = child.id();
+    assert_eq!(observer.snapshot(pid), None);
+    observer.record_shim_activity(pid, 10).unwrap();
+    let a = observer.snapshot(pid).unwrap();
+    assert_eq!(a.shim_calls, 10);
+    assert!(a.sources.lease_reports && !a.sources.shim_counters);
+    let grown = wait_for("idle_for to grow past 100 ms", Duration::from_secs(5), || {
+        observer.idle_for(pid).filter(|d| *d >= Duration::from_millis(100))
+    });
+    observer.record_shim_activity(pid, 10).unwrap(); // same count: still idle
+    assert!(observer.idle_for(pid).unwrap() >= grown);
+    observer.record_shim_activity(pid, 11).unwrap();
+    assert!(observer.idle_for(pid).unwrap() < grown);
+    let mut exits = observer.exit_events();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let event = wait_for("the exit event", Duration::from_secs(5), || exits.try_recv().ok());
+    assert_eq!((event.pid, event.activity.map(|a| a.shim_calls)), (pid, Some(11)));
+}

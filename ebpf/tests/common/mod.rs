@@ -44,17 +44,40 @@ pub fn c_programs() -> &'static CPrograms {
 
 /// The driver library the acceptance tests call through: `tests/fake-cuda`'s
 /// `libfake_cuda.so` (built as a dev-dependency, found next to the test binary), or the path
-/// in `NBOS_FAKE_CUDA`.
+/// in `NBOS_FAKE_CUDA`. It is copied to a private file first: a uprobe belongs to an inode, and
+/// a rebuild of the shared target directory during the run must not swap the file under us.
 pub fn driver_library() -> PathBuf {
-    if let Some(p) = std::env::var_os("NBOS_FAKE_CUDA") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    [deps.join("libfake_cuda.so"), deps.parent().unwrap().join("libfake_cuda.so")]
-        .into_iter()
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("libfake_cuda.so not found near {} (cargo build -p fake-cuda)", deps.display()))
+    static COPY: OnceLock<PathBuf> = OnceLock::new();
+    COPY.get_or_init(|| {
+        let original = match std::env::var_os("NBOS_FAKE_CUDA") {
+            Some(p) => PathBuf::from(p),
+            None => {
+                let exe = std::env::current_exe().unwrap();
+                let deps = exe.parent().unwrap();
+                [deps.join("libfake_cuda.so"), deps.parent().unwrap().join("libfake_cuda.so")]
+                    .into_iter()
+                    .find(|p| p.exists())
+                    .unwrap_or_else(|| {
+                        panic!("libfake_cuda.so not found near {} (cargo build -p fake-cuda)", deps.display())
+                    })
+            }
+        };
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("nbos-ebpf-c");
+        std::fs::create_dir_all(&dir).unwrap();
+        // Remove the copies of earlier runs whose process is gone.
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix("libfake_cuda-").and_then(|r| r.strip_suffix(".so")) {
+                if !Path::new("/proc").join(pid).exists() {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
+        let copy = dir.join(format!("libfake_cuda-{}.so", std::process::id()));
+        std::fs::copy(&original, &copy).unwrap_or_else(|e| panic!("copying {}: {e}", original.display()));
+        copy
+    })
+    .clone()
 }
 
 /// Environment for tests/fake-cuda: its capacity ledgers in this test run's scratch directory.

@@ -64,21 +64,25 @@ fn opt(v: Option<f64>, unit: &str) -> String {
 
 fn human(r: &BenchReport) -> String {
     format!(
-        "observer bench ({mode} mode), {launches} launches + {syncs} syncs through {lib}, median of {rounds}\n\
-         detached:                      {det:.1} ns/launch\n\
-         uprobes on every call:         {all} ({allpct})\n\
-         uprobe cost per hit:           {cost}\n\
-         production design (shim counters + uprobes on rarer calls): {des:.1} ns/launch, {pct:+.2}% wall time\n",
+        "observer bench ({mode} mode), {launches} launches + {syncs} syncs per loop through {lib}, median of {rounds}\n\
+         bare loop:                         {bare:.1} ns/launch\n\
+         shim counters-file update:         {counter:+.1} ns/launch (paid with or without observer)\n\
+         detached baseline (shim counting): {det:.1} ns/launch\n\
+         observer attached (design):        {des:.1} ns/launch, {pct:+.2}% wall time\n\
+         uprobes on every call:             {all} ({allpct})\n\
+         uprobe cost per hit:               {cost}\n",
         mode = r.mode,
         launches = r.launches,
         syncs = r.syncs,
         lib = r.library.display(),
         rounds = r.rounds,
+        bare = r.bare_ns_per_launch,
+        counter = r.shim_counter_ns_per_launch,
         det = r.detached_ns_per_launch,
+        des = r.designed_ns_per_launch,
+        pct = r.launch_loop_overhead_pct,
         all = opt(r.all_probes_ns_per_launch, "ns/launch"),
         allpct = opt(r.all_probes_overhead_pct, "%"),
         cost = opt(r.uprobe_cost_ns, "ns"),
-        des = r.designed_ns_per_launch,
-        pct = r.launch_loop_overhead_pct,
     )
 }
