@@ -1,6 +1,20 @@
-//! `nbos bench raft`.
+//! `nbos bench raft`: a 3-node raft-store cluster on loopback (separate processes, fsync on, mutual
+//! TLS), measured for commit latency, throughput, failover and idle-group memory; optionally etcd
+//! side by side under the same load.
+//!
+//! The node processes are this same binary run with the hidden `--serve-node <config.json>`.
 
-use crate::cli::not_yet::not_yet;
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use base64::Engine as _;
+use raft_store::service::{ClusterClient, NodeServiceConfig, Request};
+use raft_store::{GroupStatus, NodeTlsFiles, StoreConfig};
+use serde_json::json;
 
 /// Options of `nbos bench raft`.
 #[derive(Debug, clap::Args)]
@@ -8,9 +22,531 @@ pub struct Args {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Cluster size (node processes on loopback).
+    #[arg(long, default_value_t = 3)]
+    pub nodes: u64,
+    /// Measuring time, split evenly between the sequential and the concurrent phase.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Concurrent clients in the throughput phase.
+    #[arg(long, default_value_t = 64)]
+    pub clients: usize,
+    /// Idle groups created for the memory measurement.
+    #[arg(long, default_value_t = 1000)]
+    pub idle_groups: u64,
+    /// Also run etcd (Debian package `etcd-server`) under the same load and print the ratios.
+    #[arg(long)]
+    pub etcd: bool,
+    /// The etcd binary.
+    #[arg(long, default_value = "/usr/bin/etcd")]
+    pub etcd_bin: PathBuf,
+    /// Value size in bytes.
+    #[arg(long, default_value_t = 100)]
+    pub value_bytes: usize,
+    /// Internal: run as one node of the benchmark cluster with this configuration.
+    #[arg(long, hide = true)]
+    pub serve_node: Option<PathBuf>,
 }
 
-/// Runs the benchmark.
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    not_yet("bench raft", "the raft-store (issue 3)")
+const GROUP: u64 = 1;
+
+/// Runs the benchmark (or, with `--serve-node`, one node of it).
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    if let Some(path) = &args.serve_node {
+        crate::logging::init(&crate::config::LogConfig {
+            level: "warn,raft=error".to_owned(),
+            ..crate::config::LogConfig::default()
+        });
+        let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+        let cfg: NodeServiceConfig =
+            serde_json::from_str(&text).with_context(|| format!("parse node configuration {}", path.display()))?;
+        return rt.block_on(raft_store::service::run_node(cfg));
+    }
+    if args.nodes < 1 || args.clients < 1 {
+        bail!("--nodes and --clients must be at least 1");
+    }
+    let report = rt.block_on(bench(&args))?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_table(&report);
+    }
+    Ok(())
+}
+
+fn free_addr() -> anyhow::Result<SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+struct Cluster {
+    dir: PathBuf,
+    nodes: Vec<(u64, SocketAddr, PathBuf, Option<Child>)>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for (_, _, _, child) in &mut self.nodes {
+            if let Some(mut c) = child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+impl Cluster {
+    fn start(dir: &Path, n: u64) -> anyhow::Result<Cluster> {
+        let ids: Vec<u64> = (1..=n).collect();
+        let pki = dir.join("pki");
+        raft_store::generate_cluster_pki(&pki, &ids)?;
+        let raft_addrs: HashMap<u64, SocketAddr> =
+            ids.iter().map(|i| Ok((*i, free_addr()?))).collect::<anyhow::Result<_>>()?;
+        let mut cluster = Cluster { dir: dir.to_path_buf(), nodes: Vec::new() };
+        for id in &ids {
+            let mut store = StoreConfig::new(
+                *id,
+                dir.join(format!("node-{id}")),
+                raft_addrs[id],
+                NodeTlsFiles::in_dir(&pki, *id).security(),
+            );
+            store.peers = raft_addrs.iter().filter(|(k, _)| *k != id).map(|(k, v)| (*k, *v)).collect();
+            let client = free_addr()?;
+            let cfg = NodeServiceConfig {
+                store,
+                client_listen: client,
+                bootstrap_groups: vec![GROUP],
+                bootstrap_voters: ids.clone(),
+            };
+            let path = dir.join(format!("node-{id}.json"));
+            std::fs::write(&path, serde_json::to_vec_pretty(&cfg)?)?;
+            cluster.nodes.push((*id, client, path, None));
+        }
+        for i in 0..cluster.nodes.len() {
+            cluster.spawn(i)?;
+        }
+        Ok(cluster)
+    }
+
+    fn spawn(&mut self, i: usize) -> anyhow::Result<()> {
+        let exe = std::env::current_exe().context("locate nbos")?;
+        let (id, client, path, _) = &self.nodes[i];
+        let log = std::fs::File::create(self.dir.join(format!("node-{id}.log")))?;
+        let mut child = Command::new(exe)
+            .args(["bench", "raft", "--serve-node"])
+            .arg(path)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("start a node process")?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(client).is_err() {
+            if let Some(status) = child.try_wait()? {
+                bail!("node {id} exited with {status}; see {}", self.dir.join(format!("node-{id}.log")).display());
+            }
+            if Instant::now() > deadline {
+                bail!("node {id} did not start in 20 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.nodes[i].3 = Some(child);
+        Ok(())
+    }
+
+    fn client(&self) -> ClusterClient {
+        ClusterClient::new(self.nodes.iter().map(|(id, addr, _, _)| (*id, *addr)).collect())
+    }
+
+    fn pid(&self, i: usize) -> Option<u32> {
+        self.nodes[i].3.as_ref().map(Child::id)
+    }
+
+    async fn status(&self, client: &mut ClusterClient, id: u64) -> Option<GroupStatus> {
+        let r = client.call_node(id, &Request::Status { group: GROUP }).await.ok()?;
+        serde_json::from_value(r.result).ok()
+    }
+
+    async fn leader(&self, within: Duration) -> anyhow::Result<u64> {
+        let mut client = self.client();
+        client.call_timeout = Duration::from_millis(500);
+        let deadline = Instant::now() + within;
+        loop {
+            for (id, _, _, child) in &self.nodes {
+                if child.is_some() && self.status(&mut client, *id).await.is_some_and(|s| s.role == "leader") {
+                    return Ok(*id);
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("no leader within {within:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let idx = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
+    Some(sorted[idx])
+}
+
+#[derive(Default)]
+struct Phase {
+    ops: u64,
+    seconds: f64,
+    latencies_ms: Vec<f64>,
+}
+
+impl Phase {
+    fn throughput(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.ops as f64 / self.seconds
+        } else {
+            0.0
+        }
+    }
+    fn p(&mut self, q: f64) -> Option<f64> {
+        self.latencies_ms.sort_by(f64::total_cmp);
+        percentile(&self.latencies_ms, q)
+    }
+}
+
+/// Runs `clients` load loops (each returns the latencies of its acknowledged writes, in ms).
+async fn drive<F, Fut>(clients: usize, time: Duration, make: F) -> Phase
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = Vec<f64>> + Send + 'static,
+{
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..clients).map(|c| tokio::spawn(make(c))).collect();
+    let mut phase = Phase::default();
+    for t in tasks {
+        if let Ok(l) = t.await {
+            phase.ops += l.len() as u64;
+            phase.latencies_ms.extend(l);
+        }
+    }
+    phase.seconds = start.elapsed().as_secs_f64();
+    phase
+}
+
+fn raft_load(
+    cluster: &Cluster,
+    clients: usize,
+    time: Duration,
+    value: &str,
+) -> impl std::future::Future<Output = Phase> {
+    let addrs: HashMap<u64, SocketAddr> = cluster.nodes.iter().map(|(id, a, _, _)| (*id, *a)).collect();
+    let value = value.to_owned();
+    drive(clients, time, move |c| {
+        let mut client = ClusterClient::new(addrs.clone());
+        let value = value.clone();
+        async move {
+            let mut lat = Vec::new();
+            let end = Instant::now() + time;
+            let mut i = 0u64;
+            while Instant::now() < end {
+                i += 1;
+                let req = Request::Put { group: GROUP, key: format!("bench/{c}/{i}"), value: value.clone() };
+                let t = Instant::now();
+                if let Ok(r) = client.call_leader(&req, end + Duration::from_secs(5)).await {
+                    if r.ok {
+                        lat.push(t.elapsed().as_secs_f64() * 1e3);
+                    }
+                }
+            }
+            lat
+        }
+    })
+}
+
+async fn measure_failover(cluster: &mut Cluster) -> anyhow::Result<f64> {
+    let leader = cluster.leader(Duration::from_secs(20)).await?;
+    let mut client = cluster.client();
+    client.call_timeout = Duration::from_millis(300);
+    let put = |i: u64| Request::Put { group: GROUP, key: format!("failover/{i}"), value: "x".into() };
+    let r = client.call_leader(&put(0), Instant::now() + Duration::from_secs(10)).await?;
+    if !r.ok {
+        bail!("write before failover failed: {r:?}");
+    }
+    let idx = cluster.nodes.iter().position(|n| n.0 == leader).context("leader index")?;
+    let killed = Instant::now();
+    if let Some(mut c) = cluster.nodes[idx].3.take() {
+        c.kill()?;
+        c.wait()?;
+    }
+    let mut i = 0;
+    loop {
+        i += 1;
+        if let Ok(r) = client.call_leader(&put(i), Instant::now() + Duration::from_millis(300)).await {
+            if r.ok {
+                break;
+            }
+        }
+        if killed.elapsed() > Duration::from_secs(30) {
+            bail!("no write succeeded within 30 s of killing the leader");
+        }
+    }
+    let ms = killed.elapsed().as_secs_f64() * 1e3;
+    cluster.spawn(idx)?;
+    Ok(ms)
+}
+
+fn rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: f64 = status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+async fn metric(client: &mut ClusterClient, id: u64, name: &str) -> f64 {
+    let Ok(r) = client.call_node(id, &Request::Metrics).await else { return 0.0 };
+    r.result
+        .as_str()
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Creates `n` idle 3-replica groups on every node and measures RSS once they hibernate.
+async fn measure_idle_groups(cluster: &Cluster, n: u64) -> anyhow::Result<(f64, f64, bool)> {
+    let baseline = (0..cluster.nodes.len()).filter_map(|i| cluster.pid(i).and_then(rss_mib)).fold(0.0, f64::max);
+    let voters: Vec<u64> = cluster.nodes.iter().map(|n| n.0).collect();
+    let mut creates = Vec::new();
+    for (id, _, _, _) in &cluster.nodes {
+        let mut client = cluster.client();
+        client.call_timeout = Duration::from_secs(300);
+        let req = Request::CreateGroups { first: 1000, count: n, voters: voters.clone() };
+        let id = *id;
+        creates.push(tokio::spawn(async move { client.call_node(id, &req).await }));
+    }
+    for c in creates {
+        let r = c.await?.context("create idle groups")?;
+        if !r.ok {
+            bail!("create idle groups: {r:?}");
+        }
+    }
+    let mut client = cluster.client();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut hibernated = false;
+    while Instant::now() < deadline {
+        let mut all = true;
+        for (id, _, _, _) in &cluster.nodes {
+            if metric(&mut client, *id, "notebookos_raft_groups_hibernating").await < n as f64 {
+                all = false;
+            }
+        }
+        if all {
+            hibernated = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let rss = (0..cluster.nodes.len()).filter_map(|i| cluster.pid(i).and_then(rss_mib)).fold(0.0, f64::max);
+    Ok((rss, baseline, hibernated))
+}
+
+struct Etcd {
+    children: Vec<Child>,
+    urls: Vec<String>,
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn start_etcd(bin: &Path, dir: &Path, n: u64) -> anyhow::Result<Etcd> {
+    let ports: Vec<(SocketAddr, SocketAddr)> =
+        (0..n).map(|_| Ok((free_addr()?, free_addr()?))).collect::<anyhow::Result<_>>()?;
+    let initial: Vec<String> = ports.iter().enumerate().map(|(i, (_, p))| format!("e{i}=http://{p}")).collect();
+    let mut etcd = Etcd { children: Vec::new(), urls: Vec::new() };
+    for (i, (c, p)) in ports.iter().enumerate() {
+        let log = std::fs::File::create(dir.join(format!("etcd-{i}.log")))?;
+        // Default durability: etcd fsyncs its WAL before acknowledging (no --unsafe-no-fsync).
+        let child = Command::new(bin)
+            .arg(format!("--name=e{i}"))
+            .arg(format!("--data-dir={}", dir.join(format!("etcd-{i}")).display()))
+            .arg(format!("--listen-client-urls=http://{c}"))
+            .arg(format!("--advertise-client-urls=http://{c}"))
+            .arg(format!("--listen-peer-urls=http://{p}"))
+            .arg(format!("--initial-advertise-peer-urls=http://{p}"))
+            .arg(format!("--initial-cluster={}", initial.join(",")))
+            .arg("--initial-cluster-state=new")
+            .arg("--initial-cluster-token=nbos-bench")
+            .arg("--logger=zap")
+            .arg("--log-level=error")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("start {}", bin.display()))?;
+        etcd.children.push(child);
+        etcd.urls.push(format!("http://{c}"));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for url in &etcd.urls {
+        loop {
+            let ok = ureq::get(&format!("{url}/health"))
+                .timeout(Duration::from_secs(1))
+                .call()
+                .ok()
+                .and_then(|r| r.into_string().ok())
+                .is_some_and(|b| b.contains("true"));
+            if ok {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("etcd at {url} not healthy within 30 s; see {}", dir.display());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Ok(etcd)
+}
+
+async fn etcd_load(urls: &[String], clients: usize, time: Duration, value: &str) -> Phase {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let value = b64.encode(value);
+    let urls = urls.to_vec();
+    drive(clients, time, move |c| {
+        let url = format!("{}/v3/kv/put", urls[c % urls.len()]);
+        let value = value.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(5)).build();
+                let mut lat = Vec::new();
+                let end = Instant::now() + time;
+                let mut i = 0u64;
+                while Instant::now() < end {
+                    i += 1;
+                    let key = base64::engine::general_purpose::STANDARD.encode(format!("bench/{c}/{i}"));
+                    let t = Instant::now();
+                    if agent.post(&url).send_json(json!({ "key": key, "value": value })).is_ok() {
+                        lat.push(t.elapsed().as_secs_f64() * 1e3);
+                    }
+                }
+                lat
+            })
+            .await
+            .unwrap_or_default()
+        }
+    })
+    .await
+}
+
+fn round(x: Option<f64>) -> serde_json::Value {
+    x.map_or(serde_json::Value::Null, |v| json!((v * 1000.0).round() / 1000.0))
+}
+
+async fn bench(args: &Args) -> anyhow::Result<serde_json::Value> {
+    let tmp = tempfile::tempdir()?;
+    let half = args.duration / 2;
+    let value = "x".repeat(args.value_bytes);
+    let mut cluster = Cluster::start(tmp.path(), args.nodes)?;
+    cluster.leader(Duration::from_secs(30)).await?;
+    raft_load(&cluster, 1, Duration::from_millis(500), &value).await; // warm-up
+    let mut seq = raft_load(&cluster, 1, half, &value).await;
+    let mut conc = raft_load(&cluster, args.clients, half, &value).await;
+    let failover_ms = if args.nodes >= 3 { Some(measure_failover(&mut cluster).await?) } else { None };
+    let (rss, rss_baseline, hibernated) = measure_idle_groups(&cluster, args.idle_groups).await?;
+    drop(cluster);
+
+    let mut etcd_seq = None;
+    let mut etcd_conc = None;
+    let mut etcd_note = serde_json::Value::Null;
+    if args.etcd {
+        if args.etcd_bin.exists() {
+            let etcd = start_etcd(&args.etcd_bin, tmp.path(), args.nodes)?;
+            etcd_load(&etcd.urls, 1, Duration::from_millis(500), &value).await;
+            etcd_seq = Some(etcd_load(&etcd.urls, 1, half, &value).await);
+            etcd_conc = Some(etcd_load(&etcd.urls, args.clients, half, &value).await);
+        } else {
+            let note = format!(
+                "{} not found: install etcd with `apt-get install etcd-server` (Debian/Ubuntu) or pass --etcd-bin",
+                args.etcd_bin.display()
+            );
+            eprintln!("nbos bench raft: {note}");
+            etcd_note = json!(note);
+        }
+    }
+    let etcd_tp = etcd_conc.as_ref().map(Phase::throughput);
+    let etcd_seq_tp = etcd_seq.as_ref().map(Phase::throughput);
+    Ok(json!({
+        "nodes": args.nodes,
+        "clients": args.clients,
+        "duration_s": args.duration.as_secs_f64(),
+        "value_bytes": args.value_bytes,
+        "fsync": true,
+        "transport": "mutual TLS over loopback TCP",
+        "commit_p50_ms": round(seq.p(0.50)),
+        "commit_p99_ms": round(seq.p(0.99)),
+        "commit_p999_ms": round(seq.p(0.999)),
+        "sequential_ops": round(Some(seq.throughput())),
+        "throughput_ops": round(Some(conc.throughput())),
+        "concurrent_p50_ms": round(conc.p(0.50)),
+        "concurrent_p99_ms": round(conc.p(0.99)),
+        "etcd_throughput_ops": round(etcd_tp),
+        "etcd_sequential_ops": round(etcd_seq_tp),
+        "etcd_commit_p50_ms": round(etcd_seq.as_mut().and_then(|p| p.p(0.50))),
+        "etcd_commit_p99_ms": round(etcd_seq.as_mut().and_then(|p| p.p(0.99))),
+        "throughput_ratio_vs_etcd": round(etcd_tp.filter(|t| *t > 0.0).map(|t| conc.throughput() / t)),
+        "sequential_ratio_vs_etcd": round(etcd_seq_tp.filter(|t| *t > 0.0).map(|t| seq.throughput() / t)),
+        "etcd_note": etcd_note,
+        "failover_ms": round(failover_ms),
+        "rss_1000_groups_mib": round(Some(rss)),
+        "rss_baseline_mib": round(Some(rss_baseline)),
+        "idle_groups": args.idle_groups,
+        "idle_groups_all_hibernating": hibernated,
+    }))
+}
+
+fn print_table(r: &serde_json::Value) {
+    let f = |k: &str| r.get(k).map_or("-".to_owned(), |v| if v.is_null() { "-".to_owned() } else { v.to_string() });
+    println!("raft-store, {} nodes on loopback (fsync on, {})", f("nodes"), r["transport"].as_str().unwrap_or(""));
+    println!(
+        "  commit latency (1 client)  p50 {} ms  p99 {} ms  p99.9 {} ms",
+        f("commit_p50_ms"),
+        f("commit_p99_ms"),
+        f("commit_p999_ms")
+    );
+    println!("  throughput      1 client   {} ops/s", f("sequential_ops"));
+    println!(
+        "  throughput {:>3} clients    {} ops/s (p50 {} ms, p99 {} ms)",
+        f("clients"),
+        f("throughput_ops"),
+        f("concurrent_p50_ms"),
+        f("concurrent_p99_ms")
+    );
+    println!("  leader failover            {} ms", f("failover_ms"));
+    println!(
+        "  RSS with {} idle groups  {} MiB (before: {} MiB; all hibernating: {})",
+        f("idle_groups"),
+        f("rss_1000_groups_mib"),
+        f("rss_baseline_mib"),
+        f("idle_groups_all_hibernating")
+    );
+    if !r["etcd_throughput_ops"].is_null() {
+        println!("etcd, same load");
+        println!("  commit latency (1 client)  p50 {} ms  p99 {} ms", f("etcd_commit_p50_ms"), f("etcd_commit_p99_ms"));
+        println!(
+            "  throughput      1 client   {} ops/s  (ratio raft-store/etcd {})",
+            f("etcd_sequential_ops"),
+            f("sequential_ratio_vs_etcd")
+        );
+        println!(
+            "  throughput {:>3} clients    {} ops/s  (ratio raft-store/etcd {})",
+            f("clients"),
+            f("etcd_throughput_ops"),
+            f("throughput_ratio_vs_etcd")
+        );
+    } else if let Some(note) = r["etcd_note"].as_str() {
+        println!("etcd: {note}");
+    }
 }
