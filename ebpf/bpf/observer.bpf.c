@@ -29,6 +29,15 @@ struct {
 	__type(value, __u8);
 } watched SEC(".maps");
 
+/* Device numbers (kernel dev_t: major << 20 | minor) whose ioctls count as GPU activity:
+ * /dev/nvidia*, filled by user space. Empty unless the ioctl probe is enabled. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, __u32);
+	__type(value, __u8);
+} gpu_devices SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 256 * 1024);
@@ -160,5 +169,47 @@ int BPF_PROG(nbos_process_exit, struct task_struct *task)
 	/* The pid may be reused: never let a new process inherit the old one's counts. */
 	bpf_map_delete_elem(&activity, &tgid);
 	bpf_map_delete_elem(&watched, &tgid);
+	return 0;
+}
+
+#define NBOS_NR_IOCTL_X86_64 16
+#define NBOS_NR_IOCTL_ARM64 29
+
+/* Optional: ioctls on the NVIDIA device files. Kernel launches do not enter the kernel (they
+ * are written to user-mapped queues), but context and memory management, some waits and
+ * everything done by a process that bypasses the probed library (its own libcuda copy, a
+ * static driver) do, so this finds GPU users the uprobes miss. It runs on every syscall of
+ * the host (an id compare for all but ioctl), hence off unless configured. */
+SEC("tp_btf/sys_enter")
+int BPF_PROG(nbos_sys_enter, struct pt_regs *regs, long id)
+{
+#if defined(__TARGET_ARCH_x86)
+	if (id != NBOS_NR_IOCTL_X86_64)
+		return 0;
+#elif defined(__TARGET_ARCH_arm64)
+	if (id != NBOS_NR_IOCTL_ARM64)
+		return 0;
+#endif
+	unsigned int fd = (unsigned int)PT_REGS_PARM1_CORE_SYSCALL(regs);
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+	if (!fdt || fd >= BPF_CORE_READ(fdt, max_fds))
+		return 0;
+	struct file **fds = BPF_CORE_READ(fdt, fd);
+	struct file *file = 0;
+	if (bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]) || !file)
+		return 0;
+	__u32 rdev = BPF_CORE_READ(file, f_inode, i_rdev);
+	if (!bpf_map_lookup_elem(&gpu_devices, &rdev))
+		return 0;
+
+	__u64 now = bpf_ktime_get_ns();
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	struct nbos_activity *a = activity_of(tgid, now);
+	if (!a)
+		return 0;
+	__sync_fetch_and_add(&a->driver_ioctls, 1);
+	if (now > a->last_ns)
+		a->last_ns = now;
 	return 0;
 }

@@ -32,6 +32,7 @@ struct nbos_activity {
 	__u64 memsets;
 	__u64 memset_bytes;
 	__u64 syncs;
+	__u64 driver_ioctls; /* ioctls on watched GPU device files (sys_enter, optional) */
 	__u64 first_ns; /* CLOCK_MONOTONIC (bpf_ktime_get_ns) */
 	__u64 last_ns;
 	char comm[NBOS_COMM_LEN];

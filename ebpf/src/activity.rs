@@ -47,6 +47,8 @@ pub struct ProcessActivity {
     pub memset_bytes: u64,
     /// Context, stream and event synchronisations.
     pub syncs: u64,
+    /// ioctls on the GPU device files (only with the ioctl probe enabled).
+    pub driver_ioctls: u64,
     /// Gated calls the shim reported over the lease protocol (`Activity { calls }`).
     pub shim_calls: u64,
     /// First GPU activity, CLOCK_MONOTONIC nanoseconds.

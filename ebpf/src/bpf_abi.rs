@@ -13,12 +13,13 @@ pub(crate) struct RawActivity {
     pub memsets: u64,
     pub memset_bytes: u64,
     pub syncs: u64,
+    pub driver_ioctls: u64,
     pub first_ns: u64,
     pub last_ns: u64,
     pub comm: [u8; COMM_LEN],
 }
 
-// SAFETY: `RawActivity` is `repr(C)`, made only of integers with no padding (8 x u64 then
+// SAFETY: `RawActivity` is `repr(C)`, made only of integers with no padding (9 x u64 then
 // 16 bytes), so every bit pattern the kernel writes is a valid value.
 unsafe impl aya::Pod for RawActivity {}
 
@@ -60,8 +61,8 @@ mod tests {
 
     #[test]
     fn layouts_match_the_c_header() {
-        assert_eq!(std::mem::size_of::<RawActivity>(), 8 * 8 + 16);
-        assert_eq!(std::mem::size_of::<RawExitEvent>(), 4 + 4 + 8 + 4 + 4 + 80);
+        assert_eq!(std::mem::size_of::<RawActivity>(), 9 * 8 + 16);
+        assert_eq!(std::mem::size_of::<RawExitEvent>(), 4 + 4 + 8 + 4 + 4 + 88);
     }
 
     #[test]

@@ -31,6 +31,11 @@ pub struct ObserverConfig {
     /// microsecond per hit; with `false` launch counts come from the shim's counters files and
     /// the uprobes stay on the rarer copy, memset and synchronise calls.
     pub launch_probes: bool,
+    /// Count ioctls on the GPU device files per process (`tp_btf/sys_enter`). Finds GPU users
+    /// that bypass the probed library, at the price of a check on every syscall of the host.
+    pub ioctl_probe: bool,
+    /// Device files whose ioctls count (with `ioctl_probe`). Empty: every `/dev/nvidia*`.
+    pub ioctl_devices: Vec<PathBuf>,
     /// Directory of the shim's per-process counters files (`<dir>/<pid>`); `None`: not read.
     pub counters_dir: Option<PathBuf>,
     /// Most processes tracked at once (size of the BPF map).
@@ -52,6 +57,8 @@ impl Default for ObserverConfig {
             mode: ModeRequest::Auto,
             libraries: Vec::new(),
             launch_probes: true,
+            ioctl_probe: false,
+            ioctl_devices: Vec::new(),
             counters_dir: Some(PathBuf::from(DEFAULT_COUNTERS_DIR)),
             max_processes: 16_384,
             poll_interval: Duration::from_millis(20),

@@ -18,6 +18,8 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ob
 const UPROBE_PROGRAM: &str = "nbos_cuda_call";
 const EXIT_PROGRAM: &str = "nbos_process_exit";
 const EXIT_TRACEPOINT: &str = "sched_process_exit";
+const IOCTL_PROGRAM: &str = "nbos_sys_enter";
+const SYSCALL_TRACEPOINT: &str = "sys_enter";
 
 /// Loaded and attached programs plus the maps user space reads.
 pub(crate) struct EbpfBackend {
@@ -32,9 +34,11 @@ pub(crate) struct EbpfBackend {
 impl EbpfBackend {
     /// Loads the programs, attaches the exit tracepoint and one uprobe per probe site.
     /// On any failure everything attached so far is detached when the `Ebpf` is dropped.
+    /// `ioctl_devices`: kernel device numbers for the optional ioctl probe, `None` to leave it out.
     pub(crate) fn load(
         libraries: &[DriverLibrary],
         max_processes: u32,
+        ioctl_devices: Option<&[u32]>,
     ) -> Result<(Self, RingBuf<MapData>), ObserverError> {
         let btf = Btf::from_sys_fs().map_err(|e| ObserverError::Load(format!("reading kernel BTF: {e}")))?;
         let mut bpf = EbpfLoader::new()
@@ -63,6 +67,22 @@ impl EbpfBackend {
                 })?;
                 probes += 1;
             }
+        }
+
+        if let Some(devices) = ioctl_devices {
+            let mut map: BpfHashMap<&mut MapData, u32, u8> = BpfHashMap::try_from(
+                bpf.map_mut("gpu_devices")
+                    .ok_or(ObserverError::Map { map: "gpu_devices", reason: "missing from the object".into() })?,
+            )
+            .map_err(map_err("gpu_devices"))?;
+            for &dev in devices {
+                map.insert(dev, 1, 0).map_err(map_err("gpu_devices"))?;
+            }
+            let ioctl: &mut BtfTracePoint = program(&mut bpf, IOCTL_PROGRAM)?;
+            ioctl.load(SYSCALL_TRACEPOINT, &btf).map_err(|e| ObserverError::Load(format!("{IOCTL_PROGRAM}: {e}")))?;
+            ioctl
+                .attach()
+                .map_err(|e| ObserverError::Attach { what: SYSCALL_TRACEPOINT.into(), reason: e.to_string() })?;
         }
 
         let activity = BpfHashMap::try_from(take_map(&mut bpf, "activity")?).map_err(map_err("activity"))?;

@@ -13,6 +13,14 @@ pub enum ObserverError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A configured GPU device file for the ioctl probe is unusable.
+    #[error("GPU device file {path}: {reason}")]
+    Device {
+        /// The path as configured.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// Loading the BPF object into the kernel failed (no permission, old kernel, verifier).
     #[error("loading the eBPF observer programs: {0}")]
     Load(String),

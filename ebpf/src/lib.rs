@@ -25,6 +25,7 @@ pub mod driver_library;
 mod ebpf_backend;
 pub mod entry_points;
 mod error;
+mod gpu_devices;
 mod metrics;
 mod observer;
 mod procfs_sampler;

@@ -71,6 +71,8 @@ impl Observer {
             mode,
             libraries,
             launch_probes,
+            ioctl_probe,
+            ioctl_devices,
             counters_dir,
             max_processes,
             poll_interval,
@@ -86,13 +88,14 @@ impl Observer {
             driver_library::resolve(&libraries, &wanted)?
         };
 
+        let devices = if ioctl_probe { Some(crate::gpu_devices::resolve(&ioctl_devices)?) } else { None };
         let (bpf, ring) = match mode {
             ModeRequest::Procfs => (None, None),
             ModeRequest::Ebpf => {
-                let (b, r) = EbpfBackend::load(&libs, max_processes)?;
+                let (b, r) = EbpfBackend::load(&libs, max_processes, devices.as_deref())?;
                 (Some(b), Some(r))
             }
-            ModeRequest::Auto => match EbpfBackend::load(&libs, max_processes) {
+            ModeRequest::Auto => match EbpfBackend::load(&libs, max_processes, devices.as_deref()) {
                 Ok((b, r)) => (Some(b), Some(r)),
                 Err(e) => {
                     tracing::warn!(
@@ -132,6 +135,7 @@ impl Observer {
             uprobes = probes,
             libraries = ?shared.libraries,
             launch_probes,
+            ioctl_devices = devices.as_ref().map(Vec::len),
             "GPU activity observer started"
         );
         let worker_shared = Arc::clone(&shared);
@@ -499,6 +503,7 @@ fn merge(
         memsets: b.memsets.max(s.memsets),
         memset_bytes: b.memset_bytes.max(s.memset_bytes),
         syncs: b.syncs.max(s.syncs),
+        driver_ioctls: b.driver_ioctls,
         shim_calls: r.calls,
         first_activity_ns: first,
         last_activity_ns: b.last_ns.max(s.last_ns).max(r_ns),

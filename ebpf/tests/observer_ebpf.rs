@@ -178,3 +178,25 @@ fn production_design_reads_launches_from_the_counters_file_and_probes_the_rest()
     assert_eq!(event.activity.map(|a| a.launches), Some(1000));
     assert!(!nbos_ebpf::shim_counters::path_for(dir.path(), pid).exists());
 }
+
+/// The optional ioctl probe counts ioctls on the configured device files only (here /dev/null
+/// stands in for /dev/nvidia*, which this machine lacks), per process.
+#[test]
+fn ioctl_probe_counts_ioctls_on_the_watched_device_files() {
+    let config = ObserverConfig {
+        libraries: vec![driver_library()],
+        counters_dir: None,
+        ioctl_probe: true,
+        ioctl_devices: vec!["/dev/null".into()],
+        ..ObserverConfig::default()
+    };
+    let Some(observer) = ebpf_observer("ioctl_probe", config) else { return };
+    let mut w = Workload::start(&driver_library());
+    let other = Workload::start(&driver_library());
+    w.run("ioctl 5 /dev/null");
+    w.run("ioctl 3 /dev/zero"); // not a watched device
+    let a = observer.snapshot(w.pid()).expect("ioctls make the process known");
+    assert_eq!((a.driver_ioctls, a.launches), (5, 0));
+    assert!(a.last_activity_ns > 0);
+    assert_eq!(observer.snapshot(other.pid()), None);
+}

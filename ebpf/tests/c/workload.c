@@ -1,9 +1,14 @@
 /* A test process that calls CUDA driver entry points through a library given on the command
  * line, on command: the observer's tests drive it line by line over stdin and wait for "ok".
- *   workload LIB        then lines:  launch N | htod N BYTES | memset32 N COUNT | copy2d W H | sync | exit
+ *   workload LIB        then lines:  launch N | htod N BYTES | memset32 N COUNT | copy2d W H | sync |
+ *                                    ioctl N DEVICE | exit
  * It initialises the driver the way a CUDA program does (cuInit, cuDeviceGet, cuCtxCreate,
  * cuMemAlloc) when the library exports those calls, so a faithful fake accepts the copies. */
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/ioctl.h>
+#include <termios.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,6 +111,23 @@ int main(int argc, char **argv)
 			desc[14] = a;
 			desc[15] = b;
 			rc = f(desc);
+		} else if (strncmp(line, "ioctl ", 6) == 0) {
+			char path[200];
+			if (sscanf(line, "ioctl %lu %199s", &n, path) != 2) {
+				fprintf(stderr, "workload: usage: ioctl N DEVICE\n");
+				return 2;
+			}
+			int fd = open(path, O_RDWR);
+			if (fd < 0) {
+				perror(path);
+				return 2;
+			}
+			struct termios t;
+			/* The answer does not matter (ENOTTY on most devices): the ioctl entering the
+			 * kernel is what the observer counts. */
+			for (unsigned long i = 0; i < n; i++)
+				(void)ioctl(fd, TCGETS, &t);
+			close(fd);
 		} else if (strncmp(line, "sync", 4) == 0) {
 			rc = ((sync_fn)need(lib, "cuCtxSynchronize"))();
 		} else if (strncmp(line, "exit", 4) == 0) {
