@@ -214,7 +214,7 @@ impl Phase {
 }
 
 /// Runs `clients` load loops (each returns the latencies of its acknowledged writes, in ms).
-async fn drive<F, Fut>(clients: usize, time: Duration, make: F) -> Phase
+async fn drive<F, Fut>(clients: usize, make: F) -> Phase
 where
     F: Fn(usize) -> Fut,
     Fut: std::future::Future<Output = Vec<f64>> + Send + 'static,
@@ -240,7 +240,7 @@ fn raft_load(
 ) -> impl std::future::Future<Output = Phase> {
     let addrs: HashMap<u64, SocketAddr> = cluster.nodes.iter().map(|(id, a, _, _)| (*id, *a)).collect();
     let value = value.to_owned();
-    drive(clients, time, move |c| {
+    drive(clients, move |c| {
         let mut client = ClusterClient::new(addrs.clone());
         let value = value.clone();
         async move {
@@ -312,7 +312,7 @@ async fn metric(client: &mut ClusterClient, id: u64, name: &str) -> f64 {
 }
 
 /// Creates `n` idle 3-replica groups on every node and measures RSS once they hibernate.
-async fn measure_idle_groups(cluster: &Cluster, n: u64) -> anyhow::Result<(f64, f64, bool)> {
+async fn measure_idle_groups(cluster: &Cluster, n: u64) -> anyhow::Result<IdleGroups> {
     let baseline = (0..cluster.nodes.len()).filter_map(|i| cluster.pid(i).and_then(rss_mib)).fold(0.0, f64::max);
     let voters: Vec<u64> = cluster.nodes.iter().map(|n| n.0).collect();
     let mut creates = Vec::new();
@@ -346,7 +346,37 @@ async fn measure_idle_groups(cluster: &Cluster, n: u64) -> anyhow::Result<(f64, 
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let rss = (0..cluster.nodes.len()).filter_map(|i| cluster.pid(i).and_then(rss_mib)).fold(0.0, f64::max);
-    Ok((rss, baseline, hibernated))
+    // CPU of an idle node: what hibernation saves.
+    let pids: Vec<u32> = (0..cluster.nodes.len()).filter_map(|i| cluster.pid(i)).collect();
+    let before: Vec<Option<f64>> = pids.iter().map(|p| cpu_seconds(*p)).collect();
+    let t = Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let elapsed = t.elapsed().as_secs_f64();
+    let idle_cpu = pids
+        .iter()
+        .zip(before)
+        .filter_map(|(p, b)| Some((cpu_seconds(*p)? - b?) / elapsed * 100.0))
+        .fold(0.0, f64::max);
+    Ok(IdleGroups { rss, baseline, hibernated, idle_cpu })
+}
+
+struct IdleGroups {
+    rss: f64,
+    baseline: f64,
+    hibernated: bool,
+    idle_cpu: f64,
+}
+
+/// User + system CPU seconds of a process.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions and only reads a constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| ticks / hz as f64)
 }
 
 struct Etcd {
@@ -415,7 +445,7 @@ async fn etcd_load(urls: &[String], clients: usize, time: Duration, value: &str)
     let b64 = base64::engine::general_purpose::STANDARD;
     let value = b64.encode(value);
     let urls = urls.to_vec();
-    drive(clients, time, move |c| {
+    drive(clients, move |c| {
         let url = format!("{}/v3/kv/put", urls[c % urls.len()]);
         let value = value.clone();
         async move {
@@ -451,11 +481,12 @@ async fn bench(args: &Args) -> anyhow::Result<serde_json::Value> {
     let value = "x".repeat(args.value_bytes);
     let mut cluster = Cluster::start(tmp.path(), args.nodes)?;
     cluster.leader(Duration::from_secs(30)).await?;
+    // Memory first, on fresh processes: 1,000 idle groups, not the keys the load phases write.
+    let idle = measure_idle_groups(&cluster, args.idle_groups).await?;
     raft_load(&cluster, 1, Duration::from_millis(500), &value).await; // warm-up
     let mut seq = raft_load(&cluster, 1, half, &value).await;
     let mut conc = raft_load(&cluster, args.clients, half, &value).await;
     let failover_ms = if args.nodes >= 3 { Some(measure_failover(&mut cluster).await?) } else { None };
-    let (rss, rss_baseline, hibernated) = measure_idle_groups(&cluster, args.idle_groups).await?;
     drop(cluster);
 
     let mut etcd_seq = None;
@@ -500,10 +531,11 @@ async fn bench(args: &Args) -> anyhow::Result<serde_json::Value> {
         "sequential_ratio_vs_etcd": round(etcd_seq_tp.filter(|t| *t > 0.0).map(|t| seq.throughput() / t)),
         "etcd_note": etcd_note,
         "failover_ms": round(failover_ms),
-        "rss_1000_groups_mib": round(Some(rss)),
-        "rss_baseline_mib": round(Some(rss_baseline)),
+        "rss_1000_groups_mib": round(Some(idle.rss)),
+        "rss_baseline_mib": round(Some(idle.baseline)),
         "idle_groups": args.idle_groups,
-        "idle_groups_all_hibernating": hibernated,
+        "idle_groups_all_hibernating": idle.hibernated,
+        "idle_cpu_percent": round(Some(idle.idle_cpu)),
     }))
 }
 
@@ -532,6 +564,7 @@ fn print_table(r: &serde_json::Value) {
         f("rss_baseline_mib"),
         f("idle_groups_all_hibernating")
     );
+    println!("  idle node CPU with them    {} %", f("idle_cpu_percent"));
     if !r["etcd_throughput_ops"].is_null() {
         println!("etcd, same load");
         println!("  commit latency (1 client)  p50 {} ms  p99 {} ms", f("etcd_commit_p50_ms"), f("etcd_commit_p99_ms"));
