@@ -66,3 +66,25 @@ impl Default for ObserverConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_table_reads_with_defaults_and_refuses_unknown_keys() {
+        let c: ObserverConfig = serde_json::from_str(
+            r#"{"mode": "procfs", "libraries": ["/usr/lib/libcuda.so.1"], "poll_interval": "50ms", "launch_probes": false}"#,
+        )
+        .unwrap();
+        assert_eq!(c.mode, ModeRequest::Procfs);
+        assert_eq!(c.poll_interval, Duration::from_millis(50));
+        assert!(!c.launch_probes && !c.ioctl_probe);
+        assert_eq!(c.metrics_interval, Duration::from_secs(1));
+        assert_eq!(c.counters_dir.as_deref(), Some(std::path::Path::new(DEFAULT_COUNTERS_DIR)));
+        let err = serde_json::from_str::<ObserverConfig>(r#"{"mode": "kprobe"}"#).unwrap_err().to_string();
+        assert!(err.contains("kprobe"), "{err}");
+        let err = serde_json::from_str::<ObserverConfig>(r#"{"librarys": []}"#).unwrap_err().to_string();
+        assert!(err.contains("librarys"), "{err}");
+    }
+}

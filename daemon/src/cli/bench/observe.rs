@@ -23,7 +23,7 @@ pub struct Args {
     #[arg(long, default_value_t = 100)]
     pub sync_every: u64,
     /// Rounds; each figure is the median over rounds.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     pub rounds: usize,
 }
 
