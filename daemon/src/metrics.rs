@@ -77,6 +77,10 @@ pub struct Metrics {
     pub cells_waiting_for_gpus: Gauge,
     /// GPUs committed to running cells.
     pub gpus_committed: Gauge,
+    /// GPUs idle-held after a cell, until `idle_release` or another kernel needs them.
+    pub gpus_idle_held: Gauge,
+    /// GPUs taken back from kernels (idle release or preemption).
+    pub gpu_revocations_total: Counter,
     /// GPUs requested by hosted kernels divided by GPUs on the host.
     pub subscription_ratio: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
@@ -129,6 +133,14 @@ impl Metrics {
         );
         let gpus_committed = Gauge::default();
         registry.register("notebookos_gpus_committed", "GPUs committed to running cells", gpus_committed.clone());
+        let gpus_idle_held = Gauge::default();
+        registry.register("notebookos_gpus_idle_held", "GPUs idle-held after a cell", gpus_idle_held.clone());
+        let gpu_revocations_total = Counter::default();
+        registry.register(
+            "notebookos_gpu_revocations",
+            "GPUs taken back from kernels (idle release or preemption)",
+            gpu_revocations_total.clone(),
+        );
         let subscription_ratio = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         registry.register(
             "notebookos_subscription_ratio",
@@ -149,6 +161,8 @@ impl Metrics {
             interactivity_delay_seconds,
             cells_waiting_for_gpus,
             gpus_committed,
+            gpus_idle_held,
+            gpu_revocations_total,
             subscription_ratio,
         }
     }

@@ -12,6 +12,7 @@ use tokio::net::TcpListener;
 use crate::config::Config;
 use crate::gateway::{self, AppState};
 use crate::gpu;
+use crate::kernel::binding::{Binder, LogOnlyLeases};
 use crate::kernel::Kernels;
 use crate::metrics::{BuildLabels, Metrics};
 
@@ -68,7 +69,25 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
 
     let kernels_dir = config.node.runtime_dir.join("kernels");
     create_private_dir(&kernels_dir)?;
-    let kernels = Arc::new(Kernels::new(config.kernel.python.clone(), kernels_dir, Vec::new(), metrics.clone()));
+    let binder = Binder::new(
+        u32::try_from(inventory.gpus.len()).unwrap_or(u32::MAX),
+        config.gpu.idle_release,
+        config.gpu.subscription_ratio,
+        Arc::new(LogOnlyLeases),
+        metrics.clone(),
+    );
+    let ticker = {
+        let binder = binder.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
+            loop {
+                every.tick().await;
+                binder.tick();
+            }
+        })
+    };
+    let kernels =
+        Arc::new(Kernels::new(config.kernel.python.clone(), kernels_dir, Vec::new(), metrics.clone(), binder));
 
     let state = Arc::new(AppState {
         node: node.clone(),
@@ -133,6 +152,7 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
     tracing::info!("shutting down");
     // Tell every kernel to stop, kill what does not, so nothing is orphaned.
     kernels.shutdown_all().await;
+    ticker.abort();
     let _ = std::fs::remove_file(&endpoint_path);
     if let Some(dir) = &opts.remove_on_exit {
         if let Err(e) = std::fs::remove_dir_all(dir) {

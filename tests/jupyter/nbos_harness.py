@@ -45,7 +45,7 @@ def wait_for(predicate, timeout: float, what: str):
 class Daemon:
     """A running notebookosd with a token."""
 
-    def __init__(self) -> None:
+    def __init__(self, fake_gpus: int = 0, idle_release: str = "30s") -> None:
         self.bins = bin_dir()
         self.dir = Path(tempfile.mkdtemp(prefix="nbos-jupyter-test-"))
         self.token = secrets.token_hex(24)
@@ -54,6 +54,11 @@ class Daemon:
         self.token_file.chmod(0o600)
         runtime = self.dir / "run"
         config = self.dir / "notebookosd.toml"
+        gpu = (
+            f'[gpu]\ndriver = "fake"\nfake_gpus = {fake_gpus}\nidle_release = "{idle_release}"\n'
+            if fake_gpus
+            else ""
+        )
         config.write_text(
             f"""
 [node]
@@ -65,6 +70,7 @@ listen = "127.0.0.1:0"
 token_file = "{self.token_file}"
 [kernel]
 python = "{sys.executable}"
+{gpu}
 [log]
 format = "text"
 """

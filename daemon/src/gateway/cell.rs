@@ -1,19 +1,31 @@
-//! The path of one client message into a kernel; `execute_request`s are cells.
+//! The path of one client message into a kernel; `execute_request`s are cells,
+//! which per-cell GPU binding may hold back until their GPUs are committed.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::AppState;
 use crate::jupyter::{Channel, Message};
 use crate::kernel::hub::ClientId;
 use crate::kernel::Kernel;
 
-/// Forwards a client message to the kernel's executing replica.
+/// Forwards a client message to the kernel's executing replica (or to binding).
 pub async fn forward(
-    _st: &AppState,
+    st: &AppState,
     kernel: &Arc<Kernel>,
     client: ClientId,
     channel: Channel,
     msg: Message,
 ) -> anyhow::Result<()> {
-    kernel.send_from_client(client, channel, msg).await
+    if channel == Channel::Shell {
+        if let Ok(h) = msg.header() {
+            if h.msg_type == "execute_request" {
+                kernel.hub.note_submitted(&h.msg_id, Instant::now());
+            }
+        }
+    }
+    match st.kernels.binder().on_client_message(kernel, client, channel, msg) {
+        Some(msg) => kernel.send_from_client(client, channel, msg).await,
+        None => Ok(()),
+    }
 }

@@ -54,6 +54,9 @@ pub async fn create(
         Ok(k) => Ok((StatusCode::CREATED, Json(k.model().await))),
         Err(e @ CreateError::UnknownSpec(_)) => Err(ApiError::not_found(e.to_string())),
         Err(e @ CreateError::BadGpuRequest(_)) => Err(ApiError::bad_request(e.to_string())),
+        Err(e @ CreateError::Refused(_)) => {
+            Err(ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: e.to_string() })
+        }
         Err(e @ CreateError::Start(_)) => {
             tracing::error!(error = %e, "kernel start failed");
             Err(ApiError::internal(e.to_string()))

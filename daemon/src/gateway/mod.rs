@@ -51,6 +51,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     let api = Router::new()
         .route("/api", get(api_version))
         .route("/api/v1/status", get(status))
+        .route("/api/v1/gpus", get(gpus))
         .route("/api/kernelspecs", get(kernelspecs::list))
         .route("/api/kernelspecs/{name}", get(kernelspecs::get))
         .route("/kernelspecs/{name}/{resource}", get(kernelspecs::resource))
@@ -101,6 +102,11 @@ async fn status(State(st): State<Arc<AppState>>) -> Json<NodeStatus> {
         inventory: st.inventory.clone(),
         kernels: u64::try_from(st.kernels.len().await).unwrap_or(u64::MAX),
     })
+}
+
+/// `GET /api/v1/gpus`: who holds which GPU, and which cells wait.
+async fn gpus(State(st): State<Arc<AppState>>) -> Json<crate::sched::host::Snapshot> {
+    Json(st.kernels.binder().snapshot())
 }
 
 async fn count_requests(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {

@@ -56,6 +56,11 @@ fn from_json_value(v: Value, buffers: Vec<Bytes>, now: SystemTime) -> Result<(Ch
         }
     }
     normalize_date(&mut header, now);
+    // ipykernel treats a header without `version` as protocol 4 and fails to
+    // adapt it; every current client speaks 5.x.
+    header.entry("version").or_insert_with(|| Value::String("5.3".to_owned()));
+    header.entry("session").or_insert_with(|| Value::String(String::new()));
+    header.entry("username").or_insert_with(|| Value::String(String::new()));
     let mut part = |name: &'static str| -> Result<Bytes, WireError> {
         match obj.remove(name) {
             None | Some(Value::Null) => Ok(Bytes::from_static(b"{}")),
@@ -256,6 +261,7 @@ mod tests {
         assert_eq!(ch, Channel::Shell);
         let h: Value = serde_json::from_slice(&msg.header).expect("json");
         assert_eq!(h["date"], "2023-11-14T22:13:21.500000Z");
+        assert_eq!(h["version"], "5.3", "a missing version is filled in");
         assert_eq!(msg.header().expect("hdr").msg_type, "execute_request");
     }
 

@@ -40,12 +40,18 @@ struct Inner {
     dropped_from_buffer: u64,
     execution_state: String,
     last_activity: Option<SystemTime>,
+    /// When each execute_request reached the daemon (for the interactivity delay).
+    submitted: HashMap<String, std::time::Instant>,
 }
+
+/// Sees every message from the kernel: (channel, msg_type, parent msg_id, message).
+pub type Observer = Box<dyn Fn(Channel, &str, Option<&str>, &Message) + Send + Sync>;
 
 /// The hub of one kernel.
 #[derive(Default)]
 pub struct Hub {
     inner: Mutex<Inner>,
+    observer: std::sync::OnceLock<Observer>,
 }
 
 /// What a kernel looks like from outside right now.
@@ -63,7 +69,12 @@ impl Hub {
     /// A hub for a kernel in `state`.
     pub fn new(state: &str, now: SystemTime) -> Self {
         let inner = Inner { execution_state: state.to_owned(), last_activity: Some(now), ..Default::default() };
-        Self { inner: Mutex::new(inner) }
+        Self { inner: Mutex::new(inner), observer: std::sync::OnceLock::new() }
+    }
+
+    /// Installs the observer (once; later calls are ignored).
+    pub fn set_observer(&self, observer: Observer) {
+        let _ = self.observer.set(observer);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -112,6 +123,21 @@ impl Hub {
         rx
     }
 
+    /// Notes when a cell was submitted (bounded: a cell never started is forgotten
+    /// once 10 000 newer ones are waiting).
+    pub fn note_submitted(&self, msg_id: &str, at: std::time::Instant) {
+        let mut g = self.lock();
+        if g.submitted.len() >= 10_000 {
+            g.submitted.clear();
+        }
+        g.submitted.insert(msg_id.to_owned(), at);
+    }
+
+    /// How long ago the cell was submitted, forgetting it.
+    pub fn take_submitted(&self, msg_id: &str) -> Option<std::time::Duration> {
+        self.lock().submitted.remove(msg_id).map(|t| t.elapsed())
+    }
+
     /// Sets the execution state (from IOPub `status`, or lifecycle events).
     pub fn set_state(&self, state: &str, now: SystemTime) {
         let mut g = self.lock();
@@ -137,6 +163,11 @@ impl Hub {
     /// Delivers a message from the kernel.
     pub fn deliver(&self, channel: Channel, msg: Message, now: SystemTime) {
         let parent_id = parent_msg_id(&msg);
+        if let Some(obs) = self.observer.get() {
+            if let Ok(h) = msg.header() {
+                obs(channel, &h.msg_type, parent_id.as_deref(), &msg);
+            }
+        }
         let mut g = self.lock();
         g.last_activity = Some(now);
         if channel == Channel::Iopub {

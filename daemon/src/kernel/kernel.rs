@@ -60,7 +60,12 @@ pub struct Kernel {
     lifecycle: Mutex<()>,
     stopping: AtomicBool,
     metrics: Arc<Metrics>,
+    /// Called once when the kernel is gone (died, or shut down) with its last pids.
+    exit_hook: std::sync::Mutex<Option<ExitHook>>,
 }
+
+/// What runs when a kernel is gone: (kernel id, pids it had).
+pub type ExitHook = Box<dyn FnOnce(&str, &[u32]) + Send>;
 
 impl std::fmt::Debug for Kernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -92,10 +97,56 @@ impl Kernel {
             lifecycle: Mutex::new(()),
             stopping: AtomicBool::new(false),
             metrics,
+            exit_hook: std::sync::Mutex::new(None),
         });
         kernel.watch_exit(&replica);
         kernel.wait_ready(&replica).await?;
         Ok(kernel)
+    }
+
+    /// Installs what runs once when the kernel is gone.
+    pub fn set_exit_hook(&self, hook: ExitHook) {
+        *self.exit_hook.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(hook);
+    }
+
+    fn run_exit_hook(&self, pids: &[u32]) {
+        let hook = self.exit_hook.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(h) = hook {
+            h(&self.id, pids);
+        }
+    }
+
+    /// Process ids of the replicas (empty while a restart swaps them).
+    pub fn pids(&self) -> Vec<u32> {
+        self.replicas.try_read().map(|r| r.iter().map(|x| x.process.pid()).collect()).unwrap_or_default()
+    }
+
+    /// Answers an `execute_request` the daemon refuses (the cell can never get its
+    /// GPUs here) the way a kernel answers a failed cell: busy, error, idle, error reply.
+    pub fn reject_cell(&self, client: ClientId, request: &Message, ename: &str, evalue: &str) {
+        let now = SystemTime::now();
+        let Ok(h) = request.header() else { return };
+        self.hub.expect_reply(&h.msg_id, client, now);
+        let error = serde_json::json!({
+            "ename": ename,
+            "evalue": evalue,
+            "traceback": [format!("{ename}: {evalue}")],
+        });
+        self.publish(request, "status", &serde_json::json!({ "execution_state": "busy" }));
+        self.publish(request, "error", &error);
+        self.publish(request, "status", &serde_json::json!({ "execution_state": "idle" }));
+        let mut content = error;
+        content["status"] = "error".into();
+        content["execution_count"] = 0.into();
+        let reply = Message::new(
+            "execute_reply",
+            &h.session,
+            &uuid::Uuid::new_v4().to_string(),
+            now,
+            Some(&request.header),
+            &content,
+        );
+        self.hub.deliver(Channel::Shell, reply, now);
     }
 
     /// The replica that executes the next request. With one replica it is that one;
@@ -110,7 +161,9 @@ impl Kernel {
         if matches!(channel, Channel::Shell | Channel::Control) {
             self.hub.expect_reply(&header.msg_id, client, SystemTime::now());
         }
-        self.executor().await?.send(channel, &msg).await
+        let r = self.executor().await?;
+        tracing::trace!(kernel = %self.id, msg_id = %header.msg_id, msg_type = %header.msg_type, "to kernel");
+        r.send(channel, &msg).await
     }
 
     /// Interrupts the running cell (SIGINT, as `interrupt_mode = "signal"`).
@@ -151,6 +204,8 @@ impl Kernel {
             self.stop_replica(r).await;
         }
         self.hub.set_state("dead", SystemTime::now());
+        let pids: Vec<u32> = replicas.iter().map(|r| r.process.pid()).collect();
+        self.run_exit_hook(&pids);
         if let Err(e) = std::fs::remove_dir_all(&self.launch.dir) {
             tracing::warn!(kernel = %self.id, dir = %self.launch.dir.display(), error = %e, "could not remove the kernel directory");
         }
@@ -240,6 +295,7 @@ impl Kernel {
                 kernel.metrics.kernel_deaths_total.inc();
                 kernel.hub.set_state("dead", SystemTime::now());
                 kernel.replicas.write().await.retain(|x| x.process.pid() != pid);
+                kernel.run_exit_hook(&[pid]);
             }
         });
     }

@@ -9,6 +9,7 @@
 //! - [`registry`]: all kernels of this host.
 //! - [`spec`]: kernelspecs and their GPU requests.
 
+pub mod binding;
 pub mod connection;
 pub mod hub;
 pub mod kernel;

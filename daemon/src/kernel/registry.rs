@@ -6,10 +6,12 @@ use std::sync::Arc;
 
 use tokio::sync::RwLock;
 
+use super::binding::Binder;
 use super::kernel::{Kernel, KernelModel};
 use super::process::LaunchSpec;
 use super::spec;
-use crate::metrics::Metrics;
+use crate::jupyter::Channel;
+use crate::metrics::{Metrics, OutcomeLabels};
 
 /// Why a kernel could not be created.
 #[derive(Debug, thiserror::Error)]
@@ -20,6 +22,9 @@ pub enum CreateError {
     /// A GPU request that is not a small non-negative integer.
     #[error("invalid GPU request: {0}")]
     BadGpuRequest(String),
+    /// The host cannot take another kernel asking for GPUs.
+    #[error("{0}")]
+    Refused(crate::sched::Refusal),
     /// The process did not start.
     #[error("the kernel failed to start: {0:#}")]
     Start(anyhow::Error),
@@ -35,12 +40,24 @@ pub struct Kernels {
     dir: PathBuf,
     extra_env: Vec<(String, String)>,
     metrics: Arc<Metrics>,
+    binder: Arc<Binder>,
 }
 
 impl Kernels {
     /// Kernels run with `python` and keep their files under `dir`.
-    pub fn new(python: PathBuf, dir: PathBuf, extra_env: Vec<(String, String)>, metrics: Arc<Metrics>) -> Self {
-        Self { map: RwLock::new(HashMap::new()), python, dir, extra_env, metrics }
+    pub fn new(
+        python: PathBuf,
+        dir: PathBuf,
+        extra_env: Vec<(String, String)>,
+        metrics: Arc<Metrics>,
+        binder: Arc<Binder>,
+    ) -> Self {
+        Self { map: RwLock::new(HashMap::new()), python, dir, extra_env, metrics, binder }
+    }
+
+    /// Per-cell GPU binding of this host.
+    pub fn binder(&self) -> &Arc<Binder> {
+        &self.binder
     }
 
     /// Starts a kernel of spec `name` (default when `None`); `gpus` overrides the spec's request.
@@ -56,6 +73,7 @@ impl Kernels {
         if gpus > MAX_GPUS_PER_KERNEL {
             return Err(CreateError::BadGpuRequest(format!("{gpus} > {MAX_GPUS_PER_KERNEL}")));
         }
+        self.binder.would_admit(gpus).map_err(CreateError::Refused)?;
         let id = uuid::Uuid::new_v4().to_string();
         let mut all_env = self.extra_env.clone();
         all_env.extend(env.iter().cloned());
@@ -66,9 +84,47 @@ impl Kernels {
         let kernel = Kernel::start(id.clone(), name.to_owned(), gpus, launch, self.metrics.clone())
             .await
             .map_err(CreateError::Start)?;
+        if let Err(e) = self.binder.add_kernel(&kernel) {
+            kernel.shutdown().await;
+            return Err(CreateError::Refused(e));
+        }
+        self.observe(&kernel);
         self.map.write().await.insert(id.clone(), kernel.clone());
         tracing::info!(kernel = %id, spec = name, gpus, "kernel started");
         Ok(kernel)
+    }
+
+    /// Wires a kernel's messages and death to binding and metrics.
+    fn observe(&self, kernel: &Arc<Kernel>) {
+        let binder = Arc::downgrade(&self.binder);
+        let metrics = self.metrics.clone();
+        let id = kernel.id.clone();
+        let hub = Arc::downgrade(&kernel.hub);
+        kernel.hub.set_observer(Box::new(move |channel, msg_type, parent, msg| match (channel, msg_type, parent) {
+            (Channel::Shell, "execute_reply", Some(parent)) => {
+                let outcome = msg
+                    .content_json()
+                    .ok()
+                    .and_then(|c| c.get("status").and_then(|s| s.as_str()).map(str::to_owned))
+                    .unwrap_or_else(|| "unknown".to_owned());
+                metrics.cells_total.get_or_create(&OutcomeLabels { outcome }).inc();
+                if let Some(b) = binder.upgrade() {
+                    b.on_kernel_reply(&id, parent);
+                }
+            }
+            (Channel::Iopub, "execute_input", Some(parent)) => {
+                if let Some(waited) = hub.upgrade().and_then(|h| h.take_submitted(parent)) {
+                    metrics.interactivity_delay_seconds.observe(waited.as_secs_f64());
+                }
+            }
+            _ => {}
+        }));
+        let binder = Arc::downgrade(&self.binder);
+        kernel.set_exit_hook(Box::new(move |id, pids| {
+            if let Some(b) = binder.upgrade() {
+                b.remove_kernel(id, pids);
+            }
+        }));
     }
 
     /// A kernel by id.

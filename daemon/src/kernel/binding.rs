@@ -1,0 +1,309 @@
+//! Per-cell GPU binding on this host: the daemon side of the scheduler core.
+//!
+//! On `execute_request` of a kernel that wants GPUs, the cell is submitted to the
+//! [`HostScheduler`]; it runs when its GPUs are committed, or waits in the queue
+//! and its client is told so (a `stream` message on stderr naming its place and a
+//! `notebookos_cells_waiting_for_gpus` metric), or is refused with an error reply
+//! when the host can never satisfy it. The kernel's `execute_reply` releases the
+//! cell's GPUs to idle-held; a tick releases idle-held GPUs after `idle_release`;
+//! a dead or deleted kernel frees its GPUs at once.
+//!
+//! What the binding asks of the lease server is the [`LeaseControl`] trait.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use super::hub::ClientId;
+use super::Kernel;
+use crate::jupyter::{Channel, Message};
+use crate::metrics::{Metrics, OutcomeLabels};
+use crate::sched::host::{Action, HostScheduler};
+use crate::sched::Millis;
+
+/// What per-cell binding needs from the lease server (`daemon/src/lease`), so the
+/// shim in a kernel process is granted exactly the GPUs the scheduler committed.
+pub trait LeaseControl: Send + Sync {
+    /// The kernel's cell may now use `gpus` (host indices): the next lease request
+    /// of a process of this kernel is granted on them.
+    fn bind(&self, kernel: &str, pids: &[u32], gpus: &[u32]);
+    /// Take the GPUs back: the shim stops new work and the host evicts the
+    /// process's GPU memory. `preempted` when another kernel is waiting.
+    fn revoke(&self, kernel: &str, pids: &[u32], gpus: &[u32], preempted: bool);
+    /// The kernel is gone; forget its processes.
+    fn forget(&self, kernel: &str, pids: &[u32]);
+}
+
+/// The lease control used until a lease server is attached: it only logs. With
+/// it, binding still orders cells and accounts GPUs; nothing enforces it inside
+/// the kernel process.
+#[derive(Debug, Default)]
+pub struct LogOnlyLeases;
+
+impl LeaseControl for LogOnlyLeases {
+    fn bind(&self, kernel: &str, pids: &[u32], gpus: &[u32]) {
+        tracing::debug!(kernel, ?pids, ?gpus, "GPUs committed");
+    }
+    fn revoke(&self, kernel: &str, pids: &[u32], gpus: &[u32], preempted: bool) {
+        tracing::debug!(kernel, ?pids, ?gpus, preempted, "GPUs revoked");
+    }
+    fn forget(&self, kernel: &str, pids: &[u32]) {
+        tracing::debug!(kernel, ?pids, "kernel forgotten");
+    }
+}
+
+/// A cell waiting for its GPUs.
+struct Waiting {
+    kernel: Arc<Kernel>,
+    client: ClientId,
+    msg: Message,
+}
+
+struct State {
+    sched: HostScheduler,
+    waiting: HashMap<String, Waiting>,
+    /// Running GPU cells: cell id -> kernel id.
+    running: HashMap<String, String>,
+    kernels: HashMap<String, Arc<Kernel>>,
+    /// Cells sent while the kernel already had one running or waiting: a kernel
+    /// runs one cell at a time, so each is submitted when the previous one ends.
+    backlog: HashMap<String, VecDeque<Waiting>>,
+}
+
+/// Per-cell GPU binding for the kernels of this host.
+pub struct Binder {
+    state: Mutex<State>,
+    origin: Instant,
+    leases: Arc<dyn LeaseControl>,
+    metrics: Arc<Metrics>,
+    total_gpus: u32,
+}
+
+impl Binder {
+    /// A binder for a host with `gpus` GPUs.
+    pub fn new(
+        gpus: u32,
+        idle_release: Duration,
+        ratio: f64,
+        leases: Arc<dyn LeaseControl>,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
+        let idle_ms = Millis::try_from(idle_release.as_millis()).unwrap_or(Millis::MAX);
+        Arc::new(Self {
+            state: Mutex::new(State {
+                sched: HostScheduler::new(gpus, idle_ms, ratio),
+                waiting: HashMap::new(),
+                running: HashMap::new(),
+                kernels: HashMap::new(),
+                backlog: HashMap::new(),
+            }),
+            origin: Instant::now(),
+            leases,
+            metrics,
+            total_gpus: gpus,
+        })
+    }
+
+    fn now(&self) -> Millis {
+        Millis::try_from(self.origin.elapsed().as_millis()).unwrap_or(Millis::MAX)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Registers a kernel; refused when the host's subscription ratio would be exceeded.
+    pub fn add_kernel(&self, kernel: &Arc<Kernel>) -> Result<(), crate::sched::Refusal> {
+        let mut st = self.lock();
+        st.sched.add_kernel(&kernel.id, kernel.gpus)?;
+        st.kernels.insert(kernel.id.clone(), kernel.clone());
+        self.export(&st);
+        Ok(())
+    }
+
+    /// Checks admission before a kernel is started (same rule as [`Self::add_kernel`]).
+    pub fn would_admit(&self, gpus: u32) -> Result<(), crate::sched::Refusal> {
+        let mut probe = self.lock().sched.clone();
+        probe.add_kernel("\u{0}probe", gpus)
+    }
+
+    /// The kernel is gone (deleted or died): its GPUs are free at once.
+    pub fn remove_kernel(self: &Arc<Self>, kernel_id: &str, pids: &[u32]) {
+        let actions = {
+            let mut st = self.lock();
+            st.kernels.remove(kernel_id);
+            st.backlog.remove(kernel_id);
+            st.waiting.retain(|_, w| w.kernel.id != kernel_id);
+            st.running.retain(|_, k| k != kernel_id);
+            let now = self.now();
+            st.sched.remove_kernel(kernel_id, now)
+        };
+        self.leases.forget(kernel_id, pids);
+        self.apply(actions);
+    }
+
+    /// A client's message for `kernel`. Returns the message when it should be
+    /// forwarded now, `None` when binding has taken care of it (queued or refused).
+    pub fn on_client_message(
+        self: &Arc<Self>,
+        kernel: &Arc<Kernel>,
+        client: ClientId,
+        channel: Channel,
+        msg: Message,
+    ) -> Option<Message> {
+        if channel != Channel::Shell || kernel.gpus == 0 {
+            return Some(msg);
+        }
+        let Ok(header) = msg.header() else { return Some(msg) };
+        if header.msg_type != "execute_request" {
+            return Some(msg);
+        }
+        let cell = header.msg_id.clone();
+        let actions = {
+            let mut st = self.lock();
+            let w = Waiting { kernel: kernel.clone(), client, msg };
+            let busy = st.backlog.get(&kernel.id).is_some_and(|b| !b.is_empty())
+                || st.running.values().any(|k| *k == kernel.id)
+                || st.waiting.values().any(|x| x.kernel.id == kernel.id);
+            if busy {
+                st.backlog.entry(kernel.id.clone()).or_default().push_back(w);
+                return None;
+            }
+            self.submit_locked(&mut st, &cell, w)
+        };
+        self.apply(actions);
+        None
+    }
+
+    fn submit_locked(&self, st: &mut State, cell: &str, w: Waiting) -> Vec<Action> {
+        let now = self.now();
+        let (kernel_id, gpus) = (w.kernel.id.clone(), w.kernel.gpus);
+        st.waiting.insert(cell.to_owned(), w);
+        match st.sched.submit(&kernel_id, cell, gpus, now) {
+            Ok(actions) => actions,
+            Err(e) => {
+                // Unknown kernel (removed meanwhile): nothing will run the cell.
+                tracing::warn!(kernel = %kernel_id, error = %e, "cell dropped by binding");
+                st.waiting.remove(cell);
+                Vec::new()
+            }
+        }
+    }
+
+    /// A message from the kernel: an `execute_reply` ends a GPU cell.
+    pub fn on_kernel_reply(self: &Arc<Self>, kernel_id: &str, parent_msg_id: &str) {
+        let actions = {
+            let mut st = self.lock();
+            if st.running.get(parent_msg_id).map(String::as_str) != Some(kernel_id) {
+                return;
+            }
+            st.running.remove(parent_msg_id);
+            let now = self.now();
+            let mut actions = st.sched.finish(kernel_id, parent_msg_id, now).unwrap_or_default();
+            let next = st.backlog.get_mut(kernel_id).and_then(VecDeque::pop_front);
+            if let Some(w) = next {
+                match w.msg.header() {
+                    Ok(h) => actions.extend(self.submit_locked(&mut st, &h.msg_id, w)),
+                    Err(e) => tracing::warn!(error = %e, "backlogged cell without a header"),
+                }
+            }
+            actions
+        };
+        self.apply(actions);
+    }
+
+    /// Releases idle-held GPUs past `idle_release`; call about once a second.
+    pub fn tick(self: &Arc<Self>) {
+        let actions = {
+            let mut st = self.lock();
+            let now = self.now();
+            st.sched.tick(now)
+        };
+        if !actions.is_empty() {
+            self.apply(actions);
+        }
+    }
+
+    /// The scheduler's view (for `GET /api/v1/gpus` and `nbos kernels`).
+    pub fn snapshot(&self) -> crate::sched::host::Snapshot {
+        self.lock().sched.snapshot()
+    }
+
+    /// GPUs on the host.
+    pub fn total_gpus(&self) -> u32 {
+        self.total_gpus
+    }
+
+    fn export(&self, st: &State) {
+        let snap = st.sched.snapshot();
+        self.metrics.gpus_committed.set(i64::from(snap.committed));
+        self.metrics.gpus_idle_held.set(i64::from(snap.idle_held));
+        self.metrics.cells_waiting_for_gpus.set(i64::try_from(snap.waiting.len()).unwrap_or(i64::MAX));
+        self.metrics.subscription_ratio.set(st.sched.subscription_ratio());
+    }
+
+    fn apply(self: &Arc<Self>, actions: Vec<Action>) {
+        for a in actions {
+            match a {
+                Action::Revoke { kernel, gpus, preempted } => {
+                    let pids = self.lock().kernels.get(&kernel).map(|k| k.pids()).unwrap_or_default();
+                    self.metrics.gpu_revocations_total.inc();
+                    self.leases.revoke(&kernel, &pids, &gpus, preempted);
+                }
+                Action::Start { cell, kernel, gpus, waited } => {
+                    let w = {
+                        let mut st = self.lock();
+                        st.running.insert(cell.clone(), kernel.clone());
+                        st.waiting.remove(&cell)
+                    };
+                    let Some(w) = w else { continue };
+                    let pids = w.kernel.pids();
+                    self.leases.bind(&kernel, &pids, &gpus);
+                    tracing::info!(kernel = %kernel, cell = %cell, ?gpus, waited_ms = waited, "cell bound to GPUs");
+                    if waited > 0 {
+                        w.kernel.publish(
+                            &w.msg,
+                            "stream",
+                            &serde_json::json!({
+                                "name": "stderr",
+                                "text": format!("[NotebookOS] got GPU(s) {gpus:?} after waiting {:.1} s\n", waited as f64 / 1000.0),
+                            }),
+                        );
+                    }
+                    tokio::spawn(async move {
+                        if let Err(e) = w.kernel.send_from_client(w.client, Channel::Shell, w.msg).await {
+                            tracing::warn!(kernel = %w.kernel.id, error = format!("{e:#}"), "could not start a bound cell");
+                        }
+                    });
+                }
+                Action::Queued { cell, position } => {
+                    let st = self.lock();
+                    if let Some(w) = st.waiting.get(&cell) {
+                        tracing::info!(kernel = %w.kernel.id, cell = %cell, position, "cell waits for GPUs");
+                        w.kernel.hub.expect_reply(&cell, w.client, SystemTime::now());
+                        w.kernel.publish(
+                            &w.msg,
+                            "stream",
+                            &serde_json::json!({
+                                "name": "stderr",
+                                "text": format!(
+                                    "[NotebookOS] waiting for {} GPU(s): all {} are in use; position {position} in the queue\n",
+                                    w.kernel.gpus, self.total_gpus
+                                ),
+                            }),
+                        );
+                    }
+                }
+                Action::Reject { cell, reason } => {
+                    let w = self.lock().waiting.remove(&cell);
+                    let Some(w) = w else { continue };
+                    self.metrics.cells_total.get_or_create(&OutcomeLabels { outcome: "rejected".into() }).inc();
+                    tracing::warn!(kernel = %w.kernel.id, cell = %cell, %reason, "cell rejected");
+                    w.kernel.reject_cell(w.client, &w.msg, "NotEnoughGPUs", &reason);
+                }
+            }
+        }
+        let st = self.lock();
+        self.export(&st);
+    }
+}
