@@ -208,16 +208,14 @@ async fn register_history_is_linearizable_under_leader_kills() {
     let mut c = Cluster::start(3, Opts::default());
     c.wait_leader(G, 0, LONG).await;
     let t0 = Instant::now();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut tasks = Vec::new();
     for w in 0..4u64 {
         let mut client = c.client();
         client.call_timeout = Duration::from_secs(2);
-        let stop = stop.clone();
         tasks.push(tokio::spawn(async move {
             let mut history = Vec::new();
             let mut i = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < 120 {
+            while i < 200 {
                 i += 1;
                 let v = format!("{w}-{i}");
                 let (op, req) = match i % 3 {
@@ -256,16 +254,19 @@ async fn register_history_is_linearizable_under_leader_kills() {
         let (leader, _) = c.wait_leader(G, 0, LONG).await;
         let before = c.status(leader, G).await.map_or(0, |s| s.commit);
         c.wait_applied(leader, G, before + 20, LONG).await;
+        assert!(tasks.iter().all(|t| !t.is_finished()), "the clients finished before the fault");
         c.kill(leader);
         c.wait_leader(G, 0, LONG).await;
         c.spawn(leader);
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    // The clients finish their quota of operations; the kills happened in the middle of it.
     let mut history = Vec::new();
     for t in tasks {
         history.extend(t.await.expect("client"));
     }
     let answered = history.iter().filter(|e| e.ret.is_some()).count();
     assert!(answered >= 100, "too few answered operations ({answered})");
+    let unknown = history.len() - answered;
+    eprintln!("linearizability: {answered} answered, {unknown} with unknown outcome");
     assert!(check(&history), "history of {} operations is not linearizable", history.len());
 }

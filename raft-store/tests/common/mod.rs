@@ -1,6 +1,5 @@
 //! Multi-process cluster harness: real node processes on loopback, mutual TLS, kill -9, restart.
 
-
 pub mod linearizability;
 
 use std::collections::{BTreeMap, HashMap};
