@@ -53,6 +53,20 @@ async fn kv_api_semantics_on_one_node() {
     assert!(stale.stale);
     assert_eq!(stale.kvs[0].value, b"w".to_vec());
     assert!(matches!(store.kv(99).put("k", "v").await, Err(Error::GroupNotFound(99))));
+    assert!(matches!(kv.watch("", 1).await, Err(Error::Compacted { requested: 1, .. })));
+
+    // A destroyed group is gone, also after a restart.
+    store.create_group(2, &[1]).await.expect("create");
+    store.destroy_group(2).await.expect("destroy");
+    assert!(matches!(store.status(2).await, Err(Error::GroupNotFound(2))));
+    assert!(matches!(store.destroy_group(2).await, Err(Error::GroupNotFound(2))));
+    let cfg = store.config().clone();
+    drop(kv);
+    drop(store);
+    let store = RaftStore::open(cfg).expect("reopen");
+    assert_eq!(store.groups().await.expect("groups"), vec![1]);
+    wait_leader(&store, 1).await;
+    assert_eq!(store.kv(1).get("a/1").await.expect("get").map(|k| k.value), Some(b"w".to_vec()));
 }
 
 #[tokio::test]
