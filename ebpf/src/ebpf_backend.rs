@@ -107,6 +107,16 @@ impl EbpfBackend {
         self.activity.iter().filter_map(Result::ok).collect()
     }
 
+    /// Pids in the `watched` map.
+    pub(crate) fn watched_pids(&self) -> Vec<u32> {
+        self.watched.keys().filter_map(Result::ok).collect()
+    }
+
+    /// Removes `pid` from the `watched` map (absent is fine).
+    pub(crate) fn unwatch(&mut self, pid: u32) {
+        let _ = self.watched.remove(&pid);
+    }
+
     /// Asks the exit program to report `pid`'s exit even if it never touches the GPU.
     pub(crate) fn watch(&mut self, pid: NonZeroU32) -> Result<(), ObserverError> {
         self.watched.insert(pid.get(), 1, 0).map_err(map_err("watched"))

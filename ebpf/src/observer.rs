@@ -218,10 +218,13 @@ impl Observer {
     /// Reports `pid`'s exit on the event stream even if it never uses the GPU (kernel processes).
     pub fn watch(&self, pid: u32) -> Result<(), ObserverError> {
         let mut state = self.shared.lock();
-        let now = monotonic_ns();
-        state.procs.track(pid, now);
-        if let (Some(bpf), Some(pid)) = (state.bpf.as_mut(), NonZeroU32::new(pid)) {
-            bpf.watch(pid)?;
+        match (state.bpf.as_mut(), NonZeroU32::new(pid)) {
+            (Some(bpf), Some(pid)) => bpf.watch(pid)?,
+            (Some(_), None) => {}
+            // Procfs mode finds exits by sampling the processes it tracks.
+            (None, _) => {
+                state.procs.track(pid, monotonic_ns());
+            }
         }
         Ok(())
     }
@@ -396,6 +399,8 @@ impl Shared {
     fn sweep(&self) {
         let mut dead = Vec::new();
         self.sweep_counts(&mut dead);
+        dead.sort_unstable();
+        dead.dedup();
         for pid in dead {
             let report = self.lock().lease_reports.get(&pid).copied();
             let activity = merge(pid, None, self.counters(pid).as_ref(), report.as_ref());
@@ -408,24 +413,33 @@ impl Shared {
         let mut state = self.lock();
         let mut pids: Vec<u32> =
             state.bpf.as_ref().map(|b| b.all().into_iter().map(|(p, _)| p).collect()).unwrap_or_default();
-        if let Some(dir) = &self.counters_dir {
-            let with_counters = shim_counters::list(dir);
-            // In eBPF mode a process known only by its counters file must still produce an exit
-            // event: ask the exit program to watch it.
-            if let Some(bpf) = state.bpf.as_mut() {
-                // A file whose process died before anyone watched it would never see an exit.
-                dead.extend(with_counters.iter().filter(|&&p| procfs_sampler::start_ns(p).is_none()));
-                for &pid in &with_counters {
-                    if let Some(nz) = NonZeroU32::new(pid) {
-                        if let Err(e) = bpf.watch(nz) {
-                            self.metrics.errors.inc();
-                            tracing::debug!(pid, error = %e, "watching a shim process");
-                        }
+        let with_counters = self.counters_dir.as_deref().map(shim_counters::list).unwrap_or_default();
+        if let Some(bpf) = state.bpf.as_mut() {
+            // A watch or counters file whose process was reaped before the exit program watched
+            // it would never see an exit: report those here. (The exit program deletes its
+            // `watched` entry, so a watched pid without a /proc entry never exited under it.)
+            for pid in bpf.watched_pids() {
+                if !procfs_sampler::exists(pid) {
+                    bpf.unwatch(pid);
+                    dead.push(pid);
+                }
+            }
+            for &pid in &with_counters {
+                if !procfs_sampler::exists(pid) {
+                    dead.push(pid);
+                    continue;
+                }
+                // A process known only by its counters file must still produce an exit event:
+                // ask the exit program to watch it (not once it has exited: it is a zombie).
+                if let (Some(nz), Some(_)) = (NonZeroU32::new(pid), procfs_sampler::start_ns(pid)) {
+                    if let Err(e) = bpf.watch(nz) {
+                        self.metrics.errors.inc();
+                        tracing::debug!(pid, error = %e, "watching a shim process");
                     }
                 }
             }
-            pids.extend(with_counters);
         }
+        pids.extend(with_counters);
         pids.extend(state.lease_reports.keys());
         pids.sort_unstable();
         pids.dedup();
@@ -535,5 +549,15 @@ mod tests {
         let m = merge(7, Some(&b), None, Some(&r)).unwrap();
         assert_eq!((m.shim_calls, m.last_activity_ns), (5, 95));
         assert!(m.sources.lease_reports && m.sources.uprobes && !m.sources.shim_counters);
+    }
+}
+
+#[cfg(test)]
+mod thread_safety {
+    /// The daemon shares one observer between its async tasks.
+    #[test]
+    fn observer_is_send_and_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<super::Observer>();
     }
 }

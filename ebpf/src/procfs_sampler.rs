@@ -37,6 +37,12 @@ pub(crate) fn sample(pid: u32) -> Option<ProcSample> {
     })
 }
 
+/// Whether `/proc/<pid>` exists at all (zombies included: a zombie has exited but its exit
+/// tracepoint has run, so it is not "gone before anyone saw it").
+pub(crate) fn exists(pid: u32) -> bool {
+    std::path::Path::new("/proc").join(pid.to_string()).exists()
+}
+
 /// Clock ticks to nanoseconds.
 pub(crate) fn ticks_to_ns(ticks: u64) -> u64 {
     let per_sec = procfs::ticks_per_second().max(1);

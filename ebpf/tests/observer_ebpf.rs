@@ -115,6 +115,26 @@ fn a_watched_process_without_gpu_calls_reports_its_exit() {
     });
     assert_eq!(event.activity, None);
     assert_eq!(event.exit_code, Some(libc::SIGKILL), "exit_code holds the killing signal");
+    // The sweep must not report the same exit again.
+    observer.refresh_metrics();
+    assert!(std::iter::from_fn(|| exits.try_recv().ok()).all(|e| e.pid != pid), "duplicate exit event");
+}
+
+#[test]
+fn watching_a_process_that_is_already_gone_still_reports_its_exit() {
+    let Some(observer) = ebpf_observer("watched_gone", config()) else { return };
+    let mut exits = observer.exit_events();
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    observer.watch(pid).unwrap();
+    observer.refresh_metrics();
+    let event = wait_for("the exit of a process gone before the watch", Duration::from_secs(5), || {
+        std::iter::from_fn(|| exits.try_recv().ok()).find(|e| e.pid == pid)
+    });
+    assert_eq!(event.exit_code, None, "the kernel's exit status was not seen");
+    observer.refresh_metrics();
+    assert!(std::iter::from_fn(|| exits.try_recv().ok()).all(|e| e.pid != pid), "duplicate exit event");
 }
 
 #[test]
