@@ -43,6 +43,14 @@ struct {
 	__uint(max_entries, 256 * 1024);
 } exits SEC(".maps");
 
+/* Exit events lost because the ring buffer was full (user space fell behind); summed over CPUs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} exit_drops SEC(".maps");
+
 static __always_inline struct nbos_activity *activity_of(__u32 tgid, __u64 now)
 {
 	struct nbos_activity *a = bpf_map_lookup_elem(&activity, &tgid);
@@ -165,6 +173,11 @@ int BPF_PROG(nbos_process_exit, struct task_struct *task)
 			__builtin_memset(&e->activity, 0, sizeof(e->activity));
 		}
 		bpf_ringbuf_submit(e, 0);
+	} else {
+		__u32 zero = 0;
+		__u64 *drops = bpf_map_lookup_elem(&exit_drops, &zero);
+		if (drops)
+			*drops += 1; /* per-CPU slot: no other writer */
 	}
 	/* The pid may be reused: never let a new process inherit the old one's counts. */
 	bpf_map_delete_elem(&activity, &tgid);

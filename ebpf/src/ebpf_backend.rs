@@ -3,7 +3,7 @@
 
 use std::num::NonZeroU32;
 
-use aya::maps::{HashMap as BpfHashMap, MapData, MapError, RingBuf};
+use aya::maps::{HashMap as BpfHashMap, MapData, MapError, PerCpuArray, RingBuf};
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
 use aya::programs::{BtfTracePoint, UProbe};
 use aya::{Btf, Ebpf, EbpfLoader};
@@ -27,6 +27,7 @@ pub(crate) struct EbpfBackend {
     _bpf: Ebpf,
     activity: BpfHashMap<MapData, u32, RawActivity>,
     watched: BpfHashMap<MapData, u32, u8>,
+    exit_drops: PerCpuArray<MapData, u64>,
     /// Number of uprobes attached, for the start-up log line.
     pub probes: usize,
 }
@@ -87,8 +88,9 @@ impl EbpfBackend {
 
         let activity = BpfHashMap::try_from(take_map(&mut bpf, "activity")?).map_err(map_err("activity"))?;
         let watched = BpfHashMap::try_from(take_map(&mut bpf, "watched")?).map_err(map_err("watched"))?;
+        let exit_drops = PerCpuArray::try_from(take_map(&mut bpf, "exit_drops")?).map_err(map_err("exit_drops"))?;
         let exits = RingBuf::try_from(take_map(&mut bpf, "exits")?).map_err(map_err("exits"))?;
-        Ok((Self { _bpf: bpf, activity, watched, probes }, exits))
+        Ok((Self { _bpf: bpf, activity, watched, exit_drops, probes }, exits))
     }
 
     /// The activity entry of `pid`, if it made any probed call.
@@ -105,6 +107,12 @@ impl EbpfBackend {
         // An entry deleted by the exit program between the key walk and the lookup shows up as an
         // error; it is simply gone, so errors are skipped.
         self.activity.iter().filter_map(Result::ok).collect()
+    }
+
+    /// Exit events the kernel could not queue because the ring buffer was full, since load.
+    pub(crate) fn exit_drops(&self) -> Result<u64, ObserverError> {
+        let per_cpu = self.exit_drops.get(&0, 0).map_err(map_err("exit_drops"))?;
+        Ok(per_cpu.iter().copied().fold(0u64, u64::saturating_add))
     }
 
     /// Pids in the `watched` map.

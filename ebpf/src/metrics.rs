@@ -44,6 +44,8 @@ pub struct ObserverMetrics {
     pub exits: Counter,
     /// Ring buffer records or map reads that failed.
     pub errors: Counter,
+    /// Exit events lost in the kernel because the ring buffer was full.
+    pub exit_events_dropped: Counter,
 }
 
 impl ObserverMetrics {
@@ -69,5 +71,10 @@ impl ObserverMetrics {
         );
         registry.register("notebookos_observer_exits", "Process exit events delivered", self.exits.clone());
         registry.register("notebookos_observer_errors", "Observer read errors", self.errors.clone());
+        registry.register(
+            "notebookos_observer_exit_events_dropped",
+            "Exit events lost because the ring buffer was full",
+            self.exit_events_dropped.clone(),
+        );
     }
 }

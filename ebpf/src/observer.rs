@@ -50,6 +50,8 @@ struct State {
     procs: ProcTracker,
     /// Kernel label per pid, for metrics.
     labels: HashMap<u32, String>,
+    /// Exit drops already added to the metric.
+    drops_folded: u64,
     /// Counts already added to the Prometheus counters, per pid.
     folded: HashMap<u32, ProcessActivity>,
     /// The shim's lease-protocol `Activity` reports: gated calls and when the count last grew.
@@ -124,6 +126,7 @@ impl Observer {
                 procs: ProcTracker::default(),
                 labels: HashMap::new(),
                 folded: HashMap::new(),
+                drops_folded: 0,
                 lease_reports: HashMap::new(),
             }),
             subscribers: Mutex::new(Vec::new()),
@@ -414,6 +417,19 @@ impl Shared {
         let mut pids: Vec<u32> =
             state.bpf.as_ref().map(|b| b.all().into_iter().map(|(p, _)| p).collect()).unwrap_or_default();
         let with_counters = self.counters_dir.as_deref().map(shim_counters::list).unwrap_or_default();
+        let drops = state.bpf.as_ref().map(EbpfBackend::exit_drops);
+        match drops {
+            Some(Ok(d)) if d > state.drops_folded => {
+                tracing::error!(lost = d - state.drops_folded, "exit events lost: the ring buffer was full");
+                self.metrics.exit_events_dropped.inc_by(d - state.drops_folded);
+                state.drops_folded = d;
+            }
+            Some(Err(e)) => {
+                self.metrics.errors.inc();
+                tracing::debug!(error = %e, "reading exit drops");
+            }
+            _ => {}
+        }
         if let Some(bpf) = state.bpf.as_mut() {
             // A watch or counters file whose process was reaped before the exit program watched
             // it would never see an exit: report those here. (The exit program deletes its

@@ -153,6 +153,7 @@ fn metrics_count_launches_per_kernel_label_and_show_the_mode() {
     assert!(text.contains(&format!("notebookos_gpu_copy_bytes_total{{kernel=\"kernel-a\"}} {}", 2 * MIB)), "{text}");
     assert!(text.contains("notebookos_observer_mode{mode=\"ebpf\"} 1"), "{text}");
     assert!(text.contains("notebookos_observer_mode{mode=\"procfs\"} 0"), "{text}");
+    assert!(text.contains("notebookos_observer_exit_events_dropped_total 0"), "{text}");
     // Refreshing again adds nothing new: counters follow the process, not the number of sweeps.
     observer.refresh_metrics();
     let mut again = String::new();
