@@ -40,6 +40,8 @@ pub struct Metrics {
     pub groups_hibernating: Gauge,
     /// Leader changes observed.
     pub leader_changes: Counter,
+    /// Open connections to peer nodes (one per peer).
+    pub peer_connections: Gauge,
 }
 
 impl Default for Metrics {
@@ -56,6 +58,7 @@ impl Default for Metrics {
             groups: Gauge::default(),
             groups_hibernating: Gauge::default(),
             leader_changes: Counter::default(),
+            peer_connections: Gauge::default(),
         }
     }
 }
@@ -75,6 +78,7 @@ impl Metrics {
         r.register("groups", "Raft groups hosted", self.groups.clone());
         r.register("groups_hibernating", "Raft groups hibernating", self.groups_hibernating.clone());
         r.register("leader_changes", "Leader changes observed", self.leader_changes.clone());
+        r.register("peer_connections", "Open connections to peer nodes", self.peer_connections.clone());
     }
 
     /// Counts a rejected inbound connection or frame.

@@ -197,6 +197,14 @@ async fn leader_transfer_moves_leadership() {
     assert!(r.ok, "transfer: {r:?}");
     let (now, _) = c.wait_leader(G, term, LONG).await;
     assert_eq!(now, target);
+    // One connection per pair of nodes, used in both directions: each node holds exactly two.
+    for id in c.live_ids() {
+        let deadline = Instant::now() + LONG;
+        while c.metric(id, "notebookos_raft_peer_connections").await != 2.0 {
+            assert!(Instant::now() < deadline, "node {id} does not hold exactly one connection per peer");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
     let r =
         client.call_node(leader, &Request::Put { group: G, key: "k".into(), value: "v".into() }).await.expect("put");
     assert_eq!(r.error.as_ref().map(|e| (e.kind.as_str(), e.leader)), Some(("not_leader", Some(target))));

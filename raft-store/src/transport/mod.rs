@@ -1,10 +1,13 @@
-//! TCP transport between nodes: one outbound connection per peer carrying every group's messages.
+//! TCP transport between nodes: ONE connection per pair of nodes, carrying every group's messages
+//! in both directions.
 //!
-//! Each node dials each peer once and keeps that stream (re-dialled with exponential backoff); the
-//! stream multiplexes all groups via the frame's group id. Inbound streams are read-only. Per-peer
-//! queues are bounded: when one is full the message is dropped and counted (raft retransmits).
-//! Authentication (mutual TLS, then the HELLO's node id checked against the certificate) happens
-//! before any protobuf byte is decoded (RUSTSEC-2024-0437), and every frame is size-capped first.
+//! The node with the smaller id dials (re-dialling with exponential backoff); the other accepts.
+//! Either way the connection then serves both directions: a reader feeds the engine, a writer drains
+//! that peer's bounded outbound queue. When a newer connection to the same peer comes up, the older
+//! one is closed. When a queue is full the message is dropped and counted (raft retransmits), so
+//! memory stays bounded. Authentication (mutual TLS, then the HELLO's node id checked against the
+//! certificate) happens before any protobuf byte is decoded (RUSTSEC-2024-0437), and every frame
+//! is size-capped from its length prefix first.
 
 pub mod frame;
 pub mod tls;
@@ -39,7 +42,9 @@ struct Shared {
     max_frame: usize,
     queue_depth: usize,
     keepalive: Duration,
-    peers: RwLock<HashMap<u64, mpsc::Sender<Bytes>>>,
+    links: RwLock<HashMap<u64, Arc<Link>>>,
+    addrs: RwLock<HashMap<u64, SocketAddr>>,
+    dialers: Mutex<HashSet<u64>>,
     blocked: RwLock<HashSet<u64>>,
     last_seen: Mutex<HashMap<u64, Instant>>,
     metrics: Arc<Metrics>,
@@ -53,6 +58,19 @@ struct Shared {
 pub(crate) struct Transport {
     shared: Arc<Shared>,
 }
+
+/// The outbound side of one peer: its bounded queue, drained by whichever connection is current.
+struct Link {
+    tx: mpsc::Sender<Bytes>,
+    rx: tokio::sync::Mutex<mpsc::Receiver<Bytes>>,
+    /// Incremented by every new connection; an older connection seeing a newer number closes.
+    generation: std::sync::atomic::AtomicU64,
+    newer: tokio::sync::Notify,
+}
+
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+type BoxedIo = Box<dyn Io>;
 
 enum ReadError {
     /// The peer closed the stream between frames.
@@ -107,7 +125,9 @@ impl Transport {
             max_frame: cfg.max_frame_bytes,
             queue_depth: cfg.peer_queue_depth,
             keepalive: cfg.tick_interval,
-            peers: RwLock::new(HashMap::new()),
+            links: RwLock::new(HashMap::new()),
+            addrs: RwLock::new(HashMap::new()),
+            dialers: Mutex::new(HashSet::new()),
             blocked: RwLock::new(HashSet::new()),
             last_seen: Mutex::new(HashMap::new()),
             metrics,
@@ -127,13 +147,18 @@ impl Transport {
         Ok(t)
     }
 
-    /// Adds (or re-addresses) a peer and starts its connection.
+    /// Adds (or re-addresses) a peer. The node with the smaller id dials; the other waits.
     pub(crate) fn add_peer(&self, peer: u64, addr: SocketAddr) {
-        let (tx, rx) = mpsc::channel(self.shared.queue_depth);
-        if let Ok(mut peers) = self.shared.peers.write() {
-            peers.insert(peer, tx);
+        self.shared.link(peer);
+        if let Ok(mut a) = self.shared.addrs.write() {
+            a.insert(peer, addr);
         }
-        self.shared.rt.spawn(dial_loop(self.shared.clone(), peer, addr, rx));
+        if self.shared.node_id < peer {
+            let first = self.shared.dialers.lock().is_ok_and(|mut d| d.insert(peer));
+            if first {
+                self.shared.rt.spawn(dial_loop(self.shared.clone(), peer));
+            }
+        }
     }
 
     /// Test seam: drop all traffic to and from `peer` (both raft messages and keepalives).
@@ -171,12 +196,12 @@ impl Transport {
             tracing::warn!(group, to = msg.to, bytes = payload.len(), "raft message exceeds the frame cap; dropped");
             return false;
         };
-        let tx = self.shared.peers.read().ok().and_then(|p| p.get(&msg.to).cloned());
-        let Some(tx) = tx else {
+        let link = self.shared.links.read().ok().and_then(|p| p.get(&msg.to).cloned());
+        let Some(link) = link else {
             m.drop_msg("no_route");
             return false;
         };
-        match tx.try_send(frame) {
+        match link.tx.try_send(frame) {
             Ok(()) => true,
             Err(_) => {
                 m.drop_msg("queue_full");
@@ -187,6 +212,29 @@ impl Transport {
 }
 
 impl Shared {
+    /// The peer's link, created on first use (an accepted connection may come before `add_peer`).
+    fn link(&self, peer: u64) -> Arc<Link> {
+        if let Some(l) = self.links.read().ok().and_then(|l| l.get(&peer).cloned()) {
+            return l;
+        }
+        let mut links = match self.links.write() {
+            Ok(l) => l,
+            Err(p) => p.into_inner(),
+        };
+        links
+            .entry(peer)
+            .or_insert_with(|| {
+                let (tx, rx) = mpsc::channel(self.queue_depth);
+                Arc::new(Link {
+                    tx,
+                    rx: tokio::sync::Mutex::new(rx),
+                    generation: std::sync::atomic::AtomicU64::new(0),
+                    newer: tokio::sync::Notify::new(),
+                })
+            })
+            .clone()
+    }
+
     fn is_blocked(&self, peer: u64) -> bool {
         self.blocked.read().is_ok_and(|b| b.contains(&peer))
     }
@@ -198,41 +246,39 @@ impl Shared {
     }
 }
 
-type BoxedWrite = Box<dyn AsyncWrite + Unpin + Send>;
-type BoxedRead = Box<dyn AsyncRead + Unpin + Send>;
-
-async fn connect(shared: &Shared, peer: u64, addr: SocketAddr) -> std::io::Result<BoxedWrite> {
+async fn connect(shared: &Shared, peer: u64, addr: SocketAddr) -> std::io::Result<BoxedIo> {
     let sock = TcpStream::connect(addr).await?;
     sock.set_nodelay(true)?;
-    match &shared.tls {
+    let mut stream: BoxedIo = match &shared.tls {
         Some(tls) => {
+            // rustls checks that the server's certificate names `node-<peer>`.
             let name = rustls::pki_types::ServerName::try_from(tls::node_name(peer))
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
             let stream = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.connector.connect(name, sock))
                 .await
                 .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake timed out"))??;
-            Ok(Box::new(stream))
+            Box::new(stream)
         }
-        None => Ok(Box::new(sock)),
-    }
+        None => Box::new(sock),
+    };
+    stream.write_all(&frame::hello(shared.node_id)).await?;
+    stream.flush().await?;
+    Ok(stream)
 }
 
-async fn dial_loop(shared: Arc<Shared>, peer: u64, addr: SocketAddr, mut rx: mpsc::Receiver<Bytes>) {
+async fn dial_loop(shared: Arc<Shared>, peer: u64) {
     let mut backoff = BACKOFF_MIN;
     loop {
-        match connect(&shared, peer, addr).await {
-            Ok(stream) => {
-                tracing::debug!(peer, %addr, "connected to peer");
-                backoff = BACKOFF_MIN;
-                match pump(&shared, peer, stream, &mut rx).await {
-                    Ok(()) => return, // queue closed: peer removed or shutting down
-                    Err(e) => tracing::debug!(peer, %addr, error = %e, "connection to peer lost"),
+        let addr = shared.addrs.read().ok().and_then(|a| a.get(&peer).copied());
+        if let Some(addr) = addr {
+            match connect(&shared, peer, addr).await {
+                Ok(stream) => {
+                    tracing::debug!(peer, %addr, "connected to peer");
+                    backoff = BACKOFF_MIN;
+                    run_connection(&shared, peer, addr, stream).await;
                 }
+                Err(e) => tracing::debug!(peer, %addr, error = %e, "cannot connect to peer"),
             }
-            Err(e) => tracing::debug!(peer, %addr, error = %e, "cannot connect to peer"),
-        }
-        if rx.is_closed() {
-            return;
         }
         let jitter = Duration::from_millis(rand::random::<u64>() % 25);
         tokio::time::sleep(backoff + jitter).await;
@@ -240,9 +286,49 @@ async fn dial_loop(shared: Arc<Shared>, peer: u64, addr: SocketAddr, mut rx: mps
     }
 }
 
-async fn pump(shared: &Shared, peer: u64, mut w: BoxedWrite, rx: &mut mpsc::Receiver<Bytes>) -> std::io::Result<()> {
-    w.write_all(&frame::hello(shared.node_id)).await?;
-    w.flush().await?;
+/// Serves an authenticated connection in both directions until it breaks or a newer one replaces it.
+async fn run_connection(shared: &Shared, peer: u64, addr: SocketAddr, stream: BoxedIo) {
+    let link = shared.link(peer);
+    let generation = link.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+    link.newer.notify_waiters();
+    if !shared.is_blocked(peer) {
+        shared.touch(peer);
+        let _ = shared.inbound.try_send(Inbound::PeerConnected { peer });
+    }
+    shared.metrics.peer_connections.inc();
+    let (r, w) = tokio::io::split(stream);
+    let mut r = BufReader::with_capacity(64 << 10, r);
+    let superseded = async {
+        loop {
+            let notified = link.newer.notified();
+            if link.generation.load(std::sync::atomic::Ordering::SeqCst) != generation {
+                return;
+            }
+            notified.await;
+        }
+    };
+    let writer = async {
+        let mut rx = link.rx.lock().await;
+        pump(shared, peer, w, &mut rx).await
+    };
+    tokio::select! {
+        () = read_frames(shared, peer, addr, &mut r) => {}
+        res = writer => {
+            if let Err(e) = res {
+                tracing::debug!(peer, %addr, error = %e, "connection to peer lost");
+            }
+        }
+        () = superseded => tracing::debug!(peer, %addr, "connection replaced by a newer one"),
+    }
+    shared.metrics.peer_connections.dec();
+}
+
+async fn pump(
+    shared: &Shared,
+    peer: u64,
+    mut w: tokio::io::WriteHalf<BoxedIo>,
+    rx: &mut mpsc::Receiver<Bytes>,
+) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(64 << 10);
     loop {
         let first = tokio::select! {
@@ -288,7 +374,7 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
 
 async fn serve_inbound(shared: Arc<Shared>, sock: TcpStream, addr: SocketAddr) {
     let m = &shared.metrics;
-    let (stream, cert): (BoxedRead, _) = match &shared.tls {
+    let (stream, cert): (BoxedIo, _) = match &shared.tls {
         Some(tls) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.acceptor.accept(sock)).await {
             Ok(Ok(s)) => {
                 let cert = s.get_ref().1.peer_certificates().and_then(|c| c.first().cloned());
@@ -307,8 +393,9 @@ async fn serve_inbound(shared: Arc<Shared>, sock: TcpStream, addr: SocketAddr) {
         },
         None => (Box::new(sock), None),
     };
-    let mut r = BufReader::with_capacity(64 << 10, stream);
-    let peer = match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_frame(&mut r, shared.max_frame)).await {
+    // Read the HELLO byte by byte through a reader we then hand on, so nothing is lost.
+    let mut stream = BufReader::with_capacity(64 << 10, stream);
+    let peer = match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_frame(&mut stream, shared.max_frame)).await {
         Ok(Ok(Frame::Hello { node_id })) => node_id,
         Ok(Ok(_)) => {
             m.reject("garbage");
@@ -332,12 +419,19 @@ async fn serve_inbound(shared: Arc<Shared>, sock: TcpStream, addr: SocketAddr) {
             return;
         }
     }
-    if !shared.is_blocked(peer) {
-        shared.touch(peer);
-        let _ = shared.inbound.try_send(Inbound::PeerConnected { peer });
+    if peer == shared.node_id {
+        m.reject("identity");
+        tracing::warn!(%addr, "raft transport: a peer claims this node's own id; closing");
+        return;
     }
+    run_connection(&shared, peer, addr, Box::new(stream)).await;
+}
+
+/// Reads frames from an authenticated peer until the connection ends or misbehaves.
+async fn read_frames<R: AsyncRead + Unpin>(shared: &Shared, peer: u64, addr: SocketAddr, r: &mut R) {
+    let m = &shared.metrics;
     loop {
-        match read_frame(&mut r, shared.max_frame).await {
+        match read_frame(r, shared.max_frame).await {
             Ok(Frame::Keepalive) => {
                 if !shared.is_blocked(peer) {
                     shared.touch(peer);
@@ -371,7 +465,7 @@ async fn serve_inbound(shared: Arc<Shared>, sock: TcpStream, addr: SocketAddr) {
                 return;
             }
             Err(e) => {
-                report_read_error(&shared, addr, Some(peer), e);
+                report_read_error(shared, addr, Some(peer), e);
                 return;
             }
         }
