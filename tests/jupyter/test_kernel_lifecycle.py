@@ -86,8 +86,14 @@ def test_interrupt_restart_and_delete():
     k = new_kernel()
     ws = connect(k["id"])
     assert execute(ws, "x = 5; x")["value"] == "5"
-    msg_id = send_execute(ws, "import time; time.sleep(120)")
-    wait_for(lambda: model_of(k["id"])["execution_state"] == "busy", 30, "the cell to start")
+    msg_id = send_execute(ws, "import time; print('started', flush=True); time.sleep(120)")
+    # Interrupt once the cell's code runs (a SIGINT that lands while ipykernel is
+    # still setting the cell up is a different test).
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        m = json.loads(ws.recv())
+        if m["msg_type"] == "stream" and "started" in m["content"]["text"]:
+            break
     assert http("POST", f"/api/kernels/{k['id']}/interrupt", d.token)[0] == 204
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
