@@ -118,7 +118,7 @@ async fn proxy(conn: ConnectionInfo, gateway: GatewayClient, args: Args) -> anyh
                 match frame {
                     Some(Ok(WsFrame::Binary(b))) => match ws::from_v1_binary(&b) {
                         Ok((channel, msg)) => {
-                            let done = routers.to_client(channel, msg, &mut routes, &signer, &kernel_id, shutdown_requested.as_deref()).await;
+                            let done = routers.deliver_to_client(channel, msg, &mut routes, &signer, &kernel_id, shutdown_requested.as_deref()).await;
                             if done {
                                 tracing::info!(kernel = %kernel_id, "kernel shut down by the client");
                                 break;
@@ -184,7 +184,7 @@ struct Routers {
 impl Routers {
     /// Sends a gateway message to the client; true when it was the reply to the
     /// client's shutdown request.
-    async fn to_client(
+    async fn deliver_to_client(
         &mut self,
         channel: Channel,
         msg: Message,

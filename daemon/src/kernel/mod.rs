@@ -5,18 +5,19 @@
 //! - [`process`]: spawn, signal, wait.
 //! - [`replica`]: one process plus the daemon's ZMQ sockets to it.
 //! - [`hub`]: routing to clients, replay buffer for disconnected clients.
-//! - [`kernel`]: the distributed kernel (replicas + executor choice).
+//! - [`distributed`]: the distributed kernel (replicas + executor choice).
+//! - [`binding`]: per-cell GPU binding (scheduler core + lease control).
 //! - [`registry`]: all kernels of this host.
 //! - [`spec`]: kernelspecs and their GPU requests.
 
 pub mod binding;
 pub mod connection;
+pub mod distributed;
 pub mod hub;
-pub mod kernel;
 pub mod process;
 pub mod registry;
 pub mod replica;
 pub mod spec;
 
-pub use kernel::{Kernel, KernelModel};
+pub use distributed::{Kernel, KernelModel};
 pub use registry::Kernels;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio::sync::RwLock;
 
 use super::binding::Binder;
-use super::kernel::{Kernel, KernelModel};
+use super::distributed::{Kernel, KernelModel};
 use super::process::LaunchSpec;
 use super::spec;
 use crate::jupyter::Channel;

@@ -235,7 +235,8 @@ impl Kernel {
             None,
             &serde_json::json!({ "restart": false }),
         );
-        let _ = self.hub.expect_internal_reply(&msg.header().map(|h| h.msg_id).unwrap_or_default());
+        // The reply is the daemon's, not any client's; nobody waits for it.
+        drop(self.hub.expect_internal_reply(&msg.header().map(|h| h.msg_id).unwrap_or_default()));
         if let Err(e) = r.send(Channel::Control, &msg).await {
             tracing::debug!(kernel = %self.id, error = format!("{e:#}"), "shutdown_request not sent");
         }
