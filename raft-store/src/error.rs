@@ -77,6 +77,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The store's request queue is full; nothing was proposed. Retry later.
+    #[error("the raft store is overloaded (request queue full); nothing was proposed")]
+    Overloaded,
     /// The store has been shut down.
     #[error("the raft store is shut down")]
     Stopped,
@@ -104,6 +107,7 @@ impl Error {
             Error::Config(_) => "config",
             Error::Tls(_) => "tls",
             Error::Io { .. } => "io",
+            Error::Overloaded => "overloaded",
             Error::Stopped => "stopped",
         }
     }

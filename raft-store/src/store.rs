@@ -131,7 +131,7 @@ impl RaftStore {
     async fn call<T>(&self, group: u64, make: impl FnOnce(oneshot::Sender<Result<T>>) -> Control) -> Result<T> {
         let (tx, rx) = oneshot::channel();
         self.inner.control.try_send(make(tx)).map_err(|e| match e {
-            crossbeam_channel::TrySendError::Full(_) => Error::Timeout { group, after: Duration::ZERO },
+            crossbeam_channel::TrySendError::Full(_) => Error::Overloaded,
             crossbeam_channel::TrySendError::Disconnected(_) => Error::Stopped,
         })?;
         let after = self.inner.cfg.request_timeout;

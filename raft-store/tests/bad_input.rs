@@ -152,3 +152,61 @@ async fn bad_configuration_is_refused_with_a_clear_error() {
     let json = r#"{"node_id":1,"data_dir":"/tmp/x","listen":"127.0.0.1:1","security":{"mode":"plaintext"},"bogus":1}"#;
     assert!(serde_json::from_str::<StoreConfig>(json).is_err(), "unknown fields are refused");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_api_refuses_bad_requests_and_keeps_serving() {
+    use raft_store::service::{NodeClient, NodeServiceConfig, Request, MAX_REQUEST_BYTES};
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut store = StoreConfig::new(1, dir.path().join("d"), free_addr(), raft_store::TransportSecurity::Plaintext);
+    store.tick_interval = Duration::from_millis(20);
+    let client_listen = free_addr();
+    let cfg = NodeServiceConfig { store, client_listen, bootstrap_groups: vec![1], bootstrap_voters: vec![1] };
+    let node = tokio::spawn(raft_store::service::run_node(cfg));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut client = loop {
+        if let Ok(c) = NodeClient::connect(client_listen).await {
+            break c;
+        }
+        assert!(Instant::now() < deadline, "node service did not start");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+
+    async fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        s.write_all(bytes).await.expect("write");
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).await.expect("read");
+        line
+    }
+    let garbage = raw(client_listen, b"{not json\n").await;
+    assert!(garbage.contains("bad_request") && garbage.contains("cannot parse"), "{garbage}");
+    let unknown = raw(client_listen, b"{\"op\":\"explode\"}\n").await;
+    assert!(unknown.contains("bad_request"), "{unknown}");
+    let mut long = vec![b'x'; MAX_REQUEST_BYTES + 10];
+    long.push(b'\n');
+    let too_long = raw(client_listen, &long).await;
+    assert!(too_long.contains("bad_request") && too_long.contains("longer than"), "{too_long}");
+    let r = client
+        .call(&Request::Put { group: 7, key: "k".into(), value: "v".into() }, Duration::from_secs(5))
+        .await
+        .expect("answer");
+    assert_eq!(r.error_kind(), Some("group_not_found"));
+
+    // Still serving: a put on the bootstrap group goes through once it has a leader.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = client
+            .call(&Request::Put { group: 1, key: "k".into(), value: "v".into() }, Duration::from_secs(5))
+            .await
+            .expect("answer");
+        if r.ok {
+            break;
+        }
+        assert_eq!(r.error_kind(), Some("not_leader"), "{r:?}");
+        assert!(Instant::now() < deadline, "no leader");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    node.abort();
+}
