@@ -17,14 +17,3 @@ pub fn monotonic_ns() -> u64 {
 pub fn since(then_ns: u64) -> Duration {
     Duration::from_nanos(monotonic_ns().saturating_sub(then_ns))
 }
-
-/// CLOCK_MONOTONIC_COARSE in nanoseconds: the same clock at tick resolution (1-4 ms), read
-/// without a hardware timer access, for hot paths such as the shim's per-launch timestamp.
-pub fn monotonic_coarse_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: as in `monotonic_ns`; CLOCK_MONOTONIC_COARSE exists on Linux since 2.6.32.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
-    let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
-    secs.saturating_mul(1_000_000_000).saturating_add(nanos)
-}

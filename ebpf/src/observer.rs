@@ -50,12 +50,35 @@ struct State {
     procs: ProcTracker,
     /// Kernel label per pid, for metrics.
     labels: HashMap<u32, String>,
+    /// Counters-file changes seen, per pid.
+    counter_seen: HashMap<u32, CounterSeen>,
     /// Exit drops already added to the metric.
     drops_folded: u64,
     /// Counts already added to the Prometheus counters, per pid.
     folded: HashMap<u32, ProcessActivity>,
     /// The shim's lease-protocol `Activity` reports: gated calls and when the count last grew.
     lease_reports: HashMap<u32, LeaseReport>,
+}
+
+/// When the observer saw a process's counters file change (the reference shim stamps no time).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct CounterSeen {
+    calls: u64,
+    first_ns: u64,
+    changed_ns: u64,
+}
+
+impl CounterSeen {
+    /// The (first, latest) activity times implied by reading `calls` at `now`, given what was
+    /// seen before: a count never seen, or different from the last one, changed just now.
+    fn times(seen: Option<&CounterSeen>, calls: u64, now: u64) -> (u64, u64) {
+        match seen {
+            None if calls > 0 => (now, now),
+            None => (0, 0),
+            Some(s) if s.calls != calls => (if s.first_ns == 0 { now } else { s.first_ns }, now),
+            Some(s) => (s.first_ns, s.changed_ns),
+        }
+    }
 }
 
 /// The latest `Activity { calls }` of one process, and when its count last grew.
@@ -127,6 +150,7 @@ impl Observer {
                 labels: HashMap::new(),
                 folded: HashMap::new(),
                 drops_folded: 0,
+                counter_seen: HashMap::new(),
                 lease_reports: HashMap::new(),
             }),
             subscribers: Mutex::new(Vec::new()),
@@ -301,7 +325,13 @@ impl Shared {
             }
             None => None,
         };
-        let mut a = merge(pid, raw.as_ref(), self.counters(pid).as_ref(), state.lease_reports.get(&pid))?;
+        let shim = self.counters(pid).map(|mut c| {
+            let (first, last) = CounterSeen::times(state.counter_seen.get(&pid), c.calls(), monotonic_ns());
+            c.first_ns = [c.first_ns, first].into_iter().filter(|&t| t > 0).min().unwrap_or(0);
+            c.last_ns = c.last_ns.max(last);
+            c
+        });
+        let mut a = merge(pid, raw.as_ref(), shim.as_ref(), state.lease_reports.get(&pid))?;
         if self.mode == Mode::Procfs {
             if let Some(s) = state.procs.last(pid).or_else(|| procfs_sampler::sample(pid)) {
                 a.cpu_time_ns = Some(procfs_sampler::ticks_to_ns(s.cpu_ticks));
@@ -333,10 +363,26 @@ impl Shared {
                     self.poll_procfs();
                 }
             }
+            self.note_counters();
             if since(last_sweep) >= metrics_interval {
                 self.sweep();
                 last_sweep = monotonic_ns();
             }
+        }
+    }
+
+    /// Records when each counters file's count changed (every poll, so `idle_for` is exact to
+    /// `poll_interval` even when nobody asks in between).
+    fn note_counters(&self) {
+        let Some(dir) = &self.counters_dir else { return };
+        let pids = shim_counters::list(dir);
+        let now = monotonic_ns();
+        let mut state = self.lock();
+        for pid in pids {
+            let Some(c) = shim_counters::read(dir, pid) else { continue };
+            let calls = c.calls();
+            let (first_ns, changed_ns) = CounterSeen::times(state.counter_seen.get(&pid), calls, now);
+            state.counter_seen.insert(pid, CounterSeen { calls, first_ns, changed_ns });
         }
     }
 
@@ -389,6 +435,7 @@ impl Shared {
             state.folded.remove(&pid);
             state.labels.remove(&pid);
             state.lease_reports.remove(&pid);
+            state.counter_seen.remove(&pid);
         }
         if let Some(dir) = &self.counters_dir {
             remove_counters(dir, pid);
@@ -575,5 +622,21 @@ mod thread_safety {
     fn observer_is_send_and_sync() {
         fn assert_send_sync<T: Send + Sync>() {}
         assert_send_sync::<super::Observer>();
+    }
+}
+
+#[cfg(test)]
+mod counter_seen_tests {
+    use super::CounterSeen;
+
+    #[test]
+    fn a_count_change_is_activity_now_and_a_steady_count_keeps_its_time() {
+        assert_eq!(CounterSeen::times(None, 0, 100), (0, 0));
+        assert_eq!(CounterSeen::times(None, 5, 100), (100, 100));
+        let seen = CounterSeen { calls: 5, first_ns: 100, changed_ns: 100 };
+        assert_eq!(CounterSeen::times(Some(&seen), 5, 900), (100, 100));
+        assert_eq!(CounterSeen::times(Some(&seen), 6, 900), (100, 900));
+        let never = CounterSeen { calls: 0, first_ns: 0, changed_ns: 0 };
+        assert_eq!(CounterSeen::times(Some(&never), 1, 50), (50, 50));
     }
 }
