@@ -55,7 +55,8 @@ impl Daemon {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let line = rx.recv_timeout(left).unwrap_or_else(|_| panic!("notebookosd did not print its URL within 20 s"));
+            let line =
+                rx.recv_timeout(left).unwrap_or_else(|_| panic!("notebookosd did not print its URL within 20 s"));
             if let Some(rest) = line.split("listening on ").nth(1) {
                 return Daemon { child, url: rest.trim().to_owned() };
             }
@@ -212,7 +213,11 @@ fn token_is_required_when_configured() {
     // Probes stay open for load balancers and Prometheus.
     assert_eq!(http_get(&format!("{}/healthz", d.url), None).0, 200);
 
-    let o = Command::new(NBOS).args(["status", "--token", "nope-nope-nope"]).env("NBOS_URL", &d.url).output().expect("nbos");
+    let o = Command::new(NBOS)
+        .args(["status", "--token", "nope-nope-nope"])
+        .env("NBOS_URL", &d.url)
+        .output()
+        .expect("nbos");
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("401"), "{}", stderr(&o));
     let o = Command::new(NBOS).args(["status", "--token", token]).env("NBOS_URL", &d.url).output().expect("nbos");
