@@ -52,6 +52,10 @@ impl Kernels {
         metrics: Arc<Metrics>,
         binder: Arc<Binder>,
     ) -> Self {
+        // Kernels run in their own directory, where a relative interpreter path
+        // (`.venv/bin/python`) would not resolve; a bare name is looked up in PATH.
+        let python =
+            if python.components().count() > 1 { std::path::absolute(&python).unwrap_or(python) } else { python };
         Self { map: RwLock::new(HashMap::new()), python, dir, extra_env, metrics, binder }
     }
 
