@@ -1,0 +1,248 @@
+//! The Kernel Gateway API of a real notebookosd with a real ipykernel, from Rust:
+//! kernelspecs, kernel lifecycle, both WebSocket encodings (JSON with a float
+//! `date` and no `channel`; `v1.kernel.websocket.jupyter.org`), token checks,
+//! 404s, malformed messages dropped and counted, and `nbos kernels` /
+//! `nbos bench cell --json`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use notebookosd::gateway::client::GatewayClient;
+use notebookosd::jupyter::{ws, Channel, Message};
+use tokio_tungstenite::tungstenite::Message as WsFrame;
+
+const NOTEBOOKOSD: &str = env!("CARGO_BIN_EXE_notebookosd");
+const NBOS: &str = env!("CARGO_BIN_EXE_nbos");
+const TOKEN: &str = "gateway-api-test-token-0123456789";
+
+/// The project's Python with ipykernel (requirements-dev.txt).
+fn python() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    assert!(p.exists(), "{} is missing: create the venv (make deps)", p.display());
+    p
+}
+
+struct Daemon {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
+            // SAFETY: kill(2) on our own unreaped child.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let _ = self.child.wait();
+    }
+}
+
+fn start() -> Daemon {
+    let dir = tempfile::tempdir().expect("tmp");
+    let token = dir.path().join("token");
+    std::fs::write(&token, format!("{TOKEN}\n")).expect("token");
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[node]\nstate_dir = {:?}\nruntime_dir = {:?}\n[http]\nlisten = \"127.0.0.1:0\"\ntoken_file = {:?}\n\
+             [kernel]\npython = {:?}\n[log]\nformat = \"text\"\n",
+            dir.path().join("state"),
+            dir.path().join("run"),
+            token,
+            python()
+        ),
+    )
+    .expect("config");
+    let child = Command::new(NOTEBOOKOSD)
+        .arg("--config")
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let endpoint = dir.path().join("run/endpoint.json");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let url = loop {
+        if let Some(e) = std::fs::read_to_string(&endpoint)
+            .ok()
+            .and_then(|t| serde_json::from_str::<notebookosd::node::Endpoint>(&t).ok())
+        {
+            break e.url;
+        }
+        assert!(Instant::now() < deadline, "daemon did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Daemon { child, url, _dir: dir }
+}
+
+fn http(method: &str, url: &str, token: Option<&str>, body: Option<&str>) -> (u16, String) {
+    let mut req = ureq::request(method, url);
+    if let Some(t) = token {
+        req = req.set("Authorization", &format!("token {t}"));
+    }
+    let res = match body {
+        Some(b) => req.set("Content-Type", "application/json").send_string(b),
+        None => req.call(),
+    };
+    match res {
+        Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        Err(e) => panic!("{method} {url}: {e}"),
+    }
+}
+
+fn metric(url: &str, prefix: &str) -> f64 {
+    let (_, text) = http("GET", &format!("{url}/metrics"), None, None);
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Waits for the execute_reply and result of `msg_id` on a JSON WebSocket.
+async fn json_result<S>(rx: &mut S, msg_id: &str) -> (String, Option<String>)
+where
+    S: futures_util::Stream<Item = Result<WsFrame, tokio_tungstenite::tungstenite::Error>> + Unpin,
+{
+    let mut value = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let frame =
+            tokio::time::timeout_at(deadline, rx.next()).await.expect("reply in time").expect("open").expect("ok");
+        let WsFrame::Text(t) = frame else { continue };
+        let v: serde_json::Value = serde_json::from_str(t.as_str()).expect("json");
+        if v["parent_header"]["msg_id"] != msg_id {
+            continue;
+        }
+        if v["msg_type"] == "execute_result" {
+            assert_eq!(v["channel"], "iopub");
+            value = v["content"]["data"]["text/plain"].as_str().map(str::to_owned);
+        }
+        if v["msg_type"] == "execute_reply" {
+            assert_eq!(v["channel"], "shell");
+            return (v["content"]["status"].as_str().unwrap_or("").to_owned(), value);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kernel_gateway_api_end_to_end() {
+    let d = start();
+    let url = d.url.clone();
+    let u = url.clone();
+    let (kernel_id, pid) = tokio::task::spawn_blocking(move || {
+        // Kernelspecs, with GPU requests in their metadata.
+        let (code, body) = http("GET", &format!("{u}/api/kernelspecs"), Some(TOKEN), None);
+        assert_eq!(code, 200);
+        let specs: serde_json::Value = serde_json::from_str(&body).expect("json");
+        assert_eq!(specs["default"], "python3");
+        assert_eq!(specs["kernelspecs"]["notebookos-python-4gpu"]["spec"]["metadata"]["notebookos"]["gpus"], 4);
+        assert_eq!(http("GET", &format!("{u}/api/kernelspecs/python3"), Some(TOKEN), None).0, 200);
+        // Auth and 404.
+        assert_eq!(http("GET", &format!("{u}/api/kernels"), None, None).0, 401);
+        assert_eq!(http("GET", &format!("{u}/api/kernels"), Some("wrong"), None).0, 401);
+        assert_eq!(http("GET", &format!("{u}/api/kernels/nope"), Some(TOKEN), None).0, 404);
+        assert_eq!(http("POST", &format!("{u}/api/kernels"), Some(TOKEN), Some("{not json")).0, 400);
+        // Create.
+        let (code, body) = http("POST", &format!("{u}/api/kernels"), Some(TOKEN), Some(r#"{"name":"python3"}"#));
+        assert_eq!(code, 201, "{body}");
+        let model: serde_json::Value = serde_json::from_str(&body).expect("json");
+        (model["id"].as_str().expect("id").to_owned(), model["pids"][0].as_u64().expect("pid"))
+    })
+    .await
+    .expect("join");
+    assert!(Path::new(&format!("/proc/{pid}")).exists());
+
+    let client = GatewayClient::new(&url, Some(TOKEN.to_owned()));
+    // JSON encoding, as jupyter_server's gateway client sends it: no channel, float date.
+    let (mut tx, mut rx) = client.connect_channels(&kernel_id, false).await.expect("ws").split();
+    tx.send(WsFrame::Text(
+        r#"{"header":{"msg_id":"j1","msg_type":"execute_request","session":"s","date":1700000000.25,"version":"5.3"},
+            "parent_header":{},"metadata":{},"content":{"code":"21*2","silent":false}}"#
+            .into(),
+    ))
+    .await
+    .expect("send");
+    assert_eq!(json_result(&mut rx, "j1").await, ("ok".to_owned(), Some("42".to_owned())));
+
+    // Malformed messages are dropped and counted; the kernel keeps working.
+    let before = metric(&url, "notebookos_messages_dropped_total{source=\"websocket\",reason=\"malformed_json\"}");
+    tx.send(WsFrame::Text("{oops".into())).await.expect("send");
+    tx.send(WsFrame::Binary(vec![0u8, 0, 0, 9, 1].into())).await.expect("send");
+    tx.send(WsFrame::Text(r#"{"header":{"msg_id":"j2","msg_type":"execute_request"},"content":{"code":"7"}}"#.into()))
+        .await
+        .expect("send");
+    assert_eq!(json_result(&mut rx, "j2").await, ("ok".to_owned(), Some("7".to_owned())));
+    let after = metric(&url, "notebookos_messages_dropped_total{source=\"websocket\",reason=\"malformed_json\"}");
+    assert_eq!(after - before, 1.0);
+    assert!(metric(&url, "notebookos_messages_dropped_total{source=\"websocket\",reason=\"bad_binary\"}") >= 1.0);
+    drop((tx, rx));
+
+    // v1 binary subprotocol.
+    let (mut tx, mut rx) = client.connect_channels(&kernel_id, true).await.expect("v1 ws").split();
+    let req = Message::new(
+        "execute_request",
+        "s",
+        "v1",
+        std::time::SystemTime::now(),
+        None,
+        &serde_json::json!({"code": "'v' + '1'", "silent": false}),
+    );
+    tx.send(WsFrame::Binary(ws::to_v1_binary(Channel::Shell, &req).into())).await.expect("send");
+    let mut got = None;
+    while got.is_none() {
+        let frame = tokio::time::timeout(Duration::from_secs(60), rx.next()).await.expect("in time").expect("open");
+        let WsFrame::Binary(b) = frame.expect("ok") else { panic!("v1 frames are binary") };
+        let (ch, m) = ws::from_v1_binary(&b).expect("decodes");
+        if ch == Channel::Iopub && m.header().expect("h").msg_type == "execute_result" {
+            got = m.content_json().expect("c")["data"]["text/plain"].as_str().map(str::to_owned);
+        }
+    }
+    assert_eq!(got.as_deref(), Some("'v1'"));
+    drop((tx, rx));
+
+    // nbos kernels lists it, as a table and as JSON.
+    let out = Command::new(NBOS).args(["--url", &url, "--token", TOKEN, "kernels"]).output().expect("nbos");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&kernel_id));
+    let out = Command::new(NBOS).args(["--url", &url, "--token", TOKEN, "kernels", "--json"]).output().expect("nbos");
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(list[0]["id"], kernel_id.as_str());
+
+    // Delete: the process goes away, the id is 404 afterwards.
+    let u = url.clone();
+    let id = kernel_id.clone();
+    tokio::task::spawn_blocking(move || {
+        assert_eq!(http("DELETE", &format!("{u}/api/kernels/{id}"), Some(TOKEN), None).0, 204);
+        assert_eq!(http("GET", &format!("{u}/api/kernels/{id}"), Some(TOKEN), None).0, 404);
+    })
+    .await
+    .expect("join");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Path::new(&format!("/proc/{pid}/stat")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z")
+    {
+        assert!(Instant::now() < deadline, "kernel process {pid} still alive after DELETE");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn bench_cell_prints_one_json_object_with_the_promised_keys() {
+    let out = Command::new(NBOS)
+        .args(["bench", "cell", "--json", "--cells", "10", "--warmup", "2", "--python"])
+        .arg(python())
+        .output()
+        .expect("nbos bench cell");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    for k in ["gateway_p50_ms", "gateway_p99_ms", "direct_p50_ms", "direct_p99_ms", "added_p50_ms"] {
+        assert!(v[k].is_number(), "{k} missing in {v}");
+    }
+    assert!(v["gateway_p50_ms"].as_f64() > Some(0.0) && v["direct_p50_ms"].as_f64() > Some(0.0));
+}
