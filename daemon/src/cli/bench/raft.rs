@@ -43,6 +43,9 @@ pub struct Args {
     /// Value size in bytes.
     #[arg(long, default_value_t = 100)]
     pub value_bytes: usize,
+    /// Ticks of inactivity before a group hibernates (0 = never; shows what hibernation saves).
+    #[arg(long, default_value_t = 30)]
+    pub hibernate_after_ticks: u32,
     /// Internal: run as one node of the benchmark cluster with this configuration.
     #[arg(long, hide = true)]
     pub serve_node: Option<PathBuf>,
@@ -96,7 +99,7 @@ impl Drop for Cluster {
 }
 
 impl Cluster {
-    fn start(dir: &Path, n: u64) -> anyhow::Result<Cluster> {
+    fn start(dir: &Path, n: u64, hibernate_after_ticks: u32) -> anyhow::Result<Cluster> {
         let ids: Vec<u64> = (1..=n).collect();
         let pki = dir.join("pki");
         raft_store::generate_cluster_pki(&pki, &ids)?;
@@ -110,6 +113,7 @@ impl Cluster {
                 raft_addrs[id],
                 NodeTlsFiles::in_dir(&pki, *id).security(),
             );
+            store.hibernate_after_ticks = hibernate_after_ticks;
             store.peers = raft_addrs.iter().filter(|(k, _)| *k != id).map(|(k, v)| (*k, *v)).collect();
             let client = free_addr()?;
             let cfg = NodeServiceConfig {
@@ -312,7 +316,7 @@ async fn metric(client: &mut ClusterClient, id: u64, name: &str) -> f64 {
 }
 
 /// Creates `n` idle 3-replica groups on every node and measures RSS once they hibernate.
-async fn measure_idle_groups(cluster: &Cluster, n: u64) -> anyhow::Result<IdleGroups> {
+async fn measure_idle_groups(cluster: &Cluster, n: u64, hibernate: bool) -> anyhow::Result<IdleGroups> {
     let baseline = (0..cluster.nodes.len()).filter_map(|i| cluster.pid(i).and_then(rss_mib)).fold(0.0, f64::max);
     let voters: Vec<u64> = cluster.nodes.iter().map(|n| n.0).collect();
     let mut creates = Vec::new();
@@ -331,8 +335,12 @@ async fn measure_idle_groups(cluster: &Cluster, n: u64) -> anyhow::Result<IdleGr
     }
     let mut client = cluster.client();
     let deadline = Instant::now() + Duration::from_secs(120);
+    if !hibernate {
+        // Without hibernation there is no state to wait for: give the elections time to settle.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
     let mut hibernated = false;
-    while Instant::now() < deadline {
+    while hibernate && Instant::now() < deadline {
         let mut all = true;
         for (id, _, _, _) in &cluster.nodes {
             if metric(&mut client, *id, "notebookos_raft_groups_hibernating").await < n as f64 {
@@ -479,10 +487,10 @@ async fn bench(args: &Args) -> anyhow::Result<serde_json::Value> {
     let tmp = tempfile::tempdir()?;
     let half = args.duration / 2;
     let value = "x".repeat(args.value_bytes);
-    let mut cluster = Cluster::start(tmp.path(), args.nodes)?;
+    let mut cluster = Cluster::start(tmp.path(), args.nodes, args.hibernate_after_ticks)?;
     cluster.leader(Duration::from_secs(30)).await?;
     // Memory first, on fresh processes: 1,000 idle groups, not the keys the load phases write.
-    let idle = measure_idle_groups(&cluster, args.idle_groups).await?;
+    let idle = measure_idle_groups(&cluster, args.idle_groups, args.hibernate_after_ticks > 0).await?;
     raft_load(&cluster, 1, Duration::from_millis(500), &value).await; // warm-up
     let mut seq = raft_load(&cluster, 1, half, &value).await;
     let mut conc = raft_load(&cluster, args.clients, half, &value).await;
@@ -536,6 +544,7 @@ async fn bench(args: &Args) -> anyhow::Result<serde_json::Value> {
         "idle_groups": args.idle_groups,
         "idle_groups_all_hibernating": idle.hibernated,
         "idle_cpu_percent": round(Some(idle.idle_cpu)),
+        "hibernate_after_ticks": args.hibernate_after_ticks,
     }))
 }
 
