@@ -139,3 +139,13 @@ def test_kernel_models_have_kernel_gateway_fields():
         time.strptime(mine["last_activity"], "%Y-%m-%dT%H:%M:%S.%fZ")
     finally:
         http("DELETE", f"/api/kernels/{k['id']}", daemon().token)
+
+
+def test_nbos_kernel_helper_is_loaded_into_every_kernel():
+    k = new_kernel()
+    try:
+        ws = connect(k["id"])
+        assert execute(ws, "type(_nbos_tracker).__module__")["value"] == "'nbos_kernel.namespace'"
+        ws.close()
+    finally:
+        http("DELETE", f"/api/kernels/{k['id']}", daemon().token)

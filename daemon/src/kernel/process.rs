@@ -45,6 +45,10 @@ impl KernelProcess {
             .arg("ipykernel_launcher")
             .arg("-f")
             .arg(connection_file)
+            // The NotebookOS helper (python/nbos_kernel): namespace tracking now,
+            // state export later. A Python without it logs the failed import in
+            // kernel.log and runs as a plain ipykernel.
+            .arg("--IPKernelApp.extra_extensions=nbos_kernel")
             .current_dir(&spec.dir)
             .stdin(std::process::Stdio::null())
             .stdout(log)
