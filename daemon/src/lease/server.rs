@@ -115,6 +115,8 @@ pub struct LeaseServer {
     shared: Arc<Shared>,
     events: Sender<Event>,
     socket: PathBuf,
+    /// A handle on the listening socket, to wake the acceptor at shutdown.
+    listener: UnixListener,
     threads: Vec<JoinHandle<()>>,
     metrics: LeaseMetrics,
 }
@@ -163,8 +165,9 @@ impl LeaseServer {
         };
         threads.push(spawn("lease-actor", Box::new(move || actor.run(rx)))?);
         let (sh, etx, m) = (shared.clone(), tx.clone(), metrics.clone());
+        let wake = listener.try_clone().map_err(bind_err)?;
         threads.push(spawn("lease-accept", Box::new(move || accept_loop(listener, sh, etx, m)))?);
-        Ok(Self { shared, events: tx, socket: cfg.socket, threads, metrics })
+        Ok(Self { shared, events: tx, socket: cfg.socket, listener: wake, threads, metrics })
     }
 
     /// The socket path (for `NBOS_LEASE_SOCKET`).
@@ -229,8 +232,10 @@ impl Drop for LeaseServer {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         let _ = self.events.send(Event::Stop);
-        // Wake the acceptor blocked in accept().
-        let _ = UnixStream::connect(&self.socket);
+        // Wake the acceptor blocked in accept(): shutdown on a listening socket makes
+        // accept fail (the socket file may already be gone, so connecting is no way).
+        // SAFETY: the fd is owned by self.listener and alive; shutdown does not close it.
+        unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&self.listener), libc::SHUT_RDWR) };
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -244,7 +249,15 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>, events: Sender<Event
         if shared.stop.load(Ordering::SeqCst) {
             return;
         }
-        let Ok(stream) = stream else { continue };
+        let stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "lease socket accept failed");
+                // Do not spin on a persistent error (EMFILE): back off briefly.
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
         let conn = NEXT.fetch_add(1, Ordering::Relaxed);
         let (sh, ev, m) = (shared.clone(), events.clone(), metrics.clone());
         let spawned =

@@ -30,7 +30,12 @@ fn path(gpu: &FakeGpu) -> PathBuf {
     config().state_dir.join(format!("{}.ledger", uuid_string(&gpu.uuid)))
 }
 
+/// A process that exited holds no GPU memory, even before its parent reaps it (a zombie).
 fn alive(pid: u32) -> bool {
+    if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        let state = stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next());
+        return !matches!(state, Some("Z" | "X"));
+    }
     let Ok(pid) = i32::try_from(pid) else { return false };
     // SAFETY: kill with signal 0 only checks for existence and permission.
     let rc = unsafe { libc::kill(pid, 0) };

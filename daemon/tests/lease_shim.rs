@@ -1,0 +1,340 @@
+//! End to end: programs using the CUDA driver API through the shim (`libcuda.so.1`
+//! in a private directory), the daemon's lease server, GPU control, and the fake-cuda
+//! TEST DOUBLE as the driver (shared capacity ledger, real checkpoint semantics).
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::time::{Duration, Instant};
+
+use nbos_lease_proto::{read_message, write_message, Message};
+use notebookosd::gpu::checkpoint::DriverCheckpoint;
+use notebookosd::gpu::control::GpuControl;
+use notebookosd::gpu::inventory::fake_gpu_uuid;
+use notebookosd::gpu::GpuInfo;
+use notebookosd::lease::metrics::{EvictionLabels, LeaseMetrics, RefusedLabels};
+use notebookosd::lease::table::Policy;
+use notebookosd::lease::{KernelProcess, LeaseServer, LeaseServerConfig, LeaseState, ProcessStatus};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Where cargo put the dev-dependency cdylibs: next to this test binary.
+fn built(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let p = exe.parent().expect("deps dir").join(name);
+    assert!(p.exists(), "{} not built (dev-dependency of notebookosd)", p.display());
+    p
+}
+
+fn programs() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../cuda-shim/tests/programs")
+}
+
+struct Host {
+    dir: tempfile::TempDir,
+    shim_dir: PathBuf,
+    client: PathBuf,
+    fake: PathBuf,
+    gpus: u32,
+    gpu_mib: u64,
+    server: LeaseServer,
+    metrics: LeaseMetrics,
+}
+
+struct Proc {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Proc {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Next line starting with `prefix` (earlier other lines are kept in `seen`).
+    fn expect(&mut self, prefix: &str) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if l.starts_with(prefix) => return l,
+                Ok(l) => self.seen.push(l),
+                Err(_) => panic!("no line starting with {prefix:?}; saw {:?}", self.seen),
+            }
+        }
+    }
+
+    fn has_printed(&mut self, prefix: &str) -> bool {
+        while let Ok(l) = self.lines.try_recv() {
+            self.seen.push(l);
+        }
+        self.seen.iter().any(|l| l.starts_with(prefix))
+    }
+
+    fn send(&mut self, line: &str) {
+        writeln!(self.stdin, "{line}").expect("write stdin");
+    }
+
+    fn wait(mut self) -> (i32, Vec<String>) {
+        let status = self.child.wait().expect("wait");
+        self.seen.extend(self.lines.iter());
+        (status.code().unwrap_or(-1), self.seen)
+    }
+}
+
+impl Host {
+    fn start(gpus: u32, gpu_mib: u64, idle_grace: Duration) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let shim_dir = dir.path().join("shim");
+        std::fs::create_dir(&shim_dir).expect("mkdir");
+        // The daemon's layout: the shim is `<private dir>/libcuda.so.1`.
+        std::fs::copy(built("libnbos_cuda_shim.so"), shim_dir.join("libcuda.so.1")).expect("copy shim");
+        let fake = built("libfake_cuda.so");
+        let client = dir.path().join("driver_client");
+        let out = Command::new("cc")
+            .args(["-O1", "-Wall", "-o"])
+            .arg(&client)
+            .arg(programs().join("driver_client.c"))
+            .arg("-ldl")
+            .output()
+            .expect("run cc");
+        assert!(out.status.success(), "cc failed: {}", String::from_utf8_lossy(&out.stderr));
+        let inventory: Vec<GpuInfo> = (0..gpus)
+            .map(|index| GpuInfo {
+                index,
+                uuid: fake_gpu_uuid(index),
+                name: "fake".into(),
+                memory_mib: gpu_mib,
+                simulated: true,
+            })
+            .collect();
+        let metrics = LeaseMetrics::default();
+        let api = DriverCheckpoint::load(&fake).expect("fake-cuda checkpoint API");
+        let control = GpuControl::new(Some(Box::new(api)), metrics.clone());
+        let cfg = LeaseServerConfig {
+            socket: dir.path().join("lease.sock"),
+            policy: Policy { idle_grace, idle_release: Duration::from_secs(600) },
+            activity_interval: Duration::from_millis(20),
+            memory_limit_bytes: 0,
+        };
+        let server = LeaseServer::start(cfg, inventory, control, metrics.clone()).expect("lease server");
+        Self { dir, shim_dir, client, fake, gpus, gpu_mib, server, metrics }
+    }
+
+    fn command(&self, program: &Path, args: &[&str], kernel: &str) -> Command {
+        // `read` holds the process until the test registered its pid; `exec` keeps the pid.
+        let mut c = Command::new("sh");
+        c.arg("-c").arg("read go && exec \"$0\" \"$@\"").arg(program).args(args);
+        c.env("LD_LIBRARY_PATH", &self.shim_dir)
+            .env("LD_PRELOAD", self.shim_dir.join("libcuda.so.1"))
+            .env("NBOS_CUDA_DRIVER", &self.fake)
+            .env("NBOS_LEASE_SOCKET", self.server.socket())
+            .env("NBOS_KERNEL_ID", kernel)
+            .env("FAKE_CUDA_STATE_DIR", self.dir.path().join("fake-state"))
+            .env("FAKE_CUDA_GPUS", self.gpus.to_string())
+            .env("FAKE_CUDA_GPU_MEMORY_MIB", self.gpu_mib.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        c
+    }
+
+    /// Starts `program args` as the kernel process of `kernel` (registered unless `register` is false).
+    fn spawn_program(&self, program: &Path, args: &[&str], kernel: &str, gpus: u32, register: bool) -> Proc {
+        let mut child = self.command(program, args, kernel).spawn().expect("spawn");
+        let mut stdin = child.stdin.take().expect("stdin");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    return;
+                }
+            }
+        });
+        if register {
+            // SAFETY: getuid cannot fail.
+            let uid = unsafe { libc::getuid() };
+            self.server.register_process(KernelProcess {
+                kernel_id: kernel.into(),
+                replica: 0,
+                pid: child.id(),
+                uid,
+                gpus,
+            });
+        }
+        writeln!(stdin, "go").expect("release the process");
+        Proc { child, stdin, lines, seen: Vec::new() }
+    }
+
+    fn spawn(&self, args: &[&str], kernel: &str, gpus: u32) -> Proc {
+        self.spawn_program(&self.client, args, kernel, gpus, true)
+    }
+
+    fn wait_state(&self, pid: u32, want: LeaseState) -> ProcessStatus {
+        let ok = self.server.wait_until(WAIT, |s| s.iter().any(|p| p.pid == pid && p.state == want));
+        let status = self.server.status();
+        assert!(ok, "pid {pid} never reached {want:?}: {status:?}");
+        status.into_iter().find(|p| p.pid == pid).expect("present")
+    }
+
+    fn ledger_bytes(&self, gpu: u32, pid: u32) -> u64 {
+        let path = self.dir.path().join("fake-state").join(format!("{}.ledger", fake_gpu_uuid(gpu)));
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| l.split_once(' '))
+            .filter(|(p, _)| p.parse::<u32>().ok() == Some(pid))
+            .filter_map(|(_, b)| b.parse::<u64>().ok())
+            .sum()
+    }
+}
+
+#[test]
+fn c_program_sees_the_virtual_device_count_gets_errors_for_null_outputs_and_computes() {
+    let host = Host::start(2, 64, Duration::from_secs(60));
+    let p = host.spawn(&["basic"], "k-basic", 1);
+    let (code, lines) = p.wait();
+    assert_eq!(code, 0, "{lines:?}");
+    assert!(lines.contains(&"COUNT 1".to_owned()), "2 GPUs on the host, 1 leased: {lines:?}");
+    let nulls = lines.iter().find(|l| l.starts_with("NULLS")).expect("NULLS line");
+    assert!(nulls.split_whitespace().skip(1).all(|c| c != "0"), "NULL outputs must fail: {nulls}");
+    assert!(lines.contains(&"SUM 6144.0".to_owned()), "{lines:?}");
+}
+
+#[test]
+fn python_ctypes_program_through_get_proc_address_v2_sees_the_virtual_device_count() {
+    let host = Host::start(3, 64, Duration::from_secs(60));
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    let python = if venv.exists() { venv } else { PathBuf::from("python3") };
+    let script = programs().join("driver_client.py");
+    let p = host.spawn_program(&python, &[script.to_str().expect("utf-8 path")], "k-py", 2, true);
+    let (code, lines) = p.wait();
+    assert_eq!(code, 0, "{lines:?}");
+    assert!(lines.contains(&"PY COUNT 2 SUM 500.0".to_owned()), "{lines:?}");
+}
+
+#[test]
+fn a_gated_call_blocks_without_a_lease_and_proceeds_when_granted() {
+    let host = Host::start(1, 64, Duration::from_secs(60));
+    host.server.set_paused(true);
+    let mut p = host.spawn(&["basic"], "k-block", 1);
+    assert_eq!(p.expect("COUNT"), "COUNT 1");
+    host.wait_state(p.pid(), LeaseState::Requested);
+    assert!(!p.has_printed("SUM"), "computed without a lease: {:?}", p.seen);
+    host.server.set_paused(false);
+    assert_eq!(p.expect("SUM"), "SUM 6144.0");
+    let (code, lines) = p.wait();
+    assert_eq!(code, 0, "{lines:?}");
+    assert_eq!(host.metrics.grants.get(), 1);
+}
+
+#[test]
+fn revoke_checkpoint_and_restore_onto_another_gpu_keeps_data_pointers_and_kernels() {
+    let host = Host::start(2, 64, Duration::from_secs(60));
+    let mut p = host.spawn(&["phases", "4096"], "k-move", 1);
+    let ready = p.expect("READY");
+    let f: Vec<&str> = ready.split_whitespace().collect();
+    assert_eq!(f[3], "4096.0");
+    let pid = p.pid();
+    assert_eq!(host.wait_state(pid, LeaseState::Bound).gpus, vec![0]);
+    assert!(host.ledger_bytes(0, pid) >= 2 * 4096 * 4);
+
+    host.server.revoke(pid);
+    host.wait_state(pid, LeaseState::Unbound);
+    assert_eq!(host.ledger_bytes(0, pid), 0, "checkpoint must free the GPU's capacity");
+    host.server.set_cordoned(0, true);
+    p.send("go");
+
+    let after = p.expect("AFTER");
+    let a: Vec<&str> = after.split_whitespace().collect();
+    assert_eq!((a[1], a[2]), (f[1], f[2]), "device pointers survive the move");
+    // y = 1 + 3 * 2 = 7 everywhere; x untouched; the process still sees virtual device 0.
+    assert_eq!(&a[3..], ["28672.0", "8192.0", "7.0", "0"], "{after}");
+    assert_eq!(host.wait_state(pid, LeaseState::Bound).gpus, vec![1]);
+    assert!(host.ledger_bytes(1, pid) >= 2 * 4096 * 4, "restored onto GPU 1");
+    let (code, lines) = p.wait();
+    assert_eq!(code, 0, "{lines:?}");
+    let evictions = host.metrics.evictions.get_or_create(&EvictionLabels { mode: "checkpoint".into() }).get();
+    assert_eq!(evictions, 1);
+}
+
+#[test]
+fn two_processes_oversubscribing_one_gpu_take_turns_without_corruption() {
+    // 48 MiB GPU; each process needs 32 MiB: they cannot both be resident.
+    let host = Host::start(1, 48, Duration::from_millis(100));
+    let a = host.spawn(&["turns", "1", "3", "32"], "k-a", 1);
+    let b = host.spawn(&["turns", "100", "3", "32"], "k-b", 1);
+    let (ca, la) = a.wait();
+    let (cb, lb) = b.wait();
+    assert_eq!((ca, cb), (0, 0), "a: {la:?}\nb: {lb:?}");
+    assert!(la.contains(&"DONE 0".to_owned()) && lb.contains(&"DONE 0".to_owned()));
+    let evictions = host.metrics.evictions.get_or_create(&EvictionLabels { mode: "checkpoint".into() }).get();
+    assert!(evictions >= 1, "the GPU must have changed hands through a checkpoint: {evictions}");
+}
+
+#[test]
+fn a_process_not_registered_with_the_host_is_refused() {
+    let host = Host::start(1, 64, Duration::from_secs(60));
+    let p = host.spawn_program(&host.client.clone(), &["basic"], "k-stranger", 1, false);
+    let (code, lines) = p.wait();
+    assert_ne!(code, 0, "{lines:?}");
+    assert!(lines.iter().any(|l| l.starts_with("FAILED")), "{lines:?}");
+    assert!(!lines.iter().any(|l| l.starts_with("SUM")), "{lines:?}");
+
+    // And on the wire: this test process is not a kernel process either.
+    let mut s = UnixStream::connect(host.server.socket()).expect("connect");
+    let reg = Message::Register { kernel_id: "k-stranger".into(), replica: 0, pid: std::process::id() };
+    write_message(&mut s, &reg).expect("send");
+    match read_message(&mut s).expect("reply") {
+        Message::Refused { reason } => assert!(reason.contains("not a kernel process"), "{reason}"),
+        other => panic!("expected Refused, got {other:?}"),
+    }
+    let refused = host.metrics.refused.get_or_create(&RefusedLabels { reason: "unregistered".into() }).get();
+    assert_eq!(refused, 2);
+}
+
+#[test]
+fn a_registered_process_claiming_another_kernel_or_pid_is_refused() {
+    let host = Host::start(1, 64, Duration::from_secs(60));
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    host.server.register_process(KernelProcess {
+        kernel_id: "k-me".into(),
+        replica: 0,
+        pid: std::process::id(),
+        uid,
+        gpus: 1,
+    });
+    for (kernel, pid, want) in
+        [("k-other", std::process::id(), "claims kernel"), ("k-me", std::process::id() + 1, "claims pid")]
+    {
+        let mut s = UnixStream::connect(host.server.socket()).expect("connect");
+        write_message(&mut s, &Message::Register { kernel_id: kernel.into(), replica: 0, pid }).expect("send");
+        match read_message(&mut s).expect("reply") {
+            Message::Refused { reason } => assert!(reason.contains(want), "{reason}"),
+            other => panic!("expected Refused, got {other:?}"),
+        }
+    }
+    // Garbage instead of Register: refused, and the server keeps serving.
+    let mut s = UnixStream::connect(host.server.socket()).expect("connect");
+    s.write_all(&[0xff, 0xff, 0xff, 0x7f]).expect("send garbage");
+    assert!(matches!(read_message(&mut s), Ok(Message::Refused { .. })));
+    let mut s = UnixStream::connect(host.server.socket()).expect("connect");
+    write_message(&mut s, &Message::Register { kernel_id: "k-me".into(), replica: 0, pid: std::process::id() })
+        .expect("send");
+    assert!(matches!(read_message(&mut s), Ok(Message::Registered { device_count: 1, .. })));
+}
+
+#[test]
+fn a_forked_child_registers_as_a_descendant_and_computes_on_its_own_lease() {
+    let host = Host::start(2, 64, Duration::from_secs(60));
+    let p = host.spawn(&["fork"], "k-fork", 1);
+    let (code, lines) = p.wait();
+    assert_eq!(code, 0, "{lines:?}");
+    assert!(lines.contains(&"CHILD 1 7168.0".to_owned()), "{lines:?}");
+    assert!(lines.contains(&"PARENT 5120.0 0".to_owned()), "{lines:?}");
+}
