@@ -67,6 +67,8 @@ pub struct Metrics {
     pub kernels_started_total: Counter,
     /// Kernel processes that died on their own.
     pub kernel_deaths_total: Counter,
+    /// Heartbeats a kernel did not answer in time.
+    pub kernel_heartbeat_failures_total: Counter,
     /// Kernels by execution state (set when scraped).
     pub kernels: Family<StateLabels, Gauge>,
     /// Cells (execute requests) finished, by outcome.
@@ -115,6 +117,12 @@ impl Metrics {
             "Kernel processes that exited without being asked to",
             kernel_deaths_total.clone(),
         );
+        let kernel_heartbeat_failures_total = Counter::default();
+        registry.register(
+            "notebookos_kernel_heartbeat_failures",
+            "Heartbeats a kernel did not answer in time",
+            kernel_heartbeat_failures_total.clone(),
+        );
         let kernels = Family::<StateLabels, Gauge>::default();
         registry.register("notebookos_kernels", "Kernels hosted, by execution state", kernels.clone());
         let cells_total = Family::<OutcomeLabels, Counter>::default();
@@ -156,6 +164,7 @@ impl Metrics {
             messages_dropped_total,
             kernels_started_total,
             kernel_deaths_total,
+            kernel_heartbeat_failures_total,
             kernels,
             cells_total,
             interactivity_delay_seconds,

@@ -149,3 +149,16 @@ def test_nbos_kernel_helper_is_loaded_into_every_kernel():
         ws.close()
     finally:
         http("DELETE", f"/api/kernels/{k['id']}", daemon().token)
+
+
+def test_a_stopped_kernel_is_shown_unresponsive_until_it_answers_again():
+    k = new_kernel()
+    pid = k["pids"][0]
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        wait_for(lambda: model_of(k["id"])["execution_state"] == "unresponsive", 20, "the missed heartbeats to show")
+        os.kill(pid, signal.SIGCONT)
+        wait_for(lambda: model_of(k["id"])["execution_state"] == "idle", 20, "the kernel to answer again")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        http("DELETE", f"/api/kernels/{k['id']}", daemon().token)

@@ -20,6 +20,12 @@ use crate::metrics::Metrics;
 
 /// How long a kernel has to answer its first `kernel_info_request`.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often the heartbeat is checked.
+const HEARTBEAT_PERIOD: Duration = Duration::from_secs(2);
+/// How long one heartbeat may take.
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Consecutive misses before a kernel is shown as unresponsive.
+const HEARTBEAT_MISSES: u32 = 2;
 /// How long a kernel has to exit after `shutdown_request` before it is killed.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
@@ -101,7 +107,50 @@ impl Kernel {
         });
         kernel.watch_exit(&replica);
         kernel.wait_ready(&replica).await?;
+        kernel.watch_heartbeat();
         Ok(kernel)
+    }
+
+    /// Pings the executing replica's heartbeat channel. A kernel whose process is
+    /// alive but does not answer (stopped, wedged in native code) is shown as
+    /// `unresponsive` until it answers again.
+    fn watch_heartbeat(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut failures = 0u32;
+            let mut saved_state: Option<String> = None;
+            let mut every = tokio::time::interval(HEARTBEAT_PERIOD);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                let Some(kernel) = weak.upgrade() else { return };
+                if kernel.stopping.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(replica) = kernel.executor().await else { continue };
+                if kernel.lifecycle.try_lock().is_err() {
+                    continue; // restarting
+                }
+                if replica.heartbeat(HEARTBEAT_TIMEOUT).await {
+                    failures = 0;
+                    if let Some(state) = saved_state.take() {
+                        tracing::info!(kernel = %kernel.id, "kernel answers its heartbeat again");
+                        kernel.hub.set_state(&state, SystemTime::now());
+                    }
+                    continue;
+                }
+                if replica.process.has_exited() {
+                    continue; // the exit watcher reports it
+                }
+                failures += 1;
+                kernel.metrics.kernel_heartbeat_failures_total.inc();
+                if failures == HEARTBEAT_MISSES && saved_state.is_none() {
+                    tracing::warn!(kernel = %kernel.id, pid = replica.process.pid(), "kernel does not answer its heartbeat");
+                    saved_state = Some(kernel.hub.activity().execution_state);
+                    kernel.hub.set_state("unresponsive", SystemTime::now());
+                }
+            }
+        });
     }
 
     /// Installs what runs once when the kernel is gone.
