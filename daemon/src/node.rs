@@ -86,8 +86,14 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
             }
         })
     };
-    let kernels =
-        Arc::new(Kernels::new(config.kernel.python.clone(), kernels_dir, Vec::new(), metrics.clone(), binder));
+    let kernels = Arc::new(Kernels::new(
+        config.kernel.python.clone(),
+        kernels_dir,
+        Vec::new(),
+        metrics.clone(),
+        binder,
+        config.kernel.memory_limit_mib,
+    ));
 
     let state = Arc::new(AppState {
         node: node.clone(),

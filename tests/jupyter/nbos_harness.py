@@ -45,7 +45,7 @@ def wait_for(predicate, timeout: float, what: str):
 class Daemon:
     """A running notebookosd with a token."""
 
-    def __init__(self, fake_gpus: int = 0, idle_release: str = "30s") -> None:
+    def __init__(self, fake_gpus: int = 0, idle_release: str = "30s", memory_limit_mib: int = 0) -> None:
         self.bins = bin_dir()
         self.dir = Path(tempfile.mkdtemp(prefix="nbos-jupyter-test-"))
         self.token = secrets.token_hex(24)
@@ -70,6 +70,7 @@ listen = "127.0.0.1:0"
 token_file = "{self.token_file}"
 [kernel]
 python = "{sys.executable}"
+memory_limit_mib = {memory_limit_mib}
 {gpu}
 [log]
 format = "text"

@@ -16,6 +16,8 @@ pub struct LaunchSpec {
     pub env: Vec<(String, String)>,
     /// Directory for the connection file and the kernel's log.
     pub dir: PathBuf,
+    /// Address-space limit of the kernel process (config `kernel.memory_limit_mib`).
+    pub memory_limit_bytes: Option<u64>,
 }
 
 /// A running (or exited) kernel process.
@@ -57,6 +59,25 @@ impl KernelProcess {
             .kill_on_drop(true);
         for (k, v) in &spec.env {
             cmd.env(k, v);
+        }
+        if let Some(limit) = spec.memory_limit_bytes {
+            // RLIMIT_AS: an allocation beyond the limit fails inside the kernel
+            // (Python raises MemoryError) instead of the OOM killer taking the host's
+            // memory back from some other process. It bounds each process, not the
+            // tree; a cgroup v2 memory.max would bound the tree (not built yet: the
+            // hosts we test on mount the memory controller on cgroup v1).
+            let rlim = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+            // SAFETY: the closure runs in the child between fork and exec, where only
+            // async-signal-safe calls are allowed; setrlimit(2) is one, and the closure
+            // touches nothing but its own copy of `rlim`.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_AS, &rlim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
         }
         let mut child = cmd
             .spawn()

@@ -41,6 +41,7 @@ pub struct Kernels {
     extra_env: Vec<(String, String)>,
     metrics: Arc<Metrics>,
     binder: Arc<Binder>,
+    memory_limit_bytes: Option<u64>,
 }
 
 impl Kernels {
@@ -51,12 +52,14 @@ impl Kernels {
         extra_env: Vec<(String, String)>,
         metrics: Arc<Metrics>,
         binder: Arc<Binder>,
+        memory_limit_mib: u64,
     ) -> Self {
         // Kernels run in their own directory, where a relative interpreter path
         // (`.venv/bin/python`) would not resolve; a bare name is looked up in PATH.
         let python =
             if python.components().count() > 1 { std::path::absolute(&python).unwrap_or(python) } else { python };
-        Self { map: RwLock::new(HashMap::new()), python, dir, extra_env, metrics, binder }
+        let memory_limit_bytes = (memory_limit_mib > 0).then(|| memory_limit_mib.saturating_mul(1024 * 1024));
+        Self { map: RwLock::new(HashMap::new()), python, dir, extra_env, metrics, binder, memory_limit_bytes }
     }
 
     /// Per-cell GPU binding of this host.
@@ -83,7 +86,12 @@ impl Kernels {
         all_env.extend(env.iter().cloned());
         all_env.push(("NOTEBOOKOS_KERNEL_ID".to_owned(), id.clone()));
         all_env.push(("NOTEBOOKOS_GPUS".to_owned(), gpus.to_string()));
-        let launch = LaunchSpec { python: self.python.clone(), env: all_env, dir: self.dir.join(&id) };
+        let launch = LaunchSpec {
+            python: self.python.clone(),
+            env: all_env,
+            dir: self.dir.join(&id),
+            memory_limit_bytes: self.memory_limit_bytes,
+        };
         self.metrics.kernels_started_total.inc();
         let kernel = Kernel::start(id.clone(), name.to_owned(), gpus, launch, self.metrics.clone())
             .await

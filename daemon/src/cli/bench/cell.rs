@@ -195,7 +195,7 @@ async fn bench(args: &Args) -> anyhow::Result<CellBench> {
     } else {
         args.python.clone()
     };
-    let launch = LaunchSpec { python, env: Vec::new(), dir: dir.path().to_owned() };
+    let launch = LaunchSpec { python, env: Vec::new(), dir: dir.path().to_owned(), memory_limit_bytes: None };
     let replica =
         Replica::start(0, &launch, ConnectionInfo::new_loopback("bench")?, hub.clone(), Arc::new(Metrics::new()))
             .await?;
