@@ -220,6 +220,25 @@ impl Response {
     }
 }
 
+/// A loopback address whose port is free now, chosen below Linux's ephemeral range (32768+) so
+/// that outgoing connections of the same machine cannot take it between choosing and binding.
+/// For tests and benchmarks that start node processes.
+pub fn free_loopback_addr() -> std::io::Result<SocketAddr> {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    // Start at a random place so that concurrent processes rarely probe the same ports.
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    const LOW: u16 = 20_000;
+    const SPAN: u16 = 12_000;
+    let _ = NEXT.compare_exchange(0, rand::random::<u16>() % SPAN + 1, Ordering::SeqCst, Ordering::SeqCst);
+    for _ in 0..SPAN {
+        let port = LOW + NEXT.fetch_add(1, Ordering::SeqCst) % SPAN;
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            return l.local_addr();
+        }
+    }
+    Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, "no free loopback port in 20000..32000"))
+}
+
 /// Resident set size of this process in bytes (Linux).
 pub fn rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;

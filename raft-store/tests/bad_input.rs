@@ -1,6 +1,6 @@
 //! Hostile or broken peers: each bad input is refused, logged, counted, and the node keeps working.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +15,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port")
+    raft_store::service::free_loopback_addr().expect("free port")
 }
 
 const MAX_FRAME: usize = 64 << 10;

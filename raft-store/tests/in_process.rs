@@ -1,13 +1,12 @@
 //! Stores inside the test process: API semantics, 1,000 groups, watches, leases, restart.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use raft_store::{Error, RaftStore, StoreConfig, TransportSecurity, WatchEventKind};
 
 fn free_addr() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
+    raft_store::service::free_loopback_addr().expect("free port")
 }
 
 fn single_node(dir: &std::path::Path) -> StoreConfig {

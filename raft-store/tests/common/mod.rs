@@ -4,7 +4,7 @@ pub mod linearizability;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::BufRead;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -23,7 +23,7 @@ pub fn election_timeout() -> Duration {
 }
 
 pub fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port")
+    raft_store::service::free_loopback_addr().expect("free port")
 }
 
 pub struct Node {
@@ -116,13 +116,15 @@ impl Cluster {
 
     /// Starts (or restarts) a node process and waits until it serves.
     pub fn spawn(&mut self, id: u64) {
+        let log_path = self.dir.path().join(format!("node-{id}.log"));
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path).expect("node log");
         let node = self.nodes.get_mut(&id).expect("node");
         assert!(node.child.is_none(), "node {id} already running");
         let mut child = Command::new(env!("CARGO_BIN_EXE_raft-store-node"))
             .arg("--config")
             .arg(&node.config_path)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(log)
             .spawn()
             .expect("spawn node");
         let stdout = child.stdout.take().expect("stdout");
@@ -134,7 +136,13 @@ impl Cluster {
                 }
             }
         });
-        rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| panic!("node {id} did not become ready"));
+        if rx.recv_timeout(Duration::from_secs(20)).is_err() {
+            let status = child.try_wait();
+            let _ = child.kill();
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            panic!("node {id} did not become ready ({status:?}); its log ends:\n{}", tail.join("\n"));
+        }
         node.child = Some(child);
     }
 
@@ -206,16 +214,22 @@ impl Cluster {
     }
 
     /// Keys under `prefix` via a linearizable range at the leader.
+    /// Reads are idempotent: transient failures (a leader still settling) are retried.
     pub async fn range(&self, group: u64, prefix: &str) -> BTreeMap<String, String> {
         let mut c = self.client();
-        let r = c
-            .call_leader(
-                &Request::Range { group, prefix: prefix.into(), limit: 0, stale: false },
-                Instant::now() + Duration::from_secs(15),
-            )
-            .await
-            .expect("range");
-        pairs(&r)
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let req = Request::Range { group, prefix: prefix.into(), limit: 0, stale: false };
+        loop {
+            let r = c.call_leader(&req, deadline).await;
+            match r {
+                Ok(r) if r.ok => return pairs(&r),
+                other => {
+                    eprintln!("linearizable range of group {group} failed, retrying: {other:?}");
+                    assert!(Instant::now() < deadline, "linearizable range of group {group} kept failing: {other:?}");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Keys under `prefix` from one node's local state.
