@@ -5,7 +5,7 @@
 //! The node processes are this same binary run with the hidden `--serve-node <config.json>`.
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -79,7 +79,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 fn free_addr() -> anyhow::Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+    Ok(raft_store::service::free_loopback_addr()?)
 }
 
 struct Cluster {
