@@ -212,7 +212,8 @@ async fn kernel_gateway_api_end_to_end() {
     assert!(String::from_utf8_lossy(&out.stdout).contains(&kernel_id));
     let out = Command::new(NBOS).args(["--url", &url, "--token", TOKEN, "kernels", "--json"]).output().expect("nbos");
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-    assert_eq!(list[0]["id"], kernel_id.as_str());
+    assert_eq!(list["kernels"][0]["id"], kernel_id.as_str());
+    assert_eq!(list["gpus"]["total"], 0);
 
     // Delete: the process goes away, the id is 404 afterwards.
     let u = url.clone();

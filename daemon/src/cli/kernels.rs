@@ -4,6 +4,7 @@ use std::fmt::Write;
 
 use crate::cli::client::{Client, Target};
 use crate::kernel::KernelModel;
+use crate::sched::host::Snapshot;
 
 /// Options of `nbos kernels`.
 #[derive(Debug, clap::Args)]
@@ -17,12 +18,37 @@ pub struct Args {
 pub fn run(target: &Target, args: Args) -> anyhow::Result<()> {
     let client = Client::new(target)?;
     let kernels: Vec<KernelModel> = client.get_json("/api/kernels")?;
+    let gpus: Snapshot = client.get_json("/api/v1/gpus")?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&kernels)?);
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "kernels": kernels, "gpus": gpus }))?);
     } else {
         print!("{}", render(&kernels));
+        print!("{}", render_gpus(&gpus));
     }
     Ok(())
+}
+
+/// Who holds which GPU, and which cells wait.
+pub fn render_gpus(s: &Snapshot) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\ngpus      {} total, {} committed, {} idle-held; {} requested by kernels",
+        s.total, s.committed, s.idle_held, s.requested
+    );
+    for (i, h) in s.holders.iter().enumerate() {
+        let (what, kernel) = h.split_once(':').unwrap_or((h.as_str(), ""));
+        let _ = writeln!(out, "  gpu {i:<3} {what:<10} {kernel}");
+    }
+    if s.waiting.is_empty() {
+        let _ = writeln!(out, "waiting   none");
+    } else {
+        let _ = writeln!(out, "waiting   {} cell(s)", s.waiting.len());
+        for (pos, (kernel, cell)) in s.waiting.iter().enumerate() {
+            let _ = writeln!(out, "  {:>3}. kernel {kernel}  cell {cell}", pos + 1);
+        }
+    }
+    out
 }
 
 /// The human-readable table.
@@ -67,5 +93,21 @@ mod tests {
         assert!(t.lines().count() == 2, "{t}");
         assert!(t.contains("notebookos-python-1gpu") && t.contains("busy") && t.contains("42"), "{t}");
         assert_eq!(render(&[]), "no kernels\n");
+    }
+
+    #[test]
+    fn gpu_table_names_holders_and_waiting_cells() {
+        let s = Snapshot {
+            total: 2,
+            committed: 1,
+            idle_held: 1,
+            holders: vec!["committed:k1".into(), "idle:k2".into()],
+            waiting: vec![("k3".into(), "c9".into())],
+            requested: 3,
+        };
+        let t = render_gpus(&s);
+        assert!(t.contains("2 total, 1 committed, 1 idle-held"), "{t}");
+        assert!(t.contains("gpu 0   committed  k1") && t.contains("gpu 1   idle       k2"), "{t}");
+        assert!(t.contains("1. kernel k3  cell c9"), "{t}");
     }
 }
