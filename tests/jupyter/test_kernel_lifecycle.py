@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import time
+import urllib.request
 import uuid
 
 import websocket
@@ -162,3 +163,20 @@ def test_a_stopped_kernel_is_shown_unresponsive_until_it_answers_again():
     finally:
         os.kill(pid, signal.SIGCONT)
         http("DELETE", f"/api/kernels/{k['id']}", daemon().token)
+
+
+def test_daemon_shutdown_stops_every_kernel():
+    from nbos_harness import Daemon
+
+    d = Daemon()
+    pids = []
+    for _ in range(2):
+        req = urllib.request.Request(d.url + "/api/kernels", method="POST", data=b'{"name":"python3"}')
+        req.add_header("Authorization", f"token {d.token}")
+        with urllib.request.urlopen(req, timeout=60) as r:
+            pids.append(json.loads(r.read())["pids"][0])
+    assert all(pid_alive(p) for p in pids)
+    d.stop()
+    assert d.proc.returncode == 0
+    wait_for(lambda: not any(pid_alive(p) for p in pids), 10, "the kernels to be gone after SIGTERM")
+    assert not list((d.dir / "run" / "kernels").iterdir()), "kernel directories left behind"
