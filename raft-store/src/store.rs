@@ -93,7 +93,15 @@ impl RaftStore {
             let engine = Engine::open(cfg.clone(), log, transport.clone(), metrics.clone())?;
             let thread = std::thread::Builder::new()
                 .name(format!("raft-engine-{}", cfg.node_id))
-                .spawn(move || engine.run(control_rx, inbound_rx))
+                .spawn(move || {
+                    // Fail-stop: a panic in the driving loop (a broken invariant in raft or the log)
+                    // must not leave a process that looks alive but never answers.
+                    let run = std::panic::AssertUnwindSafe(|| engine.run(control_rx, inbound_rx));
+                    if std::panic::catch_unwind(run).is_err() {
+                        tracing::error!("raft engine panicked; aborting the process");
+                        std::process::abort();
+                    }
+                })
                 .map_err(|e| Error::io("spawn raft engine thread", e))?;
             Ok((transport, thread))
         })();
