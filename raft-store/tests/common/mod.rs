@@ -256,6 +256,14 @@ pub fn pairs(r: &Response) -> BTreeMap<String, String> {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // The temporary directory goes away: show what the nodes said.
+            for id in self.nodes.keys() {
+                let log = std::fs::read_to_string(self.dir.path().join(format!("node-{id}.log"))).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(30).collect::<Vec<_>>().into_iter().rev().collect();
+                eprintln!("--- node {id} log (tail) ---\n{}", tail.join("\n"));
+            }
+        }
         for n in self.nodes.values_mut() {
             if let Some(mut c) = n.child.take() {
                 let _ = c.kill();
