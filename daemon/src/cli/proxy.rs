@@ -154,7 +154,8 @@ async fn proxy(conn: ConnectionInfo, gateway: GatewayClient, args: Args) -> anyh
         match wire::parse(frames, &signer) {
             Ok((ids, msg)) => {
                 let header = msg.header()?;
-                if channel != Channel::Stdin {
+                // Only requests get replies (a comm_msg entry would never be removed).
+                if channel != Channel::Stdin && header.msg_type.ends_with("_request") {
                     routes.insert(header.msg_id.clone(), ids);
                 }
                 if channel == Channel::Control && header.msg_type == "shutdown_request" {

@@ -207,7 +207,8 @@ impl Kernel {
     /// Forwards a client's message to the executing replica.
     pub async fn send_from_client(&self, client: ClientId, channel: Channel, msg: Message) -> anyhow::Result<()> {
         let header = msg.header()?;
-        if matches!(channel, Channel::Shell | Channel::Control) {
+        // Only requests get replies; remembering a comm_msg would leak the entry.
+        if matches!(channel, Channel::Shell | Channel::Control) && header.msg_type.ends_with("_request") {
             self.hub.expect_reply(&header.msg_id, client, SystemTime::now());
         }
         let r = self.executor().await?;
