@@ -160,38 +160,48 @@ pub fn acquire() -> Result<(), CUresult> {
     }
 }
 
-fn physical_ordinals(uuids: &[GpuUuid]) -> [i32; MAX_DEVICES] {
-    type Init = unsafe extern "C" fn(u32) -> u32;
-    type Count = unsafe extern "C" fn(*mut i32) -> u32;
-    type Get = unsafe extern "C" fn(*mut i32, i32) -> u32;
-    type Uuid = unsafe extern "C" fn(*mut [u8; 16], i32) -> u32;
-    let mut out = [-1; MAX_DEVICES];
-    let (Some(init), Some(count), Some(get), Some(uuid)) = (
-        driver::by_name::<Init>(c"cuInit"),
-        driver::by_name::<Count>(c"cuDeviceGetCount"),
-        driver::by_name::<Get>(c"cuDeviceGet"),
-        driver::by_name::<Uuid>(c"cuDeviceGetUuid"),
-    ) else {
-        return out;
-    };
-    let mut n = 0;
-    // SAFETY: real-driver entry points with these C signatures; outputs point at locals.
-    unsafe {
-        init(0);
-        if count(&mut n) != 0 {
+/// The real driver's devices and their UUIDs, enumerated once (GPUs do not change
+/// under a running process), so a grant costs no driver calls.
+fn devices() -> &'static [(i32, [u8; 16])] {
+    static DEVICES: std::sync::OnceLock<Vec<(i32, [u8; 16])>> = std::sync::OnceLock::new();
+    DEVICES.get_or_init(|| {
+        type Init = unsafe extern "C" fn(u32) -> u32;
+        type Count = unsafe extern "C" fn(*mut i32) -> u32;
+        type Get = unsafe extern "C" fn(*mut i32, i32) -> u32;
+        type Uuid = unsafe extern "C" fn(*mut [u8; 16], i32) -> u32;
+        let mut out = Vec::new();
+        let (Some(init), Some(count), Some(get), Some(uuid)) = (
+            driver::by_name::<Init>(c"cuInit"),
+            driver::by_name::<Count>(c"cuDeviceGetCount"),
+            driver::by_name::<Get>(c"cuDeviceGet"),
+            driver::by_name::<Uuid>(c"cuDeviceGetUuid"),
+        ) else {
             return out;
-        }
-    }
-    for p in 0..n {
-        let (mut dev, mut u) = (0, [0u8; 16]);
-        // SAFETY: as above.
-        if unsafe { get(&mut dev, p) } != 0 || unsafe { uuid(&mut u, dev) } != 0 {
-            continue;
-        }
-        for (v, want) in uuids.iter().enumerate().take(MAX_DEVICES) {
-            if *want == u {
-                out[v] = dev;
+        };
+        let mut n = 0;
+        // SAFETY: real-driver entry points with these C signatures; outputs point at locals.
+        unsafe {
+            init(0);
+            if count(&mut n) != 0 {
+                return out;
             }
+        }
+        for p in 0..n {
+            let (mut dev, mut u) = (0, [0u8; 16]);
+            // SAFETY: as above.
+            if unsafe { get(&mut dev, p) } == 0 && unsafe { uuid(&mut u, dev) } == 0 {
+                out.push((dev, u));
+            }
+        }
+        out
+    })
+}
+
+fn physical_ordinals(uuids: &[GpuUuid]) -> [i32; MAX_DEVICES] {
+    let mut out = [-1; MAX_DEVICES];
+    for (v, want) in uuids.iter().enumerate().take(MAX_DEVICES) {
+        if let Some((dev, _)) = devices().iter().find(|(_, u)| u == want) {
+            out[v] = *dev;
         }
     }
     out

@@ -35,6 +35,8 @@ pub struct DriverError {
 
 /// `CUDA_ERROR_NOT_INITIALIZED`: the process has no CUDA state to checkpoint.
 pub const NOT_INITIALIZED: u32 = 3;
+/// `CUDA_ERROR_ILLEGAL_STATE`: the process is not in the state the call needs.
+pub const ILLEGAL_STATE: u32 = 401;
 
 /// Why the checkpoint API is unavailable.
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::gpu::checkpoint::{CheckpointApi, DriverError, ProcessState, NOT_INITIALIZED};
+use crate::gpu::checkpoint::{CheckpointApi, DriverError, ProcessState, ILLEGAL_STATE, NOT_INITIALIZED};
 use crate::lease::metrics::{EvictionLabels, LeaseMetrics};
 
 /// How long to wait for a process's in-flight CUDA calls when locking it.
@@ -78,10 +78,17 @@ impl GpuControl {
     pub fn restore(&self, pid: u32, pairs: &[([u8; 16], [u8; 16])]) -> Result<(), DriverError> {
         let Some(api) = &self.api else { return Ok(()) };
         let remap: Vec<_> = pairs.iter().filter(|(a, b)| a != b).copied().collect();
-        let r = match api.state(pid) {
-            Ok(ProcessState::Checkpointed) => api.restore(pid, &remap).and_then(|()| api.unlock(pid)),
-            Ok(ProcessState::Locked) => api.unlock(pid),
-            Ok(_) | Err(DriverError { code: NOT_INITIALIZED, .. }) => Ok(()),
+        // The lease table knows the process was checkpointed, so restore first and only
+        // ask for the state when the driver says that was wrong (saves a round trip).
+        let r = match api.restore(pid, &remap) {
+            Ok(()) => api.unlock(pid),
+            Err(DriverError { code: NOT_INITIALIZED, .. }) => Ok(()),
+            Err(e) if e.code == ILLEGAL_STATE => match api.state(pid) {
+                Ok(ProcessState::Locked) => api.unlock(pid),
+                Ok(ProcessState::Running) => Ok(()),
+                Ok(_) => Err(e),
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         if let Err(e) = &r {

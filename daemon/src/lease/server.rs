@@ -94,6 +94,7 @@ enum Event {
     Revoke { pid: u32 },
     Cordon { gpu: usize, on: bool },
     Pause(bool),
+    Checkpointing(bool),
     Stop,
 }
 
@@ -159,6 +160,7 @@ impl LeaseServer {
             shared: shared.clone(),
             metrics: metrics.clone(),
             cfg: cfg.clone(),
+            checkpointing: true,
         };
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new().name(name.to_owned()).spawn(f).map_err(LeaseServerError::Thread)
@@ -206,13 +208,18 @@ impl LeaseServer {
         let _ = self.events.send(Event::Pause(paused));
     }
 
+    /// Whether revocation checkpoints GPU memory (default) or leaves it resident.
+    pub fn set_checkpointing(&self, on: bool) {
+        let _ = self.events.send(Event::Checkpointing(on));
+    }
+
     /// The connected processes and their leases.
     pub fn status(&self) -> Vec<ProcessStatus> {
         lock(&self.shared.status).clone()
     }
 
     /// Waits until `pred` holds for the status, or `timeout` passes; returns whether it held.
-    pub fn wait_until(&self, timeout: Duration, pred: impl Fn(&[ProcessStatus]) -> bool) -> bool {
+    pub fn wait_until(&self, timeout: Duration, mut pred: impl FnMut(&[ProcessStatus]) -> bool) -> bool {
         let deadline = Instant::now() + timeout;
         let mut s = lock(&self.shared.status);
         loop {
@@ -346,6 +353,7 @@ struct Actor {
     shared: Arc<Shared>,
     metrics: LeaseMetrics,
     cfg: LeaseServerConfig,
+    checkpointing: bool,
 }
 
 /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (or bare hex) to the 16 UUID bytes.
@@ -408,7 +416,7 @@ impl Actor {
                         Vec::new()
                     }
                     Message::Released { lease } => {
-                        let evicted = self.control.evict(pid);
+                        let evicted = if self.checkpointing { self.control.evict(pid) } else { Eviction::Resident };
                         tracing::info!(pid, lease, ?evicted, "lease released");
                         self.table.released(pid, lease, evicted == Eviction::Checkpointed, Instant::now())
                     }
@@ -428,6 +436,10 @@ impl Actor {
             Event::Revoke { pid } => self.table.revoke(pid),
             Event::Cordon { gpu, on } => self.table.set_cordoned(gpu, on, now),
             Event::Pause(p) => self.table.set_paused(p, now),
+            Event::Checkpointing(on) => {
+                self.checkpointing = on;
+                Vec::new()
+            }
             Event::Stop => Vec::new(),
         }
     }

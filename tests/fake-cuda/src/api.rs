@@ -695,3 +695,9 @@ fn get_proc_address(
         }
     })
 }
+
+/// Marker export: lets tools tell the TEST DOUBLE from a real driver (always 1).
+#[no_mangle]
+pub extern "C" fn fakeCudaIsTestDouble() -> c_int {
+    1
+}
