@@ -151,3 +151,28 @@ def test_idle_held_gpu_is_released_after_idle_release(one_gpu):
     wait_for(lambda: gpus_view(d)["holders"] == ["free"], 10, "idle_release (2 s) to free the GPU")
     ws.close()
     call(d, "DELETE", f"/api/kernels/{k['id']}")
+
+
+def test_restarting_a_kernel_mid_cell_frees_its_gpu_and_answers_its_waiting_cells(one_gpu):
+    d = one_gpu
+    a = call(d, "POST", "/api/kernels", {"name": "notebookos-python-1gpu"})[1]
+    wa = connect(d, a["id"])
+    wa.send(json.dumps({"header": {"msg_id": "long", "msg_type": "execute_request", "session": "s"}, "content": {"code": "import time; time.sleep(300)"}}))
+    # A second cell of the same kernel waits behind the first.
+    wa.send(json.dumps({"header": {"msg_id": "next", "msg_type": "execute_request", "session": "s"}, "content": {"code": "print('never')"}}))
+    wait_for(lambda: gpus_view(d)["holders"] == [f"committed:{a['id']}"], 10, "kernel A to hold the GPU")
+    status, model = call(d, "POST", f"/api/kernels/{a['id']}/restart")
+    assert status == 200, model
+    assert gpus_view(d)["holders"] == ["free"]
+    replies = {}
+    deadline = time.monotonic() + 30
+    while "next" not in replies and time.monotonic() < deadline:
+        m = json.loads(wa.recv())
+        if m["msg_type"] == "execute_reply":
+            replies[m["parent_header"]["msg_id"]] = m["content"]
+    assert replies["next"]["ename"] == "KernelRestarted", replies
+    # The restarted kernel runs new cells on the GPU.
+    r = run_cell(wa, "print('after restart')")
+    assert r["reply"]["status"] == "ok" and "after restart" in r["stdout"]
+    wa.close()
+    call(d, "DELETE", f"/api/kernels/{a['id']}")

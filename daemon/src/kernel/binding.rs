@@ -142,6 +142,31 @@ impl Binder {
         self.apply(actions);
     }
 
+    /// The kernel was restarted: its running cell died with the old process (its
+    /// GPUs are free now), and its waiting cells are answered with an error.
+    pub fn reset_kernel(self: &Arc<Self>, kernel_id: &str) {
+        let (actions, dropped) = {
+            let mut st = self.lock();
+            let Some(kernel) = st.kernels.get(kernel_id).cloned() else { return };
+            let now = self.now();
+            st.running.retain(|_, k| k != kernel_id);
+            let cells: Vec<String> =
+                st.waiting.iter().filter(|(_, w)| w.kernel.id == kernel_id).map(|(c, _)| c.clone()).collect();
+            let mut dropped: Vec<Waiting> = cells.iter().filter_map(|c| st.waiting.remove(c)).collect();
+            dropped.extend(st.backlog.remove(kernel_id).unwrap_or_default());
+            let mut actions = st.sched.remove_kernel(kernel_id, now);
+            if let Err(e) = st.sched.add_kernel(kernel_id, kernel.gpus) {
+                tracing::warn!(kernel = kernel_id, error = %e, "could not re-register a restarted kernel");
+            }
+            actions.extend(st.sched.tick(now));
+            (actions, dropped)
+        };
+        for w in dropped {
+            w.kernel.reject_cell(w.client, &w.msg, "KernelRestarted", "the kernel was restarted before this cell ran");
+        }
+        self.apply(actions);
+    }
+
     /// A client's message for `kernel`. Returns the message when it should be
     /// forwarded now, `None` when binding has taken care of it (queued or refused).
     pub fn on_client_message(

@@ -68,7 +68,12 @@ pub struct Kernel {
     metrics: Arc<Metrics>,
     /// Called once when the kernel is gone (died, or shut down) with its last pids.
     exit_hook: std::sync::Mutex<Option<ExitHook>>,
+    /// Called when a restart has killed the old processes (their cells are gone).
+    restart_hook: std::sync::OnceLock<RestartHook>,
 }
+
+/// What runs after a restart killed the kernel's processes: (kernel id).
+pub type RestartHook = Box<dyn Fn(&str) + Send + Sync>;
 
 /// What runs when a kernel is gone: (kernel id, pids it had).
 pub type ExitHook = Box<dyn FnOnce(&str, &[u32]) + Send>;
@@ -104,6 +109,7 @@ impl Kernel {
             stopping: AtomicBool::new(false),
             metrics,
             exit_hook: std::sync::Mutex::new(None),
+            restart_hook: std::sync::OnceLock::new(),
         });
         kernel.watch_exit(&replica);
         kernel.wait_ready(&replica).await?;
@@ -156,6 +162,11 @@ impl Kernel {
     /// Installs what runs once when the kernel is gone.
     pub fn set_exit_hook(&self, hook: ExitHook) {
         *self.exit_hook.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(hook);
+    }
+
+    /// Installs what runs after a restart (once; later calls are ignored).
+    pub fn set_restart_hook(&self, hook: RestartHook) {
+        let _ = self.restart_hook.set(hook);
     }
 
     fn run_exit_hook(&self, pids: &[u32]) {
@@ -235,6 +246,10 @@ impl Kernel {
             self.stop_replica(r).await;
         }
         drop(old);
+        // The cells the old processes ran or queued will never be answered.
+        if let Some(hook) = self.restart_hook.get() {
+            hook(&self.id);
+        }
         let conn = match conn {
             Some(c) => c.with_fresh_ports()?,
             None => ConnectionInfo::new_loopback(&self.name)?,

@@ -131,6 +131,12 @@ impl Kernels {
             }
             _ => {}
         }));
+        let weak = Arc::downgrade(&self.binder);
+        kernel.set_restart_hook(Box::new(move |id| {
+            if let Some(b) = weak.upgrade() {
+                b.reset_kernel(id);
+            }
+        }));
         let binder = Arc::downgrade(&self.binder);
         kernel.set_exit_hook(Box::new(move |id, pids| {
             if let Some(b) = binder.upgrade() {
