@@ -184,8 +184,15 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[i.min(v.len() - 1)]
 }
 
-/// Times alternating batches of `a` and `b`; returns (p50 ns per call of a, of b).
-fn alternate(batch: u32, batches: u32, mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64) {
+/// Times alternating batches of `a` and `b`, running `settle` (untimed) after each batch
+/// so queued GPU work never throttles submission; returns (p50 ns per call of a, of b).
+fn alternate(
+    batch: u32,
+    batches: u32,
+    mut a: impl FnMut(),
+    mut b: impl FnMut(),
+    mut settle: impl FnMut(),
+) -> (f64, f64) {
     let (mut ta, mut tb) = (Vec::new(), Vec::new());
     for _ in 0..batches {
         let t = Instant::now();
@@ -193,11 +200,13 @@ fn alternate(batch: u32, batches: u32, mut a: impl FnMut(), mut b: impl FnMut())
             a();
         }
         ta.push(t.elapsed().as_nanos() as f64 / f64::from(batch));
+        settle();
         let t = Instant::now();
         for _ in 0..batch {
             b();
         }
         tb.push(t.elapsed().as_nanos() as f64 / f64::from(batch));
+        settle();
     }
     (percentile(&mut ta, 0.5), percentile(&mut tb, 0.5))
 }
@@ -392,6 +401,10 @@ fn measure(args: &Args) -> anyhow::Result<Report> {
         || unsafe {
             s_launch(func, 1, 1, 1, 1, 1, 1, 0, null, pp, no_extra);
         },
+        // SAFETY: cuCtxSynchronize with a current context, lease held.
+        || unsafe {
+            s_sync();
+        },
     );
     let (copy_direct, copy_shim) = alternate(
         args.batch,
@@ -403,6 +416,10 @@ fn measure(args: &Args) -> anyhow::Result<Report> {
         // SAFETY: the same copy through the shim.
         || unsafe {
             s_copy(buf, host.as_ptr().cast(), 4, null);
+        },
+        // SAFETY: as above.
+        || unsafe {
+            s_sync();
         },
     );
 

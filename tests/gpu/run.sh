@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The one script run on a lent GPU host (e.g. one H200). Sized for ~6 minutes.
+#
+#  1. builds the shim, the fake-cuda TEST DOUBLE, the daemon and its lease tests (release);
+#  2. runs the lease tests against the REAL driver (NBOS_TEST_CUDA_DRIVER): C and Python
+#     programs through the shim, blocking acquire, revoke -> checkpoint -> restore
+#     (onto another GPU when there are two), two processes taking turns on one GPU,
+#     refusals; and the PyTorch loop (tests/gpu/train.py) revoked and restored between
+#     steps, whose loss curve must equal an undisturbed run's;
+#  3. prints the shim's overhead on the real driver (nbos bench shim --driver ...) and on
+#     the test double, and the evict/restore GiB/s the PyTorch test measured.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+start=$(date +%s)
+section() { printf '\n=== %s (t+%ss)\n' "$1" "$(( $(date +%s) - start ))"; }
+
+section "host"
+nvidia-smi -L || true
+nvidia-smi --query-gpu=driver_version,memory.total --format=csv,noheader || true
+LIBCUDA=${NBOS_TEST_CUDA_DRIVER:-$(ldconfig -p | awk '/libcuda\.so\.1 .*x86-64/ {print $NF; exit}')}
+if [[ -z "$LIBCUDA" || ! -e "$LIBCUDA" ]]; then
+    echo "no real libcuda.so.1 found (set NBOS_TEST_CUDA_DRIVER)" >&2
+    exit 1
+fi
+LIBCUDA=$(readlink -f "$LIBCUDA")
+echo "driver: $LIBCUDA"
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())' || true
+
+section "build (release)"
+cargo build --release -p nbos-cuda-shim -p fake-cuda -p notebookosd
+cargo test --release --no-run -p notebookosd --test lease_shim
+
+section "lease tests against the real driver"
+NBOS_TEST_CUDA_DRIVER="$LIBCUDA" cargo test --release -p notebookosd --test lease_shim -- \
+    --test-threads=1 --nocapture 2>&1 | tee /tmp/nbos-gpu-lease-tests.log
+grep -h GPU_RESULT /tmp/nbos-gpu-lease-tests.log || echo "(no PyTorch result line: see skips above)"
+
+section "shim overhead on the real driver"
+./target/release/nbos bench shim --json --driver "$LIBCUDA" --acquire-rounds 100
+
+section "shim overhead on the fake-cuda test double (same build)"
+./target/release/nbos bench shim --json --evict-mib 512
+
+section "done"
+echo "total $(( $(date +%s) - start ))s"
