@@ -235,7 +235,9 @@ impl Table {
             for (_, pid) in &waiting {
                 let free = self.free_gpus();
                 let Some(e) = self.procs.get(pid) else { continue };
-                if e.want == 0 || free.len() < e.want {
+                // want == 0 (a kernel without GPUs) gets an empty lease at once, so its
+                // CUDA calls fail on "no device" instead of waiting forever.
+                if free.len() < e.want {
                     blocked = true;
                     continue;
                 }
@@ -368,6 +370,16 @@ mod tests {
         assert_eq!(t.get(1).map(|e| e.state), Some(LeaseState::Bound));
         assert!(t.request(42, t0).is_empty());
         assert!(t.revoke(42).is_empty());
+    }
+
+    #[test]
+    fn a_process_without_gpus_gets_an_empty_lease_at_once() {
+        let t0 = Instant::now();
+        let mut t = Table::new(1, POLICY);
+        t.add(1, 1, t0);
+        t.request(1, t0);
+        t.add(2, 0, t0);
+        assert_eq!(t.request(2, t0), vec![Action::Grant { pid: 2, lease: 2, gpus: vec![], restore_from: None }]);
     }
 
     #[test]
