@@ -37,6 +37,11 @@ fn check(name: &str, t: &Template, gpus: u32, idle_release_ms: u64) -> Report {
     assert_eq!(r.completed, r.trainings, "{name}: every training event runs");
     assert_eq!(r.rejected, 0, "{name}");
     assert_eq!(r.gpu_ticks_committed, r.gpu_ticks_floor, "{name}: committed GPU-ticks are exactly the floor");
+    assert_eq!(
+        r.scheduler_bound_gpu_ms,
+        u128::from(r.gpu_ticks_bound) * u128::from(TICK_MS),
+        "{name}: the scheduler's own GPU-time integral disagrees with the replay's ledger"
+    );
     let idle_ticks = idle_release_ms.div_ceil(TICK_MS);
     let allowance: u64 = t.sessions.iter().flat_map(|s| &s.trainings).map(|tr| u64::from(tr.gpus) * idle_ticks).sum();
     assert!(

@@ -94,6 +94,9 @@ def test_three_kernels_take_turns_on_one_gpu(one_gpu):
         assert a1 <= b0, f"two cells held the only GPU at once: {spans}"
     waited = [r for r in results.values() if "[NotebookOS] waiting for 1 GPU" in r["stderr"]]
     assert waited, "no client was told its cell waits for a GPU"
+    # Per-cell binding bound less GPU time than reserving the GPU for each session.
+    view = gpus_view(d)
+    assert 0 < view["gpu_seconds_bound"] < view["gpu_seconds_reserved"], view
     metrics = urllib.request.urlopen(d.url + "/metrics", timeout=10).read().decode()
     assert "notebookos_subscription_ratio 3.0" in metrics, metrics
     # A fourth 1-GPU kernel would exceed the subscription ratio (3 x 1 GPU).

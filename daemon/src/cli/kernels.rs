@@ -36,6 +36,11 @@ pub fn render_gpus(s: &Snapshot) -> String {
         "\ngpus      {} total, {} committed, {} idle-held; {} requested by kernels",
         s.total, s.committed, s.idle_held, s.requested
     );
+    let _ = writeln!(
+        out,
+        "gpu time  {:.1} GPU-s bound per cell; whole-session reservation would have bound {:.1} GPU-s",
+        s.gpu_seconds_bound, s.gpu_seconds_reserved
+    );
     for (i, h) in s.holders.iter().enumerate() {
         let (what, kernel) = h.split_once(':').unwrap_or((h.as_str(), ""));
         let _ = writeln!(out, "  gpu {i:<3} {what:<10} {kernel}");
@@ -104,10 +109,13 @@ mod tests {
             holders: vec!["committed:k1".into(), "idle:k2".into()],
             waiting: vec![("k3".into(), "c9".into())],
             requested: 3,
+            gpu_seconds_bound: 12.5,
+            gpu_seconds_reserved: 100.0,
         };
         let t = render_gpus(&s);
         assert!(t.contains("2 total, 1 committed, 1 idle-held"), "{t}");
         assert!(t.contains("gpu 0   committed  k1") && t.contains("gpu 1   idle       k2"), "{t}");
         assert!(t.contains("1. kernel k3  cell c9"), "{t}");
+        assert!(t.contains("12.5 GPU-s bound") && t.contains("100.0 GPU-s"), "{t}");
     }
 }

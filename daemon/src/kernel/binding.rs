@@ -115,7 +115,8 @@ impl Binder {
     /// Registers a kernel; refused when the host's subscription ratio would be exceeded.
     pub fn add_kernel(&self, kernel: &Arc<Kernel>) -> Result<(), crate::sched::Refusal> {
         let mut st = self.lock();
-        st.sched.add_kernel(&kernel.id, kernel.gpus)?;
+        let now = self.now();
+        st.sched.add_kernel(&kernel.id, kernel.gpus, now)?;
         st.kernels.insert(kernel.id.clone(), kernel.clone());
         self.export(&st);
         Ok(())
@@ -124,7 +125,7 @@ impl Binder {
     /// Checks admission before a kernel is started (same rule as [`Self::add_kernel`]).
     pub fn would_admit(&self, gpus: u32) -> Result<(), crate::sched::Refusal> {
         let mut probe = self.lock().sched.clone();
-        probe.add_kernel("\u{0}probe", gpus)
+        probe.add_kernel("\u{0}probe", gpus, 0)
     }
 
     /// The kernel is gone (deleted or died): its GPUs are free at once.
@@ -155,7 +156,7 @@ impl Binder {
             let mut dropped: Vec<Waiting> = cells.iter().filter_map(|c| st.waiting.remove(c)).collect();
             dropped.extend(st.backlog.remove(kernel_id).unwrap_or_default());
             let mut actions = st.sched.remove_kernel(kernel_id, now);
-            if let Err(e) = st.sched.add_kernel(kernel_id, kernel.gpus) {
+            if let Err(e) = st.sched.add_kernel(kernel_id, kernel.gpus, now) {
                 tracing::warn!(kernel = kernel_id, error = %e, "could not re-register a restarted kernel");
             }
             actions.extend(st.sched.tick(now));
@@ -251,7 +252,10 @@ impl Binder {
 
     /// The scheduler's view (for `GET /api/v1/gpus` and `nbos kernels`).
     pub fn snapshot(&self) -> crate::sched::host::Snapshot {
-        self.lock().sched.snapshot()
+        let mut st = self.lock();
+        let now = self.now();
+        st.sched.advance(now);
+        st.sched.snapshot()
     }
 
     /// GPUs on the host.

@@ -105,10 +105,17 @@ pub struct HostScheduler {
     queue: VecDeque<KernelId>,
     idle_release: Millis,
     ratio: f64,
+    /// Time up to which the integrals below are accounted.
+    accounted_to: Millis,
+    /// Integral of GPUs bound (committed or idle-held) over time, GPU-ms.
+    bound_gpu_ms: u128,
+    /// Integral of GPUs requested by registered kernels over time, GPU-ms: what
+    /// whole-session reservation would have bound.
+    reserved_gpu_ms: u128,
 }
 
 /// A point-in-time view for status pages and tests.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Snapshot {
     /// GPUs on the host.
     pub total: u32,
@@ -122,6 +129,12 @@ pub struct Snapshot {
     pub waiting: Vec<(KernelId, CellId)>,
     /// GPUs requested by registered kernels.
     pub requested: u32,
+    /// GPU-seconds bound so far (committed or idle-held).
+    #[serde(default)]
+    pub gpu_seconds_bound: f64,
+    /// GPU-seconds whole-session reservation would have bound for the same kernels.
+    #[serde(default)]
+    pub gpu_seconds_reserved: f64,
 }
 
 impl HostScheduler {
@@ -134,7 +147,34 @@ impl HostScheduler {
             queue: VecDeque::new(),
             idle_release,
             ratio,
+            accounted_to: 0,
+            bound_gpu_ms: 0,
+            reserved_gpu_ms: 0,
         }
+    }
+
+    /// Accounts the time since the last change at the current binding; every
+    /// method that takes `now` calls it before changing anything.
+    pub fn advance(&mut self, now: Millis) {
+        let dt = u128::from(now.saturating_sub(self.accounted_to));
+        if dt == 0 {
+            return;
+        }
+        let bound = self.gpus.iter().filter(|g| !matches!(g, Gpu::Free)).count() as u128;
+        let requested: u128 = self.kernels.values().map(|k| u128::from(k.gpus)).sum();
+        self.bound_gpu_ms += bound * dt;
+        self.reserved_gpu_ms += requested * dt;
+        self.accounted_to = now;
+    }
+
+    /// GPU-milliseconds bound so far (committed or idle-held), up to the last `now` seen.
+    pub fn bound_gpu_ms(&self) -> u128 {
+        self.bound_gpu_ms
+    }
+
+    /// GPU-milliseconds whole-session reservation would have bound, up to the last `now` seen.
+    pub fn reserved_gpu_ms(&self) -> u128 {
+        self.reserved_gpu_ms
     }
 
     fn total(&self) -> u32 {
@@ -152,7 +192,7 @@ impl HostScheduler {
     }
 
     /// Registers a kernel that asks for `gpus` GPUs per cell.
-    pub fn add_kernel(&mut self, kernel: &str, gpus: u32) -> Result<(), Refusal> {
+    pub fn add_kernel(&mut self, kernel: &str, gpus: u32, now: Millis) -> Result<(), Refusal> {
         if self.kernels.contains_key(kernel) {
             return Err(Refusal::DuplicateKernel(kernel.to_owned()));
         }
@@ -170,12 +210,14 @@ impl HostScheduler {
                 total: self.total(),
             });
         }
+        self.advance(now);
         self.kernels.insert(kernel.to_owned(), Kernel { gpus, running: None, queued: None });
         Ok(())
     }
 
     /// Forgets a kernel (shut down or died): frees its GPUs at once, drops its queued cell.
     pub fn remove_kernel(&mut self, kernel: &str, now: Millis) -> Vec<Action> {
+        self.advance(now);
         if self.kernels.remove(kernel).is_none() {
             return Vec::new();
         }
@@ -195,6 +237,7 @@ impl HostScheduler {
     /// A cell of `kernel` that needs `gpus` GPUs was submitted (usually the
     /// kernel's declared count; a trace may vary it per cell).
     pub fn submit(&mut self, kernel: &str, cell: &str, gpus: u32, now: Millis) -> Result<Vec<Action>, Refusal> {
+        self.advance(now);
         let total = self.total();
         let k = self.kernels.get_mut(kernel).ok_or_else(|| Refusal::UnknownKernel(kernel.to_owned()))?;
         if k.running.is_some() || k.queued.is_some() {
@@ -217,6 +260,7 @@ impl HostScheduler {
 
     /// The running cell of `kernel` finished: its GPUs become idle-held.
     pub fn finish(&mut self, kernel: &str, cell: &str, now: Millis) -> Result<Vec<Action>, Refusal> {
+        self.advance(now);
         let k = self.kernels.get_mut(kernel).ok_or_else(|| Refusal::UnknownKernel(kernel.to_owned()))?;
         if k.running.as_deref() != Some(cell) {
             return Err(Refusal::NotRunning(cell.to_owned()));
@@ -232,6 +276,7 @@ impl HostScheduler {
 
     /// Time passes: idle-held GPUs past `idle_release` are revoked and freed.
     pub fn tick(&mut self, now: Millis) -> Vec<Action> {
+        self.advance(now);
         let mut actions = Vec::new();
         let mut by_kernel: BTreeMap<KernelId, Vec<u32>> = BTreeMap::new();
         for (i, g) in self.gpus.iter_mut().enumerate() {
@@ -330,6 +375,11 @@ impl HostScheduler {
             }
         }
         s.requested = self.kernels.values().map(|k| k.gpus).sum();
+        #[expect(clippy::cast_precision_loss, reason = "GPU-seconds for display")]
+        {
+            s.gpu_seconds_bound = self.bound_gpu_ms as f64 / 1000.0;
+            s.gpu_seconds_reserved = self.reserved_gpu_ms as f64 / 1000.0;
+        }
         s
     }
 }
@@ -356,7 +406,7 @@ mod tests {
     fn one_gpu_three_kernels_take_turns() {
         let mut s = HostScheduler::new(1, 30_000, 3.0);
         for k in ["a", "b", "c"] {
-            s.add_kernel(k, 1).expect("admit");
+            s.add_kernel(k, 1, 0).expect("admit");
         }
         assert_eq!(starts(&s.submit("a", "a1", 1, 0).expect("a1")), vec![("a".into(), vec![0])]);
         let q = s.submit("b", "b1", 1, 1).expect("b1");
@@ -378,7 +428,7 @@ mod tests {
     #[test]
     fn own_idle_held_gpu_is_reused_and_released_after_idle_release() {
         let mut s = HostScheduler::new(2, 30_000, 1.0);
-        s.add_kernel("a", 1).expect("admit");
+        s.add_kernel("a", 1, 0).expect("admit");
         s.submit("a", "1", 1, 0).expect("1");
         s.finish("a", "1", 5).expect("f");
         assert_eq!(s.snapshot().idle_held, 1);
@@ -395,7 +445,7 @@ mod tests {
     #[test]
     fn too_many_gpus_is_rejected_with_a_reason() {
         let mut s = HostScheduler::new(2, 1000, 3.0);
-        s.add_kernel("big", 4).expect("admitted; its cells are rejected");
+        s.add_kernel("big", 4, 0).expect("admitted; its cells are rejected");
         let acts = s.submit("big", "c", 4, 0).expect("submit");
         assert!(
             matches!(&acts[..], [Action::Reject { reason, .. }] if reason.contains("needs 4 GPUs") && reason.contains("has 2"))
@@ -405,19 +455,36 @@ mod tests {
     #[test]
     fn subscription_ratio_is_enforced_and_reported() {
         let mut s = HostScheduler::new(2, 1000, 1.5);
-        s.add_kernel("a", 2).expect("a");
+        s.add_kernel("a", 2, 0).expect("a");
         assert!((s.subscription_ratio() - 1.0).abs() < 1e-9);
-        assert!(matches!(s.add_kernel("b", 2), Err(Refusal::Oversubscribed { limit: 3, .. })));
-        s.add_kernel("c", 1).expect("c fits");
+        assert!(matches!(s.add_kernel("b", 2, 0), Err(Refusal::Oversubscribed { limit: 3, .. })));
+        s.add_kernel("c", 1, 0).expect("c fits");
         assert!((s.subscription_ratio() - 1.5).abs() < 1e-9);
-        s.add_kernel("cpu", 0).expect("CPU-only kernels are always admitted");
+        s.add_kernel("cpu", 0, 0).expect("CPU-only kernels are always admitted");
+    }
+
+    #[test]
+    fn bound_and_reserved_gpu_time_are_integrated() {
+        let mut s = HostScheduler::new(2, 10_000, 3.0);
+        s.add_kernel("a", 1, 0).expect("a");
+        s.add_kernel("b", 2, 1_000).expect("b");
+        s.submit("a", "1", 1, 2_000).expect("1");
+        s.finish("a", "1", 5_000).expect("f"); // committed 2..5 s, then idle-held
+        s.tick(15_000); // released at 15 s
+        s.advance(20_000);
+        // a: 1 GPU x (5 - 2) s committed + 10 s idle-held = 13 GPU-s.
+        assert_eq!(s.bound_gpu_ms(), 13_000);
+        // Reservation: a 1 GPU x 20 s + b 2 GPUs x 19 s = 58 GPU-s.
+        assert_eq!(s.reserved_gpu_ms(), 58_000);
+        let snap = s.snapshot();
+        assert!((snap.gpu_seconds_bound - 13.0).abs() < 1e-9 && (snap.gpu_seconds_reserved - 58.0).abs() < 1e-9);
     }
 
     #[test]
     fn removing_a_kernel_frees_its_gpus_and_serves_the_queue() {
         let mut s = HostScheduler::new(1, 1000, 2.0);
-        s.add_kernel("a", 1).expect("a");
-        s.add_kernel("b", 1).expect("b");
+        s.add_kernel("a", 1, 0).expect("a");
+        s.add_kernel("b", 1, 0).expect("b");
         s.submit("a", "a1", 1, 0).expect("a1");
         s.submit("b", "b1", 1, 0).expect("b1");
         let acts = s.remove_kernel("a", 5);
@@ -428,7 +495,7 @@ mod tests {
     fn head_of_queue_is_not_starved_by_smaller_requests() {
         let mut s = HostScheduler::new(2, 1000, 3.0);
         for (k, g) in [("a", 1), ("big", 2), ("c", 1)] {
-            s.add_kernel(k, g).expect("admit");
+            s.add_kernel(k, g, 0).expect("admit");
         }
         s.submit("a", "a1", 1, 0).expect("a1");
         s.submit("big", "big1", 2, 1).expect("big1");

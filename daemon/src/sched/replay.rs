@@ -37,6 +37,8 @@ pub struct Report {
     pub idle_releases: usize,
     /// Every action, for determinism checks.
     pub log: Vec<(Millis, Action)>,
+    /// The scheduler's own integral of bound GPU time, GPU-ms (checked against the ledger).
+    pub scheduler_bound_gpu_ms: u128,
 }
 
 /// Why a replay failed: the scheduler broke a promise.
@@ -181,7 +183,7 @@ pub fn replay(template: &Template, gpus: u32, idle_release_ms: Millis, ratio: f6
         // 2. Sessions that start now.
         for s in template.sessions.iter().filter(|s| s.start_tick == tick) {
             let g = s.trainings.iter().map(|t| t.gpus).max().unwrap_or(0);
-            sched.add_kernel(&s.id, g).map_err(|e| Violation::Refused(e.to_string()))?;
+            sched.add_kernel(&s.id, g, now).map_err(|e| Violation::Refused(e.to_string()))?;
             live.insert(s.id.clone());
         }
         // 3. Cells submitted now (a cell whose tick has come waits for the kernel's
@@ -224,6 +226,9 @@ pub fn replay(template: &Template, gpus: u32, idle_release_ms: Millis, ratio: f6
         report.gpu_ticks_bound += ledger.len() as u64;
         report.gpu_ticks_committed += ledger.values().filter(|(_, c)| *c).count() as u64;
     }
+    // Account the last tick: the ledger counted each tick's binding for a whole tick.
+    sched.advance((horizon + 1) * TICK_MS);
+    report.scheduler_bound_gpu_ms = sched.bound_gpu_ms();
     let left = pending.values().map(Vec::len).sum::<usize>() + running.len() + waiting.len();
     if left > 0 {
         return Err(Violation::Stuck(left));
