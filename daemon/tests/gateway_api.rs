@@ -247,3 +247,55 @@ fn bench_cell_prints_one_json_object_with_the_promised_keys() {
     }
     assert!(v["gateway_p50_ms"].as_f64() > Some(0.0) && v["direct_p50_ms"].as_f64() > Some(0.0));
 }
+
+#[test]
+fn kernel_proxy_and_install_kernelspec_refuse_bad_input_with_clear_errors() {
+    let dir = tempfile::tempdir().expect("tmp");
+    // A connection file that does not exist, is not JSON, or asks for ipc.
+    let missing = dir.path().join("missing.json");
+    let out = Command::new(NBOS).arg("kernel-proxy").arg("-f").arg(&missing).output().expect("nbos");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("missing.json"), "{err}");
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "{ not json").expect("write");
+    let out = Command::new(NBOS).arg("kernel-proxy").arg("-f").arg(&bad).output().expect("nbos");
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("parsing connection file"));
+    let ipc = dir.path().join("ipc.json");
+    std::fs::write(
+        &ipc,
+        r#"{"shell_port":1,"iopub_port":2,"stdin_port":3,"control_port":4,"hb_port":5,"ip":"kernel","key":"k",
+            "transport":"ipc","signature_scheme":"hmac-sha256"}"#,
+    )
+    .expect("write");
+    let out = Command::new(NBOS).arg("kernel-proxy").arg("-f").arg(&ipc).output().expect("nbos");
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("\"ipc\" is not supported"));
+
+    // install-kernelspec: a name that is not a directory name, or an unknown gateway spec.
+    let kernels = dir.path().join("kernels");
+    for args in [["--name", "../evil"], ["--kernel-name", "no-such-spec"]] {
+        let out = Command::new(NBOS)
+            .arg("install-kernelspec")
+            .args(args)
+            .arg("--kernels-dir")
+            .arg(&kernels)
+            .output()
+            .expect("nbos");
+        assert!(!out.status.success(), "{args:?} accepted");
+        assert!(!String::from_utf8_lossy(&out.stderr).is_empty());
+    }
+    assert!(!kernels.exists(), "a refused install wrote files");
+    // A good one writes kernel.json running this nbos.
+    let out = Command::new(NBOS)
+        .args(["install-kernelspec", "--name", "nbos-test", "--gpus", "1", "--kernels-dir"])
+        .arg(&kernels)
+        .output()
+        .expect("nbos");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let spec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(kernels.join("nbos-test/kernel.json")).expect("kernel.json"))
+            .expect("json");
+    assert_eq!(spec["argv"][1], "kernel-proxy");
+    assert_eq!(spec["argv"][3], "{connection_file}");
+    assert_eq!(spec["metadata"]["notebookos"]["gpus"], 1);
+}

@@ -93,9 +93,16 @@ impl Kernels {
             memory_limit_bytes: self.memory_limit_bytes,
         };
         self.metrics.kernels_started_total.inc();
-        let kernel = Kernel::start(id.clone(), name.to_owned(), gpus, launch, self.metrics.clone())
-            .await
-            .map_err(CreateError::Start)?;
+        let dir = launch.dir.clone();
+        let kernel = match Kernel::start(id.clone(), name.to_owned(), gpus, launch, self.metrics.clone()).await {
+            Ok(k) => k,
+            Err(e) => {
+                // Keep kernel.log for diagnosis; the connection file holds a key, remove it.
+                tracing::warn!(kernel = %id, dir = %dir.display(), error = format!("{e:#}"), "kernel failed to start");
+                let _ = std::fs::remove_file(dir.join("connection-0.json"));
+                return Err(CreateError::Start(e));
+            }
+        };
         if let Err(e) = self.binder.add_kernel(&kernel) {
             kernel.shutdown().await;
             return Err(CreateError::Refused(e));
