@@ -457,9 +457,9 @@ impl Actor {
                         let pairs: Vec<_> =
                             from.iter().zip(&gpus).map(|(f, t)| (self.uuid(*f), self.uuid(*t))).collect();
                         if let Err(e) = self.control.restore(pid, &pairs) {
-                            let reason = format!("restoring GPU memory failed: {e}");
-                            let _ = self.send(pid, &Message::Refused { reason });
-                            actions.extend(self.table.remove(pid, Instant::now()));
+                            // Still checkpointed: wait and retry (maybe on other GPUs).
+                            tracing::warn!(pid, error = %e, "restore failed; the process waits for a retry");
+                            actions.extend(self.table.restore_failed(pid, Instant::now()));
                             continue;
                         }
                     }

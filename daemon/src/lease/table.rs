@@ -73,7 +73,12 @@ pub struct Entry {
     pub calls: u64,
     /// When it entered Requested (acquire latency).
     pub requested_at: Option<Instant>,
+    /// A failed restore is retried no earlier than this.
+    pub retry_after: Option<Instant>,
 }
+
+/// Wait before retrying a failed restore.
+pub const RETRY: Duration = Duration::from_secs(1);
 
 /// Tunables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +121,7 @@ impl Table {
             last_active: now,
             calls: 0,
             requested_at: None,
+            retry_after: None,
         });
         want
     }
@@ -168,6 +174,20 @@ impl Table {
                 e.last_gpus = std::mem::take(&mut e.gpus);
                 e.checkpointed = evicted;
                 e.state = LeaseState::Unbound;
+            }
+        }
+        self.schedule(now)
+    }
+
+    /// Restoring `pid`'s memory onto the GPUs just granted failed (e.g. not enough free
+    /// memory there): it waits again, still checkpointed, and is retried after `RETRY`.
+    pub fn restore_failed(&mut self, pid: u32, now: Instant) -> Vec<Action> {
+        if let Some(e) = self.procs.get_mut(&pid) {
+            if e.state == LeaseState::Bound {
+                e.state = LeaseState::Requested;
+                e.gpus.clear();
+                e.checkpointed = true;
+                e.retry_after = Some(now + RETRY);
             }
         }
         self.schedule(now)
@@ -235,6 +255,9 @@ impl Table {
             for (_, pid) in &waiting {
                 let free = self.free_gpus();
                 let Some(e) = self.procs.get(pid) else { continue };
+                if e.retry_after.is_some_and(|t| now < t) {
+                    continue;
+                }
                 // want == 0 (a kernel without GPUs) gets an empty lease at once, so its
                 // CUDA calls fail on "no device" instead of waiting forever.
                 if free.len() < e.want {
@@ -259,6 +282,7 @@ impl Table {
                     e.lease = lease;
                     e.gpus = pick.clone();
                     e.checkpointed = false;
+                    e.retry_after = None;
                     e.last_active = now;
                 }
                 actions.push(Action::Grant { pid: *pid, lease, gpus: pick, restore_from });
@@ -370,6 +394,23 @@ mod tests {
         assert_eq!(t.get(1).map(|e| e.state), Some(LeaseState::Bound));
         assert!(t.request(42, t0).is_empty());
         assert!(t.revoke(42).is_empty());
+    }
+
+    #[test]
+    fn a_failed_restore_waits_and_is_retried_from_the_same_checkpoint() {
+        let t0 = Instant::now();
+        let mut t = Table::new(2, POLICY);
+        t.add(1, 1, t0);
+        t.request(1, t0);
+        t.revoke(1);
+        t.released(1, 1, true, t0);
+        let a = t.request(1, t0);
+        assert_eq!(a, vec![Action::Grant { pid: 1, lease: 2, gpus: vec![0], restore_from: Some(vec![0]) }]);
+        assert!(t.restore_failed(1, t0).is_empty(), "no immediate retry");
+        assert_eq!(t.get(1).map(|e| e.state), Some(LeaseState::Requested));
+        assert!(t.tick(at(t0, 500)).is_empty());
+        let a = t.tick(t0 + RETRY);
+        assert_eq!(a, vec![Action::Grant { pid: 1, lease: 3, gpus: vec![0], restore_from: Some(vec![0]) }]);
     }
 
     #[test]

@@ -548,6 +548,61 @@ pub unsafe extern "C" fn cuLaunchKernel_ptsz(
     unsafe { launch_kernel(f, [gx, gy, gz, bx, by, bz], shared, stream, params, extra) }
 }
 
+/// `CUlaunchConfig`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct LaunchConfig {
+    /// Grid and block dimensions, then dynamic shared memory bytes.
+    pub dims: [c_uint; 6],
+    /// Dynamic shared memory, bytes.
+    pub shared: c_uint,
+    /// Stream.
+    pub stream: Handle,
+    /// Launch attributes (ignored).
+    pub attrs: *mut c_void,
+    /// Number of attributes.
+    pub num_attrs: c_uint,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    config: *const LaunchConfig,
+    f: Handle,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    if config.is_null() {
+        return result::INVALID_VALUE;
+    }
+    // SAFETY: non-null CUlaunchConfig per the API contract.
+    let c = unsafe { *config };
+    // SAFETY: same contract as cuLaunchKernel.
+    unsafe { launch_kernel(f, c.dims, c.shared, c.stream, params, extra) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
+    config: *const LaunchConfig,
+    f: Handle,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    if config.is_null() {
+        return result::INVALID_VALUE;
+    }
+    // SAFETY: non-null CUlaunchConfig per the API contract.
+    let c = unsafe { *config };
+    // SAFETY: same contract as cuLaunchKernel.
+    unsafe { launch_kernel(f, c.dims, c.shared, c.stream, params, extra) }
+}
+
+/// CUDA graphs are not simulated: the entry point exists (so tools can attach to it)
+/// and says so.
+#[no_mangle]
+pub extern "C" fn cuGraphLaunch(_exec: Handle, _stream: Handle) -> CUresult {
+    gated(|_| result::NOT_SUPPORTED)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamCreate(stream: *mut Handle, _flags: c_uint) -> CUresult {
     if stream.is_null() {

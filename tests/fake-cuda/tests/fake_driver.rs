@@ -165,3 +165,25 @@ fn get_proc_address_resolves_versions_and_per_thread_stream() {
         assert_eq!(status, 1);
     }
 }
+
+#[test]
+fn launch_kernel_ex_computes_like_launch_kernel() {
+    setup();
+    ctx_on(0);
+    let (rc, x) = alloc(64 * 4);
+    assert_eq!(rc, result::SUCCESS);
+    let (mut p, mut v, mut n) = (x, 4.0f32, 64u64);
+    let mut args = [(&raw mut p).cast::<c_void>(), (&raw mut v).cast(), (&raw mut n).cast()];
+    let cfg = LaunchConfig {
+        dims: [1, 1, 1, 32, 1, 1],
+        shared: 0,
+        stream: std::ptr::null_mut(),
+        attrs: std::ptr::null_mut(),
+        num_attrs: 0,
+    };
+    // SAFETY: valid config and parameters for fill_f32.
+    let rc = unsafe { cuLaunchKernelEx(&cfg, function(c"fill_f32"), args.as_mut_ptr(), std::ptr::null_mut()) };
+    assert_eq!(rc, result::SUCCESS);
+    assert_eq!(sum(x, 64), 256.0);
+    assert_eq!(cuGraphLaunch(std::ptr::null_mut(), std::ptr::null_mut()), result::NOT_SUPPORTED);
+}
