@@ -5,7 +5,8 @@ Inside a NotebookOS kernel ``libcuda.so.1`` is the NotebookOS shim, which forwar
 the host's driver: the real NVIDIA driver, or the fake-cuda TEST DOUBLE on machines
 without GPUs. The kernels used here (``fill_f32``, ``axpy_f32``, ``sum_f32``) are the
 built-in kernels of fake-cuda; on a real driver a module providing them must be given
-(``NBOS_CUDA_MODULE``: a PTX or cubin file), because this package ships no GPU code.
+(``NBOS_CUDA_MODULE``: a PTX or cubin file, e.g. ``cuda-shim/tests/programs/kernels.ptx``,
+the PTX twins of those kernels), because this package ships no GPU code.
 
 Every call is checked; a failure raises :class:`CudaError` naming the call and the
 CUresult, never a silent wrong answer.
