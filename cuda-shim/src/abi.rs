@@ -6,6 +6,8 @@ pub type CUresult = u32;
 pub const SUCCESS: CUresult = 0;
 /// `CUDA_ERROR_INVALID_VALUE`: also what a NULL output pointer gets.
 pub const INVALID_VALUE: CUresult = 1;
+/// `CUDA_ERROR_OUT_OF_MEMORY`: beyond the host's per-process memory limit.
+pub const OUT_OF_MEMORY: CUresult = 2;
 /// `CUDA_ERROR_NOT_INITIALIZED`: the real driver could not be loaded.
 pub const NOT_INITIALIZED: CUresult = 3;
 /// `CUDA_ERROR_INVALID_DEVICE`.

@@ -38,7 +38,8 @@ struct Client {
 
 // Lock order: CLIENT before GATE; nothing holding GATE shared may take CLIENT.
 static CLIENT: Mutex<Client> = Mutex::new(Client { phase: Phase::Fresh, writer: None, requested: false });
-/// Memory limit per GPU the host set (0: none); an atomic so hooks under the gate can read it.
+/// Memory limit of the process the host set, bytes (0: none); an atomic so hooks under
+/// the gate can read it.
 static MEMORY_LIMIT: AtomicU64 = AtomicU64::new(0);
 static GRANTED: Condvar = Condvar::new();
 /// Contexts the process created, synchronised on revoke.

@@ -159,7 +159,7 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
     })
 }
 
-/// `cuMemGetInfo_v2`: clamped to the host's per-GPU memory limit.
+/// `cuMemGetInfo_v2`: clamped to the host's memory limit for the process.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
     if free.is_null() || total.is_null() {
@@ -174,13 +174,65 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
         if r == abi::SUCCESS {
             let limit = usize::try_from(client::memory_limit()).unwrap_or(usize::MAX);
             if limit > 0 {
+                let used: usize = ALLOCATIONS.lock().as_ref().map_or(0, |m| m.values().sum());
                 to = to.min(limit);
-                fr = fr.min(to);
+                fr = fr.min(limit.saturating_sub(used));
             }
             // SAFETY: both checked non-null.
             unsafe {
                 *free = fr;
                 *total = to;
+            }
+        }
+        r
+    })
+}
+
+/// Bytes of live `cuMemAlloc_v2` allocations, by pointer; only kept while the host set a
+/// memory limit (so the common case does no bookkeeping at all).
+static ALLOCATIONS: parking_lot::Mutex<Option<std::collections::HashMap<u64, usize>>> = parking_lot::Mutex::new(None);
+
+/// `cuMemAlloc_v2`: refused with `CUDA_ERROR_OUT_OF_MEMORY` beyond the host's limit.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, bytes: usize) -> CUresult {
+    if dptr.is_null() {
+        return abi::INVALID_VALUE;
+    }
+    gated(|_| {
+        type F = unsafe extern "C" fn(*mut u64, usize) -> CUresult;
+        let Some(f) = driver::by_name::<F>(c"cuMemAlloc_v2") else { return abi::NOT_FOUND };
+        let limit = usize::try_from(client::memory_limit()).unwrap_or(usize::MAX);
+        if limit == 0 {
+            // SAFETY: real entry point, the caller's arguments.
+            return unsafe { f(dptr, bytes) };
+        }
+        let mut live = ALLOCATIONS.lock();
+        let map = live.get_or_insert_with(std::collections::HashMap::new);
+        let used: usize = map.values().sum();
+        if used.saturating_add(bytes) > limit {
+            return abi::OUT_OF_MEMORY;
+        }
+        // SAFETY: real entry point, the caller's arguments.
+        let r = unsafe { f(dptr, bytes) };
+        if r == abi::SUCCESS {
+            // SAFETY: the driver just wrote the new pointer through this non-null pointer.
+            map.insert(unsafe { *dptr }, bytes);
+        }
+        r
+    })
+}
+
+/// `cuMemFree_v2`: keeps the limit's bookkeeping.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFree_v2(dptr: u64) -> CUresult {
+    gated(|_| {
+        type F = unsafe extern "C" fn(u64) -> CUresult;
+        let Some(f) = driver::by_name::<F>(c"cuMemFree_v2") else { return abi::NOT_FOUND };
+        // SAFETY: real entry point, the caller's argument.
+        let r = unsafe { f(dptr) };
+        if r == abi::SUCCESS {
+            if let Some(map) = ALLOCATIONS.lock().as_mut() {
+                map.remove(&dptr);
             }
         }
         r

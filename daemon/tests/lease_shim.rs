@@ -98,6 +98,10 @@ impl Proc {
 
 impl Host {
     fn start(gpus: u32, gpu_mib: u64, idle_grace: Duration) -> Self {
+        Self::start_limited(gpus, gpu_mib, idle_grace, 0)
+    }
+
+    fn start_limited(gpus: u32, gpu_mib: u64, idle_grace: Duration, memory_limit_bytes: u64) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let shim_dir = dir.path().join("shim");
         std::fs::create_dir(&shim_dir).expect("mkdir");
@@ -135,7 +139,7 @@ impl Host {
             socket: dir.path().join("lease.sock"),
             policy: Policy { idle_grace, idle_release: Duration::from_secs(600) },
             activity_interval: Duration::from_millis(20),
-            memory_limit_bytes: 0,
+            memory_limit_bytes,
         };
         let server = LeaseServer::start(cfg, inventory, control, metrics.clone()).expect("lease server");
         Self { real: real.is_some(), dir, shim_dir, client, fake, gpus, gpu_mib, server, metrics }
@@ -239,6 +243,18 @@ fn c_program_sees_the_virtual_device_count_gets_errors_for_null_outputs_and_comp
     let nulls = lines.iter().find(|l| l.starts_with("NULLS")).expect("NULLS line");
     assert!(nulls.split_whitespace().skip(1).all(|c| c != "0"), "NULL outputs must fail: {nulls}");
     assert!(lines.contains(&"SUM 6144.0".to_owned()), "{lines:?}");
+}
+
+#[test]
+fn memory_info_and_allocations_are_clamped_to_the_hosts_limit() {
+    // 10 KiB: the 16 KiB buffer of `basic` does not fit.
+    let host = Host::start_limited(1, 64, Duration::from_secs(60), 10 * 1024);
+    let p = host.spawn(&["basic"], "k-small", 1);
+    let (code, lines) = p.wait();
+    assert_ne!(code, 0, "{lines:?}");
+    assert!(lines.contains(&"MEMINFO 10240 10240".to_owned()), "{lines:?}");
+    let failed = lines.iter().find(|l| l.starts_with("FAILED")).expect("the allocation fails");
+    assert!(failed.contains("pAlloc(&x, 4096 * 4) = 2"), "CUDA_ERROR_OUT_OF_MEMORY: {failed}");
 }
 
 #[test]

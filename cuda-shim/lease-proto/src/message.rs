@@ -22,7 +22,7 @@ pub enum Message {
         device_count: u32,
         /// How often to send [`Message::Activity`] while bound, ms (0: never).
         activity_interval_ms: u32,
-        /// Memory the process may use per GPU, bytes (0: the whole GPU).
+        /// Device memory the process may allocate (`cuMemAlloc`), bytes (0: no limit).
         memory_limit_bytes: u64,
     },
     /// Shim → host: a gated call needs GPUs.

@@ -154,6 +154,10 @@ static int basic(void) {
     printf("NULLS %d %d %d %d %d %d\n", n1, n2, n3, n4, n5, n6);
     fflush(stdout);
     setup_context();
+    size_t mfree = 0, mtotal = 0;
+    CHECK(pMemGetInfo(&mfree, &mtotal));
+    printf("MEMINFO %zu %zu\n", mfree, mtotal);
+    fflush(stdout);
     CUdeviceptr x;
     CHECK(pAlloc(&x, 4096 * 4));
     fill(x, 1.5f, 4096);

@@ -37,7 +37,7 @@ pub struct LeaseServerConfig {
     pub policy: Policy,
     /// How often shims report activity while bound.
     pub activity_interval: Duration,
-    /// Per-GPU memory limit told to shims (0: none).
+    /// Device memory limit per kernel process told to shims, bytes (0: none).
     pub memory_limit_bytes: u64,
 }
 
