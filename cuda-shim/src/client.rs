@@ -42,6 +42,9 @@ static CLIENT: Mutex<Client> = Mutex::new(Client { phase: Phase::Fresh, writer: 
 /// the gate can read it.
 static MEMORY_LIMIT: AtomicU64 = AtomicU64::new(0);
 static GRANTED: Condvar = Condvar::new();
+/// The reader thread's socket fd, closed in a forked child (which has no reader thread),
+/// so a child never keeps its parent's lease connection open.
+static READER_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 /// Contexts the process created, synchronised on revoke.
 static CONTEXTS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
@@ -92,6 +95,7 @@ pub fn ensure_started() {
                 g.devices = (device_count as usize).min(MAX_DEVICES);
                 g.bound = false;
             }
+            READER_FD.store(std::os::fd::AsRawFd::as_raw_fd(&reader), Ordering::Relaxed);
             c.phase = Phase::Registered;
             c.writer = Some(stream);
             MEMORY_LIMIT.store(memory_limit, Ordering::Relaxed);
@@ -274,6 +278,8 @@ fn reader_loop(mut s: UnixStream, interval_ms: u32) {
 }
 
 fn fail(reason: String) {
+    // The reader thread is about to close its socket: forget the fd number first.
+    READER_FD.store(-1, Ordering::Relaxed);
     let mut c = CLIENT.lock();
     if c.phase == Phase::Registered {
         c.phase = Phase::Refused(reason);
@@ -323,6 +329,12 @@ extern "C" fn child() {
     c.writer = None;
     c.requested = false;
     drop(c);
+    let fd = READER_FD.swap(-1, Ordering::Relaxed);
+    if fd >= 0 {
+        // SAFETY: this fd is the child's copy of the parent's reader socket; the reader
+        // thread that owns it in the parent does not exist here, so nothing else uses it.
+        unsafe { libc::close(fd) };
+    }
     CONTEXTS.lock().clear();
     *GATE.write() = LeaseView { bound: false, lease: 0, devices: 0, physical: [-1; MAX_DEVICES], unmanaged: false };
 }
