@@ -478,3 +478,40 @@ fn pytorch_training_continues_identically_across_revoke_and_restore() {
         evict_s.len()
     );
 }
+
+/// Syscalls made by a process doing `n` leased launches (strace -f -c total), or None
+/// without strace.
+fn syscalls_for_launches(host: &Host, n: u32, kernel: &str) -> Option<u64> {
+    let out = host.dir.path().join(format!("strace-{kernel}.txt"));
+    let strace = Path::new("/usr/bin/strace");
+    if !strace.exists() {
+        return None;
+    }
+    let args = ["-f", "-c", "-o", out.to_str().expect("utf-8"), host.client.to_str().expect("utf-8"), "launches"];
+    let n = n.to_string();
+    let mut all: Vec<&str> = args.to_vec();
+    all.push(&n);
+    // strace is the registered kernel process; the client is its child (a descendant).
+    let p = host.spawn_program(strace, &all, kernel, 1, true);
+    let (code, lines) = p.wait();
+    assert_eq!(code, 0, "{lines:?}");
+    let text = std::fs::read_to_string(&out).expect("strace summary");
+    // Last line: "100.00    0.000123           4        31         2 total"
+    let total = text.lines().rev().find(|l| l.trim_end().ends_with("total")).expect("total line");
+    let calls: Vec<u64> = total.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    // After the float columns: usecs/call, calls, errors.
+    calls.get(1).copied()
+}
+
+#[test]
+fn leased_launches_make_no_syscalls() {
+    let host = Host::start(1, 64, Duration::from_secs(60));
+    let Some(few) = syscalls_for_launches(&host, 100, "k-few") else {
+        eprintln!("skipped: /usr/bin/strace not installed");
+        return;
+    };
+    let many = syscalls_for_launches(&host, 20_100, "k-many").expect("strace");
+    // 20 000 more launches; activity reports every 20 ms may add a few syscalls, never one per call.
+    eprintln!("syscalls: {few} for 100 launches, {many} for 20 100");
+    assert!(many.saturating_sub(few) < 1_000, "{few} syscalls for 100 launches, {many} for 20 100");
+}

@@ -9,6 +9,7 @@
  *                         wait for another line
  *   turns V ROUNDS MIB    alloc MIB MiB; per round fill V+r, check sum, idle 300 ms
  *   fork                  parent and forked child each compute on their own memory
+ *   launches N            N leased cuLaunchKernel calls in a row
  * Every line printed is flushed; exit status 0 means every check passed. */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -252,12 +253,25 @@ static int forked(void) {
     return s == 5.0 * 1024 && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }
 
+static int launches(long n) {
+    CHECK(pInit(0));
+    setup_context();
+    CUdeviceptr x;
+    CHECK(pAlloc(&x, 64 * 4));
+    fill(x, 1.0f, 64); /* the first gated call takes the lease */
+    for (long i = 0; i < n; i++) fill(x, 2.0f, 64);
+    printf("LAUNCHED %ld %.1f\n", n, sum(x, 64));
+    fflush(stdout);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     load();
     if (argc > 1 && !strcmp(argv[1], "basic")) return basic();
     if (argc > 2 && !strcmp(argv[1], "phases")) return phases(strtoull(argv[2], NULL, 10));
     if (argc > 4 && !strcmp(argv[1], "turns")) return turns(atof(argv[2]), atoi(argv[3]), atoi(argv[4]));
     if (argc > 1 && !strcmp(argv[1], "fork")) return forked();
+    if (argc > 2 && !strcmp(argv[1], "launches")) return launches(atol(argv[2]));
     fprintf(stderr, "usage: driver_client basic|phases N|turns V ROUNDS MIB|fork\n");
     return 64;
 }
