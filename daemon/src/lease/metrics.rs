@@ -16,7 +16,7 @@ pub struct EvictionLabels {
 /// Labels of `notebookos_lease_refused_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RefusedLabels {
-    /// Why: `unregistered`, `pid_mismatch`, `kernel_mismatch`, `bad_frame`.
+    /// Why: `unregistered`, `pid_mismatch`, `kernel_mismatch`, `bad_frame`, `bad_peer`, `too_many`.
     pub reason: String,
 }
 

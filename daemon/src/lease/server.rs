@@ -27,6 +27,9 @@ use crate::lease::table::{Action, LeaseState, Policy, Table};
 
 /// How long a new connection may take to send `Register`.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most connections served at once (one thread each): far above the kernel processes a
+/// host runs, low enough that a connection flood cannot exhaust threads.
+pub const MAX_CONNECTIONS: usize = 1024;
 
 /// Settings of the lease server.
 #[derive(Debug, Clone)]
@@ -252,6 +255,7 @@ impl Drop for LeaseServer {
 
 fn accept_loop(listener: UnixListener, shared: Arc<Shared>, events: Sender<Event>, metrics: LeaseMetrics) {
     static NEXT: AtomicU64 = AtomicU64::new(1);
+    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     for stream in listener.incoming() {
         if shared.stop.load(Ordering::SeqCst) {
             return;
@@ -270,6 +274,7 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>, events: Sender<Event
         let spawned =
             std::thread::Builder::new().name("lease-conn".into()).spawn(move || serve_conn(conn, stream, &sh, &ev, &m));
         if let Err(e) = spawned {
+            open.fetch_sub(1, Ordering::SeqCst);
             tracing::error!(error = %e, "cannot start a lease connection thread");
         }
     }

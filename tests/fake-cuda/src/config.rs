@@ -51,27 +51,32 @@ pub fn uuid_string(u: &[u8; 16]) -> String {
 }
 
 impl Config {
-    /// Reads `FAKE_CUDA_GPUS`, `FAKE_CUDA_GPU_MEMORY_MIB`, `FAKE_CUDA_STATE_DIR`.
-    /// Unparsable values fall back to the defaults (a driver cannot report config errors).
+    /// Reads `FAKE_CUDA_GPUS` (capped at [`MAX_GPUS`]), `FAKE_CUDA_GPU_MEMORY_MIB`,
+    /// `FAKE_CUDA_STATE_DIR`.
     pub fn from_env() -> Self {
-        let n = std::env::var("FAKE_CUDA_GPUS")
-            .ok()
-            .and_then(|v| v.trim().parse::<u32>().ok())
-            .unwrap_or(DEFAULT_GPUS)
-            .min(MAX_GPUS);
-        let mib = std::env::var("FAKE_CUDA_GPU_MEMORY_MIB")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(DEFAULT_MEMORY_MIB);
+        let n = env_number("FAKE_CUDA_GPUS", u64::from(DEFAULT_GPUS)).min(u64::from(MAX_GPUS)) as u32;
+        let mib = env_number("FAKE_CUDA_GPU_MEMORY_MIB", DEFAULT_MEMORY_MIB);
         let state_dir = std::env::var_os("FAKE_CUDA_STATE_DIR")
             .map(PathBuf::from)
-            .unwrap_or_else(|| std::env::temp_dir().join(format!("fake-cuda-{}", rustix_uid())));
+            .unwrap_or_else(|| std::env::temp_dir().join(format!("fake-cuda-{}", current_uid())));
         let gpus = (0..n).map(|index| FakeGpu { index, uuid: uuid_bytes(index), memory_bytes: mib << 20 }).collect();
         Self { gpus, state_dir }
     }
 }
 
-fn rustix_uid() -> u32 {
+/// A numeric setting; an unparsable value is reported on stderr (a driver has no other
+/// channel) and the default used.
+fn env_number(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Err(_) => default,
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+            eprintln!("fake-cuda (test double): {name}={v:?} is not a number; using {default}");
+            default
+        }),
+    }
+}
+
+fn current_uid() -> u32 {
     // SAFETY: getuid has no preconditions and cannot fail.
     unsafe { libc::getuid() }
 }
