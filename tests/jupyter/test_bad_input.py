@@ -148,6 +148,10 @@ def test_malformed_websocket_messages_are_dropped_counted_and_the_kernel_keeps_w
     wait_for(lambda: dropped_count("unknown_channel", "websocket") >= before_chan + 1, 10, "the drop to be counted")
     assert execute(ws, "6 * 7") == {"status": "ok", "value": "42"}
     ws.close()
+    # The cell was counted by outcome and its interactivity delay observed.
+    metrics = urllib.request.urlopen(d.url + "/metrics", timeout=10).read().decode()
+    assert any(l.startswith('notebookos_cells_total{outcome="ok"}') and float(l.split()[-1]) >= 1 for l in metrics.splitlines()), metrics
+    assert any(l.startswith("notebookos_interactivity_delay_seconds_count") and float(l.split()[-1]) >= 1 for l in metrics.splitlines()), metrics
 
 
 def test_badly_signed_messages_to_the_kernel_proxy_are_dropped(tmp_path):

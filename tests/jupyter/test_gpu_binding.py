@@ -118,6 +118,8 @@ def test_a_killed_kernel_frees_its_gpu_within_a_second(one_gpu):
     t = threading.Thread(target=lambda: result.update(run_cell(wb, "print('B ran')")))
     t.start()
     wait_for(lambda: gpus_view(d)["waiting"], 10, "kernel B's cell to wait")
+    metrics = urllib.request.urlopen(d.url + "/metrics", timeout=10).read().decode()
+    assert "notebookos_cells_waiting_for_gpus 1" in metrics and "notebookos_gpus_committed 1" in metrics, metrics
     os.kill(a["pids"][0], signal.SIGKILL)
     wait_for(lambda: gpus_view(d)["holders"] != [f"committed:{a['id']}"], 1.0, "the dead kernel's GPU to be freed")
     t.join(timeout=60)
