@@ -91,6 +91,11 @@ impl Metrics {
         self.dropped.get_or_create(&ReasonLabel { reason: reason.to_owned() }).inc();
     }
 
+    /// Current value of a drop counter.
+    pub fn dropped_count(&self, reason: &str) -> u64 {
+        self.dropped.get_or_create(&ReasonLabel { reason: reason.to_owned() }).get()
+    }
+
     /// Current value of a rejection counter (tests and the node service read it).
     pub fn rejected_count(&self, reason: &str) -> u64 {
         self.rejected.get_or_create(&ReasonLabel { reason: reason.to_owned() }).get()

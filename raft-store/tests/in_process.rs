@@ -151,3 +151,24 @@ async fn thousand_groups_in_one_process_survive_restart() {
         assert_eq!(v, Some(format!("v{g}").into_bytes()));
     }
 }
+
+#[tokio::test]
+async fn outbound_queue_to_an_unreachable_peer_is_bounded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = single_node(dir.path());
+    cfg.peer_queue_depth = 4;
+    cfg.peers.insert(2, free_addr()); // nobody listens there
+    let store = RaftStore::open(cfg).expect("open");
+    // Each of these groups campaigns towards node 2, which never answers.
+    for g in 1..=50 {
+        store.create_group(g, &[1, 2]).await.expect("create");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store.metrics().dropped_count("queue_full") == 0 {
+        assert!(Instant::now() < deadline, "no message was dropped:\n{}", store.metrics_text());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Dropping is back-pressure, not failure: the node still answers.
+    let s = store.status(1).await.expect("status");
+    assert_ne!(s.role, "leader", "one of two voters cannot lead alone");
+}
