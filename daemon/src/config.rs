@@ -45,7 +45,7 @@ pub enum ConfigError {
 }
 
 /// The whole daemon configuration.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// This host.
@@ -226,18 +226,6 @@ impl Default for LogConfig {
     }
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            node: NodeConfig::default(),
-            http: HttpConfig::default(),
-            gpu: GpuConfig::default(),
-            observer: ObserverConfig::default(),
-            kernel: KernelConfig::default(),
-            log: LogConfig::default(),
-        }
-    }
-}
 
 /// Upper bound on the number of simulated GPUs: a fake host bigger than any real one is a typo.
 const MAX_FAKE_GPUS: u32 = 64;

@@ -36,14 +36,16 @@ struct Daemon {
 
 impl Daemon {
     fn start(args: &[&str]) -> Daemon {
-        let mut child = Command::new(NOTEBOOKOSD)
+        let child = Command::new(NOTEBOOKOSD)
             .args(args)
             .env("NBOS_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn notebookosd");
-        let out = child.stdout.take().expect("stdout");
+        // Owned by a Daemon from here on, so a failed start below still kills and reaps it.
+        let mut daemon = Daemon { child, url: String::new() };
+        let out = daemon.child.stdout.take().expect("stdout");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
@@ -58,7 +60,8 @@ impl Daemon {
             let line =
                 rx.recv_timeout(left).unwrap_or_else(|_| panic!("notebookosd did not print its URL within 20 s"));
             if let Some(rest) = line.split("listening on ").nth(1) {
-                return Daemon { child, url: rest.trim().to_owned() };
+                daemon.url = rest.trim().to_owned();
+                return daemon;
             }
         }
     }
