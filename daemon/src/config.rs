@@ -226,7 +226,6 @@ impl Default for LogConfig {
     }
 }
 
-
 /// Upper bound on the number of simulated GPUs: a fake host bigger than any real one is a typo.
 const MAX_FAKE_GPUS: u32 = 64;
 
