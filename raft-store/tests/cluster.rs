@@ -23,6 +23,7 @@ async fn leader_kill_9_elects_new_leader_fast_and_loses_no_acknowledged_write() 
     c.kill(leader);
     let (new_leader, _) = c.wait_leader(G, term, LONG).await;
     let failover = killed_at.elapsed();
+    eprintln!("new leader {new_leader} after {failover:?} (election timeout {:?})", election_timeout());
     assert_ne!(new_leader, leader);
     assert!(
         failover <= election_timeout() * 3,
@@ -37,6 +38,40 @@ async fn leader_kill_9_elects_new_leader_fast_and_loses_no_acknowledged_write() 
     let commit = c.status(new_leader, G).await.expect("status").commit;
     c.wait_applied(leader, G, commit, LONG).await;
     assert_all_present(&acked, &c.range_stale(leader, G, "w/").await, "restarted old leader");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hibernating_group_elects_a_new_leader_fast_after_leader_kill_9() {
+    let _serial = CLUSTER_LOCK.lock().await;
+    let mut c = Cluster::start(3, Opts::default());
+    let (leader, term) = c.wait_leader(G, 0, LONG).await;
+    let mut client = c.client();
+    let r = client
+        .call_leader(&Request::Put { group: G, key: "k".into(), value: "v".into() }, Instant::now() + LONG)
+        .await
+        .expect("put");
+    assert!(r.ok);
+    // Idle: followers hibernate, then the leader.
+    let deadline = Instant::now() + LONG;
+    for id in c.live_ids() {
+        while !c.status(id, G).await.is_some_and(|s| s.hibernating) {
+            assert!(Instant::now() < deadline, "group did not hibernate on node {id}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let killed_at = Instant::now();
+    c.kill(leader);
+    let (new_leader, _) = c.wait_leader(G, term, LONG).await;
+    let failover = killed_at.elapsed();
+    eprintln!("new leader {new_leader} after {failover:?} (election timeout {:?})", election_timeout());
+    assert_ne!(new_leader, leader);
+    assert!(failover <= election_timeout() * 3, "hibernating group elected a new leader only after {failover:?}");
+    let r = c
+        .client()
+        .call_leader(&Request::Get { group: G, key: "k".into(), stale: false }, Instant::now() + LONG)
+        .await
+        .expect("get");
+    assert_eq!(r.result["value"].as_str(), Some("v"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -293,7 +293,10 @@ impl Engine {
 
     fn tick_all(&mut self, now: Instant) {
         let threshold = self.cfg.hibernate_after_ticks;
-        let quiet_after = self.cfg.election_timeout();
+        // Keepalives flow every tick on an idle connection; half an election timeout of silence
+        // means the leader's node is gone. Waking then still leaves the group its own randomised
+        // election timeout, so a hibernating group elects within ~2.5 election timeouts.
+        let quiet_after = (self.cfg.election_timeout() / 2).max(self.cfg.tick_interval * 3);
         let mut hibernating = 0i64;
         for (gid, g) in self.groups.iter_mut() {
             if g.hibernating {
