@@ -464,6 +464,9 @@ impl ClusterClient {
         let group = req.group().unwrap_or(0);
         let mut nodes: Vec<u64> = self.addrs.keys().copied().collect();
         nodes.sort_unstable();
+        if nodes.is_empty() {
+            return Err(CallError::Connect(std::io::Error::other("the cluster client knows no node")));
+        }
         let mut next = 0usize;
         loop {
             let node = match self.leaders.get(&group) {
