@@ -246,7 +246,7 @@ async fn leader_transfer_moves_leadership() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn register_history_is_linearizable_under_leader_kills() {
+async fn register_history_is_linearizable_under_leader_kills_and_isolation() {
     let _serial = CLUSTER_LOCK.lock().await;
     let mut c = Cluster::start(3, Opts::default());
     c.wait_leader(G, 0, LONG).await;
@@ -258,7 +258,7 @@ async fn register_history_is_linearizable_under_leader_kills() {
         tasks.push(tokio::spawn(async move {
             let mut history = Vec::new();
             let mut i = 0u64;
-            while i < 200 {
+            while i < 300 {
                 i += 1;
                 let v = format!("{w}-{i}");
                 let (op, req) = match i % 3 {
@@ -293,16 +293,48 @@ async fn register_history_is_linearizable_under_leader_kills() {
             history
         }));
     }
-    for _ in 0..2 {
-        let (leader, _) = c.wait_leader(G, 0, LONG).await;
+    for round in 0..3 {
+        let (leader, term) = c.wait_leader(G, 0, LONG).await;
         let before = c.status(leader, G).await.map_or(0, |s| s.commit);
         c.wait_applied(leader, G, before + 20, LONG).await;
         assert!(tasks.iter().all(|t| !t.is_finished()), "the clients finished before the fault");
-        c.kill(leader);
-        c.wait_leader(G, 0, LONG).await;
-        c.spawn(leader);
+        if round == 1 {
+            // Isolate the leader instead: it keeps believing it leads for a while, and must
+            // neither commit nor serve a read the majority side has overtaken.
+            let mut admin = c.client();
+            let others: Vec<u64> = c.live_ids().into_iter().filter(|&n| n != leader).collect();
+            for blocked in [true, false] {
+                for &o in &others {
+                    let a = admin.call_node(leader, &Request::SetBlocked { peer: o, blocked }).await.expect("block");
+                    let b = admin.call_node(o, &Request::SetBlocked { peer: leader, blocked }).await.expect("block");
+                    assert!(a.ok && b.ok);
+                }
+                if blocked {
+                    let deadline = Instant::now() + LONG;
+                    let new_leader = loop {
+                        let mut found = None;
+                        for &o in &others {
+                            if c.status(o, G).await.is_some_and(|s| s.role == "leader" && s.term > term) {
+                                found = Some(o);
+                            }
+                        }
+                        if let Some(o) = found {
+                            break o;
+                        }
+                        assert!(Instant::now() < deadline, "the majority side elected no leader");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    };
+                    let commit = c.status(new_leader, G).await.map_or(0, |s| s.commit);
+                    c.wait_applied(new_leader, G, commit + 20, LONG).await;
+                }
+            }
+        } else {
+            c.kill(leader);
+            c.wait_leader(G, term, LONG).await;
+            c.spawn(leader);
+        }
     }
-    // The clients finish their quota of operations; the kills happened in the middle of it.
+    // The clients finish their quota of operations; the faults happened in the middle of it.
     let mut history = Vec::new();
     for t in tasks {
         history.extend(t.await.expect("client"));
