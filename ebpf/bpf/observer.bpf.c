@@ -78,12 +78,14 @@ static __always_inline __u64 user_u64(const void *base, __u64 offset)
 	return v;
 }
 
-/* Field offsets in the CUDA driver API's structs (cuda.h, 64-bit; stable ABI since CUDA 3.2). */
+/* Field offsets in the CUDA driver API's structs (cuda.h, 64-bit; stable ABI since CUDA 3.2):
+ * CUDA_MEMCPY2D has 14 eight-byte slots before WidthInBytes, CUDA_MEMCPY3D 22 (its size is 200).
+ * src/bpf_abi.rs checks these numbers against #[repr(C)] mirrors of the two structs. */
 #define MEMCPY2D_WIDTH_IN_BYTES 112
 #define MEMCPY2D_HEIGHT 120
-#define MEMCPY3D_WIDTH_IN_BYTES 192
-#define MEMCPY3D_HEIGHT 200
-#define MEMCPY3D_DEPTH 208
+#define MEMCPY3D_WIDTH_IN_BYTES 176
+#define MEMCPY3D_HEIGHT 184
+#define MEMCPY3D_DEPTH 192
 
 static __always_inline __u64 bytes_of(struct pt_regs *ctx, __u32 from)
 {

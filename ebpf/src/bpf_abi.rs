@@ -73,6 +73,81 @@ mod tests {
         assert_eq!(RawExitEvent::from_bytes(&bytes).map(|e| e.tgid), Some(42));
     }
 
+    /// `CUDA_MEMCPY2D` and `CUDA_MEMCPY3D` as cuda.h lays them out on 64-bit hosts (pointers,
+    /// `size_t` and `CUdeviceptr` are 8 bytes; the `CUmemorytype` enums are 4 and padded).
+    #[repr(C)]
+    #[expect(dead_code, reason = "only the layout matters")]
+    struct CudaMemcpy2D {
+        src_x_in_bytes: usize,
+        src_y: usize,
+        src_memory_type: u32,
+        src_host: *const u8,
+        src_device: u64,
+        src_array: *mut u8,
+        src_pitch: usize,
+        dst_x_in_bytes: usize,
+        dst_y: usize,
+        dst_memory_type: u32,
+        dst_host: *mut u8,
+        dst_device: u64,
+        dst_array: *mut u8,
+        dst_pitch: usize,
+        width_in_bytes: usize,
+        height: usize,
+    }
+
+    #[repr(C)]
+    #[expect(dead_code, reason = "only the layout matters")]
+    struct CudaMemcpy3D {
+        src_x_in_bytes: usize,
+        src_y: usize,
+        src_z: usize,
+        src_lod: usize,
+        src_memory_type: u32,
+        src_host: *const u8,
+        src_device: u64,
+        src_array: *mut u8,
+        reserved0: *mut u8,
+        src_pitch: usize,
+        src_height: usize,
+        dst_x_in_bytes: usize,
+        dst_y: usize,
+        dst_z: usize,
+        dst_lod: usize,
+        dst_memory_type: u32,
+        dst_host: *mut u8,
+        dst_device: u64,
+        dst_array: *mut u8,
+        reserved1: *mut u8,
+        dst_pitch: usize,
+        dst_height: usize,
+        width_in_bytes: usize,
+        height: usize,
+        depth: usize,
+    }
+
+    /// The value of `#define NAME value` in the BPF source.
+    fn bpf_define(name: &str) -> usize {
+        let src = include_str!("../bpf/observer.bpf.c");
+        let prefix = format!("#define {name} ");
+        let line =
+            src.lines().find_map(|l| l.strip_prefix(prefix.as_str())).unwrap_or_else(|| panic!("{name} missing"));
+        line.trim().parse().unwrap_or_else(|e| panic!("{name} = {line:?}: {e}"))
+    }
+
+    #[cfg(target_pointer_width = "64")]
+    #[test]
+    fn bpf_struct_offsets_match_cuda_h() {
+        use std::mem::{offset_of, size_of};
+        assert_eq!(size_of::<CudaMemcpy2D>(), 128);
+        assert_eq!(size_of::<CudaMemcpy3D>(), 200);
+        assert_eq!(bpf_define("MEMCPY2D_WIDTH_IN_BYTES"), offset_of!(CudaMemcpy2D, width_in_bytes));
+        assert_eq!(bpf_define("MEMCPY2D_HEIGHT"), offset_of!(CudaMemcpy2D, height));
+        assert_eq!(bpf_define("MEMCPY3D_WIDTH_IN_BYTES"), offset_of!(CudaMemcpy3D, width_in_bytes));
+        assert_eq!(bpf_define("MEMCPY3D_HEIGHT"), offset_of!(CudaMemcpy3D, height));
+        assert_eq!(bpf_define("MEMCPY3D_DEPTH"), offset_of!(CudaMemcpy3D, depth));
+    }
+
     #[test]
     fn comm_stops_at_nul() {
         let mut c = [0u8; COMM_LEN];
