@@ -76,7 +76,6 @@ mod tests {
     /// `CUDA_MEMCPY2D` and `CUDA_MEMCPY3D` as cuda.h lays them out on 64-bit hosts (pointers,
     /// `size_t` and `CUdeviceptr` are 8 bytes; the `CUmemorytype` enums are 4 and padded).
     #[repr(C)]
-    #[expect(dead_code, reason = "only the layout matters")]
     struct CudaMemcpy2D {
         src_x_in_bytes: usize,
         src_y: usize,
@@ -97,7 +96,6 @@ mod tests {
     }
 
     #[repr(C)]
-    #[expect(dead_code, reason = "only the layout matters")]
     struct CudaMemcpy3D {
         src_x_in_bytes: usize,
         src_y: usize,

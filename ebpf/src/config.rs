@@ -46,6 +46,9 @@ pub struct ObserverConfig {
     /// How often per-process counts are folded into the Prometheus counters.
     #[serde(with = "humantime_serde")]
     pub metrics_interval: Duration,
+    /// Exit events each `exit_events()` subscriber may have unread; more are dropped and
+    /// counted, so a stalled reader cannot grow the daemon's memory. At least 1.
+    pub exit_queue: usize,
 }
 
 /// Where the shim writes its counters (see `shim_counters`).
@@ -63,6 +66,7 @@ impl Default for ObserverConfig {
             max_processes: 16_384,
             poll_interval: Duration::from_millis(20),
             metrics_interval: Duration::from_secs(1),
+            exit_queue: 4096,
         }
     }
 }

@@ -46,6 +46,8 @@ pub struct ObserverMetrics {
     pub errors: Counter,
     /// Exit events lost in the kernel because the ring buffer was full.
     pub exit_events_dropped: Counter,
+    /// Exit events not delivered to a subscriber whose queue was full (it stopped reading).
+    pub exit_events_lagged: Counter,
 }
 
 impl ObserverMetrics {
@@ -75,6 +77,11 @@ impl ObserverMetrics {
             "notebookos_observer_exit_events_dropped",
             "Exit events lost because the ring buffer was full",
             self.exit_events_dropped.clone(),
+        );
+        registry.register(
+            "notebookos_observer_exit_events_lagged",
+            "Exit events not delivered because a subscriber's queue was full",
+            self.exit_events_lagged.clone(),
         );
     }
 }

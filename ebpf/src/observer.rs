@@ -10,7 +10,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use aya::maps::{MapData, RingBuf};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::mpsc::{channel, Receiver, Sender};
 
 use crate::activity::{ExitEvent, Mode, ProcessActivity, Sources};
 use crate::bpf_abi::{comm_to_string, RawActivity, RawExitEvent};
@@ -39,7 +40,9 @@ struct Shared {
     libraries: Vec<PathBuf>,
     probes: usize,
     state: Mutex<State>,
-    subscribers: Mutex<Vec<UnboundedSender<ExitEvent>>>,
+    subscribers: Mutex<Vec<Sender<ExitEvent>>>,
+    /// Capacity of each subscriber's queue (at least 1).
+    exit_queue: usize,
     stop: AtomicBool,
     metrics: ObserverMetrics,
 }
@@ -102,6 +105,7 @@ impl Observer {
             max_processes,
             poll_interval,
             metrics_interval,
+            exit_queue,
         } = config;
         let wanted: Vec<EntryPoint> =
             ENTRY_POINTS.iter().filter(|e| launch_probes || e.kind != CallKind::Launch).copied().collect();
@@ -154,6 +158,7 @@ impl Observer {
                 lease_reports: HashMap::new(),
             }),
             subscribers: Mutex::new(Vec::new()),
+            exit_queue: exit_queue.max(1),
             stop: AtomicBool::new(false),
             metrics,
         });
@@ -235,9 +240,11 @@ impl Observer {
     }
 
     /// A new stream of exit events of processes that had GPU activity or were watched.
-    /// Works in blocking code (`blocking_recv`) and in async code (`recv().await`).
-    pub fn exit_events(&self) -> UnboundedReceiver<ExitEvent> {
-        let (tx, rx) = unbounded_channel();
+    /// Works in blocking code (`blocking_recv`) and in async code (`recv().await`). The queue
+    /// holds `exit_queue` events: a subscriber that stops reading loses the newer ones (counted
+    /// in `notebookos_observer_exit_events_lagged_total`) instead of growing memory without bound.
+    pub fn exit_events(&self) -> Receiver<ExitEvent> {
+        let (tx, rx) = channel(self.shared.exit_queue);
         lock(&self.shared.subscribers).push(tx);
         rx
     }
@@ -442,7 +449,15 @@ impl Shared {
         }
         self.metrics.exits.inc();
         tracing::debug!(pid, exit_code = ?event.exit_code, "process exit");
-        lock(&self.subscribers).retain(|tx| tx.send(event.clone()).is_ok());
+        lock(&self.subscribers).retain(|tx| match tx.try_send(event.clone()) {
+            Ok(()) => true,
+            Err(TrySendError::Full(lost)) => {
+                self.metrics.exit_events_lagged.inc();
+                tracing::warn!(pid = lost.pid, "exit event not delivered: a subscriber's queue is full");
+                true
+            }
+            Err(TrySendError::Closed(_)) => false,
+        });
     }
 
     /// Adds what each process did since the last sweep to the Prometheus counters.

@@ -159,3 +159,26 @@ fn lease_protocol_activity_reports_drive_snapshot_and_idle_for() {
     let event = wait_for("the exit event", Duration::from_secs(5), || exits.try_recv().ok());
     assert_eq!((event.pid, event.activity.map(|a| a.shim_calls)), (pid, Some(11)));
 }
+
+/// A subscriber that stops reading holds at most `exit_queue` events; the rest are counted,
+/// not queued, so memory stays bounded.
+#[test]
+fn a_subscriber_that_stops_reading_loses_newer_exits_counted_not_queued() {
+    let dir = tempfile::tempdir().unwrap();
+    let observer = Observer::start(ObserverConfig { exit_queue: 1, ..procfs_config(dir.path()) }).unwrap();
+    let mut exits = observer.exit_events();
+    let mut children: Vec<_> = (0..3).map(|_| Command::new("sleep").arg("30").spawn().unwrap()).collect();
+    for c in &children {
+        observer.watch(c.id()).unwrap();
+    }
+    for c in &mut children {
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+    wait_for("two exit events counted as lagged", Duration::from_secs(5), || {
+        (observer.metrics().exit_events_lagged.get() == 2).then_some(())
+    });
+    let first = exits.try_recv().expect("the queued exit event");
+    assert!(children.iter().any(|c| c.id() == first.pid), "{first:?}");
+    assert!(exits.try_recv().is_err(), "only exit_queue = 1 event was queued");
+}

@@ -9,10 +9,8 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// The C test programs, compiled once per test binary.
+/// The C test program, compiled once per test binary.
 pub struct CPrograms {
-    /// `libmini_cuda.so`: the observer's own tiny driver stand-in.
-    pub mini_cuda: PathBuf,
     /// `workload`: calls driver entry points on command.
     pub workload: PathBuf,
 }
@@ -25,20 +23,17 @@ fn cc(args: &[&str], out: &Path) {
     std::fs::rename(&tmp, out).unwrap();
 }
 
-/// Compiles `tests/c/*.c` into `$CARGO_TARGET_TMPDIR/nbos-ebpf-c`.
+/// Compiles `tests/c/workload.c` into `$CARGO_TARGET_TMPDIR/nbos-ebpf-c`.
 pub fn c_programs() -> &'static CPrograms {
     static PROGRAMS: OnceLock<CPrograms> = OnceLock::new();
     PROGRAMS.get_or_init(|| {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("nbos-ebpf-c");
         std::fs::create_dir_all(&dir).unwrap();
-        let mini_cuda = dir.join("libmini_cuda.so");
         let workload = dir.join("workload");
-        let mini_src = src.join("mini_cuda.c");
         let work_src = src.join("workload.c");
-        cc(&["-shared", "-fPIC", "-O2", "-Wall", "-Werror", mini_src.to_str().unwrap()], &mini_cuda);
         cc(&["-O2", "-Wall", "-Werror", work_src.to_str().unwrap(), "-ldl"], &workload);
-        CPrograms { mini_cuda, workload }
+        CPrograms { workload }
     })
 }
 
