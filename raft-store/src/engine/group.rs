@@ -42,6 +42,10 @@ pub(crate) struct Group {
     reads: HashMap<u64, (Query, oneshot::Sender<Result<ReadOutput>>)>,
     /// Reads whose read index is known, waiting for apply to reach it.
     waiting_reads: Vec<(u64, u64)>,
+    /// Reads that reached a new leader before it committed an entry of its term: raft 0.7 drops
+    /// such a ReadIndex silently, so they wait here and are issued once the term's first entry
+    /// commits.
+    deferred_reads: Vec<u64>,
     watchers: Vec<Watcher>,
     history: VecDeque<WatchEvent>,
     /// Every revision above this is in `history`.
@@ -103,6 +107,7 @@ impl Group {
             conf_changes: HashMap::new(),
             reads: HashMap::new(),
             waiting_reads: Vec::new(),
+            deferred_reads: Vec::new(),
             watchers: Vec::new(),
             history: VecDeque::new(),
             history_floor: applied,
@@ -140,7 +145,7 @@ impl Group {
     /// Whether the group may stop ticking now. Followers go first (`threshold`), leaders wait twice
     /// as long, so a leader never goes silent while a follower still counts towards an election.
     pub(crate) fn can_hibernate(&self, threshold: u32) -> bool {
-        if threshold == 0 || self.has_waiters() || !self.waiting_reads.is_empty() {
+        if threshold == 0 || self.has_waiters() || !self.waiting_reads.is_empty() || !self.deferred_reads.is_empty() {
             return false;
         }
         let raft = &self.raw.raft;
@@ -201,8 +206,25 @@ impl Group {
             return;
         }
         let id = self.next_id();
-        self.raw.read_index(context(self.node_id, id));
         self.reads.insert(id, (query, reply));
+        if self.raw.raft.commit_to_current_term() {
+            self.raw.read_index(context(self.node_id, id));
+        } else {
+            self.deferred_reads.push(id);
+        }
+    }
+
+    /// Leader: issues the reads deferred until an entry of this term committed.
+    pub(crate) fn issue_deferred_reads(&mut self) {
+        if self.deferred_reads.is_empty() || !self.is_leader() || !self.raw.raft.commit_to_current_term() {
+            return;
+        }
+        for id in std::mem::take(&mut self.deferred_reads) {
+            // Skip reads whose caller gave up meanwhile.
+            if self.reads.contains_key(&id) {
+                self.raw.read_index(context(self.node_id, id));
+            }
+        }
     }
 
     fn serve(&self, query: &Query, stale: bool) -> ReadOutput {
@@ -405,6 +427,7 @@ impl Group {
                 let _ = reply.send(Err(Error::NotLeader { group, hint }));
             }
             self.waiting_reads.clear();
+            self.deferred_reads.clear();
             self.lease_deadlines.clear();
             self.leases_revoking.clear();
         }

@@ -407,6 +407,7 @@ impl Engine {
                 continue;
             }
             g.raw.advance_apply();
+            g.issue_deferred_reads();
             if g.maybe_compact(self.cfg.snapshot_interval, &mut self.deferred)? {
                 self.metrics.compactions.inc();
                 self.dirty.insert(gid);
