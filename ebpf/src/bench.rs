@@ -1,6 +1,11 @@
-//! The price of observation: a launch-heavy loop through a driver library, with the observer
-//! detached, with uprobes on every entry point, and in the production design (uprobes on the
-//! rarer calls only, launches counted by the shim's counters file), measured in one run.
+//! The price of observation: a launch-heavy loop through our CUDA shim (optional) and a driver
+//! library, with the observer detached, with uprobes on every entry point, and in the production
+//! design (uprobes on the rarer calls only, launches counted by the shim's counters file),
+//! measured in one run. The uprobes sit on the driver library, so calls made through the shim
+//! hit them exactly as a kernel process's calls do.
+//!
+//! The shim does not write the counters file yet: the bench writes it beside each launch the
+//! way the shim is to (`ShimCountersWriter`), so that cost is in the figures.
 
 use std::ffi::{c_void, CStr, CString};
 use std::path::{Path, PathBuf};
@@ -15,8 +20,12 @@ use crate::{Mode, Observer, ObserverError};
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct BenchOptions {
-    /// The driver library to call (tests/fake-cuda's `libfake_cuda.so`, or a real `libcuda.so.1`).
+    /// The driver library to call and probe (tests/fake-cuda's `libfake_cuda.so`, or a real
+    /// `libcuda.so.1`).
     pub library: PathBuf,
+    /// Call through this CUDA shim (`libnbos_cuda_shim.so`, run unmanaged with
+    /// `NBOS_CUDA_DRIVER = library`) instead of calling the driver directly.
+    pub shim: Option<PathBuf>,
     /// Launches per timed loop.
     pub launches: u64,
     /// One `cuCtxSynchronize` every this many launches, as a training loop does.
@@ -30,8 +39,10 @@ pub struct BenchOptions {
 pub struct BenchReport {
     /// `ebpf`, or `procfs` when BPF could not be loaded (then no uprobe figures).
     pub mode: Mode,
-    /// The library called.
+    /// The driver library probed.
     pub library: PathBuf,
+    /// The shim the loops called through; `null`: straight into the driver.
+    pub shim: Option<PathBuf>,
     /// Launches per timed loop.
     pub launches: u64,
     /// Synchronisations per loop.
@@ -106,6 +117,8 @@ type SyncFn = unsafe extern "C" fn() -> i32;
 /// The library, opened with the handful of calls the loop needs.
 struct Driver {
     handle: *mut c_void,
+    /// `dlclose` on drop: not for the shim, whose fork handlers and driver handle stay live.
+    close: bool,
     launch: LaunchFn,
     sync: SyncFn,
     function: *mut c_void,
@@ -121,7 +134,7 @@ struct LaunchParams {
 }
 
 impl Driver {
-    fn open(path: &Path) -> Result<Self, BenchError> {
+    fn open(path: &Path, close: bool) -> Result<Self, BenchError> {
         let lib_err = |reason: String| BenchError::Library { path: path.to_owned(), reason };
         let c_path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| lib_err(e.to_string()))?;
         // SAFETY: c_path is a valid NUL-terminated string; dlopen runs the library's
@@ -218,7 +231,7 @@ impl Driver {
         }
         let p = &mut *params;
         p.ptrs = [(&raw mut p.dst).cast(), (&raw mut p.value).cast(), (&raw mut p.n).cast()];
-        Ok(Self { handle, launch, sync, function, params })
+        Ok(Self { handle, close, launch, sync, function, params })
     }
 
     /// `launches` launches with a sync every `sync_every`, optionally counting each in the
@@ -271,9 +284,11 @@ impl Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
-        // SAFETY: handle came from a successful dlopen and is closed once; no function pointer
-        // from it is used after drop.
-        unsafe { libc::dlclose(self.handle) };
+        if self.close {
+            // SAFETY: handle came from a successful dlopen and is closed once; no function
+            // pointer from it is used after drop.
+            unsafe { libc::dlclose(self.handle) };
+        }
     }
 }
 
@@ -292,10 +307,30 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Figures are medians over rounds of differences paired within a round (3 - 2, 2 - 1, 4 - 1),
 /// because on a shared machine the speed drifts between rounds.
 pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
-    let BenchOptions { library, launches, sync_every, rounds } = opts.clone();
+    let BenchOptions { library, shim: shim_lib, launches, sync_every, rounds } = opts.clone();
     let rounds = rounds.max(1);
     let launches = launches.max(1);
-    let mut driver = Driver::open(&library)?;
+    let mut driver = match &shim_lib {
+        None => Driver::open(&library, true)?,
+        Some(shim_path) => {
+            let shim_err = |reason: String| BenchError::Library { path: shim_path.clone(), reason };
+            if std::env::var_os("NBOS_LEASE_SOCKET").is_some() {
+                return Err(shim_err("NBOS_LEASE_SOCKET is set: the bench runs the shim unmanaged, unset it".into()));
+            }
+            if !library.is_absolute() {
+                return Err(BenchError::Library {
+                    path: library.clone(),
+                    reason: "the shim loads the driver by absolute path only".into(),
+                });
+            }
+            // Checked before dlopen so a missing driver is reported by name, not as a CUDA error.
+            std::fs::metadata(&library)
+                .map_err(|e| BenchError::Library { path: library.clone(), reason: e.to_string() })?;
+            // The shim reads NBOS_CUDA_DRIVER when it first loads the driver, on our first call.
+            std::env::set_var("NBOS_CUDA_DRIVER", &library);
+            Driver::open(shim_path, false)?
+        }
+    };
     let counters = tempfile_dir()?;
     let shim = ShimCountersWriter::create(counters.path(), std::process::id())?;
     // Warm up caches, page tables and the fake's state.
@@ -349,6 +384,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
     Ok(BenchReport {
         mode,
         library,
+        shim: shim_lib,
         launches,
         syncs: launches.checked_div(sync_every).unwrap_or(0),
         rounds,

@@ -1,5 +1,6 @@
-//! `nbos bench observe`: the price of observation per probed call and on a launch-heavy loop,
-//! observer attached vs detached, measured in one run (see `nbos_ebpf::bench`).
+//! `nbos bench observe`: the price of observation per probed call and on a launch-heavy loop
+//! (by default 100,000 launches through the CUDA shim and tests/fake-cuda), observer attached
+//! vs detached, measured in one run (see `nbos_ebpf::bench`).
 
 use std::path::PathBuf;
 
@@ -16,6 +17,13 @@ pub struct Args {
     /// this executable (a development build).
     #[arg(long)]
     pub library: Option<PathBuf>,
+    /// CUDA shim to call through (run unmanaged, forwarding to `--library`); default:
+    /// libnbos_cuda_shim.so next to this executable.
+    #[arg(long, conflicts_with = "no_shim")]
+    pub shim: Option<PathBuf>,
+    /// Call the driver library directly, without the shim.
+    #[arg(long)]
+    pub no_shim: bool,
     /// Launches per timed loop.
     #[arg(long, default_value_t = 100_000)]
     pub launches: u64,
@@ -41,14 +49,31 @@ fn default_library() -> anyhow::Result<PathBuf> {
     )
 }
 
+/// `libnbos_cuda_shim.so` beside the running `nbos`.
+fn default_shim() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the nbos executable")?;
+    let shim = exe.parent().context("nbos executable has no directory")?.join("libnbos_cuda_shim.so");
+    anyhow::ensure!(
+        shim.exists(),
+        "no {}: build it (cargo build -p nbos-cuda-shim), pass --shim PATH, or --no-shim",
+        shim.display()
+    );
+    Ok(shim)
+}
+
 /// Runs the benchmark.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let Args { json, library, launches, sync_every, rounds } = args;
+    let Args { json, library, shim, no_shim, launches, sync_every, rounds } = args;
     let library = match library {
-        Some(l) => l,
+        Some(l) => std::path::absolute(&l).with_context(|| format!("resolving {}", l.display()))?,
         None => default_library()?,
     };
-    let report = nbos_ebpf::bench::run(&BenchOptions { library, launches, sync_every, rounds })
+    let shim = match (shim, no_shim) {
+        (_, true) => None,
+        (Some(s), false) => Some(s),
+        (None, false) => Some(default_shim()?),
+    };
+    let report = nbos_ebpf::bench::run(&BenchOptions { library, shim, launches, sync_every, rounds })
         .context("benchmarking the GPU activity observer")?;
     if json {
         println!("{}", serde_json::to_string(&report)?);
@@ -64,7 +89,7 @@ fn opt(v: Option<f64>, unit: &str) -> String {
 
 fn human(r: &BenchReport) -> String {
     format!(
-        "observer bench ({mode} mode), {launches} launches + {syncs} syncs per loop through {lib}, median of {rounds}\n\
+        "observer bench ({mode} mode), {launches} launches + {syncs} syncs per loop through {shim}{lib}, median of {rounds}\n\
          bare loop:                         {bare:.1} ns/launch\n\
          shim counters-file update:         {counter:+.1} ns/launch (paid with or without observer)\n\
          detached baseline (shim counting): {det:.1} ns/launch\n\
@@ -75,6 +100,7 @@ fn human(r: &BenchReport) -> String {
         launches = r.launches,
         syncs = r.syncs,
         lib = r.library.display(),
+        shim = r.shim.as_ref().map_or_else(String::new, |s| format!("{} -> ", s.display())),
         rounds = r.rounds,
         bare = r.bare_ns_per_launch,
         counter = r.shim_counter_ns_per_launch,
