@@ -74,14 +74,14 @@ pub fn path_for(dir: &Path, pid: u32) -> PathBuf {
     dir.join(pid.to_string())
 }
 
-/// A shared read-only or read-write mapping of one counters file.
+/// The writer's shared read-write mapping of its own counters file.
 struct Mapping {
     ptr: *mut libc::c_void,
 }
 
 impl Mapping {
-    fn new(file: &File, writable: bool) -> std::io::Result<Self> {
-        let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
+    fn new(file: &File) -> std::io::Result<Self> {
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
         // SAFETY: we ask the kernel for a fresh shared mapping of FILE_SIZE bytes of an open file
         // descriptor; no existing memory is touched. The result is checked for MAP_FAILED.
         let ptr = unsafe { libc::mmap(std::ptr::null_mut(), FILE_SIZE, prot, libc::MAP_SHARED, file.as_raw_fd(), 0) };
@@ -111,21 +111,32 @@ impl Drop for Mapping {
 }
 
 /// Reads `pid`'s counters; `None` when there is no file or it is not a version-1 counters file.
+///
+/// Read with `pread`, not a mapping: the file belongs to the observed (untrusted) process, which
+/// could truncate it while we read a mapping, and a mapped page past the end of the file is a
+/// SIGBUS that would kill the daemon. A short read is simply "no counters". The kernel copies
+/// the 8-byte-aligned words out of the page cache whole on the hosts we run on; a counter
+/// changing during the copy is read either before or after the change.
 pub fn read(dir: &Path, pid: u32) -> Option<ShimCounts> {
+    use std::os::unix::fs::FileExt;
     let path = path_for(dir, pid);
     let file = File::open(&path).ok()?;
-    let len = file.metadata().ok()?.len();
-    if len < FILE_SIZE as u64 {
-        tracing::debug!(path = %path.display(), len, "counters file too short, ignored");
+    let mut bytes = [0u8; FIELDS * 8];
+    if let Err(e) = file.read_exact_at(&mut bytes, 0) {
+        tracing::debug!(path = %path.display(), error = %e, "counters file too short, ignored");
         return None;
     }
-    let map = Mapping::new(&file, false).ok()?;
-    let header = map.word(0).load(Ordering::Relaxed);
+    let word = |i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&bytes[i * 8..i * 8 + 8]);
+        u64::from_ne_bytes(w)
+    };
+    let header = word(0);
     if header != u64::from(MAGIC) | (u64::from(VERSION) << 32) {
         tracing::debug!(path = %path.display(), header, "not a version-1 counters file, ignored");
         return None;
     }
-    let w = |i| map.word(i).load(Ordering::Relaxed);
+    let w = word;
     Some(ShimCounts {
         launches: w(1),
         copies: w(2),
@@ -166,7 +177,7 @@ impl ShimCountersWriter {
         page[..4].copy_from_slice(&MAGIC.to_ne_bytes());
         page[4..8].copy_from_slice(&VERSION.to_ne_bytes());
         file.write_all(&page).map_err(err)?;
-        let map = Mapping::new(&file, true).map_err(err)?;
+        let map = Mapping::new(&file).map_err(err)?;
         Ok(Self { map, path })
     }
 
@@ -215,6 +226,34 @@ mod tests {
         assert_eq!((c.launches, c.copies, c.copy_bytes, c.syncs, c.memsets), (5, 1, 1 << 20, 1, 0));
         assert_eq!((c.first_ns, c.last_ns), (0, 0), "the reference writer stamps no time");
         assert_eq!(list(dir.path()), vec![4242]);
+    }
+
+    /// The observed process may truncate its file at any moment: reading must never fault
+    /// (a mapping would take SIGBUS and kill the daemon), only see no counters.
+    #[test]
+    fn a_file_truncated_while_being_read_is_no_counters_not_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = ShimCountersWriter::create(dir.path(), 7).unwrap();
+        w.record_launch();
+        let path = w.path().to_owned();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let truncator = {
+            let stop = std::sync::Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let f = OpenOptions::new().write(true).open(&path).unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    f.set_len(0).unwrap();
+                    f.set_len(FILE_SIZE as u64).unwrap();
+                }
+            })
+        };
+        for _ in 0..20_000 {
+            if let Some(c) = read(dir.path(), 7) {
+                assert!(c.launches <= 1, "{c:?}");
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        truncator.join().unwrap();
     }
 
     #[test]
