@@ -210,3 +210,46 @@ async fn client_api_refuses_bad_requests_and_keeps_serving() {
     }
     node.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_connections_are_capped_and_their_hello_size_checked() {
+    use raft_store::transport::MAX_PENDING_HANDSHAKES;
+    // Plaintext: nothing authenticates a peer before its HELLO, so the HELLO's size and the number
+    // of connections still saying nothing are what bound memory.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = StoreConfig::new(1, dir.path().join("d"), free_addr(), raft_store::TransportSecurity::Plaintext);
+    cfg.tick_interval = Duration::from_millis(20);
+    let store = RaftStore::open(cfg).expect("open");
+    store.create_group(1, &[1]).await.expect("create group");
+    let addr = store.config().listen;
+
+    // A first frame claiming a megabyte is refused from its length prefix.
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(&(1u32 << 20).to_be_bytes()).await.expect("write");
+    wait_count(&store, "oversized", 1).await;
+
+    // Connections that never say HELLO: beyond the cap they are closed on accept.
+    let mut idle = Vec::new();
+    for _ in 0..MAX_PENDING_HANDSHAKES + 8 {
+        idle.push(TcpStream::connect(addr).await.expect("connect"));
+    }
+    wait_count(&store, "handshake_limit", 1).await;
+    drop(idle);
+
+    // Once they are gone, a well-behaved peer is served again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store.metrics().rejected_count("unknown_group") == 0 {
+        assert!(Instant::now() < deadline, "a peer is not served after the flood:\n{}", store.metrics_text());
+        // Until the flood's connections are noticed closed, this one may be refused: try again.
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        let _ = s.write_all(&frame::hello(2)).await;
+        let _ = s.write_all(&frame::raft(999, &raft_msg(2, 1), MAX_FRAME).expect("frame")).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store.status(1).await.expect("status").role != "leader" {
+        assert!(Instant::now() < deadline, "no leader");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    store.kv(1).put("still", "works").await.expect("put after the flood");
+}

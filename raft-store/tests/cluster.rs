@@ -103,6 +103,28 @@ async fn kill_9_in_a_loop_while_writing_keeps_every_acknowledged_write() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_node_kill_9_in_a_loop_keeps_every_acknowledged_write_on_its_own_disk() {
+    // One replica: no peer can repair what the node failed to fsync, so every acknowledged write
+    // found after a kill -9 was on this node's disk when it was acknowledged.
+    let _serial = CLUSTER_LOCK.lock().await;
+    let mut c = Cluster::start(1, Opts { snapshot_interval: 150, ..Opts::default() });
+    let mut acked_all = Vec::new();
+    for round in 0..5 {
+        c.wait_leader(G, 0, LONG).await;
+        let writers = Writers::start(&c, G, 4);
+        writers.wait_more(60, LONG).await;
+        c.kill(1); // while the writers are mid-flight
+        c.spawn(1);
+        acked_all.extend(writers.stop().await);
+        assert_all_present(&acked_all, &c.range(G, "w/").await, &format!("after kill -9 number {}", round + 1));
+    }
+    assert!(acked_all.len() >= 300, "only {} writes acknowledged", acked_all.len());
+    // Recovery went through a compacted log too (snapshot + tail), not only a log from index 1.
+    let s = c.status(1, G).await.expect("status");
+    assert!(s.snapshot_index > 5, "no compaction happened (snapshot index {})", s.snapshot_index);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitioned_follower_catches_up_by_snapshot() {
     let _serial = CLUSTER_LOCK.lock().await;
     let c = Cluster::start(3, Opts { snapshot_interval: 50, ..Opts::default() });

@@ -18,6 +18,8 @@ const MAGIC: &[u8; 4] = b"NBRS";
 const VERSION: u8 = 1;
 /// Length prefix size.
 pub const HEADER_LEN: usize = 4;
+/// The length prefix of every HELLO: kind, magic, version, node id.
+pub const HELLO_FRAME_LEN: usize = 1 + 4 + 1 + 8;
 
 /// A decoded frame. The raft payload stays opaque bytes here.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,7 +116,7 @@ fn with_header(kind: u8, body_len: usize) -> BytesMut {
 
 /// Encodes a HELLO frame.
 pub fn hello(node_id: u64) -> Bytes {
-    let mut b = with_header(KIND_HELLO, 13);
+    let mut b = with_header(KIND_HELLO, HELLO_FRAME_LEN - 1);
     b.put_slice(MAGIC);
     b.put_u8(VERSION);
     b.put_u64(node_id);

@@ -36,6 +36,9 @@ const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// Frames written per flush.
 const WRITE_BATCH: usize = 256;
+/// Connections accepted but not yet authenticated (TLS handshake and HELLO) at any one time;
+/// further ones are closed at once, so a connection flood cannot hold unbounded memory.
+pub const MAX_PENDING_HANDSHAKES: usize = 128;
 
 struct Shared {
     node_id: u64,
@@ -49,6 +52,7 @@ struct Shared {
     last_seen: Mutex<HashMap<u64, Instant>>,
     metrics: Arc<Metrics>,
     tls: Option<TlsPair>,
+    handshakes: Arc<tokio::sync::Semaphore>,
     inbound: crossbeam_channel::Sender<Inbound>,
     rt: tokio::runtime::Handle,
 }
@@ -132,6 +136,7 @@ impl Transport {
             last_seen: Mutex::new(HashMap::new()),
             metrics,
             tls,
+            handshakes: Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_HANDSHAKES)),
             inbound,
             rt: rt.clone(),
         });
@@ -361,8 +366,13 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
     loop {
         match listener.accept().await {
             Ok((sock, addr)) => {
+                let Ok(permit) = shared.handshakes.clone().try_acquire_owned() else {
+                    shared.metrics.reject("handshake_limit");
+                    tracing::warn!(%addr, limit = MAX_PENDING_HANDSHAKES, "raft transport: too many unauthenticated connections; closing");
+                    continue;
+                };
                 let _ = sock.set_nodelay(true);
-                tokio::spawn(serve_inbound(shared.clone(), sock, addr));
+                tokio::spawn(serve_inbound(shared.clone(), sock, addr, permit));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "accept on raft transport failed");
@@ -372,7 +382,12 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
     }
 }
 
-async fn serve_inbound(shared: Arc<Shared>, sock: TcpStream, addr: SocketAddr) {
+async fn serve_inbound(
+    shared: Arc<Shared>,
+    sock: TcpStream,
+    addr: SocketAddr,
+    handshake: tokio::sync::OwnedSemaphorePermit,
+) {
     let m = &shared.metrics;
     let (stream, cert): (BoxedIo, _) = match &shared.tls {
         Some(tls) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.acceptor.accept(sock)).await {
@@ -395,7 +410,9 @@ async fn serve_inbound(shared: Arc<Shared>, sock: TcpStream, addr: SocketAddr) {
     };
     // Read the HELLO byte by byte through a reader we then hand on, so nothing is lost.
     let mut stream = BufReader::with_capacity(64 << 10, stream);
-    let peer = match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_frame(&mut stream, shared.max_frame)).await {
+    // The HELLO is tiny: a longer length prefix is refused before anything is allocated for it
+    // (in plaintext mode the peer is not authenticated yet).
+    let peer = match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_frame(&mut stream, frame::HELLO_FRAME_LEN)).await {
         Ok(Ok(Frame::Hello { node_id })) => node_id,
         Ok(Ok(_)) => {
             m.reject("garbage");
@@ -424,6 +441,7 @@ async fn serve_inbound(shared: Arc<Shared>, sock: TcpStream, addr: SocketAddr) {
         tracing::warn!(%addr, "raft transport: a peer claims this node's own id; closing");
         return;
     }
+    drop(handshake);
     run_connection(&shared, peer, addr, Box::new(stream)).await;
 }
 

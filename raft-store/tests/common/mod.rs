@@ -277,6 +277,9 @@ pub struct Writers {
 
 impl Writers {
     pub fn start(cluster: &Cluster, group: u64, n: usize) -> Writers {
+        // Keys stay unique across several sets of writers in one test.
+        static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let generation = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (stop, rx) = tokio::sync::watch::channel(false);
         let acked = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let tasks = (0..n)
@@ -290,7 +293,7 @@ impl Writers {
                     let mut seq = 0u64;
                     while !*rx.borrow() {
                         seq += 1;
-                        let key = format!("w/{w}/{seq}");
+                        let key = format!("w/{generation}-{w}/{seq}");
                         let value = format!("v{seq}");
                         let req = Request::Put { group, key: key.clone(), value: value.clone() };
                         if let Ok(r) = client.call_leader(&req, Instant::now() + Duration::from_secs(5)).await {
