@@ -110,14 +110,26 @@ fn a_missing_or_unreadable_library_is_an_error_naming_the_path() {
     assert!(err.contains(&dir.path().display().to_string()), "{err}");
 }
 
-/// Without privileges `mode = auto` must fall back to procfs with a clear log line. As root we
-/// drop to `nobody` in a child process (the check binary); as a normal user we are already
-/// unprivileged.
+/// Without privileges `mode = auto` must fall back to procfs with a clear log line, and the same
+/// API answers there (`snapshot` from a shim counters file, `idle_for`). As root we drop to
+/// `nobody` in a child process (the check binary); as a normal user we are already unprivileged.
 #[test]
 fn without_privileges_auto_mode_falls_back_to_procfs_with_a_log_line() {
     let lib = common::driver_library();
+    let dir = tempfile::tempdir().unwrap();
+    let mut gpu_user = Command::new("sleep").arg("30").spawn().unwrap();
+    let shim = ShimCountersWriter::create(dir.path(), gpu_user.id()).unwrap();
+    for _ in 0..1000 {
+        shim.record_launch();
+    }
+    shim.record_copy(MIB);
+    // `nobody` must be able to read the counters (the daemon's directory is readable the same way).
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(shim.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_nbos-observer-check"));
-    cmd.args(["--mode", "auto", "--library"]).arg(&lib);
+    cmd.args(["--mode", "auto", "--library"]).arg(&lib).arg("--counters-dir").arg(dir.path());
+    cmd.arg("--pid").arg(gpu_user.id().to_string());
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } == 0 {
         use std::os::unix::process::CommandExt;
@@ -131,6 +143,13 @@ fn without_privileges_auto_mode_falls_back_to_procfs_with_a_log_line() {
     assert_eq!(v["mode"], "procfs", "{stderr}");
     assert_eq!(v["uprobes"], 0);
     assert!(stderr.contains("falling back to procfs mode"), "{stderr}");
+    let snap = &v["snapshot"];
+    assert_eq!((snap["launches"].as_u64(), snap["copy_bytes"].as_u64()), (Some(1000), Some(MIB)), "{v}");
+    assert_eq!(snap["sources"]["shim_counters"], true, "{v}");
+    assert!(snap["cpu_time_ns"].is_u64(), "procfs fields answer: {v}");
+    assert!(v["idle_for_ms"].is_u64(), "{v}");
+    gpu_user.kill().unwrap();
+    gpu_user.wait().unwrap();
 }
 
 /// The shim's lease-protocol `Activity { calls }` reports, fed in by the lease server, make a
