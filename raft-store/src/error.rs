@@ -62,6 +62,9 @@ pub enum Error {
     /// Encoding or decoding our own records failed (a bug or a corrupt log).
     #[error("corrupt record: {0}")]
     Corrupt(String),
+    /// A request argument is out of range; nothing was proposed.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
     /// The configuration is not usable.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -104,6 +107,7 @@ impl Error {
             Error::Raft(_) => "raft",
             Error::Log { .. } => "log",
             Error::Corrupt(_) => "corrupt",
+            Error::InvalidArgument(_) => "invalid_argument",
             Error::Config(_) => "config",
             Error::Tls(_) => "tls",
             Error::Io { .. } => "io",

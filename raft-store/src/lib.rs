@@ -33,5 +33,5 @@ pub use config::{StoreConfig, TransportSecurity};
 pub use engine::request::{GroupStatus, Membership, MembershipChange, ReadOutput};
 pub use error::{Error, Result};
 pub use state_machine::{CasOutcome, KeyValue, WatchEvent, WatchEventKind};
-pub use store::{Kv, LeaseId, RaftStore, Watch};
+pub use store::{Kv, LeaseId, RaftStore, Watch, MAX_LEASE_TTL};
 pub use transport::tls::{generate_cluster_pki, NodeTlsFiles};

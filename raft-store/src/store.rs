@@ -19,6 +19,8 @@ use crate::transport::Transport;
 
 /// Depth of the engine's inbound queues (requests, and raft messages from the network).
 const INBOX_DEPTH: usize = 65_536;
+/// Longest lease TTL granted (liveness records live seconds; a year is plenty).
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Events buffered per watch before a slow watcher is cut off.
 const WATCH_BUFFER: usize = 1024;
 
@@ -350,6 +352,9 @@ impl Kv {
 
     /// Grants a lease with a time to live; keep it alive with [`Kv::lease_keepalive`].
     pub async fn lease_grant(&self, ttl: Duration) -> Result<LeaseId> {
+        if ttl < Duration::from_millis(1) || ttl > MAX_LEASE_TTL {
+            return Err(Error::InvalidArgument(format!("lease TTL {ttl:?} is outside 1ms..={MAX_LEASE_TTL:?}")));
+        }
         let id = rand::random::<u64>() | 1;
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
         match self.propose(Command::LeaseGrant { id, ttl_ms }).await? {

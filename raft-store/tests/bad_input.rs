@@ -151,6 +151,10 @@ async fn bad_configuration_is_refused_with_a_clear_error() {
     assert!(matches!(RaftStore::open(zero), Err(raft_store::Error::Config(_))));
     let json = r#"{"node_id":1,"data_dir":"/tmp/x","listen":"127.0.0.1:1","security":{"mode":"plaintext"},"bogus":1}"#;
     assert!(serde_json::from_str::<StoreConfig>(json).is_err(), "unknown fields are refused");
+    // Plaintext only when the configuration says so: no `security` section is an error, not a default.
+    let json = r#"{"node_id":1,"data_dir":"/tmp/x","listen":"127.0.0.1:1"}"#;
+    let err = serde_json::from_str::<StoreConfig>(json).expect_err("security must be explicit");
+    assert!(err.to_string().contains("security"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

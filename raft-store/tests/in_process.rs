@@ -91,6 +91,11 @@ async fn watch_and_leases() {
         assert_eq!((del.kind, del.key.as_slice()), (WatchEventKind::Delete, &b"w/a"[..]));
     }
 
+    // TTLs out of range are refused before anything is proposed (an overflowing deadline would
+    // otherwise panic every leader that applies the grant).
+    for bad in [Duration::MAX, Duration::ZERO, raft_store::MAX_LEASE_TTL + Duration::from_secs(1)] {
+        assert!(matches!(kv.lease_grant(bad).await, Err(Error::InvalidArgument(_))), "TTL {bad:?} accepted");
+    }
     let lease = kv.lease_grant(Duration::from_millis(300)).await.expect("grant");
     kv.put_with_lease("live/1", "up", lease).await.expect("put with lease");
     assert!(matches!(kv.put_with_lease("live/2", "up", 12345).await, Err(Error::LeaseNotFound(12345))));

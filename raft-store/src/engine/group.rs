@@ -80,6 +80,13 @@ fn membership(cs: &ConfState) -> Membership {
     m
 }
 
+/// When a lease of `ttl_ms` renewed at `now` expires. Saturates far in the future instead of
+/// overflowing (an `Instant` overflow panics, and would do so on every leader replaying the entry).
+fn lease_deadline(now: Instant, ttl_ms: u64) -> Instant {
+    const FAR: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 24 * 3600);
+    now.checked_add(std::time::Duration::from_millis(ttl_ms).min(FAR)).unwrap_or(now)
+}
+
 fn context(origin: u64, id: u64) -> Vec<u8> {
     let mut v = Vec::with_capacity(16);
     v.extend_from_slice(&origin.to_be_bytes());
@@ -328,7 +335,7 @@ impl Group {
         let ttl = self.sm.leases().find(|(l, _)| *l == id).map(|(_, ttl)| ttl);
         match ttl {
             Some(ttl) if !self.leases_revoking.contains(&id) => {
-                self.lease_deadlines.insert(id, Instant::now() + std::time::Duration::from_millis(ttl));
+                self.lease_deadlines.insert(id, lease_deadline(Instant::now(), ttl));
                 let _ = reply.send(Ok(ttl));
             }
             _ => {
@@ -434,8 +441,7 @@ impl Group {
         if !was_leader && role == StateRole::Leader {
             // A new leader gives every lease a full TTL from now (it cannot know the old clock).
             let now = Instant::now();
-            self.lease_deadlines =
-                self.sm.leases().map(|(id, ttl)| (id, now + std::time::Duration::from_millis(ttl))).collect();
+            self.lease_deadlines = self.sm.leases().map(|(id, ttl)| (id, lease_deadline(now, ttl))).collect();
         }
         effects
     }
@@ -445,6 +451,10 @@ impl Group {
         self.proposals.retain(|_, r| !r.is_closed());
         self.conf_changes.retain(|_, r| !r.is_closed());
         self.reads.retain(|_, (_, r)| !r.is_closed());
+        // A leader that never commits in its term (cut off from its quorum) must not collect ids.
+        let reads = &self.reads;
+        self.deferred_reads.retain(|id| reads.contains_key(id));
+        self.waiting_reads.retain(|(_, id)| reads.contains_key(id));
     }
 
     /// Replaces the state machine with a snapshot received from the leader.
@@ -492,7 +502,7 @@ impl Group {
         if let Some((id, ttl)) = lease_change {
             match ttl {
                 Some(ttl) if self.raw.raft.state == StateRole::Leader => {
-                    self.lease_deadlines.insert(id, Instant::now() + std::time::Duration::from_millis(ttl));
+                    self.lease_deadlines.insert(id, lease_deadline(Instant::now(), ttl));
                 }
                 Some(_) => {}
                 None => {
