@@ -19,7 +19,7 @@ pub struct ReasonLabel {
 pub struct Metrics {
     /// Proposals accepted into the log by this node as leader.
     pub proposals: Counter,
-    /// Log batches written.
+    /// Log batches written with an fsync.
     pub log_writes: Counter,
     /// Seconds per log batch write including fsync.
     pub log_write_seconds: Histogram,
@@ -68,7 +68,11 @@ impl Metrics {
     pub fn register(&self, registry: &mut Registry) {
         let r = registry.sub_registry_with_prefix("notebookos_raft");
         r.register("proposals", "Proposals accepted into the log by this node as leader", self.proposals.clone());
-        r.register("log_writes", "Log batches written (one fsync each)", self.log_writes.clone());
+        r.register(
+            "log_writes",
+            "Log batches written with an fsync (at most one per loop iteration)",
+            self.log_writes.clone(),
+        );
         r.register("log_write_seconds", "Log batch write time including fsync", self.log_write_seconds.clone());
         r.register("transport_rejected", "Inbound connections or frames rejected", self.rejected.clone());
         r.register("messages_dropped", "Outbound raft messages dropped", self.dropped.clone());
