@@ -47,7 +47,7 @@ impl EbpfBackend {
             .map_max_entries("activity", max_processes)
             .map_max_entries("watched", max_processes)
             .load(OBJECT)
-            .map_err(|e| ObserverError::Load(format!("{e:#}")))?;
+            .map_err(|e| ObserverError::Load(with_sources(&e)))?;
 
         let exit: &mut BtfTracePoint = program(&mut bpf, EXIT_PROGRAM)?;
         exit.load(EXIT_TRACEPOINT, &btf).map_err(|e| ObserverError::Load(format!("{EXIT_PROGRAM}: {e}")))?;
@@ -129,6 +129,23 @@ impl EbpfBackend {
     pub(crate) fn watch(&mut self, pid: NonZeroU32) -> Result<(), ObserverError> {
         self.watched.insert(pid.get(), 1, 0).map_err(map_err("watched"))
     }
+}
+
+/// An error with its chain of causes (aya's top-level message omits the OS error, e.g.
+/// "failed to create map" without "Operation not permitted"), plus what is usually missing.
+fn with_sources(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        source = s.source();
+    }
+    msg.push_str(" (needs root, or CAP_BPF and CAP_PERFMON, and kernel BTF)");
+    msg
 }
 
 fn program<'a, T>(bpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, ObserverError>

@@ -143,6 +143,7 @@ fn without_privileges_auto_mode_falls_back_to_procfs_with_a_log_line() {
     assert_eq!(v["mode"], "procfs", "{stderr}");
     assert_eq!(v["uprobes"], 0);
     assert!(stderr.contains("falling back to procfs mode"), "{stderr}");
+    assert!(stderr.contains("not permitted") && stderr.contains("CAP_BPF"), "the log says why: {stderr}");
     let snap = &v["snapshot"];
     assert_eq!((snap["launches"].as_u64(), snap["copy_bytes"].as_u64()), (Some(1000), Some(MIB)), "{v}");
     assert_eq!(snap["sources"]["shim_counters"], true, "{v}");
