@@ -75,6 +75,9 @@ pub struct Entry {
     pub requested_at: Option<Instant>,
     /// A failed restore is retried no earlier than this.
     pub retry_after: Option<Instant>,
+    /// A request arrived while the revocation was still in flight (the shim unbinds,
+    /// then reports `Released`; a call in between may already ask again).
+    pub request_pending: bool,
 }
 
 /// Wait before retrying a failed restore.
@@ -122,6 +125,7 @@ impl Table {
             calls: 0,
             requested_at: None,
             retry_after: None,
+            request_pending: false,
         });
         want
     }
@@ -145,9 +149,13 @@ impl Table {
     /// The shim asks for GPUs.
     pub fn request(&mut self, pid: u32, now: Instant) -> Vec<Action> {
         if let Some(e) = self.procs.get_mut(&pid) {
-            if e.state == LeaseState::Unbound {
-                e.state = LeaseState::Requested;
-                e.requested_at = Some(now);
+            match e.state {
+                LeaseState::Unbound => {
+                    e.state = LeaseState::Requested;
+                    e.requested_at = Some(now);
+                }
+                LeaseState::Revoking => e.request_pending = true,
+                _ => {}
             }
         }
         self.schedule(now)
@@ -174,6 +182,10 @@ impl Table {
                 e.last_gpus = std::mem::take(&mut e.gpus);
                 e.checkpointed = evicted;
                 e.state = LeaseState::Unbound;
+                if std::mem::take(&mut e.request_pending) {
+                    e.state = LeaseState::Requested;
+                    e.requested_at = Some(now);
+                }
             }
         }
         self.schedule(now)
@@ -411,6 +423,18 @@ mod tests {
         assert!(t.tick(at(t0, 500)).is_empty());
         let a = t.tick(t0 + RETRY);
         assert_eq!(a, vec![Action::Grant { pid: 1, lease: 3, gpus: vec![0], restore_from: Some(vec![0]) }]);
+    }
+
+    #[test]
+    fn a_request_racing_ahead_of_the_release_is_not_lost() {
+        let t0 = Instant::now();
+        let mut t = Table::new(1, POLICY);
+        t.add(1, 1, t0);
+        t.request(1, t0);
+        assert_eq!(t.revoke(1), vec![Action::Revoke { pid: 1, lease: 1 }]);
+        assert!(t.request(1, t0).is_empty(), "still revoking");
+        let a = t.released(1, 1, true, t0);
+        assert_eq!(a, vec![Action::Grant { pid: 1, lease: 2, gpus: vec![0], restore_from: Some(vec![0]) }]);
     }
 
     #[test]

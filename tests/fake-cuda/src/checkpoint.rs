@@ -86,9 +86,11 @@ pub fn start_server() -> std::io::Result<()> {
 
 /// Called in a forked child: the parent's control thread does not exist there.
 pub fn forget_server_after_fork() {
-    // SAFETY: in the child only this thread runs; a lock held at fork time by another
-    // parent thread would never be released, so reset the mutex unconditionally.
-    unsafe { SERVER_PID.force_unlock() };
+    if SERVER_PID.is_locked() {
+        // SAFETY: in the child only this thread runs; a lock held at fork time by another
+        // parent thread would never be released.
+        unsafe { SERVER_PID.force_unlock() };
+    }
     *SERVER_PID.lock() = None;
 }
 

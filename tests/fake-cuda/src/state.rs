@@ -156,24 +156,20 @@ pub fn init() -> CUresult {
 fn install_fork_handlers() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        // SAFETY: the handlers are plain extern "C" fns that live for the program.
-        unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+        // SAFETY: the handler is a plain extern "C" fn that lives for the program.
+        unsafe { libc::pthread_atfork(None, None, Some(child)) };
     });
 }
 
-extern "C" fn prepare() {
-    // Hold the state lock across fork so the child never inherits it mid-update.
-    std::mem::forget(STATE.lock());
-}
-
-extern "C" fn parent() {
-    // SAFETY: `prepare` locked it on this thread and forgot the guard.
-    unsafe { STATE.force_unlock() };
-}
-
+// No prepare handler: holding STATE across fork could deadlock against an interposer's
+// own prepare handler (the shim waits there for in-flight calls that may need STATE).
 extern "C" fn child() {
-    // SAFETY: `prepare` locked it in the parent's forking thread, which is this thread in the child.
-    unsafe { STATE.force_unlock() };
+    // In the child only the forking thread exists: a lock held by any other parent thread
+    // would never be released, and the state is discarded below anyway.
+    if STATE.is_locked() {
+        // SAFETY: the owner of the lock does not exist in this process.
+        unsafe { STATE.force_unlock() };
+    }
     // As with the real driver, a child does not inherit the parent's CUDA state: it
     // starts uninitialised and calls cuInit again (its copies of the parent's mappings are
     // not its allocations and are never charged to its ledger entry).
