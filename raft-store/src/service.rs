@@ -430,6 +430,10 @@ pub struct ClusterClient {
     addrs: HashMap<u64, SocketAddr>,
     conns: HashMap<u64, NodeClient>,
     leaders: HashMap<u64, u64>,
+    /// Round-robin cursor over the nodes when no leader is known. It persists across calls: a node
+    /// that answers nothing (a leader cut off from its quorum still believes it leads) must not be
+    /// every call's first pick.
+    next_node: usize,
     /// Per-call deadline.
     pub call_timeout: Duration,
 }
@@ -437,7 +441,13 @@ pub struct ClusterClient {
 impl ClusterClient {
     /// A client for nodes `id → client address`.
     pub fn new(addrs: HashMap<u64, SocketAddr>) -> Self {
-        ClusterClient { addrs, conns: HashMap::new(), leaders: HashMap::new(), call_timeout: Duration::from_secs(5) }
+        ClusterClient {
+            addrs,
+            conns: HashMap::new(),
+            leaders: HashMap::new(),
+            next_node: 0,
+            call_timeout: Duration::from_secs(5),
+        }
     }
 
     /// Calls one node directly.
@@ -467,13 +477,12 @@ impl ClusterClient {
         if nodes.is_empty() {
             return Err(CallError::Connect(std::io::Error::other("the cluster client knows no node")));
         }
-        let mut next = 0usize;
         loop {
             let node = match self.leaders.get(&group) {
                 Some(n) => *n,
                 None => {
-                    next += 1;
-                    nodes[next % nodes.len()]
+                    self.next_node = self.next_node.wrapping_add(1);
+                    nodes[self.next_node % nodes.len()]
                 }
             };
             let r = self.call_node(node, req).await;
@@ -493,6 +502,12 @@ impl ClusterClient {
                     Some(e) if e.kind == "group_not_found" => {
                         self.leaders.remove(&group);
                         true
+                    }
+                    // Outcome unknown: answered as is, but this node may be a leader cut off from
+                    // its quorum, so the next call looks for the leader afresh.
+                    Some(e) if e.kind == "timeout" || e.kind == "leadership_lost" => {
+                        self.leaders.remove(&group);
+                        false
                     }
                     _ => {
                         self.leaders.insert(group, node);
