@@ -107,8 +107,14 @@ pub enum GpuDriver {
 pub struct GpuConfig {
     /// Which driver to use.
     pub driver: GpuDriver,
-    /// Full path of the real `libcuda.so.1`; empty means discover it.
+    /// Full path of the real `libcuda.so.1`; empty means discover it. With
+    /// `driver = "fake"`: the fake-cuda TEST DOUBLE library (`libfake_cuda.so`); empty
+    /// means next to the daemon binary.
     pub cuda_driver_path: Option<PathBuf>,
+    /// The built CUDA shim (`libnbos_cuda_shim.so`) that kernel processes load as
+    /// `libcuda.so.1`; empty means next to the daemon binary, else
+    /// `/usr/lib/notebookos/libnbos_cuda_shim.so`.
+    pub shim_library: Option<PathBuf>,
     /// With `driver = "fake"`: how many simulated GPUs.
     pub fake_gpus: u32,
     /// With `driver = "fake"`: memory of each simulated GPU, MiB.
@@ -200,6 +206,7 @@ impl Default for GpuConfig {
         Self {
             driver: GpuDriver::Auto,
             cuda_driver_path: None,
+            shim_library: None,
             fake_gpus: 0,
             fake_gpu_memory_mib: 81_920,
             idle_release: Duration::from_secs(30),
@@ -315,6 +322,11 @@ impl Config {
                 ));
             }
         }
+        if let Some(p) = &self.gpu.shim_library {
+            if !p.is_absolute() {
+                return Err(invalid("gpu.shim_library", format!("must be an absolute path, got {}", p.display())));
+            }
+        }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return Err(invalid("log.level", format!("not a valid filter: {e}")));
         }
@@ -410,6 +422,7 @@ mod tests {
             ("[gpu]\ndriver = \"fake\"\n", "gpu.fake_gpus"),
             ("[gpu]\nfake_gpus = 2\n", "gpu.fake_gpus"),
             ("[gpu]\ncuda_driver_path = \"libcuda.so.1\"\n", "gpu.cuda_driver_path"),
+            ("[gpu]\nshim_library = \"libnbos_cuda_shim.so\"\n", "gpu.shim_library"),
             ("[log]\nlevel = \"info,=\"\n", "log.level"),
         ] {
             let err = Config::parse(text, "t.toml").expect_err(text);

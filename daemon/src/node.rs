@@ -12,8 +12,11 @@ use tokio::net::TcpListener;
 use crate::config::Config;
 use crate::gateway::{self, AppState};
 use crate::gpu;
-use crate::kernel::binding::{Binder, LogOnlyLeases};
+use crate::kernel::binding::{Binder, LeaseControl, LogOnlyLeases};
+use crate::kernel::server_leases::ServerLeases;
+use crate::kernel::shim_env::ShimEnvironment;
 use crate::kernel::Kernels;
+use crate::lease::LeaseServer;
 use crate::metrics::{BuildLabels, Metrics};
 
 /// How the node was started, beyond its config.
@@ -53,7 +56,13 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
     let (token, token_file) = api_token(&config)?;
     let inventory = gpu::inventory::discover(&config.gpu).context("taking the GPU inventory")?;
 
-    let metrics = Metrics::new();
+    let mut metrics = Metrics::new();
+    let leasing = if inventory.gpus.is_empty() {
+        None
+    } else {
+        Some(start_leasing(&config, &inventory, metrics.registry_mut()).context("starting GPU leasing")?)
+    };
+    let observer = start_observer(&config, leasing.as_ref(), metrics.registry_mut())?;
     metrics
         .build_info
         .get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION").into(), node: node.clone() })
@@ -69,13 +78,27 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
 
     let kernels_dir = config.node.runtime_dir.join("kernels");
     create_private_dir(&kernels_dir)?;
+    let leases: Arc<dyn LeaseControl> = match &leasing {
+        Some((server, _)) => Arc::new(ServerLeases::new(server.clone())),
+        None => Arc::new(LogOnlyLeases),
+    };
     let binder = Binder::new(
         u32::try_from(inventory.gpus.len()).unwrap_or(u32::MAX),
         config.gpu.idle_release,
         config.gpu.subscription_ratio,
-        Arc::new(LogOnlyLeases),
+        leases,
         metrics.clone(),
     );
+    // Exit events free a dead kernel process's leases at once.
+    let exits = observer.as_ref().map(|o| {
+        let mut rx = o.exit_events();
+        let binder = binder.clone();
+        tokio::spawn(async move {
+            while let Some(ev) = rx.recv().await {
+                binder.process_exited(ev.pid);
+            }
+        })
+    });
     let ticker = {
         let binder = binder.clone();
         tokio::spawn(async move {
@@ -86,14 +109,25 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
             }
         })
     };
-    let kernels = Arc::new(Kernels::new(
+    let shim_env = leasing.as_ref().map(|(_, shim)| shim.env.clone()).unwrap_or_default();
+    let mut kernels = Kernels::new(
         config.kernel.python.clone(),
         kernels_dir,
-        Vec::new(),
+        shim_env,
         metrics.clone(),
         binder,
         config.kernel.memory_limit_mib,
-    ));
+    );
+    if let Some(o) = &observer {
+        let o = o.clone();
+        kernels = kernels.with_process_watch(Arc::new(move |kernel, pid| {
+            o.set_kernel_label(pid, kernel);
+            if let Err(e) = o.watch(pid) {
+                tracing::warn!(pid, error = %e, "the observer cannot watch a kernel process");
+            }
+        }));
+    }
+    let kernels = Arc::new(kernels);
 
     let state = Arc::new(AppState {
         node: node.clone(),
@@ -159,6 +193,13 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
     // Tell every kernel to stop, kill what does not, so nothing is orphaned.
     kernels.shutdown_all().await;
     ticker.abort();
+    if let Some(e) = exits {
+        e.abort();
+    }
+    // Dropping the lease server stops its threads and removes the socket; the
+    // observer's thread stops with its last handle.
+    drop(leasing);
+    drop(observer);
     let _ = std::fs::remove_file(&endpoint_path);
     if let Some(dir) = &opts.remove_on_exit {
         if let Err(e) = std::fs::remove_dir_all(dir) {
@@ -166,6 +207,72 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
         }
     }
     served.context("serving HTTP")
+}
+
+/// Starts the lease server on `runtime_dir/lease.sock` with GPU control through
+/// the driver's checkpoint API, and prepares the shim environment of kernels.
+fn start_leasing(
+    config: &Config,
+    inventory: &gpu::Inventory,
+    registry: &mut prometheus_client::registry::Registry,
+) -> anyhow::Result<(Arc<LeaseServer>, ShimEnvironment)> {
+    use crate::gpu::checkpoint::{CheckpointApi, DriverCheckpoint};
+    use crate::lease::metrics::LeaseMetrics;
+    use crate::lease::table::Policy;
+    use crate::lease::LeaseServerConfig;
+
+    let socket = config.node.runtime_dir.join("lease.sock");
+    let shim = ShimEnvironment::prepare(&config.gpu, &config.node.runtime_dir, &socket)?;
+    let lease_metrics = LeaseMetrics::default();
+    lease_metrics.register(registry);
+    let api: Option<Box<dyn CheckpointApi>> = match DriverCheckpoint::load(&shim.driver) {
+        Ok(api) => Some(Box::new(api)),
+        Err(e) => {
+            tracing::warn!(driver = %shim.driver.display(), error = %e, "no checkpoint API: revoked GPU memory stays resident");
+            None
+        }
+    };
+    let control = gpu::control::GpuControl::new(api, lease_metrics.clone());
+    let cfg = LeaseServerConfig {
+        socket,
+        // Idle detection follows the shim's activity reports; the scheduler core
+        // decides release (its idle_release), the lease table only backs it up.
+        policy: Policy { idle_grace: std::time::Duration::from_secs(1), idle_release: config.gpu.idle_release },
+        activity_interval: std::time::Duration::from_millis(500),
+        memory_limit_bytes: 0,
+    };
+    let server =
+        LeaseServer::start(cfg, inventory.gpus.clone(), control, lease_metrics).context("starting the lease server")?;
+    tracing::info!(socket = %server.socket().display(), gpus = inventory.gpus.len(), "lease server listening");
+    Ok((Arc::new(server), shim))
+}
+
+/// Starts the GPU activity observer (`[observer]`); `auto` falls back to procfs
+/// with a log line. Without GPUs there is nothing to observe.
+fn start_observer(
+    config: &Config,
+    leasing: Option<&(Arc<LeaseServer>, ShimEnvironment)>,
+    registry: &mut prometheus_client::registry::Registry,
+) -> anyhow::Result<Option<Arc<nbos_ebpf::Observer>>> {
+    use crate::config::ObserverMode;
+    use nbos_ebpf::ModeRequest;
+    let Some((_, shim)) = leasing else { return Ok(None) };
+    let mode = match config.observer.mode {
+        ObserverMode::Auto => ModeRequest::Auto,
+        ObserverMode::Ebpf => ModeRequest::Ebpf,
+        ObserverMode::Procfs => ModeRequest::Procfs,
+    };
+    // Probe the configured libraries, else the driver the shim forwards to.
+    let libraries = if config.observer.probe_libraries.is_empty() {
+        vec![shim.driver.clone()]
+    } else {
+        config.observer.probe_libraries.clone()
+    };
+    let cfg = nbos_ebpf::ObserverConfig { mode, libraries, counters_dir: None, ..nbos_ebpf::ObserverConfig::default() };
+    let observer = nbos_ebpf::Observer::start(cfg).context("starting the GPU observer ([observer] mode)")?;
+    observer.metrics().register(registry);
+    tracing::info!(mode = observer.mode().as_str(), probes = observer.probe_count(), "GPU observer running");
+    Ok(Some(Arc::new(observer)))
 }
 
 /// The token clients must present, and the file it lives in.

@@ -24,6 +24,11 @@ use crate::sched::Millis;
 /// What per-cell binding needs from the lease server (`daemon/src/lease`), so the
 /// shim in a kernel process is granted exactly the GPUs the scheduler committed.
 pub trait LeaseControl: Send + Sync {
+    /// A process of `kernel` was started: it (and its descendants) may ask for up
+    /// to `gpus` GPUs.
+    fn register(&self, kernel: &str, pid: u32, gpus: u32) {
+        tracing::debug!(kernel, pid, gpus, "kernel process started");
+    }
     /// The kernel's cell may now use `gpus` (host indices): the next lease request
     /// of a process of this kernel is granted on them.
     fn bind(&self, kernel: &str, pids: &[u32], gpus: &[u32]);
@@ -120,6 +125,24 @@ impl Binder {
         st.kernels.insert(kernel.id.clone(), kernel.clone());
         self.export(&st);
         Ok(())
+    }
+
+    /// A process of a registered kernel started (at creation or restart).
+    pub fn process_started(&self, kernel_id: &str, pid: u32) {
+        let gpus = self.lock().kernels.get(kernel_id).map(|k| k.gpus);
+        if let Some(gpus) = gpus {
+            self.leases.register(kernel_id, pid, gpus);
+        }
+    }
+
+    /// A process exited (observer exit event): it may no longer lease and its
+    /// leases are gone at once, before the kernel's own waiter notices.
+    pub fn process_exited(&self, pid: u32) {
+        let kernel = self.lock().kernels.values().find(|k| k.pids().contains(&pid)).map(|k| k.id.clone());
+        if let Some(kernel) = kernel {
+            tracing::info!(kernel = %kernel, pid, "kernel process exited; forgetting its leases");
+            self.leases.forget(&kernel, &[pid]);
+        }
     }
 
     /// Checks admission before a kernel is started (same rule as [`Self::add_kernel`]).

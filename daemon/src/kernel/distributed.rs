@@ -70,7 +70,11 @@ pub struct Kernel {
     exit_hook: std::sync::Mutex<Option<ExitHook>>,
     /// Called when a restart has killed the old processes (their cells are gone).
     restart_hook: std::sync::OnceLock<RestartHook>,
+    spawn_hook: std::sync::OnceLock<SpawnHook>,
 }
+
+/// What runs after a restart started a new process: (kernel id, its pid).
+pub type SpawnHook = Box<dyn Fn(&str, u32) + Send + Sync>;
 
 /// What runs after a restart killed the kernel's processes: (kernel id).
 pub type RestartHook = Box<dyn Fn(&str) + Send + Sync>;
@@ -110,6 +114,7 @@ impl Kernel {
             metrics,
             exit_hook: std::sync::Mutex::new(None),
             restart_hook: std::sync::OnceLock::new(),
+            spawn_hook: std::sync::OnceLock::new(),
         });
         kernel.watch_exit(&replica);
         kernel.wait_ready(&replica).await?;
@@ -167,6 +172,11 @@ impl Kernel {
     /// Installs what runs after a restart (once; later calls are ignored).
     pub fn set_restart_hook(&self, hook: RestartHook) {
         let _ = self.restart_hook.set(hook);
+    }
+
+    /// Sets what runs when a restart has started a new process (lease registration).
+    pub fn set_spawn_hook(&self, hook: SpawnHook) {
+        let _ = self.spawn_hook.set(hook);
     }
 
     fn run_exit_hook(&self, pids: &[u32]) {
@@ -256,6 +266,9 @@ impl Kernel {
         };
         let replica = Arc::new(Replica::start(0, &self.launch, conn, self.hub.clone(), self.metrics.clone()).await?);
         self.replicas.write().await.push(replica.clone());
+        if let Some(hook) = self.spawn_hook.get() {
+            hook(&self.id, replica.process.pid());
+        }
         self.watch_exit(&replica);
         self.wait_ready(&replica).await
     }

@@ -9,6 +9,8 @@
 //! - [`binding`]: per-cell GPU binding (scheduler core + lease control).
 //! - [`registry`]: all kernels of this host.
 //! - [`spec`]: kernelspecs and their GPU requests.
+//! - [`shim_env`]: the CUDA shim environment of kernel processes.
+//! - [`server_leases`]: lease control over the host's lease server.
 
 pub mod binding;
 pub mod connection;
@@ -17,6 +19,8 @@ pub mod hub;
 pub mod process;
 pub mod registry;
 pub mod replica;
+pub mod server_leases;
+pub mod shim_env;
 pub mod spec;
 
 pub use distributed::{Kernel, KernelModel};

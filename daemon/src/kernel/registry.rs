@@ -42,7 +42,12 @@ pub struct Kernels {
     metrics: Arc<Metrics>,
     binder: Arc<Binder>,
     memory_limit_bytes: Option<u64>,
+    /// Told every kernel process pid (the observer watches them for exits).
+    process_watch: Option<ProcessWatch>,
 }
+
+/// Called with every kernel process started (kernel id, pid).
+pub type ProcessWatch = Arc<dyn Fn(&str, u32) + Send + Sync>;
 
 impl Kernels {
     /// Kernels run with `python` and keep their files under `dir`.
@@ -59,7 +64,23 @@ impl Kernels {
         let python =
             if python.components().count() > 1 { std::path::absolute(&python).unwrap_or(python) } else { python };
         let memory_limit_bytes = (memory_limit_mib > 0).then(|| memory_limit_mib.saturating_mul(1024 * 1024));
-        Self { map: RwLock::new(HashMap::new()), python, dir, extra_env, metrics, binder, memory_limit_bytes }
+        Self {
+            map: RwLock::new(HashMap::new()),
+            python,
+            dir,
+            extra_env,
+            metrics,
+            binder,
+            memory_limit_bytes,
+            process_watch: None,
+        }
+    }
+
+    /// Calls `watch` with every kernel process started from now on.
+    #[must_use]
+    pub fn with_process_watch(mut self, watch: ProcessWatch) -> Self {
+        self.process_watch = Some(watch);
+        self
     }
 
     /// Per-cell GPU binding of this host.
@@ -85,6 +106,9 @@ impl Kernels {
         let mut all_env = self.extra_env.clone();
         all_env.extend(env.iter().cloned());
         all_env.push(("NOTEBOOKOS_KERNEL_ID".to_owned(), id.clone()));
+        // Who the CUDA shim tells the lease server it is (checked against SO_PEERCRED).
+        all_env.push(("NBOS_KERNEL_ID".to_owned(), id.clone()));
+        all_env.push(("NBOS_REPLICA".to_owned(), "0".to_owned()));
         all_env.push(("NOTEBOOKOS_GPUS".to_owned(), gpus.to_string()));
         let launch = LaunchSpec {
             python: self.python.clone(),
@@ -108,6 +132,12 @@ impl Kernels {
             return Err(CreateError::Refused(e));
         }
         self.observe(&kernel);
+        for pid in kernel.pids() {
+            self.binder.process_started(&kernel.id, pid);
+            if let Some(w) = &self.process_watch {
+                w(&kernel.id, pid);
+            }
+        }
         self.map.write().await.insert(id.clone(), kernel.clone());
         tracing::info!(kernel = %id, spec = name, gpus, "kernel started");
         Ok(kernel)
@@ -142,6 +172,15 @@ impl Kernels {
         kernel.set_restart_hook(Box::new(move |id| {
             if let Some(b) = weak.upgrade() {
                 b.reset_kernel(id);
+            }
+        }));
+        let (weak, watch) = (Arc::downgrade(&self.binder), self.process_watch.clone());
+        kernel.set_spawn_hook(Box::new(move |id, pid| {
+            if let Some(b) = weak.upgrade() {
+                b.process_started(id, pid);
+            }
+            if let Some(w) = &watch {
+                w(id, pid);
             }
         }));
         let binder = Arc::downgrade(&self.binder);
