@@ -23,6 +23,8 @@ use notebookosd::lease::table::Policy;
 use notebookosd::lease::{KernelProcess, LeaseServer, LeaseServerConfig, LeaseState, ProcessStatus};
 
 const WAIT: Duration = Duration::from_secs(30);
+/// How long a test program may run in all.
+const EXIT_WAIT: Duration = Duration::from_secs(120);
 
 /// Where cargo put the dev-dependency cdylibs: next to this test binary.
 fn built(name: &str) -> PathBuf {
@@ -89,8 +91,26 @@ impl Proc {
         writeln!(self.stdin, "{line}").expect("write stdin");
     }
 
+    /// Waits for the process to exit (a hang fails the test instead of hanging it).
     fn wait(mut self) -> (i32, Vec<String>) {
-        let status = self.child.wait().expect("wait");
+        let deadline = Instant::now() + EXIT_WAIT;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                while let Ok(l) = self.lines.try_recv() {
+                    self.seen.push(l);
+                }
+                panic!("process {} did not exit within {EXIT_WAIT:?}; output {:?}", self.child.id(), self.seen);
+            }
+            // Collect output meanwhile; this also paces the polling.
+            if let Ok(l) = self.lines.recv_timeout(Duration::from_millis(20)) {
+                self.seen.push(l);
+            }
+        };
         self.seen.extend(self.lines.iter());
         (status.code().unwrap_or(-1), self.seen)
     }
