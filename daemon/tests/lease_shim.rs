@@ -526,6 +526,11 @@ fn syscalls_for_launches(host: &Host, n: u32, kernel: &str) -> Option<u64> {
 #[test]
 fn leased_launches_make_no_syscalls() {
     let host = Host::start(1, 64, Duration::from_secs(60));
+    if host.real {
+        // A real driver may itself enter the kernel (queue full); this checks the shim only.
+        eprintln!("skipped: measured with the fake-cuda test double only");
+        return;
+    }
     let Some(few) = syscalls_for_launches(&host, 100, "k-few") else {
         eprintln!("skipped: /usr/bin/strace not installed");
         return;
