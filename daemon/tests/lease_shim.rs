@@ -139,7 +139,10 @@ impl Host {
             .expect("run cc");
         assert!(out.status.success(), "cc failed: {}", String::from_utf8_lossy(&out.stderr));
         let inventory: Vec<GpuInfo> = if real.is_some() {
-            notebookosd::gpu::inventory::nvml_inventory(None).expect("NVML on a GPU host").gpus
+            // NBOS_TEST_NVML_LIBRARY lets this real-driver mode itself be rehearsed with the
+            // test double (which carries an NVML subset) on a machine without a GPU.
+            let nvml = std::env::var_os("NBOS_TEST_NVML_LIBRARY").map(PathBuf::from);
+            notebookosd::gpu::inventory::nvml_inventory(nvml.as_deref()).expect("NVML on a GPU host").gpus
         } else {
             (0..gpus)
                 .map(|index| GpuInfo {
