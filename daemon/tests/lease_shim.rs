@@ -353,6 +353,10 @@ fn revoke_checkpoint_and_restore_onto_another_gpu_keeps_data_pointers_and_kernel
 fn two_processes_oversubscribing_one_gpu_take_turns_without_corruption() {
     // 48 MiB GPU; each process needs 32 MiB: they cannot both be resident.
     let host = Host::start(1, 48, Duration::from_millis(100));
+    // On a real host with several GPUs, make it one.
+    for gpu in 1..host.gpus as usize {
+        host.server.set_cordoned(gpu, true);
+    }
     let a = host.spawn(&["turns", "1", "3", "32"], "k-a", 1);
     let b = host.spawn(&["turns", "100", "3", "32"], "k-b", 1);
     let (ca, la) = a.wait();
