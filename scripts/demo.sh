@@ -9,6 +9,7 @@ bin="$target_dir/debug"
 demo_dir=.nbos/demo
 pidfile=$demo_dir/notebookosd.pid
 listen=${NBOS_DEMO_LISTEN:-127.0.0.1:8888}
+python=${NBOS_PYTHON:-.venv/bin/python}
 
 stop() {
   if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
@@ -23,6 +24,9 @@ stop() {
 
 start() {
   mkdir -p "$demo_dir"
+  for lib in libnbos_cuda_shim.so libfake_cuda.so; do
+    [ -f "$bin/$lib" ] || { echo "demo: $bin/$lib is missing; run cargo build --workspace first"; exit 1; }
+  done
   if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
     echo "demo: restarting the running demo daemon"
     stop
@@ -46,12 +50,20 @@ start() {
   echo "== nbos status"
   "$bin/nbos" status
   echo
-  echo "== health and metrics"
+  echo "== health"
   curl -fsS "$url/healthz"
-  curl -fsS "$url/metrics" | grep -E '^notebookos_' || true
+  echo
+  echo
+  # Three kernels train in turns on the two simulated GPUs, each holding a GPU
+  # only while a cell runs (kernels run under the CUDA shim, leases from the daemon).
+  "$python" examples/run_in_turns.py --url "$url" --nbos "$bin/nbos" --kernels 3
+  echo
+  echo "== GPU metrics"
+  curl -fsS "$url/metrics" | grep -E '^notebookos_(gpus|lease_grants|lease_revocations|gpu_evictions|observer_mode|cells_total|subscription)' || true
   echo
   echo "The daemon keeps running (pid $(cat "$pidfile"), log $demo_dir/notebookosd.log)."
-  echo "Try:   NBOS_URL=$url $bin/nbos status --json"
+  echo "Try:   $python -m jupyter lab --gateway-url=$url"
+  echo "       NBOS_URL=$url $bin/nbos kernels"
   echo "Stop:  make demo-stop"
 }
 
