@@ -134,3 +134,23 @@ def test_a_kernel_killed_mid_cell_frees_its_lease_for_the_next_kernel(one_gpu):
     ws_w.close()
     for k in (holder, waiter):
         call(d, "DELETE", f"/api/kernels/{k}")
+
+
+def test_graceful_shutdown_stops_kernels_and_the_lease_server():
+    d = Daemon(fake_gpus=1, idle_release="30s")
+    try:
+        k = call(d, "POST", "/api/kernels", {"name": "notebookos-python-1gpu"})[1]["id"]
+        ws = connect(d, k)
+        # The kernel holds (idle-held) the GPU lease when the daemon is told to stop.
+        out = run_cell(ws, "import os\nfrom nbos_kernel import gpu\nb = gpu.open_device().buffer(16, 1.0)\nprint(os.getpid())")
+        pid = int(out["stdout"].strip())
+        ws.close()
+        sock = d.dir / "run" / "lease.sock"
+        assert sock.exists()
+    finally:
+        d.proc.send_signal(signal.SIGTERM)
+        code = d.proc.wait(timeout=60)
+    assert code == 0, (d.dir / "daemon.log").read_text()
+    # Nothing orphaned: the kernel process is gone and the lease socket removed.
+    assert not os.path.exists(f"/proc/{pid}"), f"kernel process {pid} outlived the daemon"
+    assert not sock.exists(), "the lease socket outlived the daemon"
