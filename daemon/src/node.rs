@@ -100,11 +100,20 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
         })
     });
     let ticker = {
-        let binder = binder.clone();
+        let (binder, observer) = (binder.clone(), observer.clone());
         tokio::spawn(async move {
             let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
             loop {
                 every.tick().await;
+                // Idle-held GPUs stay held while the observer sees their kernel use them
+                // (eBPF only: procfs counts CPU time, which an idle kernel also spends).
+                if let Some(o) = observer.as_ref().filter(|o| o.mode() == nbos_ebpf::Mode::Ebpf) {
+                    for (kernel, pids) in binder.idle_holders() {
+                        if let Some(ago) = pids.iter().filter_map(|&p| o.idle_for(p)).min() {
+                            binder.observed_activity(&kernel, ago);
+                        }
+                    }
+                }
                 binder.tick();
             }
         })

@@ -261,6 +261,23 @@ impl Binder {
         self.apply(actions);
     }
 
+    /// Kernels with idle-held GPUs, with their processes (for the observer's idleness).
+    pub fn idle_holders(&self) -> Vec<(String, Vec<u32>)> {
+        let st = self.lock();
+        st.sched
+            .idle_holders()
+            .into_iter()
+            .filter_map(|k| st.kernels.get(&k).map(|kernel| (k, kernel.pids())))
+            .collect()
+    }
+
+    /// The observer saw `kernel` use its GPUs `ago`: idle release counts from then.
+    pub fn observed_activity(&self, kernel_id: &str, ago: Duration) {
+        let mut st = self.lock();
+        let at = self.now().saturating_sub(Millis::try_from(ago.as_millis()).unwrap_or(Millis::MAX));
+        st.sched.observed_activity(kernel_id, at);
+    }
+
     /// Releases idle-held GPUs past `idle_release`; call about once a second.
     pub fn tick(self: &Arc<Self>) {
         let actions = {

@@ -274,6 +274,33 @@ impl HostScheduler {
         Ok(self.serve_queue(now))
     }
 
+    /// GPU activity of `kernel` was observed at `now` (the observer saw its process
+    /// use the driver after its cell ended): its idle-held GPUs count as idle from
+    /// `now`, so `idle_release` runs from the last observed use, not the cell's end.
+    pub fn observed_activity(&mut self, kernel: &str, now: Millis) {
+        for g in &mut self.gpus {
+            if let Gpu::IdleHeld { kernel: owner, since } = g {
+                if owner == kernel && *since < now {
+                    *since = now;
+                }
+            }
+        }
+    }
+
+    /// Kernels holding idle-held GPUs.
+    pub fn idle_holders(&self) -> Vec<KernelId> {
+        let mut out: Vec<KernelId> = self
+            .gpus
+            .iter()
+            .filter_map(|g| match g {
+                Gpu::IdleHeld { kernel, .. } => Some(kernel.clone()),
+                _ => None,
+            })
+            .collect();
+        out.dedup();
+        out
+    }
+
     /// Time passes: idle-held GPUs past `idle_release` are revoked and freed.
     pub fn tick(&mut self, now: Millis) -> Vec<Action> {
         self.advance(now);
@@ -423,6 +450,25 @@ mod tests {
             ]
         );
         assert_eq!(s.snapshot().waiting, vec![("c".to_owned(), "c1".to_owned())]);
+    }
+
+    #[test]
+    fn observed_activity_postpones_idle_release() {
+        let mut s = HostScheduler::new(1, 1_000, 1.0);
+        s.add_kernel("a", 1, 0).expect("admit");
+        s.submit("a", "1", 1, 0).expect("1");
+        s.finish("a", "1", 100).expect("finish");
+        assert_eq!(s.idle_holders(), vec!["a".to_owned()]);
+        // Still using the GPU (a background thread) at 900: not released at 1100.
+        s.observed_activity("a", 900);
+        assert!(s.tick(1_100).is_empty());
+        assert_eq!(s.snapshot().idle_held, 1);
+        // Idle for idle_release since the last observed use: revoked.
+        assert_eq!(s.tick(1_900), vec![Action::Revoke { kernel: "a".into(), gpus: vec![0], preempted: false }]);
+        assert!(s.idle_holders().is_empty());
+        // Activity of a kernel holding nothing changes nothing.
+        s.observed_activity("a", 2_000);
+        assert_eq!(s.snapshot().idle_held, 0);
     }
 
     #[test]
