@@ -277,7 +277,12 @@ fn start_observer(
     } else {
         config.observer.probe_libraries.clone()
     };
-    let cfg = nbos_ebpf::ObserverConfig { mode, libraries, counters_dir: None, ..nbos_ebpf::ObserverConfig::default() };
+    let cfg = nbos_ebpf::ObserverConfig {
+        mode,
+        libraries,
+        counters_dir: Some(shim.counters_dir.clone()),
+        ..nbos_ebpf::ObserverConfig::default()
+    };
     let observer = nbos_ebpf::Observer::start(cfg).context("starting the GPU observer ([observer] mode)")?;
     observer.metrics().register(registry);
     tracing::info!(mode = observer.mode().as_str(), probes = observer.probe_count(), "GPU observer running");

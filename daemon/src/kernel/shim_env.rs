@@ -30,6 +30,8 @@ pub struct ShimEnvironment {
     pub dir: PathBuf,
     /// The driver the shim forwards to (full path).
     pub driver: PathBuf,
+    /// Where the shims write their per-process counters files (read by the observer).
+    pub counters_dir: PathBuf,
     /// Environment for every kernel process.
     pub env: Vec<(String, String)>,
 }
@@ -89,12 +91,15 @@ impl ShimEnvironment {
         let tmp = dir.join("libcuda.so.1.tmp");
         std::fs::copy(&shim, &tmp).with_context(|| format!("copying {} to {}", shim.display(), tmp.display()))?;
         std::fs::rename(&tmp, &lib).with_context(|| format!("installing {}", lib.display()))?;
+        let counters_dir = runtime_dir.join("counters");
+        std::fs::create_dir_all(&counters_dir).with_context(|| format!("creating {}", counters_dir.display()))?;
         let path = |p: &Path| p.display().to_string();
         let mut env = vec![
             ("LD_LIBRARY_PATH".to_owned(), ld_library_path(&dir)),
             ("LD_PRELOAD".to_owned(), path(&lib)),
             ("NBOS_CUDA_DRIVER".to_owned(), path(&driver)),
             ("NBOS_LEASE_SOCKET".to_owned(), path(lease_socket)),
+            ("NBOS_SHIM_COUNTERS_DIR".to_owned(), path(&counters_dir)),
         ];
         if cfg.driver == GpuDriver::Fake {
             let state = runtime_dir.join("fake-cuda");
@@ -104,7 +109,7 @@ impl ShimEnvironment {
             env.push(("FAKE_CUDA_STATE_DIR".to_owned(), path(&state)));
         }
         tracing::info!(shim = %shim.display(), driver = %driver.display(), dir = %dir.display(), "kernels run under the CUDA shim");
-        Ok(Self { dir, driver, env })
+        Ok(Self { dir, driver, counters_dir, env })
     }
 
     /// The `FAKE_CUDA_*` part of the environment: the daemon's own driver calls
@@ -156,6 +161,8 @@ mod tests {
         assert_eq!(get("NBOS_CUDA_DRIVER"), fake.display().to_string());
         assert_eq!(get("NBOS_LEASE_SOCKET"), sock.display().to_string());
         assert_eq!(get("FAKE_CUDA_GPUS"), "3");
+        assert!(env.counters_dir.is_dir());
+        assert_eq!(get("NBOS_SHIM_COUNTERS_DIR"), env.counters_dir.display().to_string());
         assert_eq!(env.fake_env().count(), 3);
     }
 }
