@@ -44,6 +44,42 @@ fn rust_type(class: &str) -> Result<&'static str, String> {
     })
 }
 
+/// The counters-file update a pass-through does before calling the driver (the same calls
+/// and byte counts as `nbos-ebpf`'s `entry_points.rs` probes), or `None` for an uncounted call.
+fn counting(name: &str, params: &[(String, String)]) -> Option<String> {
+    let arg = |wanted: &[&str]| params.iter().find(|(_, c)| wanted.iter().any(|w| c == w)).map(|(p, _)| p.clone());
+    let base = name.trim_end_matches("_ptsz").trim_end_matches("_ptds");
+    if ["cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch"].contains(&base) {
+        return Some("crate::counters::launch();".into());
+    }
+    if ["cuCtxSynchronize", "cuCtxSynchronize_v2", "cuStreamSynchronize", "cuEventSynchronize"].contains(&base) {
+        return Some("crate::counters::sync();".into());
+    }
+    if let Some(rest) = base.strip_prefix("cuMemsetD") {
+        let elem = if rest.contains("32") {
+            4
+        } else if rest.contains("16") {
+            2
+        } else {
+            1
+        };
+        let bytes = if rest.starts_with("2D") {
+            let w = arg(&["usize:Width"])?;
+            let h = arg(&["usize:Height"])?;
+            format!("({w} as u64).wrapping_mul({h} as u64).wrapping_mul({elem})")
+        } else {
+            format!("({} as u64).wrapping_mul({elem})", arg(&["usize:N"])?)
+        };
+        return Some(format!("crate::counters::memset({bytes});"));
+    }
+    if base.starts_with("cuMemcpy") && !base.contains("Batch") && !base.contains("WithAttributes") {
+        // Linear copies carry their size as an argument; 2D/3D descriptors count as copies of 0 bytes.
+        let bytes = arg(&["usize:ByteCount"]).map_or("0".to_owned(), |b| format!("{b} as u64"));
+        return Some(format!("crate::counters::copy({bytes});"));
+    }
+    None
+}
+
 fn main() -> Result<(), String> {
     println!("cargo:rerun-if-changed=driver-api.list");
     println!("cargo:rerun-if-changed=src/hooks.rs");
@@ -69,6 +105,16 @@ fn main() -> Result<(), String> {
             .map(|(i, w)| {
                 let class = w.split_once(':').map_or(w, |(_, c)| c);
                 (format!("a{i}"), class.to_owned())
+            })
+            .collect();
+        // (argument, "class:name") pairs, so counting can find the size argument by its C name.
+        let named: Vec<(String, String)> = line
+            .split_whitespace()
+            .skip(2)
+            .enumerate()
+            .map(|(i, w)| {
+                let (n, c) = w.split_once(':').unwrap_or(("", w));
+                (format!("a{i}"), format!("{c}:{n}"))
             })
             .collect();
         let idx = names.len();
@@ -102,6 +148,9 @@ fn main() -> Result<(), String> {
             code,
             "        let Some(f) = crate::driver::function::<F>({idx}) else {{ return crate::abi::NOT_FOUND }};"
         );
+        if let Some(count) = counting(name, &named) {
+            let _ = writeln!(code, "        {count}");
+        }
         let _ = writeln!(
             code,
             "        // SAFETY: `f` is the real driver's export of this very symbol, whose C signature\n        // driver-api.list records; the arguments are the caller's, passed on unchanged."

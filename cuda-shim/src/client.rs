@@ -74,6 +74,7 @@ pub fn ensure_started() {
         return;
     }
     install_fork_handlers();
+    crate::counters::open_for_this_process();
     let Some(path) = std::env::var_os("NBOS_LEASE_SOCKET") else {
         c.phase = Phase::Unmanaged;
         let mut g = GATE.write();
@@ -336,5 +337,6 @@ extern "C" fn child() {
         unsafe { libc::close(fd) };
     }
     CONTEXTS.lock().clear();
+    crate::counters::forget_after_fork();
     *GATE.write() = LeaseView { bound: false, lease: 0, devices: 0, physical: [-1; MAX_DEVICES], unmanaged: false };
 }

@@ -9,11 +9,15 @@
 //! - hand-written hooks ([`hooks`]) for init, device enumeration, context creation,
 //!   memory info and `cuGetProcAddress`/`_v2` ([`proc_address`]).
 //!
+//! Counted calls (launches, copies, memsets, synchronisations) also bump this process's
+//! counters file for the observer ([`counters`]).
+//!
 //! The lease itself comes from the host over the lease protocol ([`client`]). With no
 //! `NBOS_LEASE_SOCKET` in the environment the shim is a transparent pass-through.
 
 pub mod abi;
 pub mod client;
+pub mod counters;
 pub mod driver;
 pub mod gate;
 pub mod hooks;
