@@ -148,6 +148,7 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
         inventory: inventory.clone(),
         metrics,
         kernels: kernels.clone(),
+        leases: leasing.as_ref().map(|(server, _)| server.clone()),
     });
 
     let endpoint = Endpoint {

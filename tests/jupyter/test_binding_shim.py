@@ -66,12 +66,31 @@ def test_kernels_load_the_shim_and_share_one_gpu_with_device_data_intact(one_gpu
         except Exception as e:  # reported below with the kernel
             errors.append((k, repr(e)))
 
+    # Sample the lease server while the kernels run: a GPU is never held by two
+    # processes at once (bound, idle-held or still being revoked).
+    overlaps, samples, done = [], [], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            leases = call(d, "GET", "/api/v1/leases")[1]
+            holders = [l for l in leases if 0 in l["gpus"]]
+            samples.append(leases)
+            if len(holders) > 1:
+                overlaps.append(holders)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
     threads = [threading.Thread(target=worker, args=(i, k)) for i, k in enumerate(kernels)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=240)
+    done.set()
+    sampler.join()
     assert not errors, errors
+    assert not overlaps, overlaps[:3]
+    assert any(l["gpus"] == [0] for leases in samples for l in leases), "the sampler never saw a lease"
+    assert {l["kernel_id"] for l in call(d, "GET", "/api/v1/leases")[1]} == set(kernels)
     for i, k in enumerate(kernels):
         first, second, third = results[k]
         for cell in (first, second, third):

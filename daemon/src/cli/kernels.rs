@@ -19,11 +19,14 @@ pub fn run(target: &Target, args: Args) -> anyhow::Result<()> {
     let client = Client::new(target)?;
     let kernels: Vec<KernelModel> = client.get_json("/api/kernels")?;
     let gpus: Snapshot = client.get_json("/api/v1/gpus")?;
+    let leases: Vec<serde_json::Value> = client.get_json("/api/v1/leases")?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "kernels": kernels, "gpus": gpus }))?);
+        let all = serde_json::json!({ "kernels": kernels, "gpus": gpus, "leases": leases });
+        println!("{}", serde_json::to_string_pretty(&all)?);
     } else {
         print!("{}", render(&kernels));
         print!("{}", render_gpus(&gpus));
+        print!("{}", render_leases(&leases));
     }
     Ok(())
 }
@@ -52,6 +55,29 @@ pub fn render_gpus(s: &Snapshot) -> String {
         for (pos, (kernel, cell)) in s.waiting.iter().enumerate() {
             let _ = writeln!(out, "  {:>3}. kernel {kernel}  cell {cell}", pos + 1);
         }
+    }
+    out
+}
+
+/// The lease server's view: which kernel process holds which physical GPUs.
+pub fn render_leases(leases: &[serde_json::Value]) -> String {
+    let mut out = String::new();
+    if leases.is_empty() {
+        let _ = writeln!(out, "leases    none (no kernel process has used a GPU)");
+        return out;
+    }
+    let _ = writeln!(out, "leases    {} kernel process(es) connected", leases.len());
+    for l in leases {
+        let field = |k: &str| l.get(k).map(|v| v.to_string().trim_matches('"').to_owned()).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  pid {:<8} {:<11} lease {:<5} gpus {:<8} kernel {}",
+            field("pid"),
+            field("state"),
+            field("lease"),
+            field("gpus"),
+            field("kernel_id")
+        );
     }
     out
 }

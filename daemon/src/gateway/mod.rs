@@ -44,6 +44,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The kernels hosted here.
     pub kernels: Arc<Kernels>,
+    /// The lease server (hosts with GPUs).
+    pub leases: Option<Arc<crate::lease::LeaseServer>>,
 }
 
 /// Builds the router.
@@ -52,6 +54,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api", get(api_version))
         .route("/api/v1/status", get(status))
         .route("/api/v1/gpus", get(gpus))
+        .route("/api/v1/leases", get(leases))
         .route("/api/kernelspecs", get(kernelspecs::list))
         .route("/api/kernelspecs/{name}", get(kernelspecs::get))
         .route("/kernelspecs/{name}/{resource}", get(kernelspecs::resource))
@@ -107,6 +110,11 @@ async fn status(State(st): State<Arc<AppState>>) -> Json<NodeStatus> {
 /// `GET /api/v1/gpus`: who holds which GPU, and which cells wait.
 async fn gpus(State(st): State<Arc<AppState>>) -> Json<crate::sched::host::Snapshot> {
     Json(st.kernels.binder().snapshot())
+}
+
+/// `GET /api/v1/leases`: the kernel processes connected to the lease server and their leases.
+async fn leases(State(st): State<Arc<AppState>>) -> Json<Vec<crate::lease::ProcessStatus>> {
+    Json(st.leases.as_ref().map(|l| l.status()).unwrap_or_default())
 }
 
 async fn count_requests(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
