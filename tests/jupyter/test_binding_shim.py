@@ -173,3 +173,20 @@ def test_graceful_shutdown_stops_kernels_and_the_lease_server():
     # Nothing orphaned: the kernel process is gone and the lease socket removed.
     assert not os.path.exists(f"/proc/{pid}"), f"kernel process {pid} outlived the daemon"
     assert not sock.exists(), "the lease socket outlived the daemon"
+
+
+def test_a_restarted_kernel_may_lease_again(one_gpu):
+    d = one_gpu
+    k = call(d, "POST", "/api/kernels", {"name": "notebookos-python-1gpu"})[1]["id"]
+    code = "from nbos_kernel import gpu\nprint('VALUE', gpu.open_device().buffer(64, 3.0).to_host()[0])"
+    ws = connect(d, k)
+    assert "VALUE 3.0" in run_cell(ws, code)["stdout"]
+    ws.close()
+    status, _ = call(d, "POST", f"/api/kernels/{k}/restart")
+    assert status == 200
+    # The new process is registered with the lease server: its shim is not refused.
+    ws = connect(d, k)
+    out = run_cell(ws, code)
+    assert out["reply"]["status"] == "ok" and "VALUE 3.0" in out["stdout"], out
+    ws.close()
+    call(d, "DELETE", f"/api/kernels/{k}")
