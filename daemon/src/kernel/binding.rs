@@ -73,6 +73,8 @@ struct State {
     /// Cells sent while the kernel already had one running or waiting: a kernel
     /// runs one cell at a time, so each is submitted when the previous one ends.
     backlog: HashMap<String, VecDeque<Waiting>>,
+    /// Processes registered with the lease control, by kernel (forgotten at restart).
+    registered: HashMap<String, Vec<u32>>,
 }
 
 /// Per-cell GPU binding for the kernels of this host.
@@ -101,6 +103,7 @@ impl Binder {
                 running: HashMap::new(),
                 kernels: HashMap::new(),
                 backlog: HashMap::new(),
+                registered: HashMap::new(),
             }),
             origin: Instant::now(),
             leases,
@@ -129,7 +132,14 @@ impl Binder {
 
     /// A process of a registered kernel started (at creation or restart).
     pub fn process_started(&self, kernel_id: &str, pid: u32) {
-        let gpus = self.lock().kernels.get(kernel_id).map(|k| k.gpus);
+        let gpus = {
+            let mut st = self.lock();
+            let gpus = st.kernels.get(kernel_id).map(|k| k.gpus);
+            if gpus.is_some() {
+                st.registered.entry(kernel_id.to_owned()).or_default().push(pid);
+            }
+            gpus
+        };
         if let Some(gpus) = gpus {
             self.leases.register(kernel_id, pid, gpus);
         }
@@ -156,6 +166,7 @@ impl Binder {
         let actions = {
             let mut st = self.lock();
             st.kernels.remove(kernel_id);
+            st.registered.remove(kernel_id);
             st.backlog.remove(kernel_id);
             st.waiting.retain(|_, w| w.kernel.id != kernel_id);
             st.running.retain(|_, k| k != kernel_id);
@@ -169,6 +180,11 @@ impl Binder {
     /// The kernel was restarted: its running cell died with the old process (its
     /// GPUs are free now), and its waiting cells are answered with an error.
     pub fn reset_kernel(self: &Arc<Self>, kernel_id: &str) {
+        // The old processes are gone: they may no longer lease (the new one registers when it starts).
+        let old = self.lock().registered.remove(kernel_id).unwrap_or_default();
+        if !old.is_empty() {
+            self.leases.forget(kernel_id, &old);
+        }
         let (actions, dropped) = {
             let mut st = self.lock();
             let Some(kernel) = st.kernels.get(kernel_id).cloned() else { return };
