@@ -72,7 +72,11 @@ def main() -> int:
     cmd = [args.nbos, "--url", args.url, "install-kernelspec", "--name", "notebookos-demo"]
     cmd += ["--kernel-name", args.gateway_kernel, "--kernels-dir", str(jupyter_path / "kernels")]
     if args.token:
-        cmd += ["--token", args.token]
+        # The proxy reads the token from a file (it never goes into kernel.json).
+        token_file = jupyter_path / "token"
+        token_file.touch(mode=0o600)
+        token_file.write_text(args.token + "\n")
+        cmd += ["--token", args.token, "--token-file", str(token_file)]
     subprocess.run(cmd, check=True, capture_output=True)
     # The kernel-proxy processes log to this terminal through nbclient: warnings only.
     os.environ.setdefault("NBOS_LOG", "warn")
