@@ -166,22 +166,35 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
         "notebookosd listening"
     );
     // One plain line on stdout for people and scripts (the logs go to stderr).
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "notebookosd {}: listening on {url}", env!("CARGO_PKG_VERSION"))?;
-    writeln!(out, "notebookosd: state in {}", config.node.state_dir.display())?;
-    match (&token, &token_file) {
-        (None, _) => writeln!(out, "notebookosd: API open without a token (loopback, dev mode)")?,
-        (Some(_), Some(f)) => writeln!(out, "notebookosd: API token in {}", f.display())?,
-        (Some(_), None) => {}
+    // One block, written at once: a reader that stops after the URL line must not
+    // leave the later lines to a closed pipe. Stdout is informational: a closed
+    // stdout is logged, never fatal.
+    let mut block = String::new();
+    {
+        use std::fmt::Write as _;
+        let _ = writeln!(block, "notebookosd {}: listening on {url}", env!("CARGO_PKG_VERSION"));
+        let _ = writeln!(block, "notebookosd: state in {}", config.node.state_dir.display());
+        match (&token, &token_file) {
+            (None, _) => {
+                let _ = writeln!(block, "notebookosd: API open without a token (loopback, dev mode)");
+            }
+            (Some(_), Some(f)) => {
+                let _ = writeln!(block, "notebookosd: API token in {}", f.display());
+            }
+            (Some(_), None) => {}
+        }
+        let _ = writeln!(
+            block,
+            "notebookosd: {} GPU(s) ({}){}",
+            inventory.gpus.len(),
+            inventory.source,
+            if inventory.source == "fake" { " — SIMULATED by the fake-cuda test double" } else { "" }
+        );
     }
-    writeln!(
-        out,
-        "notebookosd: {} GPU(s) ({}){}",
-        inventory.gpus.len(),
-        inventory.source,
-        if inventory.source == "fake" { " — SIMULATED by the fake-cuda test double" } else { "" }
-    )?;
-    out.flush()?;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(block.as_bytes()).and_then(|()| out.flush()) {
+        tracing::warn!(error = %e, "could not write the start-up lines to stdout");
+    }
     drop(out);
 
     let watchdog = systemd_ready();
