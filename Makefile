@@ -9,6 +9,8 @@ VENV := $(CURDIR)/.venv
 # Tests and the demo use the venv's Python (ipykernel, jupyter_client, nbclient, ...).
 export NBOS_PYTHON := $(VENV)/bin/python
 export PATH := $(VENV)/bin:$(PATH)
+# Where cargo puts the binaries and libraries the Python tests and the demo run.
+export NBOS_BIN_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/debug
 
 .PHONY: all deps build test test-rust test-python demo demo-stop lint fmt package clean
 

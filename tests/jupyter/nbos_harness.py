@@ -28,7 +28,7 @@ def bin_dir() -> Path:
     subprocess.run(
         ["cargo", "build", "-q", "-p", "notebookosd", "--bins"], cwd=REPO, check=True
     )
-    return REPO / "target" / "debug"
+    return Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target") / "debug"
 
 
 def wait_for(predicate, timeout: float, what: str):

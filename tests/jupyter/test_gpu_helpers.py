@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from nbos_harness import REPO
+from nbos_harness import REPO, bin_dir
 
 
 @pytest.fixture(scope="module")
 def fake_cuda(tmp_path_factory) -> dict:
     subprocess.run(["cargo", "build", "-q", "-p", "fake-cuda"], cwd=REPO, check=True)
-    lib = REPO / "target" / "debug" / "libfake_cuda.so"
+    lib = bin_dir() / "libfake_cuda.so"
     assert lib.exists(), lib
     state = tmp_path_factory.mktemp("fake-cuda-state")
     return {**os.environ, "NBOS_CUDA_LIBRARY": str(lib), "FAKE_CUDA_STATE_DIR": str(state), "PYTHONPATH": str(REPO / "python")}
