@@ -8,6 +8,11 @@
 //! process used last (no remapping on restore). A bound lease whose process made no
 //! gated call for `idle_grace` becomes idle-held; an idle-held lease is revoked when a
 //! waiting request needs its GPUs, or once it has been idle for `idle_release`.
+//!
+//! The scheduler core decides which GPUs a kernel's cell gets; the server passes that
+//! decision in with [`Table::assign`]. A process with an assignment is granted exactly
+//! those GPUs and waits while any of them is held (no fallback to other free GPUs), so
+//! the scheduler and the lease table never disagree on who holds what.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -78,6 +83,8 @@ pub struct Entry {
     /// A request arrived while the revocation was still in flight (the shim unbinds,
     /// then reports `Released`; a call in between may already ask again).
     pub request_pending: bool,
+    /// GPUs the scheduler assigned to this process: a grant uses exactly these.
+    pub assigned: Option<Vec<usize>>,
 }
 
 /// Wait before retrying a failed restore.
@@ -126,6 +133,7 @@ impl Table {
             requested_at: None,
             retry_after: None,
             request_pending: false,
+            assigned: None,
         });
         want
     }
@@ -157,6 +165,23 @@ impl Table {
                 LeaseState::Revoking => e.request_pending = true,
                 _ => {}
             }
+        }
+        self.schedule(now)
+    }
+
+    /// The scheduler assigned `gpus` to `pid` (`None`: the assignment is withdrawn and
+    /// any free GPUs do). Indices past the host's GPUs are dropped; a process is never
+    /// granted more GPUs than it wants.
+    pub fn assign(&mut self, pid: u32, gpus: Option<Vec<usize>>, now: Instant) -> Vec<Action> {
+        if let Some(e) = self.procs.get_mut(&pid) {
+            e.assigned = gpus.map(|mut g| {
+                let mut seen = Vec::with_capacity(g.len());
+                g.retain(|&i| i < self.gpus && !seen.contains(&i) && {
+                    seen.push(i);
+                    true
+                });
+                g
+            });
         }
         self.schedule(now)
     }
@@ -270,22 +295,33 @@ impl Table {
                 if e.retry_after.is_some_and(|t| now < t) {
                     continue;
                 }
-                // want == 0 (a kernel without GPUs) gets an empty lease at once, so its
-                // CUDA calls fail on "no device" instead of waiting forever.
-                if free.len() < e.want {
-                    blocked = true;
-                    continue;
-                }
-                let mut pick: Vec<usize> = Vec::with_capacity(e.want);
-                pick.extend(e.last_gpus.iter().copied().filter(|g| free.contains(g)).take(e.want));
-                for g in free {
-                    if pick.len() == e.want {
-                        break;
+                let pick = if let Some(assigned) = &e.assigned {
+                    // Exactly the scheduler's GPUs: wait until every one is free.
+                    let pick: Vec<usize> = assigned.iter().copied().take(e.want).collect();
+                    if !pick.iter().all(|g| free.contains(g)) {
+                        blocked = true;
+                        continue;
                     }
-                    if !pick.contains(&g) {
-                        pick.push(g);
+                    pick
+                } else {
+                    // want == 0 (a kernel without GPUs) gets an empty lease at once, so its
+                    // CUDA calls fail on "no device" instead of waiting forever.
+                    if free.len() < e.want {
+                        blocked = true;
+                        continue;
                     }
-                }
+                    let mut pick: Vec<usize> = Vec::with_capacity(e.want);
+                    pick.extend(e.last_gpus.iter().copied().filter(|g| free.contains(g)).take(e.want));
+                    for g in free {
+                        if pick.len() == e.want {
+                            break;
+                        }
+                        if !pick.contains(&g) {
+                            pick.push(g);
+                        }
+                    }
+                    pick
+                };
                 let restore_from = e.checkpointed.then(|| e.last_gpus.clone());
                 let lease = self.next_lease;
                 self.next_lease += 1;
@@ -456,5 +492,75 @@ mod tests {
         t.request(1, t0);
         t.request(2, t0);
         assert_eq!(t.remove(1, t0), vec![Action::Grant { pid: 2, lease: 2, gpus: vec![0], restore_from: None }]);
+    }
+
+    fn holders(t: &Table) -> Vec<usize> {
+        let mut all: Vec<usize> = t.entries().flat_map(|(_, e)| e.gpus.clone()).collect();
+        let n = all.len();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), n, "a GPU has two holders");
+        all
+    }
+
+    #[test]
+    fn an_assigned_process_gets_exactly_its_assigned_gpus() {
+        let t0 = Instant::now();
+        let mut t = Table::new(4, POLICY);
+        t.add(1, 2, t0);
+        assert!(t.assign(1, Some(vec![3, 1]), t0).is_empty());
+        let a = t.request(1, t0);
+        assert_eq!(a, vec![Action::Grant { pid: 1, lease: 1, gpus: vec![3, 1], restore_from: None }]);
+        assert_eq!(holders(&t), vec![1, 3]);
+    }
+
+    #[test]
+    fn an_assigned_process_waits_for_its_gpu_instead_of_taking_a_free_one() {
+        let t0 = Instant::now();
+        let mut t = Table::new(2, POLICY);
+        t.add(1, 1, t0);
+        t.add(2, 1, t0);
+        t.assign(1, Some(vec![0]), t0);
+        t.assign(2, Some(vec![0]), t0);
+        assert_eq!(t.request(1, t0).len(), 1);
+        assert!(t.request(2, t0).is_empty(), "GPU 1 is free but not assigned: no grant");
+        assert_eq!(t.get(2).map(|e| e.state), Some(LeaseState::Requested));
+        t.activity(1, 1, at(t0, 1));
+        assert!(t.tick(at(t0, 50)).is_empty(), "holder active: no revoke, no second holder");
+        assert_eq!(holders(&t), vec![0]);
+        // The holder idles, is revoked because process 2 waits, and releases.
+        assert_eq!(t.tick(at(t0, 200)), vec![Action::Revoke { pid: 1, lease: 1 }]);
+        assert_eq!(holders(&t), vec![0]);
+        let a = t.released(1, 1, true, at(t0, 210));
+        assert_eq!(a, vec![Action::Grant { pid: 2, lease: 2, gpus: vec![0], restore_from: None }]);
+        assert_eq!(holders(&t), vec![0]);
+    }
+
+    #[test]
+    fn a_restore_goes_onto_the_assigned_gpu_not_the_last_one() {
+        let t0 = Instant::now();
+        let mut t = Table::new(2, POLICY);
+        t.add(1, 1, t0);
+        t.request(1, t0);
+        t.revoke(1);
+        t.released(1, 1, true, t0);
+        t.assign(1, Some(vec![1]), t0);
+        let a = t.request(1, t0);
+        assert_eq!(a, vec![Action::Grant { pid: 1, lease: 2, gpus: vec![1], restore_from: Some(vec![0]) }]);
+    }
+
+    #[test]
+    fn clearing_an_assignment_lets_any_free_gpu_do_and_bad_indices_are_dropped() {
+        let t0 = Instant::now();
+        let mut t = Table::new(2, POLICY);
+        t.add(1, 1, t0);
+        t.add(2, 1, t0);
+        t.request(1, t0);
+        t.assign(2, Some(vec![0, 0, 9]), t0);
+        assert_eq!(t.get(2).and_then(|e| e.assigned.clone()), Some(vec![0]));
+        assert!(t.request(2, t0).is_empty());
+        let a = t.assign(2, None, t0);
+        assert_eq!(a, vec![Action::Grant { pid: 2, lease: 2, gpus: vec![1], restore_from: None }]);
+        assert_eq!(holders(&t), vec![0, 1]);
     }
 }
