@@ -3,11 +3,9 @@
 //!
 //! The binder (scheduler core) decides when a kernel's cell runs; only then is the
 //! cell forwarded to the kernel, whose shim asks the lease server for GPUs on its
-//! first gated call. The lease server grants free GPUs; since the binder commits a
-//! GPU to at most one cell at a time and revokes idle-held GPUs before committing
-//! them to another kernel, the free GPUs the lease server finds are the ones the
-//! binder committed. (Pinning the exact indices needs a lease server API that takes
-//! them; see the lead's notes.)
+//! first gated call. `bind` first hands the binder's GPU indices to the lease server
+//! ([`LeaseServer::assign`]), so the grant is exactly those GPUs (waiting while a
+//! previous holder still releases them): one source of truth for GPU assignment.
 
 use std::sync::Arc;
 
@@ -42,7 +40,10 @@ impl LeaseControl for ServerLeases {
     }
 
     fn bind(&self, kernel: &str, pids: &[u32], gpus: &[u32]) {
-        tracing::debug!(kernel, ?pids, ?gpus, "GPUs committed; the shim's next request is granted");
+        tracing::debug!(kernel, ?pids, ?gpus, "GPUs committed; the shim's next request is granted them");
+        // Sent before the cell is forwarded: the events reach the lease actor in order,
+        // so the shim's request (caused by the cell) always sees the assignment.
+        self.server.assign(kernel, gpus.iter().map(|&g| g as usize).collect());
     }
 
     fn revoke(&self, kernel: &str, pids: &[u32], gpus: &[u32], preempted: bool) {
@@ -58,5 +59,6 @@ impl LeaseControl for ServerLeases {
             self.server.revoke(pid);
             self.server.unregister_process(pid);
         }
+        self.server.clear_assignment(kernel);
     }
 }

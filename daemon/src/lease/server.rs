@@ -95,6 +95,7 @@ enum Event {
     Frame { conn: u64, msg: Message },
     Closed { conn: u64 },
     Revoke { pid: u32 },
+    Assign { kernel_id: String, gpus: Option<Vec<usize>> },
     Cordon { gpu: usize, on: bool },
     Pause(bool),
     Checkpointing(bool),
@@ -164,6 +165,7 @@ impl LeaseServer {
             metrics: metrics.clone(),
             cfg: cfg.clone(),
             checkpointing: true,
+            assigned: HashMap::new(),
         };
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new().name(name.to_owned()).spawn(f).map_err(LeaseServerError::Thread)
@@ -199,6 +201,17 @@ impl LeaseServer {
     /// Asks the process `pid` to give its GPUs back now.
     pub fn revoke(&self, pid: u32) {
         let _ = self.events.send(Event::Revoke { pid });
+    }
+
+    /// The scheduler assigned GPUs `gpus` (host indices) to kernel `kernel_id`: its
+    /// processes' grants use exactly these and wait while any is held elsewhere.
+    pub fn assign(&self, kernel_id: &str, gpus: Vec<usize>) {
+        let _ = self.events.send(Event::Assign { kernel_id: kernel_id.to_owned(), gpus: Some(gpus) });
+    }
+
+    /// Withdraws kernel `kernel_id`'s assignment (it stopped or was forgotten).
+    pub fn clear_assignment(&self, kernel_id: &str) {
+        let _ = self.events.send(Event::Assign { kernel_id: kernel_id.to_owned(), gpus: None });
     }
 
     /// Cordons a GPU (never granted) or uncordons it.
@@ -359,6 +372,8 @@ struct Actor {
     metrics: LeaseMetrics,
     cfg: LeaseServerConfig,
     checkpointing: bool,
+    /// The scheduler's GPU assignment per kernel id (applied to every process of it).
+    assigned: HashMap<String, Vec<usize>>,
 }
 
 /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (or bare hex) to the 16 UUID bytes.
@@ -408,9 +423,13 @@ impl Actor {
                     return self.table.remove(pid, now);
                 }
                 tracing::info!(pid, kernel = %kernel_id, gpus = want, "shim registered");
+                let assigned = self.assigned.get(&kernel_id).cloned();
                 self.by_pid.insert(pid, conn);
                 self.conns.insert(conn, Conn { pid, kernel_id, writer });
-                Vec::new()
+                match assigned {
+                    Some(gpus) => self.table.assign(pid, Some(gpus), now),
+                    None => Vec::new(),
+                }
             }
             Event::Frame { conn, msg } => {
                 let Some(pid) = self.conns.get(&conn).map(|c| c.pid) else { return Vec::new() };
@@ -439,6 +458,23 @@ impl Actor {
                 None => Vec::new(),
             },
             Event::Revoke { pid } => self.table.revoke(pid),
+            Event::Assign { kernel_id, gpus } => {
+                match &gpus {
+                    Some(g) => {
+                        tracing::debug!(kernel = %kernel_id, gpus = ?g, "GPUs assigned");
+                        self.assigned.insert(kernel_id.clone(), g.clone());
+                    }
+                    None => {
+                        self.assigned.remove(&kernel_id);
+                    }
+                }
+                let pids: Vec<u32> = self.conns.values().filter(|c| c.kernel_id == kernel_id).map(|c| c.pid).collect();
+                let mut actions = Vec::new();
+                for pid in pids {
+                    actions.extend(self.table.assign(pid, gpus.clone(), now));
+                }
+                actions
+            }
             Event::Cordon { gpu, on } => self.table.set_cordoned(gpu, on, now),
             Event::Pause(p) => self.table.set_paused(p, now),
             Event::Checkpointing(on) => {

@@ -174,13 +174,14 @@ impl Table {
     /// granted more GPUs than it wants.
     pub fn assign(&mut self, pid: u32, gpus: Option<Vec<usize>>, now: Instant) -> Vec<Action> {
         if let Some(e) = self.procs.get_mut(&pid) {
-            e.assigned = gpus.map(|mut g| {
-                let mut seen = Vec::with_capacity(g.len());
-                g.retain(|&i| i < self.gpus && !seen.contains(&i) && {
-                    seen.push(i);
-                    true
-                });
-                g
+            e.assigned = gpus.map(|g| {
+                let mut kept: Vec<usize> = Vec::with_capacity(g.len());
+                for i in g {
+                    if i < self.gpus && !kept.contains(&i) {
+                        kept.push(i);
+                    }
+                }
+                kept
             });
         }
         self.schedule(now)
