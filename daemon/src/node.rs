@@ -279,7 +279,7 @@ fn start_observer(
 ) -> anyhow::Result<Option<Arc<nbos_ebpf::Observer>>> {
     use crate::config::ObserverMode;
     use nbos_ebpf::ModeRequest;
-    let Some((_, shim)) = leasing else { return Ok(None) };
+    let Some((server, shim)) = leasing else { return Ok(None) };
     let mode = match config.observer.mode {
         ObserverMode::Auto => ModeRequest::Auto,
         ObserverMode::Ebpf => ModeRequest::Ebpf,
@@ -294,13 +294,27 @@ fn start_observer(
     let cfg = nbos_ebpf::ObserverConfig {
         mode,
         libraries,
+        // Kernels run under the shim, which writes NBOS_SHIM_COUNTERS_DIR/<pid> (exact launch
+        // counts at a few ns each): no launch uprobes; copy/memset/sync probes stay on.
+        launch_probes: false,
         counters_dir: Some(shim.counters_dir.clone()),
         ..nbos_ebpf::ObserverConfig::default()
     };
     let observer = nbos_ebpf::Observer::start(cfg).context("starting the GPU observer ([observer] mode)")?;
     observer.metrics().register(registry);
     tracing::info!(mode = observer.mode().as_str(), probes = observer.probe_count(), "GPU observer running");
-    Ok(Some(Arc::new(observer)))
+    let observer = Arc::new(observer);
+    // The shims' lease-protocol activity reports feed the observer too. A weak handle: the
+    // observer's thread stops with its last strong handle, whatever the lease server does.
+    let weak = Arc::downgrade(&observer);
+    server.set_activity_hook(Arc::new(move |pid, calls| {
+        if let Some(o) = weak.upgrade() {
+            if let Err(e) = o.record_shim_activity(pid, calls) {
+                tracing::debug!(pid, error = %e, "observer did not take a shim activity report");
+            }
+        }
+    }));
+    Ok(Some(observer))
 }
 
 /// The token clients must present, and the file it lives in.

@@ -176,6 +176,11 @@ impl Host {
 #[test]
 fn a_kernel_is_granted_the_gpu_the_scheduler_assigned_not_the_first_free_one() {
     let host = Host::start(2);
+    let reports = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(u32, u64)>::new()));
+    let sink = reports.clone();
+    host.server.set_activity_hook(std::sync::Arc::new(move |pid, calls| {
+        sink.lock().expect("reports").push((pid, calls));
+    }));
     host.server.assign("k-one", vec![1]);
     let mut p = host.spawn(&["phases", "1024"], "k-one");
     p.expect("READY");
@@ -183,6 +188,12 @@ fn a_kernel_is_granted_the_gpu_the_scheduler_assigned_not_the_first_free_one() {
     assert_eq!(host.wait_state(pid, LeaseState::Bound).gpus, vec![1], "GPU 0 was free, GPU 1 assigned");
     p.send("go");
     p.expect("AFTER");
+    // The shim's activity reports reach the hook (the node feeds the GPU observer with it).
+    let deadline = Instant::now() + WAIT;
+    while !reports.lock().expect("reports").iter().any(|&(r, calls)| r == pid && calls > 0) {
+        assert!(Instant::now() < deadline, "no Activity report for {pid}: {:?}", reports.lock().expect("reports"));
+        std::thread::sleep(Duration::from_millis(10));
+    }
     p.send("bye");
     assert_eq!(p.wait(), 0);
 }

@@ -102,8 +102,13 @@ enum Event {
     Stop,
 }
 
+/// Called with `(pid, calls)` for every shim `Activity` report (the node feeds the GPU
+/// observer with it). Runs on the lease actor's thread: it must be quick.
+pub type ActivityHook = Arc<dyn Fn(u32, u64) + Send + Sync>;
+
 struct Shared {
     registry: Mutex<HashMap<u32, KernelProcess>>,
+    activity_hook: Mutex<Option<ActivityHook>>,
     status: Mutex<Vec<ProcessStatus>>,
     changed: Condvar,
     stop: AtomicBool,
@@ -149,6 +154,7 @@ impl LeaseServer {
         std::fs::set_permissions(&cfg.socket, std::fs::Permissions::from_mode(0o666)).map_err(bind_err)?;
         let shared = Arc::new(Shared {
             registry: Mutex::new(HashMap::new()),
+            activity_hook: Mutex::new(None),
             status: Mutex::new(Vec::new()),
             changed: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -191,6 +197,12 @@ impl LeaseServer {
     pub fn register_process(&self, p: KernelProcess) {
         tracing::info!(pid = p.pid, kernel = %p.kernel_id, gpus = p.gpus, "kernel process may lease GPUs");
         lock(&self.shared.registry).insert(p.pid, p);
+    }
+
+    /// Installs the hook told every shim `Activity { calls }` report, by the reporting pid
+    /// (authenticated with `SO_PEERCRED`).
+    pub fn set_activity_hook(&self, hook: ActivityHook) {
+        *lock(&self.shared.activity_hook) = Some(hook);
     }
 
     /// Withdraws a registration (new connections from its tree are refused).
@@ -437,6 +449,10 @@ impl Actor {
                     Message::Request { .. } => self.table.request(pid, now),
                     Message::Activity { calls, .. } => {
                         self.table.activity(pid, calls, now);
+                        let hook = lock(&self.shared.activity_hook).clone();
+                        if let Some(hook) = hook {
+                            hook(pid, calls);
+                        }
                         Vec::new()
                     }
                     Message::Released { lease } => {
