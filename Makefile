@@ -55,7 +55,7 @@ fmt:
 package: deps
 	@command -v cargo-deb >/dev/null || $(CARGO) install --locked cargo-deb@3.8.0
 	@command -v cargo-generate-rpm >/dev/null || $(CARGO) install --locked cargo-generate-rpm@0.21.0
-	$(CARGO) build --release -p notebookosd
+	$(CARGO) build --release -p notebookosd -p nbos-cuda-shim
 	$(CARGO) deb -p notebookosd --no-build
 	$(CARGO) generate-rpm -p daemon
 
