@@ -96,3 +96,10 @@ pub fn used(gpu: &FakeGpu) -> Result<u64, LedgerError> {
     let l = open_locked(gpu)?;
     Ok(l.entries.iter().map(|e| e.1).sum())
 }
+
+/// `(pid, bytes)` of every live process holding memory on `gpu` (what NVML's
+/// per-process query reports).
+pub fn processes(gpu: &FakeGpu) -> Result<Vec<(u32, u64)>, LedgerError> {
+    let l = open_locked(gpu)?;
+    Ok(l.entries)
+}

@@ -175,3 +175,74 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(dev: *mut c_void, mem: *mut 
         _ => NVML_ERROR_INVALID_ARGUMENT,
     })
 }
+
+/// `nvmlProcessInfo_t` (the v2/v3 layout; `_v1` has only `pid` and `usedGpuMemory`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NvmlProcessInfo {
+    /// Process id.
+    pub pid: c_uint,
+    /// Bytes of GPU memory the process holds.
+    pub used_gpu_memory: u64,
+    /// MIG GPU instance (`0xFFFFFFFF`: not MIG).
+    pub gpu_instance_id: c_uint,
+    /// MIG compute instance (`0xFFFFFFFF`: not MIG).
+    pub compute_instance_id: c_uint,
+}
+
+/// `gpuInstanceId`/`computeInstanceId` of a process on a GPU without MIG.
+pub const NO_MIG_INSTANCE: c_uint = 0xFFFF_FFFF;
+
+/// The compute processes on `dev`, from the capacity ledger, with NVML's size-query
+/// contract: `*count` is the capacity of `infos` on entry and the number of processes
+/// on return; too small a buffer gives `NVML_ERROR_INSUFFICIENT_SIZE` (and the count).
+fn running_processes(dev: *mut c_void, count: *mut c_uint, infos: *mut NvmlProcessInfo) -> c_uint {
+    let Some(g) = gpu(dev) else { return NVML_ERROR_INVALID_ARGUMENT };
+    if count.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let Ok(procs) = crate::ledger::processes(g) else { return NVML_ERROR_UNKNOWN };
+    // SAFETY: non-null in/out pointer.
+    let capacity = unsafe { count.read() } as usize;
+    let n = c_uint::try_from(procs.len()).unwrap_or(c_uint::MAX);
+    // SAFETY: non-null in/out pointer.
+    unsafe { count.write(n) };
+    if procs.len() > capacity {
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    if procs.is_empty() {
+        return NVML_SUCCESS;
+    }
+    if infos.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    for (i, &(pid, bytes)) in procs.iter().enumerate() {
+        let info = NvmlProcessInfo {
+            pid,
+            used_gpu_memory: bytes,
+            gpu_instance_id: NO_MIG_INSTANCE,
+            compute_instance_id: NO_MIG_INSTANCE,
+        };
+        // SAFETY: the caller provides `capacity` >= procs.len() elements at `infos`.
+        unsafe { infos.add(i).write(info) };
+    }
+    NVML_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    dev: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfo,
+) -> c_uint {
+    guarded(|| running_processes(dev, count, infos))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
+    dev: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfo,
+) -> c_uint {
+    guarded(|| running_processes(dev, count, infos))
+}

@@ -11,6 +11,9 @@ use fake_cuda::checkpoint::*;
 use fake_cuda::config::uuid_bytes;
 use fake_cuda::result;
 
+/// Serialises the tests that count this process's bytes per GPU against the one that moves them.
+static GPU_BYTES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn setup() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -77,6 +80,7 @@ fn sum(x: u64, n: u64) -> f32 {
 
 #[test]
 fn kernels_compute_and_capacity_is_enforced_and_checkpoint_restores_onto_another_gpu() {
+    let _serial = GPU_BYTES.lock().unwrap_or_else(|e| e.into_inner());
     setup();
     ctx_on(0);
     let n = 1024u64;
@@ -186,4 +190,53 @@ fn launch_kernel_ex_computes_like_launch_kernel() {
     assert_eq!(rc, result::SUCCESS);
     assert_eq!(sum(x, 64), 256.0);
     assert_eq!(cuGraphLaunch(std::ptr::null_mut(), std::ptr::null_mut()), result::NOT_SUPPORTED);
+}
+
+#[test]
+fn nvml_lists_this_process_with_the_bytes_it_allocated_and_answers_size_queries() {
+    use fake_cuda::nvml::*;
+    let _serial = GPU_BYTES.lock().unwrap_or_else(|e| e.into_inner());
+    setup();
+    ctx_on(1);
+    let mut dev: *mut c_void = std::ptr::null_mut();
+    // SAFETY: valid output pointer.
+    assert_eq!(unsafe { nvmlDeviceGetHandleByIndex_v2(1, &mut dev) }, NVML_SUCCESS);
+    let me = std::process::id();
+    let mine = |infos: &[NvmlProcessInfo]| infos.iter().filter(|i| i.pid == me).map(|i| i.used_gpu_memory).sum::<u64>();
+    let query = || -> Vec<NvmlProcessInfo> {
+        // Size query first, as nvidia-smi does: a zero-capacity buffer gets the count.
+        let mut n = 0u32;
+        // SAFETY: valid in/out count; no buffer with a zero capacity.
+        let rc = unsafe { nvmlDeviceGetComputeRunningProcesses_v3(dev, &mut n, std::ptr::null_mut()) };
+        assert!(rc == NVML_SUCCESS || rc == NVML_ERROR_INSUFFICIENT_SIZE, "{rc}");
+        let mut infos = vec![
+            NvmlProcessInfo { pid: 0, used_gpu_memory: 0, gpu_instance_id: 0, compute_instance_id: 0 };
+            n as usize
+        ];
+        let mut cap = n;
+        // SAFETY: `cap` elements at `infos`.
+        assert_eq!(unsafe { nvmlDeviceGetComputeRunningProcesses_v3(dev, &mut cap, infos.as_mut_ptr()) }, NVML_SUCCESS);
+        infos.truncate(cap as usize);
+        infos
+    };
+    let before = mine(&query());
+    let (rc, p) = alloc(3 << 20);
+    assert_eq!(rc, result::SUCCESS);
+    let infos = query();
+    assert!(infos.len() >= 1);
+    assert_eq!(mine(&infos), before + (3 << 20));
+    assert!(infos.iter().all(|i| i.gpu_instance_id == NO_MIG_INSTANCE));
+    // A buffer one too small: the count comes back with INSUFFICIENT_SIZE.
+    let mut small = infos.len() as u32 - 1;
+    let mut buf = vec![infos[0]; infos.len()];
+    // SAFETY: `small` < buf.len() elements.
+    let rc = unsafe { nvmlDeviceGetComputeRunningProcesses_v3(dev, &mut small, buf.as_mut_ptr()) };
+    assert_eq!((rc, small as usize), (NVML_ERROR_INSUFFICIENT_SIZE, infos.len()));
+    // A bad handle is an error.
+    let mut n = 0u32;
+    // SAFETY: valid in/out count; the handle is invalid on purpose.
+    let rc = unsafe { nvmlDeviceGetComputeRunningProcesses_v3(std::ptr::null_mut(), &mut n, std::ptr::null_mut()) };
+    assert_eq!(rc, NVML_ERROR_INVALID_ARGUMENT);
+    assert_eq!(cuMemFree_v2(p), result::SUCCESS);
+    assert_eq!(mine(&query()), before);
 }
