@@ -223,7 +223,7 @@ fn nvml_lists_this_process_with_the_bytes_it_allocated_and_answers_size_queries(
     let (rc, p) = alloc(3 << 20);
     assert_eq!(rc, result::SUCCESS);
     let infos = query();
-    assert!(infos.len() >= 1);
+    assert!(!infos.is_empty());
     assert_eq!(mine(&infos), before + (3 << 20));
     assert!(infos.iter().all(|i| i.gpu_instance_id == NO_MIG_INSTANCE));
     // A buffer one too small: the count comes back with INSUFFICIENT_SIZE.
