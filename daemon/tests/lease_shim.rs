@@ -17,6 +17,7 @@ use nbos_lease_proto::{read_message, write_message, Message};
 use notebookosd::gpu::checkpoint::DriverCheckpoint;
 use notebookosd::gpu::control::GpuControl;
 use notebookosd::gpu::inventory::fake_gpu_uuid;
+use notebookosd::gpu::process_memory::ProcessGpuMemory;
 use notebookosd::gpu::GpuInfo;
 use notebookosd::lease::metrics::{EvictionLabels, LeaseMetrics, RefusedLabels};
 use notebookosd::lease::table::Policy;
@@ -53,6 +54,34 @@ struct Host {
     gpu_mib: u64,
     server: LeaseServer,
     metrics: LeaseMetrics,
+    /// The fake-cuda capacity ledgers of this host's processes.
+    state_dir: PathBuf,
+}
+
+/// The fake-cuda state directory this test process's own copy of the test double
+/// (loaded as NVML) reads: the driver reads `FAKE_CUDA_STATE_DIR` once per process, so
+/// it is set before any host loads the library. Only the host that counts bytes through
+/// NVML puts its processes' ledgers there; the others keep theirs private.
+fn nvml_state_dir() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir").keep();
+        // SAFETY: set once, before this process loads the test double (every host calls this first).
+        unsafe { std::env::set_var("FAKE_CUDA_STATE_DIR", &dir) };
+        dir
+    })
+}
+
+/// The value of counter `name` in the Prometheus text of `metrics`.
+fn counter_value(metrics: &LeaseMetrics, name: &str) -> u64 {
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in the metrics text:\n{text}"))
 }
 
 struct Proc {
@@ -122,6 +151,17 @@ impl Host {
     }
 
     fn start_limited(gpus: u32, gpu_mib: u64, idle_grace: Duration, memory_limit_bytes: u64) -> Self {
+        Self::start_full(gpus, gpu_mib, idle_grace, memory_limit_bytes, false)
+    }
+
+    /// A host whose GPU control counts evicted/restored bytes through NVML: the test
+    /// double's NVML subset (or, on a GPU host, the system's NVML).
+    fn start_counting_bytes(gpus: u32, gpu_mib: u64, idle_grace: Duration) -> Self {
+        Self::start_full(gpus, gpu_mib, idle_grace, 0, true)
+    }
+
+    fn start_full(gpus: u32, gpu_mib: u64, idle_grace: Duration, memory_limit_bytes: u64, nvml_bytes: bool) -> Self {
+        let shared_state = nvml_state_dir();
         let dir = tempfile::tempdir().expect("tempdir");
         let shim_dir = dir.path().join("shim");
         std::fs::create_dir(&shim_dir).expect("mkdir");
@@ -157,7 +197,21 @@ impl Host {
         let gpus = inventory.len() as u32;
         let metrics = LeaseMetrics::default();
         let api = DriverCheckpoint::load(&fake).expect("fake-cuda checkpoint API");
-        let control = GpuControl::new(Some(Box::new(api)), metrics.clone());
+        let mut control = GpuControl::new(Some(Box::new(api)), metrics.clone());
+        let state_dir = if nvml_bytes {
+            // With the real driver, GpuControl already uses the system's NVML, unless a
+            // rehearsal names the test double's (NBOS_TEST_NVML_LIBRARY).
+            let nvml = match (&real, std::env::var_os("NBOS_TEST_NVML_LIBRARY")) {
+                (None, _) => Some(fake.clone()),
+                (Some(_), lib) => lib.map(PathBuf::from),
+            };
+            if let Some(lib) = nvml {
+                control = control.with_process_memory(ProcessGpuMemory::open(Some(&lib)).expect("NVML library"));
+            }
+            shared_state.to_owned()
+        } else {
+            dir.path().join("fake-state")
+        };
         let cfg = LeaseServerConfig {
             socket: dir.path().join("lease.sock"),
             policy: Policy { idle_grace, idle_release: Duration::from_secs(600) },
@@ -165,7 +219,7 @@ impl Host {
             memory_limit_bytes,
         };
         let server = LeaseServer::start(cfg, inventory, control, metrics.clone()).expect("lease server");
-        Self { real: real.is_some(), dir, shim_dir, client, fake, gpus, gpu_mib, server, metrics }
+        Self { real: real.is_some(), dir, shim_dir, client, fake, gpus, gpu_mib, server, metrics, state_dir }
     }
 
     fn command(&self, program: &Path, args: &[&str], kernel: &str) -> Command {
@@ -177,7 +231,7 @@ impl Host {
             .env("NBOS_CUDA_DRIVER", &self.fake)
             .env("NBOS_LEASE_SOCKET", self.server.socket())
             .env("NBOS_KERNEL_ID", kernel)
-            .env("FAKE_CUDA_STATE_DIR", self.dir.path().join("fake-state"))
+            .env("FAKE_CUDA_STATE_DIR", &self.state_dir)
             .env("FAKE_CUDA_GPUS", self.gpus.to_string())
             .env("FAKE_CUDA_GPU_MEMORY_MIB", self.gpu_mib.to_string())
             .env("NBOS_TEST_PTX", programs().join("kernels.ptx"))
@@ -246,7 +300,7 @@ impl Host {
 
     /// Bytes `pid` holds on fake GPU `gpu` (the test double's capacity ledger).
     fn ledger_bytes(&self, gpu: u32, pid: u32) -> u64 {
-        let path = self.dir.path().join("fake-state").join(format!("{}.ledger", fake_gpu_uuid(gpu)));
+        let path = self.state_dir.join(format!("{}.ledger", fake_gpu_uuid(gpu)));
         let text = std::fs::read_to_string(path).unwrap_or_default();
         text.lines()
             .filter_map(|l| l.split_once(' '))
@@ -310,7 +364,9 @@ fn a_gated_call_blocks_without_a_lease_and_proceeds_when_granted() {
 
 #[test]
 fn revoke_checkpoint_and_restore_onto_another_gpu_keeps_data_pointers_and_kernels() {
-    let host = Host::start(2, 64, Duration::from_secs(60));
+    let host = Host::start_counting_bytes(2, 64, Duration::from_secs(60));
+    let evicted_before = counter_value(&host.metrics, "notebookos_gpu_evicted_bytes_total");
+    let restored_before = counter_value(&host.metrics, "notebookos_gpu_restored_bytes_total");
     let mut p = host.spawn(&["phases", "4096"], "k-move", 1);
     let ready = p.expect("READY");
     let f: Vec<&str> = ready.split_whitespace().collect();
@@ -326,6 +382,10 @@ fn revoke_checkpoint_and_restore_onto_another_gpu_keeps_data_pointers_and_kernel
     if !host.real {
         assert_eq!(host.ledger_bytes(0, pid), 0, "checkpoint must free the GPU's capacity");
     }
+    // The process allocated x and y, 4096 f32 each: at least that moved to host memory.
+    let allocated = 2 * 4096 * 4;
+    let evicted = counter_value(&host.metrics, "notebookos_gpu_evicted_bytes_total") - evicted_before;
+    assert!(evicted >= allocated, "evicted {evicted} bytes, allocated {allocated}");
     // Restore onto another GPU when the host has two (always, with the test double).
     let target = if host.gpus >= 2 { 1 } else { 0 };
     if target != 0 {
@@ -342,6 +402,8 @@ fn revoke_checkpoint_and_restore_onto_another_gpu_keeps_data_pointers_and_kernel
     if !host.real {
         assert!(host.ledger_bytes(1, pid) >= 2 * 4096 * 4, "restored onto GPU 1");
     }
+    let restored = counter_value(&host.metrics, "notebookos_gpu_restored_bytes_total") - restored_before;
+    assert_eq!(restored, evicted, "what was evicted is what was restored");
     p.send("bye");
     let (code, lines) = p.wait();
     assert_eq!(code, 0, "{lines:?}");

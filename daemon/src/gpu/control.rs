@@ -2,9 +2,12 @@
 //! checkpoint API. Where the API is missing or fails, memory stays resident on the GPU
 //! (logged, and counted as `notebookos_gpu_evictions_total{mode="resident"}`).
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::gpu::checkpoint::{CheckpointApi, DriverError, ProcessState, ILLEGAL_STATE, NOT_INITIALIZED};
+use crate::gpu::process_memory::ProcessGpuMemory;
 use crate::lease::metrics::{EvictionLabels, LeaseMetrics};
 
 /// How long to wait for a process's in-flight CUDA calls when locking it.
@@ -25,6 +28,10 @@ pub enum Eviction {
 pub struct GpuControl {
     api: Option<Box<dyn CheckpointApi>>,
     metrics: LeaseMetrics,
+    /// NVML's per-process memory, for the byte counters (`None`: not counted).
+    memory: Option<ProcessGpuMemory>,
+    /// Bytes each checkpointed process had on its GPUs, counted again when restored.
+    evicted: Mutex<HashMap<u32, u64>>,
 }
 
 impl std::fmt::Debug for GpuControl {
@@ -39,7 +46,33 @@ impl GpuControl {
         if api.is_none() {
             tracing::warn!("no CUDA checkpoint API: revoked GPU memory stays resident on the GPU");
         }
-        Self { api, metrics }
+        let memory = match ProcessGpuMemory::open(None) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                tracing::debug!(reason = %e, "no NVML: evicted/restored GPU bytes are not counted");
+                None
+            }
+        };
+        Self { api, metrics, memory, evicted: Mutex::new(HashMap::new()) }
+    }
+
+    /// Counts evicted/restored bytes with this NVML (e.g. one loaded from the fake-cuda
+    /// TEST DOUBLE) instead of the system's.
+    pub fn with_process_memory(mut self, memory: ProcessGpuMemory) -> Self {
+        self.memory = Some(memory);
+        self
+    }
+
+    /// Bytes `pid` holds on GPUs now; `None` (and a debug log) when NVML cannot say.
+    fn bytes_of(&self, pid: u32) -> Option<u64> {
+        let m = self.memory.as_ref()?;
+        match m.bytes_of(pid) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                tracing::debug!(pid, reason = %e, "GPU bytes of the process unknown; not counted");
+                None
+            }
+        }
     }
 
     fn count(&self, mode: &str) {
@@ -62,6 +95,8 @@ impl GpuControl {
                 return Eviction::Resident;
             }
         }
+        // Locked: the process cannot allocate or free until the checkpoint, so this is what moves.
+        let bytes = self.bytes_of(pid);
         if let Err(e) = api.checkpoint(pid) {
             tracing::warn!(pid, error = %e, "checkpoint failed; GPU memory stays resident");
             if let Err(e) = api.unlock(pid) {
@@ -71,6 +106,10 @@ impl GpuControl {
             return Eviction::Resident;
         }
         self.count("checkpoint");
+        if let Some(b) = bytes {
+            self.metrics.evicted_bytes.inc_by(b);
+            self.evicted.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(pid, b);
+        }
         Eviction::Checkpointed
     }
 
@@ -80,8 +119,14 @@ impl GpuControl {
         let remap: Vec<_> = pairs.iter().filter(|(a, b)| a != b).copied().collect();
         // The lease table knows the process was checkpointed, so restore first and only
         // ask for the state when the driver says that was wrong (saves a round trip).
+        let moved = self.evicted.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&pid);
         let r = match api.restore(pid, &remap) {
-            Ok(()) => api.unlock(pid),
+            Ok(()) => {
+                if let Some(b) = moved {
+                    self.metrics.restored_bytes.inc_by(b);
+                }
+                api.unlock(pid)
+            }
             Err(DriverError { code: NOT_INITIALIZED, .. }) => Ok(()),
             Err(e) if e.code == ILLEGAL_STATE => match api.state(pid) {
                 Ok(ProcessState::Locked) => api.unlock(pid),

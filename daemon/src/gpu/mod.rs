@@ -5,5 +5,6 @@
 pub mod checkpoint;
 pub mod control;
 pub mod inventory;
+pub mod process_memory;
 
 pub use inventory::{GpuInfo, Inventory};

@@ -35,6 +35,10 @@ pub struct LeaseMetrics {
     pub restore_failures: Counter,
     /// Request-to-grant time.
     pub acquire_seconds: Histogram,
+    /// GPU memory moved to host memory by checkpoints (NVML per-process bytes before each).
+    pub evicted_bytes: Counter,
+    /// GPU memory moved back onto a GPU by restores.
+    pub restored_bytes: Counter,
 }
 
 impl Default for LeaseMetrics {
@@ -48,6 +52,8 @@ impl Default for LeaseMetrics {
             acquire_seconds: Histogram::new([
                 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0,
             ]),
+            evicted_bytes: Counter::default(),
+            restored_bytes: Counter::default(),
         }
     }
 }
@@ -63,6 +69,16 @@ impl LeaseMetrics {
             "notebookos_gpu_restore_failures",
             "Restores of a process's GPU memory that failed",
             self.restore_failures.clone(),
+        );
+        r.register(
+            "notebookos_gpu_evicted_bytes",
+            "GPU memory moved to host memory by checkpoints of kernel processes",
+            self.evicted_bytes.clone(),
+        );
+        r.register(
+            "notebookos_gpu_restored_bytes",
+            "GPU memory moved back onto a GPU by restores of kernel processes",
+            self.restored_bytes.clone(),
         );
         r.register(
             "notebookos_lease_acquire_seconds",
