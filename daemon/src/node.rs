@@ -248,6 +248,15 @@ fn start_leasing(
     let shim = ShimEnvironment::prepare(&config.gpu, &config.node.runtime_dir, &socket)?;
     let lease_metrics = LeaseMetrics::default();
     lease_metrics.register(registry);
+    if config.gpu.driver == crate::config::GpuDriver::Fake {
+        // The fake-cuda test double reads its settings from the environment once, when
+        // this process first loads it (just below). The daemon's own driver and NVML calls
+        // (checkpoint, per-process memory) must see the same simulated GPUs and capacity
+        // ledgers as the kernels. Fake mode only; nothing else reads these variables.
+        for (key, value) in shim.fake_env() {
+            std::env::set_var(key, value);
+        }
+    }
     let api: Option<Box<dyn CheckpointApi>> = match DriverCheckpoint::load(&shim.driver) {
         Ok(api) => Some(Box::new(api)),
         Err(e) => {
@@ -255,7 +264,14 @@ fn start_leasing(
             None
         }
     };
-    let control = gpu::control::GpuControl::new(api, lease_metrics.clone());
+    let mut control = gpu::control::GpuControl::new(api, lease_metrics.clone());
+    if config.gpu.driver == crate::config::GpuDriver::Fake {
+        // The test double carries its own NVML (per-process memory from its ledgers).
+        match gpu::process_memory::ProcessGpuMemory::open(Some(&shim.driver)) {
+            Ok(memory) => control = control.with_process_memory(memory),
+            Err(e) => tracing::debug!(error = %e, "no per-process GPU memory: evicted bytes are not counted"),
+        }
+    }
     let cfg = LeaseServerConfig {
         socket,
         // Idle detection follows the shim's activity reports; the scheduler core
