@@ -59,7 +59,7 @@ start() {
   "$python" examples/run_in_turns.py --url "$url" --nbos "$bin/nbos" --kernels 3
   echo
   echo "== GPU metrics"
-  curl -fsS "$url/metrics" | grep -E '^notebookos_(gpus|lease_grants|lease_revocations|gpu_evictions|observer_mode|cells_total|subscription)' || true
+  curl -fsS "$url/metrics" | grep -E '^notebookos_(gpus|lease_grants|lease_revocations|gpu_evict|gpu_restored|observer_mode|cells_total|subscription)' || true
   echo
   echo "The daemon keeps running (pid $(cat "$pidfile"), log $demo_dir/notebookosd.log)."
   echo "Try:   $python -m jupyter lab --gateway-url=$url"

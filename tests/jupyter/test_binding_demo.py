@@ -23,7 +23,7 @@ def test_three_notebooks_train_in_turns_on_two_gpus():
     out = r.stdout
     # Every notebook trained twice with the exact result the notebook asserts.
     assert len(re.findall(r"^notebook \d: 4 cells", out, re.M)) == 3, out
-    assert out.count("epoch 2: sum of weights 131071.9") == 3, out
+    assert out.count("epoch 2: sum of weights 262143.8") == 3, out
     assert "cells run: 12 " in out and "on 2 GPU(s)" in out, out
     bound, reserved = map(float, re.search(r"bound per cell: ([\d.]+); .*session: ([\d.]+)", out).groups())
     # Binding per cell never binds more than reserving for whole sessions would.
