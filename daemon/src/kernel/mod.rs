@@ -7,12 +7,14 @@
 //! - [`hub`]: routing to clients, replay buffer for disconnected clients.
 //! - [`distributed`]: the distributed kernel (replicas + executor choice).
 //! - [`binding`]: per-cell GPU binding (scheduler core + lease control).
+//! - [`cgroup`]: per-kernel memory cgroups (v2, v1 or none).
 //! - [`registry`]: all kernels of this host.
 //! - [`spec`]: kernelspecs and their GPU requests.
 //! - [`shim_env`]: the CUDA shim environment of kernel processes.
 //! - [`server_leases`]: lease control over the host's lease server.
 
 pub mod binding;
+pub mod cgroup;
 pub mod connection;
 pub mod distributed;
 pub mod hub;

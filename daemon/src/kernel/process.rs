@@ -64,8 +64,8 @@ impl KernelProcess {
             // RLIMIT_AS: an allocation beyond the limit fails inside the kernel
             // (Python raises MemoryError) instead of the OOM killer taking the host's
             // memory back from some other process. It bounds each process, not the
-            // tree; a cgroup v2 memory.max would bound the tree (not built yet: the
-            // hosts we test on mount the memory controller on cgroup v1).
+            // tree; the registry also puts the kernel in a memory cgroup (v2 memory.max
+            // or v1 memory.limit_in_bytes, see `cgroup.rs`), which bounds the tree.
             let rlim = libc::rlimit { rlim_cur: limit, rlim_max: limit };
             // SAFETY: the closure runs in the child between fork and exec, where only
             // async-signal-safe calls are allowed; setrlimit(2) is one, and the closure

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::sync::RwLock;
 
 use super::binding::Binder;
+use super::cgroup::{self, MemoryCgroup};
 use super::distributed::{Kernel, KernelModel};
 use super::process::LaunchSpec;
 use super::spec;
@@ -42,6 +43,8 @@ pub struct Kernels {
     metrics: Arc<Metrics>,
     binder: Arc<Binder>,
     memory_limit_bytes: Option<u64>,
+    /// Memory cgroup per kernel: bounds the kernel's process tree by `memory_limit_bytes`.
+    cgroup: Arc<dyn MemoryCgroup>,
     /// Told every kernel process pid (the observer watches them for exits).
     process_watch: Option<ProcessWatch>,
 }
@@ -64,7 +67,10 @@ impl Kernels {
         let python =
             if python.components().count() > 1 { std::path::absolute(&python).unwrap_or(python) } else { python };
         let memory_limit_bytes = (memory_limit_mib > 0).then(|| memory_limit_mib.saturating_mul(1024 * 1024));
+        let cgroup: Arc<dyn MemoryCgroup> =
+            if memory_limit_bytes.is_some() { Arc::from(cgroup::detect_host()) } else { Arc::new(cgroup::NoCgroup) };
         Self {
+            cgroup,
             map: RwLock::new(HashMap::new()),
             python,
             dir,
@@ -116,19 +122,36 @@ impl Kernels {
             dir: self.dir.join(&id),
             memory_limit_bytes: self.memory_limit_bytes,
         };
+        if let Some(limit) = self.memory_limit_bytes {
+            self.cgroup.create(&id, limit).map_err(|e| {
+                CreateError::Start(anyhow::Error::new(e).context("creating the kernel's memory cgroup"))
+            })?;
+        }
         self.metrics.kernels_started_total.inc();
         let dir = launch.dir.clone();
         let kernel = match Kernel::start(id.clone(), name.to_owned(), gpus, launch, self.metrics.clone()).await {
             Ok(k) => k,
             Err(e) => {
+                self.remove_cgroup(&id);
                 // Keep kernel.log for diagnosis; the connection file holds a key, remove it.
                 tracing::warn!(kernel = %id, dir = %dir.display(), error = format!("{e:#}"), "kernel failed to start");
                 let _ = std::fs::remove_file(dir.join("connection-0.json"));
                 return Err(CreateError::Start(e));
             }
         };
+        // Right after the spawn, before any cell can run: children forked from now on inherit it.
+        for pid in kernel.pids() {
+            if let Err(e) = self.cgroup.add_process(&id, pid) {
+                kernel.shutdown().await;
+                self.remove_cgroup(&id);
+                return Err(CreateError::Start(
+                    anyhow::Error::new(e).context("moving the kernel into its memory cgroup"),
+                ));
+            }
+        }
         if let Err(e) = self.binder.add_kernel(&kernel) {
             kernel.shutdown().await;
+            self.remove_cgroup(&id);
             return Err(CreateError::Refused(e));
         }
         self.observe(&kernel);
@@ -175,7 +198,14 @@ impl Kernels {
             }
         }));
         let (weak, watch) = (Arc::downgrade(&self.binder), self.process_watch.clone());
+        let (cg, limit) = (self.cgroup.clone(), self.memory_limit_bytes);
         kernel.set_spawn_hook(Box::new(move |id, pid| {
+            // A restart's new process; create() again in case a death removed the cgroup.
+            if let Some(limit) = limit {
+                if let Err(e) = cg.create(id, limit).and_then(|()| cg.add_process(id, pid)) {
+                    tracing::warn!(kernel = %id, pid, error = %e, "restarted kernel is outside its memory cgroup");
+                }
+            }
             if let Some(b) = weak.upgrade() {
                 b.process_started(id, pid);
             }
@@ -184,11 +214,28 @@ impl Kernels {
             }
         }));
         let binder = Arc::downgrade(&self.binder);
+        let cg = self.cgroup.clone();
         kernel.set_exit_hook(Box::new(move |id, pids| {
+            // Death or shutdown: the kernel's processes are gone (leftover children are killed).
+            if let Err(e) = cg.remove(id) {
+                tracing::warn!(kernel = %id, error = %e, "could not remove the kernel's memory cgroup");
+            }
             if let Some(b) = binder.upgrade() {
                 b.remove_kernel(id, pids);
             }
         }));
+    }
+
+    /// Removes a kernel's memory cgroup, logging a failure.
+    fn remove_cgroup(&self, id: &str) {
+        if let Err(e) = self.cgroup.remove(id) {
+            tracing::warn!(kernel = %id, error = %e, "could not remove the kernel's memory cgroup");
+        }
+    }
+
+    /// The kernel's memory cgroup directory, when a cgroup backend is active.
+    pub fn cgroup_dir(&self, id: &str) -> Option<PathBuf> {
+        self.memory_limit_bytes.and_then(|_| self.cgroup.dir(id))
     }
 
     /// A kernel by id.
@@ -221,6 +268,8 @@ impl Kernels {
     pub async fn remove(&self, id: &str) -> bool {
         let Some(k) = self.map.write().await.remove(id) else { return false };
         k.shutdown().await;
+        // The exit hook already removed it unless a death took the hook first; idempotent.
+        self.remove_cgroup(id);
         tracing::info!(kernel = %id, "kernel shut down");
         true
     }
@@ -230,5 +279,8 @@ impl Kernels {
         let all: Vec<_> = self.map.write().await.drain().map(|(_, k)| k).collect();
         let stops = all.iter().map(|k| k.shutdown());
         futures_util::future::join_all(stops).await;
+        for k in &all {
+            self.remove_cgroup(&k.id);
+        }
     }
 }
