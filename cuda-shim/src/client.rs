@@ -244,6 +244,9 @@ fn reader_loop(mut s: UnixStream, interval_ms: u32) {
     let tick = (interval_ms > 0).then(|| Duration::from_millis(u64::from(interval_ms)));
     let _ = s.set_read_timeout(tick);
     let mut reported = 0u64;
+    // Activity goes out once per interval, not after every frame: a report right after
+    // a grant would wake the host while the granted thread is being woken.
+    let mut last_report = std::time::Instant::now();
     loop {
         match read_message(&mut s) {
             Ok(Message::Grant { lease, gpus }) => {
@@ -271,8 +274,10 @@ fn reader_loop(mut s: UnixStream, interval_ms: u32) {
             }
         }
         let calls = CALLS.load(Ordering::Relaxed);
-        if tick.is_some() && calls != reported && GATE.read().bound {
+        let due = tick.is_some_and(|t| last_report.elapsed() >= t);
+        if due && calls != reported && GATE.read().bound {
             reported = calls;
+            last_report = std::time::Instant::now();
             let _ = send(&Message::Activity { calls, waits: WAITS.load(Ordering::Relaxed) });
         }
     }

@@ -1,5 +1,9 @@
 //! The lease server: a Unix stream socket, one reader thread per connection, and one
-//! actor thread that owns the [`Table`], writes frames, and calls GPU control.
+//! timer thread. The [`Table`] state (the "actor") lives behind one mutex: a connection
+//! thread handles its peer's frame itself under that mutex (no hand-off to another
+//! thread on the grant path), and the timer thread runs ticks and API events.
+//! API events (revoke, assign, pause, ...) are queued and drained under the actor lock
+//! before any frame is handled, so they keep their order relative to later frames.
 //!
 //! Every connection starts with `Register`; the peer is authenticated by `SO_PEERCRED`
 //! and accepted only if it is a kernel process registered with
@@ -7,12 +11,12 @@
 //! its own pid and its kernel's id. Anything else gets `Refused` and is closed.
 
 use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -107,6 +111,13 @@ enum Event {
 pub type ActivityHook = Arc<dyn Fn(u32, u64) + Send + Sync>;
 
 struct Shared {
+    /// The table and everything that writes frames; taken by connection threads and the
+    /// timer thread. Lock order: `actor` before `queue` and `status`.
+    actor: Mutex<Actor>,
+    /// API events not yet applied (drained only under `actor`).
+    queue: Mutex<VecDeque<Event>>,
+    /// Signalled when `queue` gets an event.
+    queued: Condvar,
     registry: Mutex<HashMap<u32, KernelProcess>>,
     activity_hook: Mutex<Option<ActivityHook>>,
     status: Mutex<Vec<ProcessStatus>>,
@@ -123,7 +134,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The running lease server. Dropping it stops it and removes the socket.
 pub struct LeaseServer {
     shared: Arc<Shared>,
-    events: Sender<Event>,
     socket: PathBuf,
     /// A handle on the listening socket, to wake the acceptor at shutdown.
     listener: UnixListener,
@@ -152,35 +162,39 @@ impl LeaseServer {
         let listener = UnixListener::bind(&cfg.socket).map_err(bind_err)?;
         // Kernel processes may run as other users; SO_PEERCRED is the access check.
         std::fs::set_permissions(&cfg.socket, std::fs::Permissions::from_mode(0o666)).map_err(bind_err)?;
-        let shared = Arc::new(Shared {
-            registry: Mutex::new(HashMap::new()),
-            activity_hook: Mutex::new(None),
-            status: Mutex::new(Vec::new()),
-            changed: Condvar::new(),
-            stop: AtomicBool::new(false),
-        });
-        let (tx, rx) = mpsc::channel();
-        let mut threads = Vec::new();
         let actor = Actor {
             table: Table::new(gpus.len(), cfg.policy),
             gpus,
             control,
             conns: HashMap::new(),
             by_pid: HashMap::new(),
-            shared: shared.clone(),
             metrics: metrics.clone(),
             cfg: cfg.clone(),
             checkpointing: true,
             assigned: HashMap::new(),
+            stopped: false,
         };
+        let shared = Arc::new(Shared {
+            actor: Mutex::new(actor),
+            queue: Mutex::new(VecDeque::new()),
+            queued: Condvar::new(),
+            registry: Mutex::new(HashMap::new()),
+            activity_hook: Mutex::new(None),
+            status: Mutex::new(Vec::new()),
+            changed: Condvar::new(),
+            stop: AtomicBool::new(false),
+        });
+        let mut threads = Vec::new();
+        let tick = (cfg.policy.idle_grace / 4).clamp(Duration::from_millis(5), Duration::from_millis(500));
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new().name(name.to_owned()).spawn(f).map_err(LeaseServerError::Thread)
         };
-        threads.push(spawn("lease-actor", Box::new(move || actor.run(rx)))?);
-        let (sh, etx, m) = (shared.clone(), tx.clone(), metrics.clone());
+        let sh = shared.clone();
+        threads.push(spawn("lease-actor", Box::new(move || timer_loop(&sh, tick)))?);
+        let (sh, m) = (shared.clone(), metrics.clone());
         let wake = listener.try_clone().map_err(bind_err)?;
-        threads.push(spawn("lease-accept", Box::new(move || accept_loop(listener, sh, etx, m)))?);
-        Ok(Self { shared, events: tx, socket: cfg.socket, listener: wake, threads, metrics })
+        threads.push(spawn("lease-accept", Box::new(move || accept_loop(listener, sh, m)))?);
+        Ok(Self { shared, socket: cfg.socket, listener: wake, threads, metrics })
     }
 
     /// The socket path (for `NBOS_LEASE_SOCKET`).
@@ -212,33 +226,33 @@ impl LeaseServer {
 
     /// Asks the process `pid` to give its GPUs back now.
     pub fn revoke(&self, pid: u32) {
-        let _ = self.events.send(Event::Revoke { pid });
+        self.shared.post(Event::Revoke { pid });
     }
 
     /// The scheduler assigned GPUs `gpus` (host indices) to kernel `kernel_id`: its
     /// processes' grants use exactly these and wait while any is held elsewhere.
     pub fn assign(&self, kernel_id: &str, gpus: Vec<usize>) {
-        let _ = self.events.send(Event::Assign { kernel_id: kernel_id.to_owned(), gpus: Some(gpus) });
+        self.shared.post(Event::Assign { kernel_id: kernel_id.to_owned(), gpus: Some(gpus) });
     }
 
     /// Withdraws kernel `kernel_id`'s assignment (it stopped or was forgotten).
     pub fn clear_assignment(&self, kernel_id: &str) {
-        let _ = self.events.send(Event::Assign { kernel_id: kernel_id.to_owned(), gpus: None });
+        self.shared.post(Event::Assign { kernel_id: kernel_id.to_owned(), gpus: None });
     }
 
     /// Cordons a GPU (never granted) or uncordons it.
     pub fn set_cordoned(&self, gpu: usize, on: bool) {
-        let _ = self.events.send(Event::Cordon { gpu, on });
+        self.shared.post(Event::Cordon { gpu, on });
     }
 
     /// Holds all grants (drain) or resumes them.
     pub fn set_paused(&self, paused: bool) {
-        let _ = self.events.send(Event::Pause(paused));
+        self.shared.post(Event::Pause(paused));
     }
 
     /// Whether revocation checkpoints GPU memory (default) or leaves it resident.
     pub fn set_checkpointing(&self, on: bool) {
-        let _ = self.events.send(Event::Checkpointing(on));
+        self.shared.post(Event::Checkpointing(on));
     }
 
     /// The connected processes and their leases.
@@ -266,7 +280,7 @@ impl LeaseServer {
 impl Drop for LeaseServer {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
-        let _ = self.events.send(Event::Stop);
+        self.shared.post(Event::Stop);
         // Wake the acceptor blocked in accept(): shutdown on a listening socket makes
         // accept fail (the socket file may already be gone, so connecting is no way).
         // SAFETY: the fd is owned by self.listener and alive; shutdown does not close it.
@@ -278,7 +292,62 @@ impl Drop for LeaseServer {
     }
 }
 
-fn accept_loop(listener: UnixListener, shared: Arc<Shared>, events: Sender<Event>, metrics: LeaseMetrics) {
+impl Shared {
+    /// Queues an API event for the timer thread (or the next frame handled, whichever
+    /// takes the actor lock first).
+    fn post(&self, ev: Event) {
+        lock(&self.queue).push_back(ev);
+        self.queued.notify_one();
+    }
+
+    /// Under the actor lock: applies the queued API events, then `ev` (a frame or a
+    /// connection change, handled directly on the calling thread), then the timers, and
+    /// writes what results. Returns false once the server is stopping.
+    fn apply(&self, ev: Option<Event>) -> bool {
+        let mut actor = lock(&self.actor);
+        let pending: Vec<Event> = lock(&self.queue).drain(..).collect();
+        let mut any = false;
+        // One event at a time, each followed by the timers and its writes, as a single
+        // actor thread consuming them in order would.
+        for e in pending.into_iter().chain(ev) {
+            if actor.stopped {
+                return false;
+            }
+            let mut actions = actor.handle(e, Instant::now(), self);
+            actions.extend(actor.table.tick(Instant::now()));
+            actor.perform(actions);
+            actor.publish(self);
+            any = true;
+        }
+        if actor.stopped {
+            return false;
+        }
+        if !any {
+            // A timer wake-up with nothing queued.
+            let actions = actor.table.tick(Instant::now());
+            actor.perform(actions);
+            actor.publish(self);
+        }
+        true
+    }
+}
+
+/// Runs the timers (idle detection) and applies API events when no frame comes.
+fn timer_loop(shared: &Shared, tick: Duration) {
+    loop {
+        {
+            let q = lock(&shared.queue);
+            if q.is_empty() {
+                let _ = shared.queued.wait_timeout(q, tick).unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+        }
+        if !shared.apply(None) {
+            return;
+        }
+    }
+}
+
+fn accept_loop(listener: UnixListener, shared: Arc<Shared>, metrics: LeaseMetrics) {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     for stream in listener.incoming() {
@@ -295,9 +364,9 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>, events: Sender<Event
             }
         };
         let conn = NEXT.fetch_add(1, Ordering::Relaxed);
-        let (sh, ev, m) = (shared.clone(), events.clone(), metrics.clone());
+        let (sh, m) = (shared.clone(), metrics.clone());
         let spawned =
-            std::thread::Builder::new().name("lease-conn".into()).spawn(move || serve_conn(conn, stream, &sh, &ev, &m));
+            std::thread::Builder::new().name("lease-conn".into()).spawn(move || serve_conn(conn, stream, &sh, &m));
         if let Err(e) = spawned {
             open.fetch_sub(1, Ordering::SeqCst);
             tracing::error!(error = %e, "cannot start a lease connection thread");
@@ -312,8 +381,8 @@ fn refuse(mut s: UnixStream, metrics: &LeaseMetrics, reason_label: &str, reason:
     let _ = s.flush();
 }
 
-/// Authenticates a connection, then forwards its frames to the actor.
-fn serve_conn(conn: u64, mut s: UnixStream, shared: &Shared, events: &Sender<Event>, metrics: &LeaseMetrics) {
+/// Authenticates a connection, then handles its frames (under the actor lock).
+fn serve_conn(conn: u64, mut s: UnixStream, shared: &Shared, metrics: &LeaseMetrics) {
     let cred = match peer::peer_cred(&s) {
         Ok(c) => c,
         Err(e) => return refuse(s, metrics, "bad_peer", format!("cannot read peer credentials: {e}")),
@@ -349,19 +418,19 @@ fn serve_conn(conn: u64, mut s: UnixStream, shared: &Shared, events: &Sender<Eve
     }
     let _ = s.set_read_timeout(None);
     let Ok(writer) = s.try_clone() else { return };
-    if events.send(Event::Connected { conn, pid, kernel_id, gpus: root.gpus, writer }).is_err() {
+    if !shared.apply(Some(Event::Connected { conn, pid, kernel_id, gpus: root.gpus, writer })) {
         return;
     }
     loop {
         match read_message(&mut s) {
             Ok(msg) => {
-                if events.send(Event::Frame { conn, msg }).is_err() {
+                if !shared.apply(Some(Event::Frame { conn, msg })) {
                     return;
                 }
             }
             Err(e) => {
                 tracing::debug!(conn, error = %e, "lease connection ended");
-                let _ = events.send(Event::Closed { conn });
+                let _ = shared.apply(Some(Event::Closed { conn }));
                 return;
             }
         }
@@ -380,12 +449,13 @@ struct Actor {
     control: GpuControl,
     conns: HashMap<u64, Conn>,
     by_pid: HashMap<u32, u64>,
-    shared: Arc<Shared>,
     metrics: LeaseMetrics,
     cfg: LeaseServerConfig,
     checkpointing: bool,
     /// The scheduler's GPU assignment per kernel id (applied to every process of it).
     assigned: HashMap<String, Vec<usize>>,
+    /// `Stop` was handled: nothing more is applied.
+    stopped: bool,
 }
 
 /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (or bare hex) to the 16 UUID bytes.
@@ -402,27 +472,11 @@ pub fn uuid_bytes(uuid: &str) -> Option<[u8; 16]> {
 }
 
 impl Actor {
-    fn run(mut self, rx: Receiver<Event>) {
-        let tick = (self.cfg.policy.idle_grace / 4).clamp(Duration::from_millis(5), Duration::from_millis(500));
-        loop {
-            let now = Instant::now();
-            let actions = match rx.recv_timeout(tick) {
-                Ok(Event::Stop) | Err(RecvTimeoutError::Disconnected) => return,
-                Ok(ev) => self.handle(ev, now),
-                Err(RecvTimeoutError::Timeout) => Vec::new(),
-            };
-            let mut all = actions;
-            all.extend(self.table.tick(Instant::now()));
-            self.perform(all);
-            self.publish();
-        }
-    }
-
     fn uuid(&self, gpu: usize) -> [u8; 16] {
         self.gpus.get(gpu).and_then(|g| uuid_bytes(&g.uuid)).unwrap_or([0; 16])
     }
 
-    fn handle(&mut self, ev: Event, now: Instant) -> Vec<Action> {
+    fn handle(&mut self, ev: Event, now: Instant, shared: &Shared) -> Vec<Action> {
         match ev {
             Event::Connected { conn, pid, kernel_id, gpus, mut writer } => {
                 let want = self.table.add(pid, gpus as usize, now);
@@ -449,7 +503,7 @@ impl Actor {
                     Message::Request { .. } => self.table.request(pid, now),
                     Message::Activity { calls, .. } => {
                         self.table.activity(pid, calls, now);
-                        let hook = lock(&self.shared.activity_hook).clone();
+                        let hook = lock(&shared.activity_hook).clone();
                         if let Some(hook) = hook {
                             hook(pid, calls);
                         }
@@ -497,7 +551,13 @@ impl Actor {
                 self.checkpointing = on;
                 Vec::new()
             }
-            Event::Stop => Vec::new(),
+            Event::Stop => {
+                // Close the write halves now, as the actor thread's exit used to.
+                self.stopped = true;
+                self.conns.clear();
+                self.by_pid.clear();
+                Vec::new()
+            }
         }
     }
 
@@ -539,7 +599,7 @@ impl Actor {
         }
     }
 
-    fn publish(&self) {
+    fn publish(&self, shared: &Shared) {
         let status: Vec<ProcessStatus> = self
             .table
             .entries()
@@ -556,10 +616,10 @@ impl Actor {
                 gpus: e.gpus.clone(),
             })
             .collect();
-        let mut s = lock(&self.shared.status);
+        let mut s = lock(&shared.status);
         if *s != status {
             *s = status;
-            self.shared.changed.notify_all();
+            shared.changed.notify_all();
         }
     }
 }
