@@ -4,8 +4,8 @@
 //! 404s, malformed messages dropped and counted, and `nbos kernels` /
 //! `nbos bench cell --json`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
@@ -13,86 +13,13 @@ use notebookosd::gateway::client::GatewayClient;
 use notebookosd::jupyter::{ws, Channel, Message};
 use tokio_tungstenite::tungstenite::Message as WsFrame;
 
-const NOTEBOOKOSD: &str = env!("CARGO_BIN_EXE_notebookosd");
+mod common;
+use common::{http, python, start_daemon, Daemon, TOKEN};
+
 const NBOS: &str = env!("CARGO_BIN_EXE_nbos");
-const TOKEN: &str = "gateway-api-test-token-0123456789";
-
-/// The project's Python with ipykernel (requirements-dev.txt).
-fn python() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
-    assert!(p.exists(), "{} is missing: create the venv (make deps)", p.display());
-    p
-}
-
-struct Daemon {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
-            // SAFETY: kill(2) on our own unreaped child.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-        }
-        let _ = self.child.wait();
-    }
-}
 
 fn start() -> Daemon {
-    let dir = tempfile::tempdir().expect("tmp");
-    let token = dir.path().join("token");
-    std::fs::write(&token, format!("{TOKEN}\n")).expect("token");
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[node]\nstate_dir = {:?}\nruntime_dir = {:?}\n[http]\nlisten = \"127.0.0.1:0\"\ntoken_file = {:?}\n\
-             [kernel]\npython = {:?}\n[log]\nformat = \"text\"\n",
-            dir.path().join("state"),
-            dir.path().join("run"),
-            token,
-            python()
-        ),
-    )
-    .expect("config");
-    let child = Command::new(NOTEBOOKOSD)
-        .arg("--config")
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn");
-    let endpoint = dir.path().join("run/endpoint.json");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let url = loop {
-        if let Some(e) = std::fs::read_to_string(&endpoint)
-            .ok()
-            .and_then(|t| serde_json::from_str::<notebookosd::node::Endpoint>(&t).ok())
-        {
-            break e.url;
-        }
-        assert!(Instant::now() < deadline, "daemon did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Daemon { child, url, _dir: dir }
-}
-
-fn http(method: &str, url: &str, token: Option<&str>, body: Option<&str>) -> (u16, String) {
-    let mut req = ureq::request(method, url);
-    if let Some(t) = token {
-        req = req.set("Authorization", &format!("token {t}"));
-    }
-    let res = match body {
-        Some(b) => req.set("Content-Type", "application/json").send_string(b),
-        None => req.call(),
-    };
-    match res {
-        Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
-        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
-        Err(e) => panic!("{method} {url}: {e}"),
-    }
+    start_daemon(&format!("[kernel]\npython = {:?}\n[log]\nformat = \"text\"\n", python()), Stdio::null())
 }
 
 fn metric(url: &str, prefix: &str) -> f64 {

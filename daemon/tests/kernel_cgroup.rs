@@ -3,28 +3,13 @@
 //! and a memory hierarchy; fails instead of skipping when `NBOS_REQUIRE_PRIVILEGED=1`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-const NOTEBOOKOSD: &str = env!("CARGO_BIN_EXE_notebookosd");
-const TOKEN: &str = "kernel-cgroup-test-token-0123456789";
 const LIMIT_MIB: u64 = 1024;
 
-struct Daemon {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
-            // SAFETY: kill(2) on our own unreaped child.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-        }
-        let _ = self.child.wait();
-    }
-}
+mod common;
+use common::{http, python, start_daemon, Daemon, TOKEN};
 
 /// Why this host cannot run the test, if it cannot.
 fn cannot_run() -> Option<String> {
@@ -40,62 +25,11 @@ fn cannot_run() -> Option<String> {
     None
 }
 
-fn python() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
-    assert!(p.exists(), "{} is missing: create the venv (make deps)", p.display());
-    p
-}
-
 fn start() -> Daemon {
-    let dir = tempfile::tempdir().expect("tmp");
-    let token = dir.path().join("token");
-    std::fs::write(&token, format!("{TOKEN}\n")).expect("token");
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[node]\nstate_dir = {:?}\nruntime_dir = {:?}\n[http]\nlisten = \"127.0.0.1:0\"\ntoken_file = {:?}\n\
-             [gpu]\ndriver = \"none\"\n[kernel]\npython = {:?}\nmemory_limit_mib = {LIMIT_MIB}\n",
-            dir.path().join("state"),
-            dir.path().join("run"),
-            token,
-            python()
-        ),
+    start_daemon(
+        &format!("[gpu]\ndriver = \"none\"\n[kernel]\npython = {:?}\nmemory_limit_mib = {LIMIT_MIB}\n", python()),
+        Stdio::inherit(),
     )
-    .expect("config");
-    let child = Command::new(NOTEBOOKOSD)
-        .arg("--config")
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn");
-    let endpoint = dir.path().join("run/endpoint.json");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let url = loop {
-        if let Some(e) = std::fs::read_to_string(&endpoint)
-            .ok()
-            .and_then(|t| serde_json::from_str::<notebookosd::node::Endpoint>(&t).ok())
-        {
-            break e.url;
-        }
-        assert!(Instant::now() < deadline, "daemon did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Daemon { child, url, _dir: dir }
-}
-
-fn http(method: &str, url: &str, body: Option<&str>) -> (u16, String) {
-    let req = ureq::request(method, url).set("Authorization", &format!("token {TOKEN}"));
-    let res = match body {
-        Some(b) => req.set("Content-Type", "application/json").send_string(b),
-        None => req.call(),
-    };
-    match res {
-        Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
-        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
-        Err(e) => panic!("{method} {url}: {e}"),
-    }
 }
 
 /// The kernel's memory cgroup directory and limit file, from `/proc/<pid>/cgroup`.
@@ -127,7 +61,7 @@ fn kernel_process_tree_runs_in_a_memory_cgroup_removed_on_delete() {
         return;
     }
     let d = start();
-    let (code, body) = http("POST", &format!("{}/api/kernels", d.url), Some(r#"{"name":"python3"}"#));
+    let (code, body) = http("POST", &format!("{}/api/kernels", d.url), Some(TOKEN), Some(r#"{"name":"python3"}"#));
     assert_eq!(code, 201, "{body}");
     let model: serde_json::Value = serde_json::from_str(&body).expect("json");
     let id = model["id"].as_str().expect("id").to_owned();
@@ -143,7 +77,7 @@ fn kernel_process_tree_runs_in_a_memory_cgroup_removed_on_delete() {
     let procs = std::fs::read_to_string(dir.join("cgroup.procs")).expect("cgroup.procs");
     assert!(procs.lines().any(|l| l.trim() == pid.to_string()), "pid {pid} not in {procs}");
 
-    assert_eq!(http("DELETE", &format!("{}/api/kernels/{id}", d.url), None).0, 204);
+    assert_eq!(http("DELETE", &format!("{}/api/kernels/{id}", d.url), Some(TOKEN), None).0, 204);
     let deadline = Instant::now() + Duration::from_secs(10);
     while dir.exists() {
         assert!(Instant::now() < deadline, "cgroup {} still there after DELETE", dir.display());

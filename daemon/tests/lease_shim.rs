@@ -609,3 +609,76 @@ fn leased_launches_make_no_syscalls() {
     eprintln!("syscalls: {few} for 100 launches, {many} for 20 100");
     assert!(many.saturating_sub(few) < 1_000, "{few} syscalls for 100 launches, {many} for 20 100");
 }
+
+// The scheduler's GPU assignment (`LeaseServer::assign`) decides which GPUs a kernel
+// process is granted.
+
+#[test]
+fn a_kernel_is_granted_the_gpu_the_scheduler_assigned_not_the_first_free_one() {
+    let host = Host::start(2, 64, Duration::from_secs(600));
+    if host.gpus < 2 {
+        eprintln!("skipped: needs 2 GPUs, the host has {}", host.gpus);
+        return;
+    }
+    let reports = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(u32, u64)>::new()));
+    let sink = reports.clone();
+    host.server.set_activity_hook(std::sync::Arc::new(move |pid, calls| {
+        sink.lock().expect("reports").push((pid, calls));
+    }));
+    host.server.assign("k-one", vec![1]);
+    let mut p = host.spawn(&["phases", "1024"], "k-one", 1);
+    p.expect("READY");
+    let pid = p.pid();
+    assert_eq!(host.wait_state(pid, LeaseState::Bound).gpus, vec![1], "GPU 0 was free, GPU 1 assigned");
+    p.send("go");
+    p.expect("AFTER");
+    // The shim's activity reports reach the hook (the node feeds the GPU observer with it).
+    let deadline = Instant::now() + WAIT;
+    while !reports.lock().expect("reports").iter().any(|&(r, calls)| r == pid && calls > 0) {
+        assert!(Instant::now() < deadline, "no Activity report for {pid}: {:?}", reports.lock().expect("reports"));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    p.send("bye");
+    assert_eq!(p.wait().0, 0);
+}
+
+#[test]
+fn a_kernel_waits_for_its_assigned_gpu_while_another_gpu_is_free() {
+    let host = Host::start(2, 64, Duration::from_secs(600));
+    if host.gpus < 2 {
+        eprintln!("skipped: needs 2 GPUs, the host has {}", host.gpus);
+        return;
+    }
+    host.server.assign("k-a", vec![1]);
+    let mut a = host.spawn(&["phases", "1024"], "k-a", 1);
+    a.expect("READY");
+    let pa = a.pid();
+    assert_eq!(host.wait_state(pa, LeaseState::Bound).gpus, vec![1]);
+
+    // The scheduler moves GPU 1 to kernel b: revoke a, assign b.
+    host.server.revoke(pa);
+    host.wait_state(pa, LeaseState::Unbound);
+    host.server.assign("k-b", vec![1]);
+    let mut b = host.spawn(&["phases", "1024"], "k-b", 1);
+    b.expect("READY");
+    let pb = b.pid();
+    assert_eq!(host.wait_state(pb, LeaseState::Bound).gpus, vec![1]);
+
+    // a comes back still assigned GPU 1: it waits although GPU 0 is free.
+    a.send("go");
+    host.wait_state(pa, LeaseState::Requested);
+    let status = host.server.status();
+    let held: Vec<usize> = status.iter().flat_map(|p| p.gpus.clone()).collect();
+    assert_eq!(held, vec![1], "only b holds a GPU; nobody fell back to GPU 0: {status:?}");
+
+    // b finishes; a is granted GPU 1 again and its data survived the checkpoint.
+    b.send("go");
+    b.expect("AFTER");
+    b.send("bye");
+    assert_eq!(b.wait().0, 0);
+    let after = a.expect("AFTER");
+    assert!(after.split_whitespace().nth(3) == Some("7168.0"), "y = 1 + 3 * 2 over 1024 floats: {after}");
+    assert_eq!(host.wait_state(pa, LeaseState::Bound).gpus, vec![1]);
+    a.send("bye");
+    assert_eq!(a.wait().0, 0);
+}

@@ -1,0 +1,92 @@
+//! A real `notebookosd` started from a config file, for the integration tests that
+//! talk to its HTTP API.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const NOTEBOOKOSD: &str = env!("CARGO_BIN_EXE_notebookosd");
+/// The API token every test daemon is started with.
+pub const TOKEN: &str = "integration-test-token-0123456789";
+
+/// The project's Python with ipykernel (requirements-dev.txt).
+pub fn python() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    assert!(p.exists(), "{} is missing: create the venv (make deps)", p.display());
+    p
+}
+
+/// A daemon child process, stopped with SIGTERM and reaped on drop.
+pub struct Daemon {
+    pub child: Child,
+    pub url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
+            // SAFETY: kill(2) on our own unreaped child.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts a daemon on a loopback port with its own state, runtime dir and [`TOKEN`];
+/// `extra_toml` adds sections. Returns once its endpoint file names its URL.
+pub fn start_daemon(extra_toml: &str, stderr: Stdio) -> Daemon {
+    let dir = tempfile::tempdir().expect("tmp");
+    let token = dir.path().join("token");
+    std::fs::write(&token, format!("{TOKEN}\n")).expect("token");
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[node]\nstate_dir = {:?}\nruntime_dir = {:?}\n[http]\nlisten = \"127.0.0.1:0\"\ntoken_file = {:?}\n{extra_toml}",
+            dir.path().join("state"),
+            dir.path().join("run"),
+            token,
+        ),
+    )
+    .expect("config");
+    let child = Command::new(NOTEBOOKOSD)
+        .arg("--config")
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn");
+    // Owned from here on, so a failed start still stops and reaps the child.
+    let mut daemon = Daemon { child, url: String::new(), _dir: dir };
+    let endpoint = daemon._dir.path().join("run/endpoint.json");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    daemon.url = loop {
+        if let Some(e) = std::fs::read_to_string(&endpoint)
+            .ok()
+            .and_then(|t| serde_json::from_str::<notebookosd::node::Endpoint>(&t).ok())
+        {
+            break e.url;
+        }
+        assert!(Instant::now() < deadline, "daemon did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    daemon
+}
+
+/// One HTTP request; returns the status code and body whatever the status.
+pub fn http(method: &str, url: &str, token: Option<&str>, body: Option<&str>) -> (u16, String) {
+    let mut req = ureq::request(method, url);
+    if let Some(t) = token {
+        req = req.set("Authorization", &format!("token {t}"));
+    }
+    let res = match body {
+        Some(b) => req.set("Content-Type", "application/json").send_string(b),
+        None => req.call(),
+    };
+    match res {
+        Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        Err(e) => panic!("{method} {url}: {e}"),
+    }
+}
