@@ -5,6 +5,7 @@
 //! control ([`lease`], [`gpu`]), down to pure modules such as [`config`].
 
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod gateway;
 pub mod gpu;

@@ -1,0 +1,196 @@
+//! What the cluster stores, and under which keys: host and kernel records in the meta
+//! group, election and namespace records in each kernel's group. Values are JSON so an
+//! operator can read them with `nbos cluster status --raw`; binary payloads (pickled
+//! objects) live in `ns/` values whose encoding `state_sync` owns.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+/// The raft group every host belongs to: hosts, kernels, placement.
+pub const META_GROUP: u64 = 1;
+
+/// The raft group of one kernel's replicas, derived from its id so that every host
+/// computes the same number without asking. Group ids below 16 are reserved.
+pub fn kernel_group_id(kernel_id: &str) -> u64 {
+    // FNV-1a: stable across versions and platforms (unlike `DefaultHasher`).
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in kernel_id.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h >> 1) | 16
+}
+
+/// One GPU of a host, as the inventory saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuRecord {
+    /// `GPU-…` UUID.
+    pub uuid: String,
+    /// Model name (`NVIDIA H200`, or the test double's name).
+    pub model: String,
+    /// Device memory.
+    pub memory_bytes: u64,
+}
+
+/// A live host (`hosts/{node_id}`), attached to the host's store lease: the key
+/// disappears when the host stops heartbeating, which is how others see it down.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostRecord {
+    /// Raft node id (unique in the cluster).
+    pub node_id: u64,
+    /// Host name for people.
+    pub name: String,
+    /// Base URL of the host's HTTP API, as other hosts reach it.
+    pub gateway_url: String,
+    /// Raft transport address.
+    pub raft_addr: SocketAddr,
+    /// GPUs by UUID.
+    pub gpus: Vec<GpuRecord>,
+    /// Host memory.
+    pub memory_bytes: u64,
+    /// Daemon version.
+    pub version: String,
+}
+
+/// A host's current load (`load/{node_id}`), rewritten when it changes; attached to
+/// the host's lease like its record. Pre-selection reads it stale: the election decides.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoadRecord {
+    /// Raft node id.
+    pub node_id: u64,
+    /// GPUs on the host.
+    pub gpus_total: u32,
+    /// GPUs bound to executing cells or idle-held leases.
+    pub gpus_committed: u32,
+    /// GPUs a cell could take now.
+    pub gpus_idle: u32,
+    /// Replicas hosted here.
+    pub replicas: u32,
+    /// Sum of the GPUs the hosted replicas ask for (numerator of the subscription ratio).
+    pub subscribed_gpus: u32,
+}
+
+/// Where one replica of a kernel lives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaRecord {
+    /// Replica number, 1-based and stable for the replica's life (also in raft logs).
+    pub replica: u32,
+    /// Host (raft node id).
+    pub node_id: u64,
+}
+
+/// A kernel (`kernels/{id}`): what it is and where its replicas live. Written by the
+/// meta group's leader when it places the kernel, and when it re-places a lost replica.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelRecord {
+    /// Kernel id (UUID).
+    pub id: String,
+    /// Kernelspec name.
+    pub name: String,
+    /// GPUs each cell needs.
+    pub gpus: u32,
+    /// The kernel's raft group ([`kernel_group_id`]).
+    pub group: u64,
+    /// The replicas (normally 3, on distinct hosts).
+    pub replicas: Vec<ReplicaRecord>,
+    /// Creation time, ms since the Unix epoch.
+    pub created_ms: u64,
+    /// Environment the client asked for (already filtered by the gateway).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// A cell's election (`elect/{cell}` in the kernel group). Only the replica the
+/// front-end designated for a round proposes for it, by CAS from the previous round's
+/// record, so a record with a winner is final: exactly one replica executes a cell.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ElectionRecord {
+    /// Round, from 0.
+    pub round: u32,
+    /// The replica that won (LEAD), or `None` when the round's designee yielded.
+    pub winner: Option<u32>,
+    /// The winner's or yielder's host.
+    pub node_id: u64,
+    /// Why it yielded (for the client's "waiting" message and the logs).
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// Keys. Fixed-width numbers keep prefix scans ordered.
+pub mod keys {
+    /// Prefix of [`super::HostRecord`]s.
+    pub const HOSTS: &str = "hosts/";
+    /// Prefix of [`super::LoadRecord`]s.
+    pub const LOAD: &str = "load/";
+    /// Prefix of [`super::KernelRecord`]s.
+    pub const KERNELS: &str = "kernels/";
+    /// Prefix of replica readiness marks (`ready/{kernel}/{node}`, on the host's lease).
+    pub const READY: &str = "ready/";
+    /// Prefix of election records in a kernel group.
+    pub const ELECT: &str = "elect/";
+    /// Prefix of namespace entries in a kernel group (`ns/{name}`).
+    pub const NS: &str = "ns/";
+    /// The last synchronised cell in a kernel group.
+    pub const NS_CELL: &str = "ns-cell";
+
+    /// `hosts/{node:020}`.
+    pub fn host(node_id: u64) -> String {
+        format!("{HOSTS}{node_id:020}")
+    }
+    /// `load/{node:020}`.
+    pub fn load(node_id: u64) -> String {
+        format!("{LOAD}{node_id:020}")
+    }
+    /// `kernels/{id}`.
+    pub fn kernel(id: &str) -> String {
+        format!("{KERNELS}{id}")
+    }
+    /// `ready/{kernel}/{node:020}`.
+    pub fn ready(kernel_id: &str, node_id: u64) -> String {
+        format!("{READY}{kernel_id}/{node_id:020}")
+    }
+    /// `elect/{cell}`.
+    pub fn elect(cell: &str) -> String {
+        format!("{ELECT}{cell}")
+    }
+    /// `ns/{name}`.
+    pub fn ns(name: &str) -> String {
+        format!("{NS}{name}")
+    }
+}
+
+/// Encodes a record as a store value.
+pub fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    // Serialising these plain structs cannot fail (no maps with non-string keys).
+    serde_json::to_vec(v).unwrap_or_default()
+}
+
+/// Decodes a store value, naming the key on failure.
+pub fn decode<T: serde::de::DeserializeOwned>(key: &[u8], value: &[u8]) -> anyhow::Result<T> {
+    serde_json::from_slice(value)
+        .map_err(|e| anyhow::anyhow!("undecodable record at {}: {e}", String::from_utf8_lossy(key)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_groups_are_stable_and_clear_of_the_meta_group() {
+        let a = kernel_group_id("6f1c1c0e-8d5e-4b7e-9a51-0c3f1f7f2b11");
+        assert_eq!(a, kernel_group_id("6f1c1c0e-8d5e-4b7e-9a51-0c3f1f7f2b11"));
+        assert_ne!(a, kernel_group_id("6f1c1c0e-8d5e-4b7e-9a51-0c3f1f7f2b12"));
+        assert!(a >= 16 && a != META_GROUP);
+    }
+
+    #[test]
+    fn records_round_trip_and_bad_bytes_name_the_key() {
+        let r = ElectionRecord { round: 2, winner: Some(3), node_id: 7, reason: String::new() };
+        let back: ElectionRecord = decode(b"elect/x", &encode(&r)).unwrap();
+        assert_eq!(back, r);
+        let err = decode::<ElectionRecord>(b"elect/x", b"{not json").unwrap_err();
+        assert!(format!("{err}").contains("elect/x"));
+    }
+}
