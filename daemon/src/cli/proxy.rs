@@ -9,11 +9,20 @@
 //! WebSocket (`v1.kernel.websocket.jupyter.org`, so the four JSON parts pass
 //! through unchanged), re-signing what it sends to the client with the file's key.
 //! SIGINT interrupts the remote kernel; `shutdown_request` or SIGTERM deletes it.
+//!
+//! Several gateways (`--gateway A --gateway B` or `--gateway A,B`, the hosts of one
+//! cluster): the kernel is created on the first that answers; when the WebSocket is
+//! lost, the proxy reconnects to the next gateway that serves the same kernel id
+//! (any host's gateway serves any kernel of the cluster), with backoff, until
+//! `--reconnect-timeout`. The Jupyter client keeps its ZMQ sockets throughout; it
+//! sees an `idle` status once reconnected. Requests that were in flight on the lost
+//! socket get an error reply (`GatewayConnectionLost`), so no client waits forever,
+//! and late messages for them are dropped.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use bytes::Bytes;
@@ -21,7 +30,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message as WsFrame;
 use zeromq::{PubSocket, RepSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
-use crate::gateway::client::{default_runtime_dir, GatewayClient};
+use crate::gateway::client::{default_runtime_dir, is_not_found, ChannelsSocket, GatewayClient};
 use crate::jupyter::{wire, ws, Channel, Message, Signer};
 use crate::kernel::connection::ConnectionInfo;
 
@@ -43,29 +52,101 @@ pub struct Args {
     /// Runtime directory of the local daemon, to find its endpoint file.
     #[arg(long, value_name = "DIR")]
     pub runtime_dir: Option<PathBuf>,
+    /// Gateways of one cluster, in order of preference (repeat, or a comma list).
+    /// Default: `--url`, else the local daemon's endpoint.
+    #[arg(long = "gateway", value_name = "URL", value_delimiter = ',')]
+    pub gateways: Vec<String>,
+    /// How long to keep trying the gateways after the WebSocket is lost.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub reconnect_timeout: Duration,
 }
 
 /// Runs the proxy until the kernel is shut down.
 pub fn run(target: &crate::cli::client::Target, args: Args) -> anyhow::Result<()> {
     let conn = ConnectionInfo::read(&args.connection_file)?;
-    let gateway = GatewayClient::resolve(
-        target.url.as_deref(),
-        target.token.as_deref(),
-        args.token_file.as_deref(),
-        &args.runtime_dir.clone().unwrap_or_else(default_runtime_dir),
-    )?;
+    let runtime_dir = args.runtime_dir.clone().unwrap_or_else(default_runtime_dir);
+    let urls: Vec<Option<&str>> = if args.gateways.is_empty() {
+        vec![target.url.as_deref()]
+    } else {
+        args.gateways.iter().map(|u| Some(u.trim())).filter(|u| u.is_some_and(|u| !u.is_empty())).collect()
+    };
+    anyhow::ensure!(!urls.is_empty(), "--gateway names no URL");
+    let gateways = urls
+        .into_iter()
+        .map(|u| GatewayClient::resolve(u, target.token.as_deref(), args.token_file.as_deref(), &runtime_dir))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(proxy(conn, gateway, args))
+    runtime.block_on(proxy(conn, gateways, args))
 }
 
 /// Messages from clients dropped for a bad HMAC or a malformed frame.
 static DROPPED: AtomicU64 = AtomicU64::new(0);
 
-async fn proxy(conn: ConnectionInfo, gateway: GatewayClient, args: Args) -> anyhow::Result<()> {
+/// Requests abandoned on a lost socket whose late messages are still dropped.
+const MAX_ABANDONED: usize = 4096;
+
+/// Creates the kernel on the first gateway that answers; returns its index and the model.
+async fn create_on_first(
+    gateways: &[GatewayClient],
+    name: &str,
+    gpus: Option<u32>,
+) -> anyhow::Result<(usize, crate::kernel::KernelModel)> {
+    let mut errors = Vec::new();
+    for (i, g) in gateways.iter().enumerate() {
+        let (g, name) = (g.clone(), name.to_owned());
+        match tokio::task::spawn_blocking(move || g.create_kernel(&name, gpus)).await? {
+            Ok(m) => return Ok((i, m)),
+            Err(e) => {
+                tracing::warn!(gateway = %gateways[i].url, error = format!("{e:#}"), "could not create the kernel");
+                errors.push(format!("{e:#}"));
+            }
+        }
+    }
+    anyhow::bail!("no gateway could create the kernel: {}", errors.join("; "))
+}
+
+/// Finds a gateway (starting after `from`) whose channels socket for `id` opens.
+async fn reconnect(
+    gateways: &[GatewayClient],
+    from: usize,
+    id: &str,
+    timeout: Duration,
+) -> anyhow::Result<(usize, ChannelsSocket)> {
+    let deadline = Instant::now() + timeout;
+    let mut backoff = Duration::from_millis(50);
+    let n = gateways.len();
+    loop {
+        let mut not_found = 0;
+        for step in 1..=n {
+            let i = (from + step) % n;
+            let attempt = tokio::time::timeout(Duration::from_secs(5), gateways[i].connect_channels(id, true)).await;
+            match attempt {
+                Ok(Ok(socket)) => return Ok((i, socket)),
+                Ok(Err(e)) => {
+                    if is_not_found(&e) {
+                        not_found += 1;
+                    }
+                    tracing::debug!(gateway = %gateways[i].url, error = format!("{e:#}"), "reconnect attempt failed");
+                }
+                Err(_) => tracing::debug!(gateway = %gateways[i].url, "reconnect attempt timed out"),
+            }
+        }
+        // Every gateway answered and none knows the kernel: it is gone, waiting will not help.
+        anyhow::ensure!(not_found < n, "no gateway knows kernel {id} any more (deleted or lost)");
+        anyhow::ensure!(
+            Instant::now() + backoff < deadline,
+            "lost the kernel's WebSocket and no gateway took it back within {timeout:?}"
+        );
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+async fn proxy(conn: ConnectionInfo, gateways: Vec<GatewayClient>, args: Args) -> anyhow::Result<()> {
     let signer = Signer::new(conn.key.as_bytes());
     // Bind first: the client connects as soon as we are started.
     let mut shell = RouterSocket::new();
@@ -87,14 +168,12 @@ async fn proxy(conn: ConnectionInfo, gateway: GatewayClient, args: Args) -> anyh
     });
 
     let started = Instant::now();
-    let g = gateway.clone();
-    let (name, gpus) = (args.kernel_name.clone(), args.gpus);
-    let model = tokio::task::spawn_blocking(move || g.create_kernel(&name, gpus)).await??;
+    let (mut current, model) = create_on_first(&gateways, &args.kernel_name, args.gpus).await?;
     let kernel_id = model.id.clone();
-    tracing::info!(kernel = %kernel_id, elapsed = ?started.elapsed(), "remote kernel started");
-    let guard = DeleteOnDrop { gateway: gateway.clone(), id: kernel_id.clone(), armed: true };
+    tracing::info!(kernel = %kernel_id, gateway = %gateways[current].url, elapsed = ?started.elapsed(), "remote kernel started");
+    let mut guard = DeleteOnDrop { gateways: gateways.clone(), current, id: kernel_id.clone(), armed: true };
 
-    let socket = gateway.connect_channels(&kernel_id, true).await?;
+    let socket = gateways[current].connect_channels(&kernel_id, true).await?;
     let (mut ws_tx, mut ws_rx) = socket.split();
 
     let (shell_tx, mut shell_rx) = shell.split();
@@ -102,7 +181,8 @@ async fn proxy(conn: ConnectionInfo, gateway: GatewayClient, args: Args) -> anyh
     let (stdin_tx, mut stdin_rx) = stdin.split();
     let mut routers = Routers { shell: shell_tx, control: control_tx, stdin: stdin_tx, iopub };
     // Which client identities asked which request, to route the replies.
-    let mut routes: HashMap<String, Vec<Bytes>> = HashMap::new();
+    let mut routes: HashMap<String, Route> = HashMap::new();
+    let mut abandoned = Abandoned::default();
     let mut shutdown_requested: Option<String> = None;
 
     use tokio::signal::unix::{signal, SignalKind};
@@ -110,6 +190,7 @@ async fn proxy(conn: ConnectionInfo, gateway: GatewayClient, args: Args) -> anyh
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
 
     loop {
+        let mut lost: Option<String> = None;
         let from_client = tokio::select! {
             m = shell_rx.recv() => Some((Channel::Shell, m)),
             m = control_rx.recv() => Some((Channel::Control, m)),
@@ -117,6 +198,9 @@ async fn proxy(conn: ConnectionInfo, gateway: GatewayClient, args: Args) -> anyh
             frame = ws_rx.next() => {
                 match frame {
                     Some(Ok(WsFrame::Binary(b))) => match ws::from_v1_binary(&b) {
+                        Ok((channel, msg)) if abandoned.contains(&msg) => {
+                            tracing::debug!(channel = channel.as_str(), "late message for an abandoned request; dropped");
+                        }
                         Ok((channel, msg)) => {
                             let done = routers.deliver_to_client(channel, msg, &mut routes, &signer, &kernel_id, shutdown_requested.as_deref()).await;
                             if done {
@@ -126,14 +210,14 @@ async fn proxy(conn: ConnectionInfo, gateway: GatewayClient, args: Args) -> anyh
                         }
                         Err(e) => tracing::warn!(error = %e, "undecodable message from the gateway"),
                     },
-                    Some(Ok(WsFrame::Close(_))) | None => anyhow::bail!("the gateway closed the kernel's WebSocket"),
+                    Some(Ok(WsFrame::Close(_))) | None => lost = Some("the gateway closed the kernel's WebSocket".to_owned()),
                     Some(Ok(_)) => {}
-                    Some(Err(e)) => anyhow::bail!("the gateway WebSocket failed: {e}"),
+                    Some(Err(e)) => lost = Some(format!("the gateway WebSocket failed: {e}")),
                 }
                 None
             }
             _ = sigint.recv() => {
-                let (g, id) = (gateway.clone(), kernel_id.clone());
+                let (g, id) = (gateways[current].clone(), kernel_id.clone());
                 match tokio::task::spawn_blocking(move || g.interrupt_kernel(&id)).await {
                     Ok(Ok(())) => tracing::info!("interrupted"),
                     Ok(Err(e)) => tracing::warn!(error = format!("{e:#}"), "interrupt failed"),
@@ -146,6 +230,23 @@ async fn proxy(conn: ConnectionInfo, gateway: GatewayClient, args: Args) -> anyh
                 break;
             }
         };
+        if let Some(why) = lost {
+            if shutdown_requested.is_some() {
+                // The kernel went away as asked; nothing to reconnect to.
+                break;
+            }
+            tracing::warn!(kernel = %kernel_id, gateway = %gateways[current].url, reason = %why, "reconnecting");
+            let (idx, socket) = reconnect(&gateways, current, &kernel_id, args.reconnect_timeout)
+                .await
+                .with_context(|| format!("{why} (kernel {kernel_id})"))?;
+            current = idx;
+            guard.current = idx;
+            (ws_tx, ws_rx) = socket.split();
+            tracing::info!(kernel = %kernel_id, gateway = %gateways[current].url, "reconnected");
+            routers.abandon_in_flight(&mut routes, &mut abandoned, &signer, &kernel_id).await;
+            routers.publish_status("idle", None, &signer, &kernel_id).await;
+            continue;
+        }
         let Some((channel, received)) = from_client else { continue };
         let frames = match received {
             Ok(m) => m.into_vec(),
@@ -156,13 +257,17 @@ async fn proxy(conn: ConnectionInfo, gateway: GatewayClient, args: Args) -> anyh
                 let header = msg.header()?;
                 // Only requests get replies (a comm_msg entry would never be removed).
                 if channel != Channel::Stdin && header.msg_type.ends_with("_request") {
-                    routes.insert(header.msg_id.clone(), ids);
+                    routes.insert(header.msg_id.clone(), Route { ids, channel, request: msg.clone() });
                 }
                 if channel == Channel::Control && header.msg_type == "shutdown_request" {
                     shutdown_requested = Some(header.msg_id.clone());
                 }
                 let frame = ws::to_v1_binary(channel, &msg);
-                ws_tx.send(WsFrame::Binary(frame.into())).await.context("sending to the gateway")?;
+                if let Err(e) = ws_tx.send(WsFrame::Binary(frame.into())).await {
+                    // The read side sees the loss too and reconnects; this request is in
+                    // `routes`, so it is answered as abandoned then.
+                    tracing::warn!(error = %e, "sending to the gateway failed");
+                }
             }
             Err(e) => {
                 let n = DROPPED.fetch_add(1, Ordering::Relaxed) + 1;
@@ -173,6 +278,37 @@ async fn proxy(conn: ConnectionInfo, gateway: GatewayClient, args: Args) -> anyh
     let _ = ws_tx.close().await;
     drop(guard);
     Ok(())
+}
+
+/// Where a request came from, to route its reply (or answer it when its socket is lost).
+struct Route {
+    ids: Vec<Bytes>,
+    channel: Channel,
+    request: Message,
+}
+
+/// Msg ids of requests answered as abandoned (bounded, oldest forgotten first).
+#[derive(Default)]
+struct Abandoned {
+    set: HashSet<String>,
+    order: VecDeque<String>,
+}
+
+impl Abandoned {
+    fn insert(&mut self, id: String) {
+        if self.set.insert(id.clone()) {
+            self.order.push_back(id);
+        }
+        while self.order.len() > MAX_ABANDONED {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+    }
+
+    fn contains(&self, msg: &Message) -> bool {
+        parent_msg_id(msg).is_some_and(|p| self.set.contains(&p))
+    }
 }
 
 struct Routers {
@@ -189,7 +325,7 @@ impl Routers {
         &mut self,
         channel: Channel,
         msg: Message,
-        routes: &mut HashMap<String, Vec<Bytes>>,
+        routes: &mut HashMap<String, Route>,
         signer: &Signer,
         kernel_id: &str,
         shutdown: Option<&str>,
@@ -207,8 +343,8 @@ impl Routers {
             }
             Channel::Shell | Channel::Control | Channel::Stdin => {
                 let ids = match &parent {
-                    Some(p) if channel == Channel::Stdin => routes.get(p).cloned(),
-                    Some(p) => routes.remove(p),
+                    Some(p) if channel == Channel::Stdin => routes.get(p).map(|r| r.ids.clone()),
+                    Some(p) => routes.remove(p).map(|r| r.ids),
                     None => None,
                 };
                 let Some(ids) = ids else {
@@ -233,23 +369,133 @@ impl Routers {
     }
 }
 
+impl Routers {
+    /// Answers every request still waiting on a lost socket with an error, as a kernel
+    /// answers a failed request (busy, error, idle for cells), and remembers them so
+    /// late messages for them are dropped.
+    async fn abandon_in_flight(
+        &mut self,
+        routes: &mut HashMap<String, Route>,
+        abandoned: &mut Abandoned,
+        signer: &Signer,
+        kernel_id: &str,
+    ) {
+        for (msg_id, route) in routes.drain() {
+            let Ok(h) = route.request.header() else { continue };
+            let evalue = "the connection to the gateway was lost while this request was in flight; \
+                          the proxy reconnected to the kernel, re-run the cell if needed";
+            let error = serde_json::json!({
+                "ename": "GatewayConnectionLost",
+                "evalue": evalue,
+                "traceback": [format!("GatewayConnectionLost: {evalue}")],
+            });
+            let is_cell = h.msg_type == "execute_request";
+            if is_cell {
+                self.publish(
+                    &route.request,
+                    "status",
+                    &serde_json::json!({ "execution_state": "busy" }),
+                    signer,
+                    kernel_id,
+                )
+                .await;
+                self.publish(&route.request, "error", &error, signer, kernel_id).await;
+            }
+            let mut content = error;
+            content["status"] = "error".into();
+            if is_cell {
+                content["execution_count"] = 0.into();
+            }
+            let reply_type =
+                h.msg_type.strip_suffix("_request").map_or_else(|| h.msg_type.clone(), |t| format!("{t}_reply"));
+            let reply = daemon_message(&reply_type, &h.session, Some(&route.request.header), &content);
+            let frames = wire::serialize(&route.ids, &reply, signer);
+            if let Ok(z) = ZmqMessage::try_from(frames) {
+                let sock = if route.channel == Channel::Control { &mut self.control } else { &mut self.shell };
+                if let Err(e) = sock.send(z).await {
+                    tracing::warn!(error = %e, "could not answer an abandoned request");
+                }
+            }
+            if is_cell {
+                self.publish(
+                    &route.request,
+                    "status",
+                    &serde_json::json!({ "execution_state": "idle" }),
+                    signer,
+                    kernel_id,
+                )
+                .await;
+            }
+            tracing::warn!(msg_id = %msg_id, msg_type = %h.msg_type, "request abandoned with the lost gateway socket");
+            abandoned.insert(msg_id);
+        }
+    }
+
+    /// Publishes a proxy-originated IOPub message in reply to `parent`.
+    async fn publish(
+        &mut self,
+        parent: &Message,
+        msg_type: &str,
+        content: &serde_json::Value,
+        signer: &Signer,
+        kernel_id: &str,
+    ) {
+        let session = parent.header().map(|h| h.session).unwrap_or_default();
+        let msg = daemon_message(msg_type, &session, Some(&parent.header), content);
+        self.send_iopub(msg, signer, kernel_id).await;
+    }
+
+    /// Publishes a `status` with no parent (or `parent`).
+    async fn publish_status(&mut self, state: &str, parent: Option<&Message>, signer: &Signer, kernel_id: &str) {
+        let content = serde_json::json!({ "execution_state": state });
+        let msg = daemon_message("status", "nbos-kernel-proxy", parent.map(|p| &p.header), &content);
+        self.send_iopub(msg, signer, kernel_id).await;
+    }
+
+    async fn send_iopub(&mut self, msg: Message, signer: &Signer, kernel_id: &str) {
+        let msg_type = msg.header().map(|h| h.msg_type).unwrap_or_default();
+        let topic = Bytes::from(format!("kernel.{kernel_id}.{msg_type}"));
+        let frames = wire::serialize(&[topic], &msg, signer);
+        if let Ok(z) = ZmqMessage::try_from(frames) {
+            if let Err(e) = self.iopub.send(z).await {
+                tracing::warn!(error = %e, "could not publish to the client");
+            }
+        }
+    }
+}
+
+/// A message the proxy itself originates.
+fn daemon_message(msg_type: &str, session: &str, parent: Option<&Bytes>, content: &serde_json::Value) -> Message {
+    Message::new(msg_type, session, &uuid::Uuid::new_v4().to_string(), SystemTime::now(), parent, content)
+}
+
 fn parent_msg_id(msg: &Message) -> Option<String> {
     let v: serde_json::Value = serde_json::from_slice(&msg.parent_header).ok()?;
     v.get("msg_id")?.as_str().map(str::to_owned)
 }
 
-/// Deletes the remote kernel when the proxy ends, however it ends.
+/// Deletes the remote kernel when the proxy ends, however it ends: through the
+/// gateway in use, else any other.
 struct DeleteOnDrop {
-    gateway: GatewayClient,
+    gateways: Vec<GatewayClient>,
+    current: usize,
     id: String,
     armed: bool,
 }
 
 impl Drop for DeleteOnDrop {
     fn drop(&mut self) {
-        if self.armed {
-            if let Err(e) = self.gateway.delete_kernel(&self.id) {
-                tracing::warn!(kernel = %self.id, error = format!("{e:#}"), "could not delete the remote kernel");
+        if !self.armed {
+            return;
+        }
+        let n = self.gateways.len();
+        for step in 0..n {
+            let g = &self.gateways[(self.current + step) % n];
+            match g.delete_kernel(&self.id) {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::warn!(kernel = %self.id, gateway = %g.url, error = format!("{e:#}"), "could not delete the remote kernel");
+                }
             }
         }
     }
@@ -276,6 +522,9 @@ pub struct InstallArgs {
     /// Install into exactly this `kernels` directory.
     #[arg(long, value_name = "DIR")]
     pub kernels_dir: Option<PathBuf>,
+    /// Gateways of a cluster the proxy fails over between (repeat, or a comma list).
+    #[arg(long = "gateway", value_name = "URL", value_delimiter = ',')]
+    pub gateways: Vec<String>,
 }
 
 /// Writes `kernels/<name>/kernel.json` that runs `nbos kernel-proxy`.
@@ -315,6 +564,9 @@ pub fn install_kernelspec(target: &crate::cli::client::Target, args: InstallArgs
     }
     if let Some(u) = &target.url {
         argv.extend(["--url".into(), u.clone()]);
+    }
+    if !args.gateways.is_empty() {
+        argv.extend(["--gateway".into(), args.gateways.join(",")]);
     }
     if let Some(f) = &args.token_file {
         let abs = std::path::absolute(f).with_context(|| format!("resolving {}", f.display()))?;

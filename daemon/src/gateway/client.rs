@@ -114,7 +114,17 @@ impl GatewayClient {
 
     /// Opens `/api/kernels/{id}/channels`, offering the v1 binary subprotocol when `v1`.
     pub async fn connect_channels(&self, id: &str, v1: bool) -> anyhow::Result<ChannelsSocket> {
-        let ws_url = format!("{}/api/kernels/{id}/channels", self.url.replacen("http", "ws", 1));
+        self.open_channels(id, v1, "").await
+    }
+
+    /// Opens the channels of the kernel's replica on this host itself
+    /// (`?replica=local`): the cluster front-end's internal socket to a replica host.
+    pub async fn connect_local_replica(&self, id: &str) -> anyhow::Result<ChannelsSocket> {
+        self.open_channels(id, true, "?replica=local").await
+    }
+
+    async fn open_channels(&self, id: &str, v1: bool, query: &str) -> anyhow::Result<ChannelsSocket> {
+        let ws_url = format!("{}/api/kernels/{id}/channels{query}", self.url.replacen("http", "ws", 1));
         let mut req = ws_url.as_str().into_client_request().with_context(|| format!("bad WebSocket URL {ws_url}"))?;
         if let Some(t) = &self.token {
             req.headers_mut()
@@ -129,6 +139,15 @@ impl GatewayClient {
             .with_context(|| format!("opening WebSocket {ws_url}"))?;
         Ok(socket)
     }
+}
+
+/// True when `err` (from [`GatewayClient::connect_channels`]) is the gateway saying
+/// the kernel does not exist there (HTTP 404), as opposed to the gateway being unreachable.
+pub fn is_not_found(err: &anyhow::Error) -> bool {
+    use tokio_tungstenite::tungstenite::Error as WsError;
+    err.chain().any(|e| {
+        e.downcast_ref::<WsError>().is_some_and(|w| matches!(w, WsError::Http(r) if r.status().as_u16() == 404))
+    })
 }
 
 /// Runtime directory of a packaged daemon (where its endpoint file lives).
