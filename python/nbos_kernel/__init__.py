@@ -2,12 +2,23 @@
 
 Loaded into every ipykernel that notebookosd starts (``%load_ext nbos_kernel`` or the
 kernel's ``exec_lines``). It tracks which parts of the user namespace a cell changed,
-so that the executing replica can export only those to its followers.
+so that the executing replica can export only those to its followers
+(``nbos_kernel.sync``: ``export_cell``, ``apply_cell``, ``namespace_digest``).
 """
 
 from .namespace import NamespaceTracker, fingerprint
+from .sync import apply_cell, export_cell, mark_changed, namespace_digest, namespace_digests
 
-__all__ = ["NamespaceTracker", "fingerprint", "load_ipython_extension"]
+__all__ = [
+    "NamespaceTracker",
+    "apply_cell",
+    "export_cell",
+    "fingerprint",
+    "load_ipython_extension",
+    "mark_changed",
+    "namespace_digest",
+    "namespace_digests",
+]
 __version__ = "0.1.0"
 
 

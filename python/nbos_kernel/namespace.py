@@ -2,9 +2,17 @@
 
 A name counts as changed when it is new, bound to a different object, or bound to the
 same object whose *content* changed (an in-place mutation such as ``xs.append(1)``).
-Content is compared through a fingerprint: a digest of the object's pickled bytes
-when it pickles, else of its type and identity (so an unpicklable object is only seen
-as changed when rebound — the exporter names such objects in a warning).
+Content is compared through a fingerprint: the content digest of ``digest.Digester``
+(arrays by their buffer, functions and classes by code, containers element by element,
+other values by their pickled bytes). Two caveats, both documented in docs/state-sync.md:
+
+- a value that cannot be pickled is fingerprinted by its type and identity, so it is
+  only seen as changed when rebound (the exporter names it in a warning);
+- no value is hashed past ``MAX_FINGERPRINT_BYTES``: a larger array or ``bytearray``
+  is fingerprinted by identity plus evenly spaced sample blocks (a whole-array update
+  is seen, a sparse in-place write may not be), a larger ``bytes``/``str`` by identity
+  (exact: they are immutable), any other larger value by identity. ``mark_changed``
+  forces a name into the next export.
 
 Names that IPython and this helper own (``_``, ``__``, ``In``, ``Out``, ``_i3``,
 ``exit``, ``quit``, ``get_ipython``, anything starting with ``_``) are not user state.
@@ -12,15 +20,15 @@ Names that IPython and this helper own (``_``, ``__``, ``In``, ``Out``, ``_i3``,
 
 from __future__ import annotations
 
-import hashlib
-import pickle
 import types
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Set
+from typing import Any, Dict, Iterable, Mapping, Set
 
-# Fingerprinting pickles the object; past this size we hash the type, the identity and
-# the buffer length only, so the post-cell hook never stalls on a multi-GiB tensor.
-MAX_FINGERPRINT_BYTES = 64 * 1024 * 1024
+from .digest import Digester, Unpicklable
+
+# The most bytes of one value hashed after every cell (sha256 runs at about 1.7 GB/s
+# on one core, so a value at the limit costs about 0.15 s per cell).
+MAX_FINGERPRINT_BYTES = 256 * 1024 * 1024
 
 _IPYTHON_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
 
@@ -31,17 +39,16 @@ def is_user_name(name: str) -> bool:
 
 
 def fingerprint(value: Any) -> str:
-    """A digest that changes when the value's content changes."""
+    """A digest that changes when the value's content changes (within one process)."""
     if isinstance(value, types.ModuleType):
         # A module is state by name: re-importing it gives the same module.
         return "module:" + value.__name__
+    digester = Digester(max_bytes=MAX_FINGERPRINT_BYTES)
     try:
-        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:  # noqa: BLE001 - anything may fail to pickle, and then identity is all we have
+        digest = digester.digest(value)
+    except Unpicklable:
         return f"unpicklable:{type(value).__module__}.{type(value).__qualname__}:{id(value):x}"
-    if len(data) > MAX_FINGERPRINT_BYTES:
-        return f"large:{type(value).__qualname__}:{id(value):x}:{len(data)}"
-    return "sha256:" + hashlib.sha256(data).hexdigest()
+    return ("large:" if digester.identity_based else "sha256:") + digest.hex()
 
 
 @dataclass
@@ -56,12 +63,22 @@ class CellChanges:
 
 
 class NamespaceTracker:
-    """Remembers fingerprints of the user namespace between cells."""
+    """Remembers fingerprints of the user namespace between cells.
 
-    def __init__(self, namespace: Mapping[str, Any]):
+    ``end_cell`` (run after every cell) compares the namespace with the previous cell's
+    end and adds what changed to the changes *pending* for the next export; ``drain``
+    hands those out (the exporter); ``rebaseline`` records names a follower applied, so
+    they are not seen as changed by this replica.
+
+    ``baseline=False`` starts from an empty baseline: every user name present counts as
+    new at the first ``end_cell`` (used when the helper was not loaded at kernel start).
+    """
+
+    def __init__(self, namespace: Mapping[str, Any], *, baseline: bool = True):
         self._ns = namespace
-        self._prints: Dict[str, str] = self._take()
+        self._prints: Dict[str, str] = self._take() if baseline else {}
         self.last: CellChanges = CellChanges()
+        self._pending: CellChanges = CellChanges()
 
     def _take(self) -> Dict[str, str]:
         return {k: fingerprint(v) for k, v in list(self._ns.items()) if is_user_name(k)}
@@ -73,4 +90,42 @@ class NamespaceTracker:
         deleted = set(self._prints) - set(now)
         self._prints = now
         self.last = CellChanges(changed=changed, deleted=deleted)
+        self._add_pending(changed, deleted)
         return self.last
+
+    def _add_pending(self, changed: Set[str], deleted: Set[str]) -> None:
+        self._pending.changed = (self._pending.changed - deleted) | changed
+        self._pending.deleted = (self._pending.deleted - changed) | deleted
+
+    def pending(self) -> CellChanges:
+        """The changes not yet exported (a copy)."""
+        return CellChanges(changed=set(self._pending.changed), deleted=set(self._pending.deleted))
+
+    def drain(self) -> CellChanges:
+        """Takes the changes since the last drain, including any since the last cell."""
+        self.end_cell()
+        out, self._pending = self._pending, CellChanges()
+        return out
+
+    def restore(self, changes: CellChanges) -> None:
+        """Puts drained changes back (an export that failed part way loses nothing)."""
+        later = self._pending
+        self._pending = CellChanges(changed=set(changes.changed), deleted=set(changes.deleted))
+        self._add_pending(later.changed, later.deleted)
+
+    def mark_changed(self, names: Iterable[str]) -> None:
+        """Forces names into the next export (e.g. after a sparse write to a huge array)."""
+        names = {n for n in names if is_user_name(n) and n in self._ns}
+        self._add_pending(names, set())
+
+    def rebaseline(self, names: Iterable[str]) -> None:
+        """Takes the current values of ``names`` as known (applied from another replica)."""
+        for name in names:
+            if not is_user_name(name):
+                continue
+            self._pending.changed.discard(name)
+            self._pending.deleted.discard(name)
+            if name in self._ns:
+                self._prints[name] = fingerprint(self._ns[name])
+            else:
+                self._prints.pop(name, None)

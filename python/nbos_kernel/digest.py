@@ -1,0 +1,328 @@
+"""Content digests of Python values that are equal in two processes holding equal state.
+
+The change tracker (``namespace.fingerprint``) and ``sync.namespace_digest`` both use
+:class:`Digester`. The rules, value by value:
+
+- ``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes``: their pickled
+  bytes (so ``1``, ``1.0`` and ``True`` differ, and ``-0.0`` differs from ``0.0``).
+- ``list``, ``tuple``, ``dict`` (exact types): in order, element by element; a container
+  of only the scalars above is hashed through one ``pickle.dumps`` (C speed, no Python
+  loop per element). ``set``/``frozenset``: the sorted digests of the elements, so the
+  digest does not depend on the process's string-hash seed.
+- modules: by name (state is "``np`` is ``numpy``", re-imported on the other side).
+- numpy arrays (not of dtype ``object``): dtype, shape and the bytes of the C-ordered
+  buffer, hashed straight from memory. ``bytearray``: its bytes.
+- functions: by module and qualname when importable from a module other than
+  ``__main__``; otherwise (defined in a cell) by module, qualname, the code (bytecode,
+  constants, names, argument layout; not the file name or line numbers), defaults,
+  keyword defaults, closure contents and ``__dict__``.
+- classes defined in a cell (module ``__main__``): by module, qualname, bases and the digests of their own attributes
+  (methods by the function rule; ``staticmethod``/``classmethod``/``property`` by
+  their functions). Caches Python adds by itself (``__slotnames__``, ABC caches,
+  ``__weakref__``/``__dict__``/slot descriptors) are left out. Other classes: by
+  module and qualname when importable by that name, else by the pickle rule.
+- instances of a class defined in a cell whose bases are all cell classes or
+  ``object``: the class digest plus the digests of ``__dict__`` and of the slots.
+- everything else: its cloudpickle bytes (protocol 5), streamed into the hash. A value
+  that does not pickle raises :class:`Unpicklable`.
+
+Objects reached twice are digested by content each time, so a list shared by two names
+digests like two equal copies (which is what sync produces on the other side). A
+reference cycle is digested as a marker of how far up the stack it points.
+
+With ``max_bytes`` set (the change tracker), no value is hashed past that many bytes:
+a larger mutable buffer (array, ``bytearray``) is digested by its identity, shape and
+a sample of evenly spaced blocks; a larger immutable ``bytes`` by identity and length;
+any other value whose pickle grows past the limit by its identity. Such digests are
+only meaningful inside one process, and :attr:`Digester.identity_based` says one was
+taken.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+import sys
+import types
+from typing import Any, Dict, List, Optional
+
+__all__ = ["Digester", "Unpicklable", "is_cell_class"]
+
+_SCALARS = frozenset({type(None), bool, int, float, complex, str, bytes})
+# Class attributes that Python or pickling add on their own, not part of the user's class.
+_CLASS_NOISE = frozenset(
+    {
+        "__dict__",
+        "__weakref__",
+        "__slotnames__",
+        "__module__",
+        "__qualname__",
+        "_abc_impl",
+        "_abc_registry",
+        "_abc_cache",
+        "_abc_negative_cache",
+        "_abc_negative_cache_version",
+        "__firstlineno__",
+        "__static_attributes__",
+        "__annotate_func__",
+    }
+)
+# Blocks taken from a buffer too large to hash in full (tracker only).
+_SAMPLE_BLOCKS = 256
+_SAMPLE_BLOCK_BYTES = 4096
+
+
+class Unpicklable(Exception):
+    """A value, or a part of it, cannot be pickled, so sync cannot carry it."""
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _h(*parts: bytes) -> bytes:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p)
+    return h.digest()
+
+
+def _plain_pickle(value: Any) -> bytes:
+    """Pickled bytes without the memo, so two equal strings written twice give the same
+    bytes whether or not they are one object (interning differs between processes).
+    Only for values without cycles (containers of scalars)."""
+    buf = io.BytesIO()
+    pickler = pickle.Pickler(buf, protocol=5)
+    pickler.fast = True
+    pickler.dump(value)
+    return buf.getvalue()
+
+
+def _resolves_to(obj: Any) -> bool:
+    """True when ``obj`` is reachable as ``module.qualname`` from an importable module."""
+    module_name = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
+    if not module_name or not qualname or module_name == "__main__" or "<locals>" in qualname:
+        return False
+    target: Any = sys.modules.get(module_name)
+    if target is None:
+        return False
+    for part in qualname.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            return False
+    return target is obj
+
+
+def is_cell_class(cls: type) -> bool:
+    """True for a class defined in a cell (its module is ``__main__``, the user namespace).
+
+    Other classes, importable or not (C types such as ``_thread.lock`` often are not
+    reachable by name), are left to the pickle rule.
+    """
+    return isinstance(cls, type) and cls.__module__ == "__main__"
+
+
+class _HashWriter:
+    """A file-like sink for a pickler that hashes what it is given, up to a limit."""
+
+    def __init__(self, limit: Optional[int]):
+        self.hash = hashlib.sha256()
+        self.size = 0
+        self._limit = limit
+
+    def write(self, data) -> int:
+        n = memoryview(data).nbytes
+        self.size += n
+        if self._limit is not None and self.size > self._limit:
+            raise _TooLarge
+        self.hash.update(data)
+        return n
+
+
+class Digester:
+    """Computes :func:`digest` for many values, sharing work between them."""
+
+    def __init__(self, max_bytes: Optional[int] = None):
+        self.max_bytes = max_bytes
+        self.identity_based = False
+        self._done: Dict[int, bytes] = {}
+        self._keep: List[Any] = []  # keeps digested objects alive so their ids stay unique
+        self._stack: Dict[int, int] = {}
+
+    def digest(self, value: Any) -> bytes:
+        """The 32-byte digest of ``value`` (rules in the module docstring)."""
+        kind = type(value)
+        if kind in _SCALARS:
+            if self.max_bytes is not None and (kind is bytes or kind is str) and len(value) > self.max_bytes:
+                # Immutable: the same object cannot change, so identity is exact here.
+                self.identity_based = True
+                return _h(b"large-immutable", f"{id(value):x}:{len(value)}".encode())
+            return _h(b"s", pickle.dumps(value, protocol=5))
+        key = id(value)
+        done = self._done.get(key)
+        if done is not None:
+            return done
+        depth = self._stack.get(key)
+        if depth is not None:
+            return _h(b"cycle", str(len(self._stack) - depth).encode())
+        self._stack[key] = len(self._stack)
+        try:
+            result = self._digest(value, kind)
+        except Unpicklable:
+            raise
+        except RecursionError:
+            raise Unpicklable("RecursionError: nested too deeply to digest") from None
+        except Exception as exc:  # noqa: BLE001 - an odd object (a proxy whose attributes raise) is not state we can carry
+            raise Unpicklable(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            del self._stack[key]
+        self._done[key] = result
+        self._keep.append(value)
+        return result
+
+    def _digest(self, value: Any, kind: type) -> bytes:
+        if kind is list or kind is tuple:
+            tag = b"list" if kind is list else b"tuple"
+            if set(map(type, value)) <= _SCALARS:
+                return _h(tag, b"fast", _plain_pickle(value))
+            return _h(tag, *map(self.digest, value))
+        if kind is dict:
+            if set(map(type, value)) <= _SCALARS and set(map(type, value.values())) <= _SCALARS:
+                return _h(b"dict", b"fast", _plain_pickle(value))
+            return _h(b"dict", *(self.digest(k) + self.digest(v) for k, v in value.items()))
+        if kind is set or kind is frozenset:
+            return _h(kind.__name__.encode(), *sorted(map(self.digest, value)))
+        if isinstance(value, types.ModuleType):
+            return _h(b"module", value.__name__.encode())
+        numpy = sys.modules.get("numpy")
+        if numpy is not None and isinstance(value, numpy.ndarray) and not value.dtype.hasobject:
+            return self._array(value, numpy)
+        if kind is bytearray:
+            return self._buffer(b"bytearray", value, memoryview(value))
+        if kind is types.FunctionType:
+            return self._function(value)
+        if isinstance(value, type):
+            if is_cell_class(value):
+                return self._class(value)
+            if _resolves_to(value):
+                return _h(b"classref", value.__module__.encode(), b":", value.__qualname__.encode())
+            return self._pickled(value)
+        if kind is staticmethod or kind is classmethod:
+            return _h(kind.__name__.encode(), self.digest(value.__func__))
+        if kind is property:
+            return _h(b"property", *(self.digest(f) for f in (value.fget, value.fset, value.fdel, value.__doc__)))
+        if is_cell_class(kind) and all(is_cell_class(b) or b is object for b in kind.__mro__[1:]):
+            return self._instance(value, kind)
+        return self._pickled(value)
+
+    def _array(self, value: Any, numpy: Any) -> bytes:
+        header = f"{value.dtype.str}:{value.shape}".encode()
+        if self.max_bytes is not None and value.nbytes > self.max_bytes:
+            return self._sample(b"ndarray", header, value)
+        data = numpy.ascontiguousarray(value)
+        return _h(b"ndarray", header, memoryview(data).cast("B") if data.nbytes else b"")
+
+    def _buffer(self, tag: bytes, value: Any, view: memoryview) -> bytes:
+        if self.max_bytes is not None and view.nbytes > self.max_bytes:
+            return self._sample(tag, b"", value)
+        return _h(tag, view)
+
+    def _sample(self, tag: bytes, header: bytes, value: Any) -> bytes:
+        # Too large to hash after every cell: identity plus evenly spaced blocks, which
+        # sees whole-buffer updates (`a += 1`, `a[:] = 0`) but may miss a sparse write.
+        self.identity_based = True
+        identity = f"{id(value):x}"
+        numpy = sys.modules.get("numpy")
+        if numpy is not None and not isinstance(value, bytearray):
+            value = numpy.ascontiguousarray(value)
+        flat = memoryview(value).cast("B")
+        n = flat.nbytes
+        step = max(1, n // _SAMPLE_BLOCKS)
+        h = hashlib.sha256()
+        h.update(tag + b"sample" + header + f"{identity}:{n}".encode())
+        for start in range(0, n, step):
+            h.update(flat[start : start + _SAMPLE_BLOCK_BYTES])
+        h.update(flat[max(0, n - _SAMPLE_BLOCK_BYTES) :])
+        return h.digest()
+
+    def _code(self, code: types.CodeType) -> bytes:
+        consts = [self._code(c) if isinstance(c, types.CodeType) else self.digest(c) for c in code.co_consts]
+        layout = (
+            code.co_name,
+            getattr(code, "co_qualname", code.co_name),
+            code.co_argcount,
+            code.co_posonlyargcount,
+            code.co_kwonlyargcount,
+            code.co_flags,
+            code.co_names,
+            code.co_varnames,
+            code.co_freevars,
+            code.co_cellvars,
+        )
+        return _h(b"code", code.co_code, _plain_pickle(layout), *consts)
+
+    def _function(self, fn: types.FunctionType) -> bytes:
+        if _resolves_to(fn):
+            return _h(b"fnref", fn.__module__.encode(), b":", fn.__qualname__.encode())
+        closure = []
+        for cell in fn.__closure__ or ():
+            try:
+                closure.append(self.digest(cell.cell_contents))
+            except ValueError:  # an empty cell (a free variable not yet assigned)
+                closure.append(b"empty")
+        return _h(
+            b"fn",
+            str(fn.__module__).encode(),
+            b":",
+            fn.__qualname__.encode(),
+            self._code(fn.__code__),
+            self.digest(fn.__defaults__),
+            self.digest(fn.__kwdefaults__),
+            self.digest(fn.__dict__),
+            *closure,
+        )
+
+    def _class(self, cls: type) -> bytes:
+        attrs = []
+        for name in sorted(cls.__dict__):
+            attr = cls.__dict__[name]
+            if name in _CLASS_NOISE or type(attr).__name__ in ("member_descriptor", "getset_descriptor"):
+                continue
+            attrs.append(name.encode() + b"=" + self.digest(attr))
+        return _h(
+            b"class",
+            str(cls.__module__).encode(),
+            b":",
+            cls.__qualname__.encode(),
+            type(cls).__qualname__.encode(),
+            *(self.digest(b) for b in cls.__bases__),
+            *attrs,
+        )
+
+    def _instance(self, value: Any, kind: type) -> bytes:
+        slots = []
+        for klass in kind.__mro__:
+            names = klass.__dict__.get("__slots__", ())
+            for name in [names] if isinstance(names, str) else names:
+                if name in ("__dict__", "__weakref__"):
+                    continue
+                slots.append(name.encode() + b"=" + (self.digest(getattr(value, name)) if hasattr(value, name) else b"unset"))
+        state = self.digest(value.__dict__) if hasattr(value, "__dict__") else b"no-dict"
+        return _h(b"instance", self.digest(kind), state, *slots)
+
+    def _pickled(self, value: Any) -> bytes:
+        from .payload import NamespacePickler
+
+        sink = _HashWriter(self.max_bytes)
+        try:
+            NamespacePickler(sink, namespace=None).dump(value)
+        except _TooLarge:
+            self.identity_based = True
+            return _h(b"large", f"{type(value).__module__}.{type(value).__qualname__}:{id(value):x}".encode())
+        except RecursionError as exc:
+            raise Unpicklable(f"RecursionError: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - anything can fail to pickle; the caller names it
+            raise Unpicklable(f"{type(exc).__name__}: {exc}") from None
+        return _h(b"pickle", sink.hash.digest())
