@@ -4,3 +4,7 @@
 //! - [`records`]: what is stored where (shared by everything below).
 
 pub mod records;
+pub mod election;
+pub mod objects;
+pub mod replica_host;
+pub mod state_sync;

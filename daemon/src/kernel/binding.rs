@@ -161,6 +161,28 @@ impl Binder {
         probe.add_kernel("\u{0}probe", gpus, 0)
     }
 
+    /// Whether a cell of `kernel_id` asking for `gpus` would be bound to GPUs right now
+    /// (free ones, or idle-held ones the scheduler would take back), rather than wait:
+    /// the replica host's LEAD/YIELD decision. Decides on a copy; nothing changes.
+    pub fn can_commit_now(&self, kernel_id: &str, gpus: u32) -> bool {
+        if gpus == 0 {
+            return true;
+        }
+        const PROBE: &str = "\u{0}probe";
+        let mut probe = {
+            let st = self.lock();
+            if st.running.values().any(|k| k == kernel_id) || st.waiting.values().any(|w| w.kernel.id == kernel_id) {
+                return false;
+            }
+            st.sched.clone()
+        };
+        let now = self.now();
+        match probe.submit(kernel_id, PROBE, gpus, now) {
+            Ok(actions) => actions.iter().any(|a| matches!(a, Action::Start { cell, .. } if cell == PROBE)),
+            Err(_) => false,
+        }
+    }
+
     /// The kernel is gone (deleted or died): its GPUs are free at once.
     pub fn remove_kernel(self: &Arc<Self>, kernel_id: &str, pids: &[u32]) {
         let actions = {

@@ -237,6 +237,59 @@ impl Kernel {
         r.send(channel, &msg).await
     }
 
+    /// Runs `code` silently in the executing replica for the daemon itself (namespace
+    /// export, apply, digest): no history, no execution count, and neither its IOPub nor
+    /// its reply reaches a client. Returns the `execute_reply` content; a Python
+    /// exception is an error naming it. `user_expressions` are evaluated after the code
+    /// (their results are in the content's `user_expressions`).
+    pub async fn run_internal(
+        &self,
+        code: &str,
+        user_expressions: &serde_json::Value,
+        timeout: Duration,
+    ) -> anyhow::Result<serde_json::Value> {
+        let msg_id = format!("nbos-internal-{}", uuid::Uuid::new_v4());
+        let msg = Message::new(
+            "execute_request",
+            "notebookosd",
+            &msg_id,
+            SystemTime::now(),
+            None,
+            &serde_json::json!({
+                "code": code,
+                "silent": true,
+                "store_history": false,
+                "user_expressions": user_expressions,
+                "allow_stdin": false,
+                "stop_on_error": false,
+            }),
+        );
+        let rx = self.hub.expect_silent_reply(&msg_id);
+        let r = self.executor().await;
+        let sent = match r {
+            Ok(r) => r.send(Channel::Shell, &msg).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = sent {
+            self.hub.forget_silent(&msg_id);
+            return Err(e.context("sending the daemon's internal request"));
+        }
+        let reply = match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(_)) => anyhow::bail!("the kernel's internal reply was lost"),
+            Err(_) => {
+                self.hub.forget_silent(&msg_id);
+                anyhow::bail!("the kernel did not answer the daemon's internal request within {timeout:?}");
+            }
+        };
+        let content = reply.content_json().context("undecodable internal execute_reply")?;
+        if content.get("status").and_then(|s| s.as_str()) != Some("ok") {
+            let field = |k: &str| content.get(k).and_then(|v| v.as_str()).unwrap_or("?").to_owned();
+            anyhow::bail!("internal request failed in the kernel: {}: {}", field("ename"), field("evalue"));
+        }
+        Ok(content)
+    }
+
     /// Interrupts the running cell (SIGINT, as `interrupt_mode = "signal"`).
     pub async fn interrupt(&self) -> anyhow::Result<()> {
         let r = self.executor().await?;

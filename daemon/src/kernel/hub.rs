@@ -2,7 +2,7 @@
 //! asked, IOPub to every client, and whatever arrives while no client is
 //! connected is kept (bounded) and replayed to the next one.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 use std::time::SystemTime;
 
@@ -20,6 +20,8 @@ const MAX_BUFFERED_BYTES: usize = 64 * 1024 * 1024;
 /// Messages queued to one client before it is considered stuck and dropped
 /// (it reconnects and gets the replay buffer from then on).
 pub const CLIENT_QUEUE: usize = 4096;
+/// Silent requests remembered at once (each is forgotten at its `idle` status).
+const MAX_SILENT: usize = 10_000;
 
 /// Identifies one connected client of a kernel.
 pub type ClientId = u64;
@@ -42,6 +44,11 @@ struct Inner {
     last_activity: Option<SystemTime>,
     /// When each execute_request reached the daemon (for the interactivity delay).
     submitted: HashMap<String, std::time::Instant>,
+    /// The daemon's own silent requests: their IOPub reaches no client and changes no state.
+    silent: HashSet<String>,
+    /// Replies the daemon holds back from the client (the replica host commits the
+    /// cell's namespace first), by request msg_id.
+    held: HashMap<String, oneshot::Sender<Message>>,
 }
 
 /// Sees every message from the kernel: (channel, msg_type, parent msg_id, message).
@@ -123,6 +130,51 @@ impl Hub {
         rx
     }
 
+    /// Notes a silent request the daemon itself sends (export, apply, digest): its
+    /// reply comes back on the receiver, and its IOPub (status, streams) is dropped
+    /// until its `idle` status, so clients never see it and the kernel's shown state
+    /// does not flicker.
+    pub fn expect_silent_reply(&self, msg_id: &str) -> oneshot::Receiver<Message> {
+        let (tx, rx) = oneshot::channel();
+        let mut g = self.lock();
+        if g.silent.len() >= MAX_SILENT {
+            // Ids whose idle never came (a killed kernel): forget them rather than grow.
+            g.silent.clear();
+        }
+        g.silent.insert(msg_id.to_owned());
+        g.pending.insert(msg_id.to_owned(), ReplyTo::Internal(tx));
+        rx
+    }
+
+    /// Forgets a silent request whose reply will not be waited for (timeout).
+    pub fn forget_silent(&self, msg_id: &str) {
+        let mut g = self.lock();
+        g.silent.remove(msg_id);
+        g.pending.remove(msg_id);
+    }
+
+    /// Holds the reply to `msg_id` back from its client: it comes back on the receiver
+    /// instead (after the observer saw it), and [`Hub::release`] delivers it later.
+    pub fn hold_reply(&self, msg_id: &str) -> oneshot::Receiver<Message> {
+        let (tx, rx) = oneshot::channel();
+        self.lock().held.insert(msg_id.to_owned(), tx);
+        rx
+    }
+
+    /// Stops holding the reply to `msg_id` (the cell was abandoned).
+    pub fn unhold_reply(&self, msg_id: &str) {
+        self.lock().held.remove(msg_id);
+    }
+
+    /// Delivers a reply that was held (or made by the daemon) to `client`, without
+    /// showing it to the observer again.
+    pub fn release(&self, client: ClientId, channel: Channel, msg: Message, now: SystemTime) {
+        if let Some(parent) = parent_msg_id(&msg) {
+            self.lock().pending.insert(parent, ReplyTo::Client(client));
+        }
+        self.route(channel, msg, now);
+    }
+
     /// Notes when a cell was submitted (bounded: a cell never started is forgotten
     /// once 10 000 newer ones are waiting).
     pub fn note_submitted(&self, msg_id: &str, at: std::time::Instant) {
@@ -163,11 +215,44 @@ impl Hub {
     /// Delivers a message from the kernel.
     pub fn deliver(&self, channel: Channel, msg: Message, now: SystemTime) {
         let parent_id = parent_msg_id(&msg);
+        if let Some(pid) = &parent_id {
+            let mut g = self.lock();
+            if g.silent.contains(pid) {
+                if channel == Channel::Iopub {
+                    if status_of(&msg).as_deref() == Some("idle") {
+                        g.silent.remove(pid);
+                    }
+                    return;
+                }
+                if let Some(ReplyTo::Internal(tx)) = g.pending.remove(pid) {
+                    let _ = tx.send(msg);
+                }
+                return;
+            }
+        }
         if let Some(obs) = self.observer.get() {
             if let Ok(h) = msg.header() {
                 obs(channel, &h.msg_type, parent_id.as_deref(), &msg);
             }
         }
+        if matches!(channel, Channel::Shell | Channel::Control) {
+            if let Some(pid) = &parent_id {
+                let held = self.lock().held.remove(pid);
+                if let Some(tx) = held {
+                    if let Err(msg) = tx.send(msg) {
+                        // Nobody waits any more: the client gets the reply as it is.
+                        self.route(channel, msg, now);
+                    }
+                    return;
+                }
+            }
+        }
+        self.route(channel, msg, now);
+    }
+
+    /// Routes a message to its client(s), or buffers it.
+    fn route(&self, channel: Channel, msg: Message, now: SystemTime) {
+        let parent_id = parent_msg_id(&msg);
         let mut g = self.lock();
         g.last_activity = Some(now);
         if channel == Channel::Iopub {
@@ -294,6 +379,43 @@ mod tests {
         hub.deliver(Channel::Shell, msg("r", "kernel_info_reply", Some("ki"), "{}"), SystemTime::UNIX_EPOCH);
         assert!(rx.try_recv().is_ok());
         assert!(ra.try_recv().is_err());
+    }
+
+    #[test]
+    fn silent_requests_reach_no_client_and_keep_the_state() {
+        let hub = Hub::new("idle", SystemTime::UNIX_EPOCH);
+        let (_, mut ra, _) = hub.connect();
+        let mut rx = hub.expect_silent_reply("sync");
+        let t = SystemTime::UNIX_EPOCH;
+        hub.deliver(Channel::Iopub, msg("b", "status", Some("sync"), r#"{"execution_state":"busy"}"#), t);
+        hub.deliver(Channel::Iopub, msg("o", "stream", Some("sync"), r#"{"name":"stdout","text":"x"}"#), t);
+        hub.deliver(Channel::Shell, msg("r", "execute_reply", Some("sync"), r#"{"status":"ok"}"#), t);
+        hub.deliver(Channel::Iopub, msg("i", "status", Some("sync"), r#"{"execution_state":"idle"}"#), t);
+        assert_eq!(rx.try_recv().expect("reply").header().expect("h").msg_id, "r");
+        assert!(ra.try_recv().is_err(), "a client saw the daemon's silent request");
+        assert_eq!(hub.activity().execution_state, "idle");
+        // After its idle status the id is forgotten: a later message with that parent is ordinary.
+        hub.deliver(Channel::Iopub, msg("late", "stream", Some("sync"), "{}"), t);
+        assert_eq!(ra.try_recv().expect("ordinary").1.header().expect("h").msg_id, "late");
+    }
+
+    #[test]
+    fn held_replies_wait_for_release() {
+        let hub = Hub::new("idle", SystemTime::UNIX_EPOCH);
+        let (a, mut ra, _) = hub.connect();
+        let t = SystemTime::UNIX_EPOCH;
+        hub.expect_reply("cell", a, t);
+        let mut held = hub.hold_reply("cell");
+        hub.deliver(Channel::Shell, msg("r", "execute_reply", Some("cell"), "{}"), t);
+        assert!(ra.try_recv().is_err(), "the held reply reached the client");
+        let reply = held.try_recv().expect("held reply");
+        hub.release(a, Channel::Shell, reply, t);
+        assert_eq!(ra.try_recv().expect("released").1.header().expect("h").msg_id, "r");
+        // A hold nobody waits for any more lets the reply through.
+        hub.expect_reply("cell2", a, t);
+        drop(hub.hold_reply("cell2"));
+        hub.deliver(Channel::Shell, msg("r2", "execute_reply", Some("cell2"), "{}"), t);
+        assert_eq!(ra.try_recv().expect("unheld").1.header().expect("h").msg_id, "r2");
     }
 
     #[test]

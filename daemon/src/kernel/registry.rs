@@ -101,6 +101,24 @@ impl Kernels {
         gpus: Option<u32>,
         env: &[(String, String)],
     ) -> Result<Arc<Kernel>, CreateError> {
+        self.create_replica(&uuid::Uuid::new_v4().to_string(), 0, name, gpus, env).await
+    }
+
+    /// Starts replica `replica` of kernel `id` here: the cluster's supervisor uses the
+    /// kernel's cluster-wide id, so every host serves it under the same id. Refused
+    /// when a kernel with that id is already hosted.
+    pub async fn create_replica(
+        &self,
+        id: &str,
+        replica: u32,
+        name: Option<&str>,
+        gpus: Option<u32>,
+        env: &[(String, String)],
+    ) -> Result<Arc<Kernel>, CreateError> {
+        if self.map.read().await.contains_key(id) {
+            return Err(CreateError::Start(anyhow::anyhow!("kernel {id} is already hosted here")));
+        }
+        let id = id.to_owned();
         let name = name.unwrap_or(spec::DEFAULT_SPEC);
         let spec_gpus = spec::gpus_of(name).ok_or_else(|| CreateError::UnknownSpec(name.to_owned()))?;
         let gpus = gpus.unwrap_or(spec_gpus);
@@ -108,13 +126,12 @@ impl Kernels {
             return Err(CreateError::BadGpuRequest(format!("{gpus} > {MAX_GPUS_PER_KERNEL}")));
         }
         self.binder.would_admit(gpus).map_err(CreateError::Refused)?;
-        let id = uuid::Uuid::new_v4().to_string();
         let mut all_env = self.extra_env.clone();
         all_env.extend(env.iter().cloned());
         all_env.push(("NOTEBOOKOS_KERNEL_ID".to_owned(), id.clone()));
         // Who the CUDA shim tells the lease server it is (checked against SO_PEERCRED).
         all_env.push(("NBOS_KERNEL_ID".to_owned(), id.clone()));
-        all_env.push(("NBOS_REPLICA".to_owned(), "0".to_owned()));
+        all_env.push(("NBOS_REPLICA".to_owned(), replica.to_string()));
         all_env.push(("NOTEBOOKOS_GPUS".to_owned(), gpus.to_string()));
         let launch = LaunchSpec {
             python: self.python.clone(),

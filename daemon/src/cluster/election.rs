@@ -1,0 +1,202 @@
+//! Executor election for one cell (F-cluster step 4): the replica the front-end
+//! designated for a round proposes LEAD or YIELD by compare-and-swap of `elect/{cell}`
+//! in the kernel's group, from the record the front-end last saw to the new one.
+//!
+//! Why this is safe under any reordering, duplication or delay of the front-end's
+//! messages: every successful swap starts from a record *without* a winner (or from no
+//! record), and nobody ever proposes from a record with a winner. So once a winner is
+//! committed the key never changes again, and at most one replica wins a cell. A
+//! proposal whose `expected` is not the current record (a stale round, a duplicate, a
+//! second front-end) fails its swap and is told the current record instead.
+
+use std::time::Duration;
+
+use raft_store::Kv;
+
+use super::records::{decode, encode, keys, ElectionRecord};
+
+/// How often an outcome-unknown swap (timeout, leadership change) is retried.
+const UNKNOWN_OUTCOME_RETRIES: u32 = 5;
+
+/// Who proposes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Proposer {
+    /// Replica number (1-based).
+    pub replica: u32,
+    /// Its host.
+    pub node_id: u64,
+}
+
+/// What the designee proposes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Its host can commit the cell's GPUs now: it wants to execute.
+    Lead,
+    /// It cannot; why (shown to the client while the cell waits).
+    Yield {
+        /// Reason.
+        reason: String,
+    },
+}
+
+/// How a proposal ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// This LEAD was committed: the proposer executes the cell.
+    Won(ElectionRecord),
+    /// This YIELD was committed: the round has no winner.
+    Yielded(ElectionRecord),
+    /// The swap failed and the cell already has a winner (final): here is its record.
+    Taken(ElectionRecord),
+    /// The swap failed (stale round, or another proposal got there first) and the
+    /// cell has no winner yet: the current record, if any, for the next round's `expected`.
+    Stale(Option<ElectionRecord>),
+}
+
+impl Outcome {
+    /// The wire name (`metadata.nbos_election.outcome`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Outcome::Won(_) => "won",
+            Outcome::Yielded(_) => "yielded",
+            Outcome::Taken(_) => "taken",
+            Outcome::Stale(_) => "stale",
+        }
+    }
+
+    /// The record the outcome carries.
+    pub fn record(&self) -> Option<&ElectionRecord> {
+        match self {
+            Outcome::Won(r) | Outcome::Yielded(r) | Outcome::Taken(r) => Some(r),
+            Outcome::Stale(r) => r.as_ref(),
+        }
+    }
+}
+
+/// Why a proposal could not be decided.
+#[derive(Debug, thiserror::Error)]
+pub enum ElectionError {
+    /// The store refused or failed (not proposed, or still unknown after retries).
+    #[error("election for cell {cell}: {source}")]
+    Store {
+        /// The cell.
+        cell: String,
+        /// The failure.
+        #[source]
+        source: raft_store::Error,
+    },
+    /// `elect/{cell}` holds something that is not an election record.
+    #[error("election for cell {cell}: {reason}")]
+    Corrupt {
+        /// The cell.
+        cell: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+fn classify(current: Option<ElectionRecord>) -> Outcome {
+    match current {
+        Some(r) if r.winner.is_some() => Outcome::Taken(r),
+        other => Outcome::Stale(other),
+    }
+}
+
+fn settled(new: ElectionRecord) -> Outcome {
+    if new.winner.is_some() {
+        Outcome::Won(new)
+    } else {
+        Outcome::Yielded(new)
+    }
+}
+
+/// The cell's current record (linearizable read).
+pub async fn current(kv: &Kv, cell: &str) -> Result<Option<ElectionRecord>, ElectionError> {
+    let key = keys::elect(cell);
+    let got = kv.get(key.as_bytes()).await.map_err(|source| ElectionError::Store { cell: cell.to_owned(), source })?;
+    got.map(|kv| decode_record(cell, &kv.value)).transpose()
+}
+
+fn decode_record(cell: &str, value: &[u8]) -> Result<ElectionRecord, ElectionError> {
+    decode(keys::elect(cell).as_bytes(), value)
+        .map_err(|e| ElectionError::Corrupt { cell: cell.to_owned(), reason: format!("{e:#}") })
+}
+
+/// Proposes `decision` for `round` of `cell`, by swap from `expected` (the record the
+/// front-end last saw; `None` in round 0).
+pub async fn propose(
+    kv: &Kv,
+    cell: &str,
+    round: u32,
+    expected: Option<&ElectionRecord>,
+    me: Proposer,
+    decision: Decision,
+) -> Result<Outcome, ElectionError> {
+    let store_err = |source| ElectionError::Store { cell: cell.to_owned(), source };
+    if let Some(e) = expected {
+        // A record with a winner is final; proposing from it would be the one unsafe swap.
+        if e.winner.is_some() {
+            return Ok(Outcome::Taken(e.clone()));
+        }
+        if round <= e.round {
+            return Ok(classify(current(kv, cell).await?));
+        }
+    }
+    let new = match decision {
+        Decision::Lead => {
+            ElectionRecord { round, winner: Some(me.replica), node_id: me.node_id, reason: String::new() }
+        }
+        Decision::Yield { reason } => ElectionRecord { round, winner: None, node_id: me.node_id, reason },
+    };
+    let key = keys::elect(cell);
+    let mut expected_bytes = expected.map(encode);
+    // True once a swap of ours may have been applied without our hearing of it: only
+    // then does finding our own record mean we won (a duplicate request must not).
+    let mut maybe_applied = false;
+    let mut retries = 0;
+    loop {
+        match kv.cas(key.as_bytes(), expected_bytes.clone(), encode(&new)).await {
+            Ok(o) if o.succeeded => return Ok(settled(new)),
+            Ok(o) => {
+                let previous = o.previous.as_deref().map(|v| decode_record(cell, v)).transpose()?;
+                if maybe_applied && previous.as_ref() == Some(&new) {
+                    return Ok(settled(new));
+                }
+                // Same record, other bytes (written by another version's encoder): swap
+                // from the bytes actually stored.
+                if previous.is_some() && previous.as_ref() == expected && o.previous != expected_bytes {
+                    expected_bytes = o.previous;
+                    continue;
+                }
+                return Ok(classify(previous));
+            }
+            Err(e) if e.outcome_unknown() && retries < UNKNOWN_OUTCOME_RETRIES => {
+                retries += 1;
+                maybe_applied = true;
+                tracing::debug!(cell, round, error = %e, "election swap outcome unknown; checking");
+                tokio::time::sleep(Duration::from_millis(20 * u64::from(retries))).await;
+                let now = match current(kv, cell).await {
+                    Ok(r) => r,
+                    Err(ElectionError::Store { source, .. }) if source.outcome_unknown() => continue,
+                    Err(e) => return Err(e),
+                };
+                if now.as_ref() == Some(&new) {
+                    return Ok(settled(new));
+                }
+                if now.as_ref() != expected {
+                    return Ok(classify(now));
+                }
+            }
+            Err(e) => return Err(store_err(e)),
+        }
+    }
+}
+
+/// Notes that `replica` yielded `round` of `cell` without proposing (best effort: the
+/// record is for operators and the bench, the front-end does not wait for it).
+pub async fn note_yield(kv: &Kv, cell: &str, round: u32, replica: u32) {
+    let key = format!("yield/{cell}/{round:010}/{replica:04}");
+    if let Err(e) = kv.put(key.as_bytes(), b"1".to_vec()).await {
+        tracing::debug!(cell, round, replica, error = %e, "yield note not written");
+    }
+}

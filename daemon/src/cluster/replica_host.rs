@@ -1,0 +1,444 @@
+//! The replica-host side of a cell (F-cluster step 4).
+//!
+//! The front-end sends each live replica host the client's `execute_request` with
+//! `metadata.nbos_election = {"cell", "round", "role": "lead"|"yield", "expected"}`
+//! over its internal WebSocket (`?replica=local`). `gateway/cell.rs` hands such a
+//! request to [`ReplicaHost::handle_execute`] before the single-host path:
+//!
+//! - `yield`: a best-effort `yield/…` note; nothing is sent back.
+//! - `lead`: LEAD if the local binder can commit the cell's GPUs now (and the local
+//!   namespace follows the group), else YIELD, by swap of `elect/{cell}`
+//!   ([`election::propose`]). Unless it won, the front-end gets an `execute_reply`
+//!   whose `metadata.nbos_election.outcome` is `yielded`, `taken` or `stale` (with
+//!   `record`), or `error` (with `reason`: no such local replica, bad metadata, store
+//!   failure) — the front-end swallows those.
+//! - won: wait until the local replica applied the group's latest cell, run the cell
+//!   through the single-host path (binder → lease → ipykernel; IOPub flows to the
+//!   front-end as usual), hold ipykernel's `execute_reply`, export and commit the
+//!   namespace ([`state_sync::export_and_commit`]), warn about unpicklable names with a
+//!   `stream` message, and only then release the reply with
+//!   `metadata.nbos_election = {"outcome": "executed", "replica", "node_id", "revision"}`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use raft_store::RaftStore;
+use serde::{Deserialize, Serialize};
+
+use super::election::{self, Decision, Outcome, Proposer};
+use super::objects::Objects;
+use super::records::{keys, ElectionRecord};
+use super::state_sync::{self, Applier, NsCell, SyncConfig};
+use crate::jupyter::{Channel, Message};
+use crate::kernel::hub::ClientId;
+use crate::kernel::{Kernel, Kernels};
+
+/// How long a won cell waits for the local namespace to catch up before it fails.
+const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
+/// Cells remembered per replica to ignore a duplicated `lead` for a cell already run here.
+const REMEMBERED_CELLS: usize = 1024;
+
+/// What [`ReplicaHost::handle_execute`] did with a message.
+#[derive(Debug)]
+pub enum Handled {
+    /// It was an election request; the replica host answers it (or runs the cell).
+    Handled,
+    /// Not an election request: send it down the single-host path as usual.
+    PassThrough(Message),
+}
+
+/// `metadata.nbos_election` of a front-end's `execute_request`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ElectionRequest {
+    /// The cell (the client's msg_id).
+    pub cell: String,
+    /// Round, from 0.
+    pub round: u32,
+    /// `lead` or `yield`.
+    pub role: Role,
+    /// The last record the front-end knows (`null` in round 0).
+    #[serde(default)]
+    pub expected: Option<ElectionRecord>,
+}
+
+/// The front-end's designation for this host in a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Propose LEAD or YIELD.
+    Lead,
+    /// Do not propose.
+    Yield,
+}
+
+/// One local replica of a cluster kernel.
+pub struct LocalReplica {
+    /// Kernel id.
+    pub kernel_id: String,
+    /// Replica number.
+    pub replica: u32,
+    /// The kernel's raft group.
+    pub group: u64,
+    /// Applies the group's namespace to the local kernel.
+    pub applier: Applier,
+    /// Cells this replica won (most recent last).
+    won: Mutex<VecDeque<String>>,
+}
+
+impl std::fmt::Debug for LocalReplica {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalReplica").field("kernel", &self.kernel_id).field("replica", &self.replica).finish()
+    }
+}
+
+impl LocalReplica {
+    /// A replica record for the host's map.
+    pub fn new(kernel_id: String, replica: u32, group: u64, applier: Applier) -> Self {
+        Self { kernel_id, replica, group, applier, won: Mutex::new(VecDeque::new()) }
+    }
+
+    /// Remembers `cell` as won here; false when it already was (a duplicate request).
+    fn first_win(&self, cell: &str) -> bool {
+        let mut won = self.won.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if won.iter().any(|c| c == cell) {
+            return false;
+        }
+        if won.len() >= REMEMBERED_CELLS {
+            won.pop_front();
+        }
+        won.push_back(cell.to_owned());
+        true
+    }
+}
+
+/// One row of `GET /api/v1/cluster/replicas`: a replica hosted here.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaStatus {
+    /// Kernel id.
+    pub kernel_id: String,
+    /// Replica number.
+    pub replica: u32,
+    /// This host.
+    pub node_id: u64,
+    /// The kernel's raft group.
+    pub group: u64,
+    /// This node's raft role in the group (`leader`, `follower`, …; `unknown` if unreadable).
+    pub raft_role: String,
+    /// `executor` when this replica ran the group's last synchronised cell, else `standby`.
+    pub role: String,
+    /// The last group revision the replica's namespace reflects.
+    pub applied_revision: u64,
+    /// Revision of the last synchronised cell this node has in its log.
+    pub latest_revision: u64,
+    /// Cells' worth of revisions the namespace is behind (`latest - applied`, 0 when caught up).
+    pub lag_revisions: u64,
+    /// Why the namespace stopped following the group, if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub broken: Option<String>,
+}
+
+/// The replica-host role of this daemon: its local replicas of cluster kernels.
+pub struct ReplicaHost {
+    node_id: u64,
+    store: RaftStore,
+    kernels: Arc<Kernels>,
+    objects: Objects,
+    sync: SyncConfig,
+    replicas: Mutex<HashMap<String, Arc<LocalReplica>>>,
+}
+
+impl std::fmt::Debug for ReplicaHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicaHost").field("node_id", &self.node_id).finish()
+    }
+}
+
+fn outcome_reply(request: &Message, election: serde_json::Value, content: serde_json::Value) -> Message {
+    let session = request.header().map(|h| h.session).unwrap_or_default();
+    let mut reply = Message::new(
+        "execute_reply",
+        &session,
+        &uuid::Uuid::new_v4().to_string(),
+        SystemTime::now(),
+        Some(&request.header),
+        &content,
+    );
+    reply.metadata = bytes::Bytes::from(serde_json::json!({ "nbos_election": election }).to_string());
+    reply
+}
+
+fn not_run_content() -> serde_json::Value {
+    serde_json::json!({ "status": "aborted", "execution_count": 0, "user_expressions": {}, "payload": [] })
+}
+
+/// Reads `metadata.nbos_election` of an `execute_request`: `None` without it.
+pub fn election_request(msg: &Message) -> Option<Result<ElectionRequest, String>> {
+    let meta: serde_json::Value = serde_json::from_slice(&msg.metadata).ok()?;
+    let e = meta.get("nbos_election")?;
+    Some(serde_json::from_value(e.clone()).map_err(|err| format!("bad metadata.nbos_election: {err}")))
+}
+
+impl ReplicaHost {
+    /// The replica host of node `node_id`.
+    pub fn new(node_id: u64, store: RaftStore, kernels: Arc<Kernels>, objects: Objects, sync: SyncConfig) -> Self {
+        Self { node_id, store, kernels, objects, sync, replicas: Mutex::new(HashMap::new()) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<LocalReplica>>> {
+        self.replicas.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// This host's node id.
+    pub fn node_id(&self) -> u64 {
+        self.node_id
+    }
+
+    /// The raft store.
+    pub fn store(&self) -> &RaftStore {
+        &self.store
+    }
+
+    /// The large-object store.
+    pub fn objects(&self) -> &Objects {
+        &self.objects
+    }
+
+    /// Namespace sync settings.
+    pub fn sync_config(&self) -> &SyncConfig {
+        &self.sync
+    }
+
+    /// The local kernels.
+    pub fn kernels(&self) -> &Arc<Kernels> {
+        &self.kernels
+    }
+
+    /// Starts following `kernel`'s group as replica `replica` and registers it here.
+    pub fn attach(&self, kernel: Arc<Kernel>, replica: u32, group: u64) -> Arc<LocalReplica> {
+        let me = Proposer { replica, node_id: self.node_id };
+        let applier = Applier::start(kernel.clone(), self.store.kv(group), self.objects.clone(), self.sync.clone(), me);
+        let local = Arc::new(LocalReplica::new(kernel.id.clone(), replica, group, applier));
+        self.lock().insert(kernel.id.clone(), local.clone());
+        local
+    }
+
+    /// Forgets a local replica (its applier stops).
+    pub fn detach(&self, kernel_id: &str) -> Option<Arc<LocalReplica>> {
+        self.lock().remove(kernel_id)
+    }
+
+    /// The local replica of `kernel_id`, if this host has one.
+    pub fn replica(&self, kernel_id: &str) -> Option<Arc<LocalReplica>> {
+        self.lock().get(kernel_id).cloned()
+    }
+
+    /// Handles a client message for a local kernel: election requests are answered
+    /// here (and won cells run from here); anything else passes through unchanged.
+    pub async fn handle_execute(self: &Arc<Self>, kernel: &Arc<Kernel>, client: ClientId, msg: Message) -> Handled {
+        let Ok(header) = msg.header() else { return Handled::PassThrough(msg) };
+        if header.msg_type != "execute_request" {
+            return Handled::PassThrough(msg);
+        }
+        let req = match election_request(&msg) {
+            None => return Handled::PassThrough(msg),
+            Some(Ok(r)) => r,
+            Some(Err(reason)) => {
+                self.answer_error(kernel, client, &msg, &reason);
+                return Handled::Handled;
+            }
+        };
+        let Some(local) = self.replica(&kernel.id) else {
+            let reason = format!("host {} has no replica of kernel {}", self.node_id, kernel.id);
+            self.answer_error(kernel, client, &msg, &reason);
+            return Handled::Handled;
+        };
+        let kv = self.store.kv(local.group);
+        if req.role == Role::Yield {
+            let (cell, round, replica) = (req.cell.clone(), req.round, local.replica);
+            tokio::spawn(async move { election::note_yield(&kv, &cell, round, replica).await });
+            return Handled::Handled;
+        }
+        let decision = if let Some(why) = local.applier.broken() {
+            Decision::Yield { reason: format!("replica {} cannot follow the namespace: {why}", local.replica) }
+        } else if self.kernels.binder().can_commit_now(&kernel.id, kernel.gpus) {
+            Decision::Lead
+        } else {
+            Decision::Yield { reason: format!("host {} cannot commit {} GPU(s) now", self.node_id, kernel.gpus) }
+        };
+        let me = Proposer { replica: local.replica, node_id: self.node_id };
+        let started = Instant::now();
+        let outcome = match election::propose(&kv, &req.cell, req.round, req.expected.as_ref(), me, decision).await {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::warn!(kernel = %kernel.id, cell = %req.cell, round = req.round, error = %e, "election failed");
+                self.answer_error(kernel, client, &msg, &e.to_string());
+                return Handled::Handled;
+            }
+        };
+        tracing::debug!(
+            kernel = %kernel.id, cell = %req.cell, round = req.round, outcome = outcome.name(),
+            took_us = started.elapsed().as_micros() as u64, "election proposal decided"
+        );
+        match outcome {
+            Outcome::Won(_) => {
+                if local.first_win(&req.cell) {
+                    let (host, kernel) = (self.clone(), kernel.clone());
+                    tokio::spawn(
+                        async move { host.run_won(kernel, local, client, msg, header.msg_id, req.cell).await },
+                    );
+                }
+            }
+            other => {
+                let election = serde_json::json!({ "outcome": other.name(), "record": other.record() });
+                kernel.hub.release(
+                    client,
+                    Channel::Shell,
+                    outcome_reply(&msg, election, not_run_content()),
+                    SystemTime::now(),
+                );
+            }
+        }
+        Handled::Handled
+    }
+
+    fn answer_error(&self, kernel: &Kernel, client: ClientId, msg: &Message, reason: &str) {
+        let election = serde_json::json!({ "outcome": "error", "reason": reason, "node_id": self.node_id });
+        kernel.hub.release(client, Channel::Shell, outcome_reply(msg, election, not_run_content()), SystemTime::now());
+    }
+
+    /// Runs a won cell: catch up, execute, export + commit, then release the reply.
+    async fn run_won(
+        self: Arc<Self>,
+        kernel: Arc<Kernel>,
+        local: Arc<LocalReplica>,
+        client: ClientId,
+        msg: Message,
+        msg_id: String,
+        cell: String,
+    ) {
+        let executed = |revision: u64| {
+            serde_json::json!({
+                "outcome": "executed",
+                "replica": local.replica,
+                "node_id": self.node_id,
+                "revision": revision,
+            })
+        };
+        if let Err(e) = local.applier.catch_up(CATCH_UP_TIMEOUT).await {
+            tracing::warn!(kernel = %kernel.id, cell, error = format!("{e:#}"), "won a cell but cannot catch up");
+            let evalue = format!("replica {} on host {} could not catch up: {e:#}", local.replica, self.node_id);
+            let content = serde_json::json!({
+                "status": "error", "execution_count": 0, "ename": "NamespaceNotCaughtUp", "evalue": evalue,
+                "traceback": [format!("NamespaceNotCaughtUp: {evalue}")],
+            });
+            kernel.hub.release(client, Channel::Shell, outcome_reply(&msg, executed(0), content), SystemTime::now());
+            return;
+        }
+        let held = kernel.hub.hold_reply(&msg_id);
+        kernel.hub.note_submitted(&msg_id, Instant::now());
+        let forwarded = match self.kernels.binder().on_client_message(&kernel, client, Channel::Shell, msg.clone()) {
+            Some(m) => kernel.send_from_client(client, Channel::Shell, m).await,
+            None => Ok(()),
+        };
+        if let Err(e) = forwarded {
+            kernel.hub.unhold_reply(&msg_id);
+            tracing::warn!(kernel = %kernel.id, cell, error = format!("{e:#}"), "could not start a won cell");
+            kernel.reject_cell(client, &msg, "KernelUnavailable", &format!("{e:#}"));
+            return;
+        }
+        let reply = tokio::select! {
+            r = held => r.ok(),
+            () = wait_dead(&kernel) => None,
+        };
+        let Some(mut reply) = reply else {
+            kernel.hub.unhold_reply(&msg_id);
+            tracing::warn!(kernel = %kernel.id, cell, "the replica died while running a won cell");
+            return;
+        };
+        let me = Proposer { replica: local.replica, node_id: self.node_id };
+        let kv = self.store.kv(local.group);
+        let exported = state_sync::export_and_commit(&kernel, &kv, &self.objects, &self.sync, &cell, me, |touched| {
+            local.applier.inline_bytes_excluding(touched)
+        })
+        .await;
+        let revision = match exported {
+            Ok(x) => {
+                if !x.unpicklable.is_empty() {
+                    let names: Vec<String> =
+                        x.unpicklable.iter().map(|u| format!("  {}: {}", u.name, u.error)).collect();
+                    let text = format!(
+                        "[NotebookOS] not synchronised to the other replicas (cannot be pickled); they will lack:\n{}\n",
+                        names.join("\n")
+                    );
+                    kernel.publish(&msg, "stream", &serde_json::json!({ "name": "stderr", "text": text }));
+                }
+                x.revision
+            }
+            Err(e) => {
+                tracing::error!(kernel = %kernel.id, cell, error = format!("{e:#}"), "namespace sync failed");
+                let text = format!(
+                    "[NotebookOS] this cell's namespace changes were NOT synchronised to the other replicas: {e:#}\n"
+                );
+                kernel.publish(&msg, "stream", &serde_json::json!({ "name": "stderr", "text": text }));
+                0
+            }
+        };
+        let mut meta: serde_json::Value =
+            serde_json::from_slice(&reply.metadata).unwrap_or_else(|_| serde_json::json!({}));
+        if !meta.is_object() {
+            meta = serde_json::json!({});
+        }
+        meta["nbos_election"] = executed(revision);
+        reply.metadata = bytes::Bytes::from(meta.to_string());
+        kernel.hub.release(client, Channel::Shell, reply, SystemTime::now());
+    }
+
+    /// The replicas hosted here (`GET /api/v1/cluster/replicas`).
+    pub async fn replicas(&self) -> Vec<ReplicaStatus> {
+        let all: Vec<Arc<LocalReplica>> = self.lock().values().cloned().collect();
+        let mut out = Vec::with_capacity(all.len());
+        for r in all {
+            let raft_role = match self.store.status(r.group).await {
+                Ok(s) => s.role,
+                Err(_) => "unknown".to_owned(),
+            };
+            let latest = self
+                .store
+                .kv(r.group)
+                .get_stale(keys::NS_CELL.as_bytes())
+                .await
+                .ok()
+                .and_then(|o| o.kvs.into_iter().next());
+            let latest_revision = latest.as_ref().map_or(0, |kv| kv.mod_revision);
+            let last_cell: Option<NsCell> = latest.and_then(|kv| super::records::decode(&kv.key, &kv.value).ok());
+            let executor = last_cell.is_some_and(|c| c.replica == r.replica && c.node_id == self.node_id);
+            let applied = r.applier.applied();
+            out.push(ReplicaStatus {
+                kernel_id: r.kernel_id.clone(),
+                replica: r.replica,
+                node_id: self.node_id,
+                group: r.group,
+                raft_role,
+                role: if executor { "executor" } else { "standby" }.to_owned(),
+                applied_revision: applied,
+                latest_revision,
+                lag_revisions: latest_revision.saturating_sub(applied),
+                broken: r.applier.broken(),
+            });
+        }
+        out.sort_by(|a, b| a.kernel_id.cmp(&b.kernel_id));
+        out
+    }
+}
+
+/// Resolves when the kernel has no live process (died or shut down).
+async fn wait_dead(kernel: &Kernel) {
+    let mut every = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        every.tick().await;
+        if kernel.hub.activity().execution_state == "dead" {
+            return;
+        }
+    }
+}

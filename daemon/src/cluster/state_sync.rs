@@ -1,0 +1,629 @@
+//! Namespace synchronisation of a kernel's replicas (F-cluster steps 4 and 6).
+//!
+//! Executor side ([`export_and_commit`]): after a cell, the local kernel exports what
+//! the cell changed (`nbos_kernel.sync.export_cell(dir)` writes `manifest.json` and one
+//! payload file per object); payloads up to `inline_max_bytes` go into the raft log
+//! inline, larger ones (and any that would take the group's inline total past
+//! [`GROUP_INLINE_BUDGET`]) into the large-object store first, then ONE transaction puts
+//! and deletes `ns/{name}` and puts `ns-cell`.
+//!
+//! Follower side ([`Applier`], one per local replica): watches `ns` (which covers `ns/`
+//! and `ns-cell`) in the kernel group, and for each committed cell materialises a
+//! manifest directory and runs `nbos_kernel.sync.apply_cell(dir)` silently in the local
+//! kernel, in revision order. On start, after a snapshot, or when the watch history is
+//! compacted, it applies the whole namespace as one batch. Cells the local replica
+//! executed itself are only recorded, not re-applied.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use bytes::Bytes;
+use raft_store::state_machine::{Txn, TxnOp};
+use raft_store::{Kv, WatchEvent, WatchEventKind};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::election::Proposer;
+use super::objects::{sha256_hex, Objects};
+use super::records::{self, keys};
+use crate::kernel::Kernel;
+
+/// Total inline payload bytes a kernel group may hold: its snapshot travels as one
+/// 16 MiB frame, so half of that is the namespace's share; the rest spills to objects.
+pub const GROUP_INLINE_BUDGET: u64 = 8 << 20;
+/// Prefix the applier watches: `ns/` entries and the `ns-cell` marker.
+const WATCH_PREFIX: &str = "ns";
+/// Magic and version of an `ns/` value.
+const NS_MAGIC: &[u8; 4] = b"NBS1";
+/// Attempts at applying one cell before the replica is declared diverged.
+const APPLY_ATTEMPTS: u32 = 3;
+
+/// Namespace sync settings (from `[cluster]`).
+#[derive(Debug, Clone)]
+pub struct SyncConfig {
+    /// Payloads up to this size go through the raft log (`cluster.sync_inline_max_bytes`).
+    pub inline_max_bytes: u64,
+    /// Scratch space for manifest directories (under the state directory).
+    pub work_dir: PathBuf,
+    /// How long one export or apply may take in the kernel.
+    pub kernel_timeout: Duration,
+}
+
+impl SyncConfig {
+    /// Defaults: 1 MiB inline, 10 minutes per export/apply.
+    pub fn new(work_dir: PathBuf) -> Self {
+        Self { inline_max_bytes: 1 << 20, work_dir, kernel_timeout: Duration::from_secs(600) }
+    }
+}
+
+/// One object in a manifest (`nbos_kernel.sync`'s format).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestEntry {
+    /// Global name.
+    pub name: String,
+    /// `pickle` or `module`.
+    pub kind: String,
+    /// Payload file in the manifest directory.
+    pub file: String,
+    /// Payload size in bytes.
+    pub size: u64,
+    /// Payload sha256 (hex).
+    pub sha256: String,
+}
+
+/// A name that could not be exported.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unpicklable {
+    /// Global name.
+    pub name: String,
+    /// Why.
+    pub error: String,
+}
+
+/// `manifest.json` of an export or an apply.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Format version (1).
+    pub version: u32,
+    /// The shell's execution count after the cell.
+    pub execution_count: u64,
+    /// Objects set (new, rebound or mutated).
+    pub set: Vec<ManifestEntry>,
+    /// Names deleted.
+    pub deleted: Vec<String>,
+    /// Names that could not be exported (executor side only).
+    #[serde(default)]
+    pub unpicklable: Vec<Unpicklable>,
+}
+
+/// Where an `ns/` value's payload is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+enum Payload {
+    /// In the value.
+    Inline(Vec<u8>),
+    /// In the large-object store under its sha256.
+    Object,
+}
+
+/// An `ns/{name}` value: a small header plus the payload or a pointer to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct NsValue {
+    kind: String,
+    size: u64,
+    sha256: String,
+    payload: Payload,
+}
+
+impl NsValue {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = NS_MAGIC.to_vec();
+        // Plain data with no maps: postcard cannot fail on it.
+        out.extend(postcard::to_stdvec(self).unwrap_or_default());
+        out
+    }
+
+    fn decode(key: &[u8], value: &[u8]) -> anyhow::Result<Self> {
+        let body = value
+            .strip_prefix(NS_MAGIC.as_slice())
+            .with_context(|| format!("{} is not a namespace value", String::from_utf8_lossy(key)))?;
+        postcard::from_bytes(body)
+            .with_context(|| format!("undecodable namespace value {}", String::from_utf8_lossy(key)))
+    }
+
+    fn inline_bytes(&self) -> u64 {
+        match &self.payload {
+            Payload::Inline(b) => b.len() as u64,
+            Payload::Object => 0,
+        }
+    }
+}
+
+/// The `ns-cell` marker: the last synchronised cell.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NsCell {
+    /// The cell (its `execute_request` msg_id).
+    pub cell: String,
+    /// The executor's execution count after it.
+    pub execution_count: u64,
+    /// The replica that executed it.
+    pub replica: u32,
+    /// Its host.
+    pub node_id: u64,
+}
+
+/// What an export committed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Exported {
+    /// Revision of the transaction.
+    pub revision: u64,
+    /// Names put.
+    pub set: usize,
+    /// Names deleted.
+    pub deleted: usize,
+    /// Payload bytes that went through the log.
+    pub inline_bytes: u64,
+    /// Payload bytes that went to the object store.
+    pub object_bytes: u64,
+    /// Names that could not be exported (the cell's warning).
+    pub unpicklable: Vec<Unpicklable>,
+}
+
+fn py_str(s: &str) -> String {
+    // A JSON string is a valid Python string literal for what we pass (paths).
+    serde_json::Value::from(s).to_string()
+}
+
+fn check_name(name: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !name.is_empty() && name.len() <= 256 && !name.contains(['/', '\0']),
+        "invalid namespace name {name:?} in the manifest"
+    );
+    Ok(())
+}
+
+fn check_file(file: &str) -> anyhow::Result<()> {
+    let p = Path::new(file);
+    anyhow::ensure!(
+        p.components().count() == 1 && matches!(p.components().next(), Some(std::path::Component::Normal(_))),
+        "manifest payload file {file:?} is not a plain file name"
+    );
+    Ok(())
+}
+
+fn scratch_dir(cfg: &SyncConfig, what: &str) -> anyhow::Result<tempfile::TempDir> {
+    std::fs::create_dir_all(&cfg.work_dir)
+        .with_context(|| format!("creating the sync work directory {}", cfg.work_dir.display()))?;
+    tempfile::Builder::new().prefix(what).tempdir_in(&cfg.work_dir).context("creating a manifest directory")
+}
+
+/// Exports what the last cell changed in `kernel`'s namespace and commits it to the
+/// kernel group as one transaction. `inline_in_use` is the group's inline total of the
+/// names *not* touched by this export (see [`Applier::inline_bytes_excluding`]).
+pub async fn export_and_commit(
+    kernel: &Kernel,
+    kv: &Kv,
+    objects: &Objects,
+    cfg: &SyncConfig,
+    cell: &str,
+    me: Proposer,
+    inline_in_use: impl FnOnce(&BTreeSet<String>) -> u64,
+) -> anyhow::Result<Exported> {
+    let dir = scratch_dir(cfg, "export-")?;
+    let code = format!(
+        "__import__('nbos_kernel.sync', fromlist=['export_cell']).export_cell({})",
+        py_str(&dir.path().display().to_string())
+    );
+    kernel
+        .run_internal(&code, &serde_json::json!({}), cfg.kernel_timeout)
+        .await
+        .context("exporting the cell's namespace changes")?;
+    let manifest_path = dir.path().join("manifest.json");
+    let raw = tokio::fs::read(&manifest_path)
+        .await
+        .with_context(|| format!("reading the export manifest {}", manifest_path.display()))?;
+    let manifest: Manifest = serde_json::from_slice(&raw).context("undecodable export manifest")?;
+    anyhow::ensure!(manifest.version == 1, "export manifest version {} is not 1", manifest.version);
+
+    let touched: BTreeSet<String> =
+        manifest.set.iter().map(|e| e.name.clone()).chain(manifest.deleted.iter().cloned()).collect();
+    let mut budget = GROUP_INLINE_BUDGET.saturating_sub(inline_in_use(&touched));
+    let mut entries = manifest.set.clone();
+    // Small first: the most names fit inline; the big ones spill.
+    entries.sort_by_key(|e| e.size);
+    let mut out = Exported { unpicklable: manifest.unpicklable.clone(), ..Default::default() };
+    let mut txn = Txn::new();
+    for e in &entries {
+        check_name(&e.name)?;
+        check_file(&e.file)?;
+        let path = dir.path().join(&e.file);
+        let data = tokio::fs::read(&path).await.with_context(|| format!("reading payload {}", path.display()))?;
+        anyhow::ensure!(
+            data.len() as u64 == e.size && sha256_hex(&data) == e.sha256,
+            "payload of {} does not match its manifest entry (size {} vs {}, or sha256)",
+            e.name,
+            data.len(),
+            e.size
+        );
+        let size = data.len() as u64;
+        let payload = if size <= cfg.inline_max_bytes && size <= budget {
+            budget -= size;
+            out.inline_bytes += size;
+            Payload::Inline(data)
+        } else {
+            // Written (and durable in the store) before the pointer is committed.
+            let sha = objects.put(Bytes::from(data)).await.with_context(|| format!("storing {}", e.name))?;
+            anyhow::ensure!(sha == e.sha256, "object store named {} {sha}, expected {}", e.name, e.sha256);
+            out.object_bytes += size;
+            Payload::Object
+        };
+        let value = NsValue { kind: e.kind.clone(), size, sha256: e.sha256.clone(), payload };
+        txn = txn.and_then(TxnOp::put(keys::ns(&e.name).into_bytes(), value.encode()));
+        out.set += 1;
+    }
+    for name in &manifest.deleted {
+        check_name(name)?;
+        txn = txn.and_then(TxnOp::delete(keys::ns(name).into_bytes()));
+        out.deleted += 1;
+    }
+    let marker = NsCell {
+        cell: cell.to_owned(),
+        execution_count: manifest.execution_count,
+        replica: me.replica,
+        node_id: me.node_id,
+    };
+    txn = txn.and_then(TxnOp::put(keys::NS_CELL.as_bytes().to_vec(), records::encode(&marker)));
+    let resp = kv.txn(txn).await.context("committing the cell's namespace to the kernel group")?;
+    out.revision = resp.revision;
+    tracing::debug!(
+        cell,
+        revision = out.revision,
+        set = out.set,
+        deleted = out.deleted,
+        inline = out.inline_bytes,
+        objects = out.object_bytes,
+        "namespace committed"
+    );
+    Ok(out)
+}
+
+/// What the applier shares with its users.
+#[derive(Debug, Default)]
+struct Shared {
+    /// Inline payload bytes per name, as of the applied revision.
+    inline: BTreeMap<String, u64>,
+    /// Set when a cell could not be applied: the replica's namespace is behind for good.
+    broken: Option<String>,
+    /// Catch-ups done (start, snapshot, compaction).
+    catch_ups: u64,
+}
+
+/// The follower side of one local replica: applies committed cells to its kernel.
+pub struct Applier {
+    applied: watch::Receiver<u64>,
+    shared: Arc<Mutex<Shared>>,
+    kv: Kv,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Applier {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl std::fmt::Debug for Applier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Applier").field("group", &self.kv.group()).field("applied", &*self.applied.borrow()).finish()
+    }
+}
+
+impl Applier {
+    /// Starts applying the group's namespace to `kernel` (replica `me`).
+    pub fn start(kernel: Arc<Kernel>, kv: Kv, objects: Objects, cfg: SyncConfig, me: Proposer) -> Self {
+        let (tx, rx) = watch::channel(0u64);
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let run = Run { kernel, kv: kv.clone(), objects, cfg, me, applied: tx, shared: shared.clone() };
+        let task = tokio::spawn(run.run());
+        Self { applied: rx, shared, kv, task }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The last revision of the group this replica's namespace reflects.
+    pub fn applied(&self) -> u64 {
+        *self.applied.borrow()
+    }
+
+    /// Why the replica's namespace stopped following the group, if it did.
+    pub fn broken(&self) -> Option<String> {
+        self.lock().broken.clone()
+    }
+
+    /// How many whole-namespace catch-ups ran.
+    pub fn catch_ups(&self) -> u64 {
+        self.lock().catch_ups
+    }
+
+    /// The group's inline payload total, leaving out `names`.
+    pub fn inline_bytes_excluding(&self, names: &BTreeSet<String>) -> u64 {
+        self.lock().inline.iter().filter(|(n, _)| !names.contains(*n)).map(|(_, b)| *b).sum()
+    }
+
+    /// Waits until the namespace reflects `revision`.
+    pub async fn wait_applied(&self, revision: u64, timeout: Duration) -> anyhow::Result<()> {
+        let mut rx = self.applied.clone();
+        let wait = async {
+            loop {
+                if *rx.borrow_and_update() >= revision {
+                    return Ok(());
+                }
+                if let Some(why) = self.broken() {
+                    anyhow::bail!("this replica's namespace is broken: {why}");
+                }
+                if rx.changed().await.is_err() {
+                    anyhow::bail!("the namespace applier stopped");
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait)
+            .await
+            .map_err(|_| anyhow::anyhow!("namespace not applied up to revision {revision} within {timeout:?}"))?
+    }
+
+    /// Waits until the namespace reflects the group's latest synchronised cell
+    /// (linearizable read of `ns-cell`); returns its revision.
+    pub async fn catch_up(&self, timeout: Duration) -> anyhow::Result<u64> {
+        let latest = tokio::time::timeout(timeout, self.kv.get(keys::NS_CELL.as_bytes()))
+            .await
+            .map_err(|_| anyhow::anyhow!("reading ns-cell timed out after {timeout:?}"))?
+            .context("reading the group's last synchronised cell")?;
+        let revision = latest.map_or(0, |kv| kv.mod_revision);
+        self.wait_applied(revision, timeout).await?;
+        Ok(revision)
+    }
+}
+
+/// The applier's task.
+struct Run {
+    kernel: Arc<Kernel>,
+    kv: Kv,
+    objects: Objects,
+    cfg: SyncConfig,
+    me: Proposer,
+    applied: watch::Sender<u64>,
+    shared: Arc<Mutex<Shared>>,
+}
+
+/// One revision's changes under `ns`.
+#[derive(Default)]
+struct Batch {
+    puts: BTreeMap<String, NsValue>,
+    deletes: BTreeSet<String>,
+    cell: Option<NsCell>,
+}
+
+impl Run {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    async fn run(self) {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match self.follow().await {
+                Ok(()) => backoff = Duration::from_millis(50),
+                Err(e) => {
+                    if self.lock().broken.is_some() {
+                        tracing::error!(group = self.kv.group(), kernel = %self.kernel.id, error = format!("{e:#}"), "namespace applier stopped");
+                        return;
+                    }
+                    tracing::debug!(group = self.kv.group(), error = format!("{e:#}"), "namespace applier retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    /// Catches up from the local state, then follows the watch until it ends.
+    async fn follow(&self) -> anyhow::Result<()> {
+        let from = self.catch_up_batch().await?;
+        let mut watch = match self.kv.watch(WATCH_PREFIX.as_bytes(), from + 1).await {
+            Ok(w) => w,
+            Err(raft_store::Error::Compacted { .. }) => return Ok(()),
+            Err(e) => return Err(e).context("watching the kernel group's namespace"),
+        };
+        let mut pending: Vec<WatchEvent> = Vec::new();
+        while let Some(ev) = watch.next().await {
+            let is_cell = ev.key == keys::NS_CELL.as_bytes() && ev.kind == WatchEventKind::Put;
+            let revision = ev.revision;
+            pending.push(ev);
+            if is_cell {
+                let batch = self.batch_of(std::mem::take(&mut pending))?;
+                self.apply(batch, revision, false).await?;
+            }
+        }
+        // Ended (snapshot installed, or we fell behind): catch up again.
+        Ok(())
+    }
+
+    fn batch_of(&self, events: Vec<WatchEvent>) -> anyhow::Result<Batch> {
+        let mut b = Batch::default();
+        for ev in events {
+            let Some(rest) = ev.key.strip_prefix(keys::NS.as_bytes()) else {
+                if ev.key == keys::NS_CELL.as_bytes() {
+                    if let Some(v) = &ev.value {
+                        b.cell = Some(records::decode(&ev.key, v)?);
+                    }
+                }
+                continue;
+            };
+            let name = String::from_utf8_lossy(rest).into_owned();
+            match (ev.kind, ev.value) {
+                (WatchEventKind::Put, Some(v)) => {
+                    b.deletes.remove(&name);
+                    b.puts.insert(name, NsValue::decode(&ev.key, &v)?);
+                }
+                _ => {
+                    b.puts.remove(&name);
+                    b.deletes.insert(name);
+                }
+            }
+        }
+        Ok(b)
+    }
+
+    /// Applies the whole local namespace as one batch; returns its revision.
+    async fn catch_up_batch(&self) -> anyhow::Result<u64> {
+        let out = self.kv.range_stale(WATCH_PREFIX.as_bytes(), 0).await.context("reading the namespace")?;
+        let mut b = Batch::default();
+        for kv in &out.kvs {
+            if let Some(rest) = kv.key.strip_prefix(keys::NS.as_bytes()) {
+                b.puts.insert(String::from_utf8_lossy(rest).into_owned(), NsValue::decode(&kv.key, &kv.value)?);
+            } else if kv.key == keys::NS_CELL.as_bytes() {
+                b.cell = Some(records::decode(&kv.key, &kv.value)?);
+            }
+        }
+        // Names this replica holds that the group no longer has.
+        let known: BTreeSet<String> = self.lock().inline.keys().cloned().collect();
+        b.deletes = known.into_iter().filter(|n| !b.puts.contains_key(n)).collect();
+        let revision = out.applied_index.max(*self.applied.borrow());
+        self.lock().catch_ups += 1;
+        if b.puts.is_empty() && b.deletes.is_empty() && b.cell.is_none() {
+            self.applied.send_replace(revision);
+            return Ok(revision);
+        }
+        self.apply(b, revision, true).await?;
+        Ok(revision)
+    }
+
+    async fn apply(&self, batch: Batch, revision: u64, full: bool) -> anyhow::Result<()> {
+        let own =
+            !full && batch.cell.as_ref().is_some_and(|c| c.replica == self.me.replica && c.node_id == self.me.node_id);
+        if !own {
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                match self.apply_in_kernel(&batch).await {
+                    Ok(()) => break,
+                    Err(e) if attempt < APPLY_ATTEMPTS => {
+                        tracing::warn!(
+                            group = self.kv.group(),
+                            revision,
+                            attempt,
+                            error = format!("{e:#}"),
+                            "applying a cell failed; retrying"
+                        );
+                        tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
+                    }
+                    Err(e) => {
+                        let why = format!("cell at revision {revision} could not be applied: {e:#}");
+                        self.lock().broken = Some(why.clone());
+                        self.applied.send_modify(|_| {}); // wake waiters: they see `broken`
+                        anyhow::bail!(why);
+                    }
+                }
+            }
+        }
+        {
+            let mut g = self.lock();
+            for name in &batch.deletes {
+                g.inline.remove(name);
+            }
+            for (name, v) in &batch.puts {
+                g.inline.insert(name.clone(), v.inline_bytes());
+            }
+        }
+        self.applied.send_replace(revision);
+        tracing::debug!(group = self.kv.group(), revision, own, full, names = batch.puts.len(), "namespace applied");
+        Ok(())
+    }
+
+    async fn apply_in_kernel(&self, batch: &Batch) -> anyhow::Result<()> {
+        let dir = scratch_dir(&self.cfg, "apply-")?;
+        let mut set = Vec::with_capacity(batch.puts.len());
+        for (i, (name, v)) in batch.puts.iter().enumerate() {
+            let data = match &v.payload {
+                Payload::Inline(b) => Bytes::from(b.clone()),
+                Payload::Object => {
+                    self.objects.get(&v.sha256).await.with_context(|| format!("fetching the payload of {name}"))?
+                }
+            };
+            anyhow::ensure!(sha256_hex(&data) == v.sha256, "payload of {name} does not match its sha256");
+            let file = format!("{i}.bin");
+            tokio::fs::write(dir.path().join(&file), &data).await.context("writing a payload file")?;
+            set.push(ManifestEntry {
+                name: name.clone(),
+                kind: v.kind.clone(),
+                file,
+                size: v.size,
+                sha256: v.sha256.clone(),
+            });
+        }
+        let manifest = Manifest {
+            version: 1,
+            execution_count: batch.cell.as_ref().map_or(0, |c| c.execution_count),
+            set,
+            deleted: batch.deletes.iter().cloned().collect(),
+            unpicklable: Vec::new(),
+        };
+        let path = dir.path().join("manifest.json");
+        tokio::fs::write(&path, serde_json::to_vec(&manifest).context("encoding the manifest")?)
+            .await
+            .context("writing the manifest")?;
+        let code = format!(
+            "__import__('nbos_kernel.sync', fromlist=['apply_cell']).apply_cell({})",
+            py_str(&dir.path().display().to_string())
+        );
+        self.kernel.run_internal(&code, &serde_json::json!({}), self.cfg.kernel_timeout).await?;
+        Ok(())
+    }
+}
+
+/// The namespace digest of `kernel` (`nbos_kernel.sync.namespace_digest()`): equal on
+/// two replicas with equal state.
+pub async fn namespace_digest(kernel: &Kernel, timeout: Duration) -> anyhow::Result<String> {
+    let expr = "__import__('nbos_kernel.sync', fromlist=['namespace_digest']).namespace_digest()";
+    let content = kernel.run_internal("", &serde_json::json!({ "d": expr }), timeout).await?;
+    let d = &content["user_expressions"]["d"];
+    anyhow::ensure!(d["status"] == "ok", "namespace_digest failed: {}: {}", d["ename"], d["evalue"]);
+    let text = d["data"]["text/plain"].as_str().context("namespace_digest returned no text")?;
+    Ok(text.trim_matches('\'').to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ns_values_round_trip_and_foreign_bytes_are_refused() {
+        let v = NsValue {
+            kind: "pickle".into(),
+            size: 3,
+            sha256: sha256_hex(b"abc"),
+            payload: Payload::Inline(b"abc".to_vec()),
+        };
+        assert_eq!(NsValue::decode(b"ns/x", &v.encode()).expect("decode"), v);
+        let err = NsValue::decode(b"ns/x", b"{\"json\":1}").expect_err("foreign");
+        assert!(format!("{err:#}").contains("ns/x"));
+        let mut truncated = v.encode();
+        truncated.truncate(8);
+        assert!(NsValue::decode(b"ns/x", &truncated).is_err());
+    }
+
+    #[test]
+    fn manifest_names_and_files_are_checked() {
+        assert!(check_file("3.pkl").is_ok());
+        for bad in ["../x", "/etc/passwd", "a/b", "", "."] {
+            assert!(check_file(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(check_name("x").is_ok());
+        assert!(check_name("a/b").is_err());
+        assert!(check_name("").is_err());
+    }
+}
