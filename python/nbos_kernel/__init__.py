@@ -7,7 +7,7 @@ so that the executing replica can export only those to its followers
 """
 
 from .namespace import NamespaceTracker, fingerprint
-from .sync import apply_cell, export_cell, mark_changed, namespace_digest, namespace_digests
+from .sync import apply_cell, export_cell, mark_changed, namespace_digest, namespace_digests, namespace_report
 
 __all__ = [
     "NamespaceTracker",
@@ -18,6 +18,7 @@ __all__ = [
     "mark_changed",
     "namespace_digest",
     "namespace_digests",
+    "namespace_report",
 ]
 __version__ = "0.1.0"
 
@@ -27,4 +28,6 @@ def load_ipython_extension(ipython):
     tracker = NamespaceTracker(ipython.user_ns)
     ipython.user_ns_hidden["_nbos_tracker"] = tracker
     ipython.user_ns["_nbos_tracker"] = tracker
+    tracker.hooked = True
+    ipython.events.register("pre_run_cell", lambda info: tracker.cell_started())
     ipython.events.register("post_run_cell", lambda result: tracker.end_cell())

@@ -14,12 +14,16 @@ other values by their pickled bytes). Two caveats, both documented in docs/state
   (exact: they are immutable), any other larger value by identity. ``mark_changed``
   forces a name into the next export.
 
-Names that IPython and this helper own (``_``, ``__``, ``In``, ``Out``, ``_i3``,
-``exit``, ``quit``, ``get_ipython``, anything starting with ``_``) are not user state.
+Names that Python, IPython and this helper own are not user state: dunder names
+(``__name__``, ``__builtins__``), IPython's output and input history (``_``, ``__``,
+``___``, ``_3``, ``_i``, ``_ii``, ``_iii``, ``_i3``, ``_ih``, ``_oh``, ``_dh``, ``In``,
+``Out``), ``_exit_code``, ``exit``, ``quit``, ``get_ipython`` and ``_nbos_*``. Other names
+starting with an underscore (``_tmp``) are the user's and are synchronised.
 """
 
 from __future__ import annotations
 
+import re
 import types
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Mapping, Set
@@ -30,12 +34,18 @@ from .digest import Digester, Unpicklable
 # on one core, so a value at the limit costs about 0.15 s per cell).
 MAX_FINGERPRINT_BYTES = 256 * 1024 * 1024
 
-_IPYTHON_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
+_IPYTHON_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython", "_ih", "_oh", "_dh", "_exit_code"})
+# `_`, `__`, `___`, `_i`, `_ii`, `_iii`, `_i12`, `_12`: IPython's history of inputs and outputs.
+_IPYTHON_HISTORY = re.compile(r"_{1,3}|_i{1,3}|_i?[0-9]+")
 
 
 def is_user_name(name: str) -> bool:
-    """True for names that belong to the user, not to IPython or this helper."""
-    return not name.startswith("_") and name not in _IPYTHON_NAMES
+    """True for names that belong to the user, not to Python, IPython or this helper."""
+    if name in _IPYTHON_NAMES or name.startswith("_nbos_"):
+        return False
+    if name.startswith("__") and name.endswith("__"):
+        return False
+    return _IPYTHON_HISTORY.fullmatch(name) is None
 
 
 def fingerprint(value: Any) -> str:
@@ -72,6 +82,10 @@ class NamespaceTracker:
 
     ``baseline=False`` starts from an empty baseline: every user name present counts as
     new at the first ``end_cell`` (used when the helper was not loaded at kernel start).
+
+    ``hooked`` (set by the IPython extension, which calls ``cell_started`` before and
+    ``end_cell`` after every cell) lets ``drain`` skip hashing the namespace again when
+    no cell ran since the last ``end_cell``; without hooks ``drain`` always compares.
     """
 
     def __init__(self, namespace: Mapping[str, Any], *, baseline: bool = True):
@@ -79,6 +93,12 @@ class NamespaceTracker:
         self._prints: Dict[str, str] = self._take() if baseline else {}
         self.last: CellChanges = CellChanges()
         self._pending: CellChanges = CellChanges()
+        self.hooked = False
+        self._fresh = False
+
+    def cell_started(self) -> None:
+        """A cell is about to run: the fingerprints are stale until its ``end_cell``."""
+        self._fresh = False
 
     def _take(self) -> Dict[str, str]:
         return {k: fingerprint(v) for k, v in list(self._ns.items()) if is_user_name(k)}
@@ -91,6 +111,7 @@ class NamespaceTracker:
         self._prints = now
         self.last = CellChanges(changed=changed, deleted=deleted)
         self._add_pending(changed, deleted)
+        self._fresh = True
         return self.last
 
     def _add_pending(self, changed: Set[str], deleted: Set[str]) -> None:
@@ -103,7 +124,8 @@ class NamespaceTracker:
 
     def drain(self) -> CellChanges:
         """Takes the changes since the last drain, including any since the last cell."""
-        self.end_cell()
+        if not (self.hooked and self._fresh):
+            self.end_cell()
         out, self._pending = self._pending, CellChanges()
         return out
 

@@ -48,6 +48,7 @@ __all__ = [
     "mark_changed",
     "namespace_digest",
     "namespace_digests",
+    "namespace_report",
 ]
 
 MANIFEST = "manifest.json"
@@ -365,8 +366,20 @@ def namespace_digest(namespace: Optional[dict] = None) -> str:
     ``nbos_kernel.digest``; values that do not pickle are left out, because sync does
     not carry them (they are named in the export's warning instead).
     """
+    return namespace_report(namespace)["digest"]
+
+
+def namespace_report(namespace: Optional[dict] = None) -> SyncResult:
+    """:func:`namespace_digest` as JSON for the daemon (``user_expressions`` renders a
+    bare string only as its repr): ``{"digest", "names": [user names digested],
+    "left_out": [names whose values do not pickle]}``."""
+    digests = namespace_digests(namespace)
     h = hashlib.sha256(b"nbos-namespace-v1")
-    for name, digest in namespace_digests(namespace).items():
+    for name, digest in digests.items():
         if digest is not None:
             h.update(name.encode("utf-8") + b"=" + digest.encode("ascii") + b";")
-    return h.hexdigest()
+    return SyncResult(
+        digest=h.hexdigest(),
+        names=[n for n, d in digests.items() if d is not None],
+        left_out=[n for n, d in digests.items() if d is None],
+    )

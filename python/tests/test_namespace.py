@@ -28,7 +28,10 @@ def test_ipython_and_private_names_are_not_user_state():
     ns["_"] = 2
     ns["Out"][1] = 5
     assert t.end_cell().is_empty()
-    assert is_user_name("model") and not is_user_name("_hidden")
+    assert is_user_name("model") and is_user_name("_tmp") and is_user_name("_i_x")
+    for name in ("_", "__", "___", "_i", "_ii", "_iii", "_i3", "_3", "_ih", "_oh", "_dh", "_exit_code"):
+        assert not is_user_name(name), name
+    assert not is_user_name("__name__") and not is_user_name("_nbos_tracker")
 
 
 def test_unpicklable_values_change_only_when_rebound():

@@ -122,12 +122,12 @@ def test_the_next_export_holds_only_what_the_cell_changed(tmp_path):
 
 def test_changes_of_several_cells_accumulate_until_the_export(tmp_path):
     a = Replica()
-    a.run("x = 1\ny = 2\nz = 3")
-    a.run("x = 10\ndel y")
+    a.run("x = 1\ny = 2\nz = 3\n_i9 = 'ipython input history'")
+    a.run("x = 10\ndel y\n_tmp = 'user'")
     a.run("z += 1\nw = 'w'")
     a.run("del w")  # created and deleted between two exports
     out = a.export(tmp_path / "1")
-    assert out["set"] == ["x", "z"]
+    assert out["set"] == ["_tmp", "x", "z"]
     assert out["deleted"] == ["w", "y"]
 
 
@@ -241,7 +241,7 @@ def test_an_unpicklable_value_unbinds_the_stale_one_on_the_follower(tmp_path):
         ({"version": 2, "execution_count": 1}, "version"),
         ({"version": 1, "execution_count": -1}, "execution_count"),
         ({"version": 1, "execution_count": 1, "set": [{"name": "a b"}]}, "not a user variable name"),
-        ({"version": 1, "execution_count": 1, "set": [{"name": "_x"}]}, "not a user variable name"),
+        ({"version": 1, "execution_count": 1, "set": [{"name": "_i3"}]}, "not a user variable name"),
         (
             {"version": 1, "execution_count": 1, "set": [{"name": "x", "kind": "pickle", "file": "../x", "size": 1, "sha256": "0" * 64}]},
             "plain file name",
@@ -365,6 +365,10 @@ def test_two_ipykernels_converge_through_export_and_apply(tmp_path):
         assert got["failed"] == []
         digest = "__import__('nbos_kernel').namespace_digest()"
         assert _internal(a, digest) == _internal(b, digest)
+        report = "__import__('nbos_kernel').namespace_report()"
+        ra, rb = _internal(a, report), _internal(b, report)
+        assert ra["digest"] == rb["digest"] == _internal(a, digest)
+        assert ra["left_out"] == ["lock"] and rb["left_out"] == [] and ra["names"] == rb["names"]
         assert _internal(b, "[f(0), p.norm(), isinstance(p, Point), 'lock' in dir()]") == [3, 8, True, False]
         # The follower's next cell gets the number the executor's next cell would get.
         assert _internal(b, "get_ipython().execution_count") == _internal(a, "get_ipython().execution_count") == 3
