@@ -27,6 +27,38 @@ pub enum Error {
         /// The group.
         group: u64,
     },
+    /// A request was to be forwarded to the group's leader, but no connection to that node was up
+    /// until the deadline; nothing was proposed.
+    #[error("group {group}: leader {leader} was unreachable (no connection) for {after:?}; nothing was proposed")]
+    LeaderUnreachable {
+        /// The group.
+        group: u64,
+        /// The node believed to lead the group.
+        leader: u64,
+        /// How long we tried.
+        after: Duration,
+    },
+    /// A request forwarded to the leader got no answer: the connection broke, or leadership moved
+    /// elsewhere, after it was sent. A write may or may not have been applied.
+    #[error("group {group}: request forwarded to leader {leader} got no answer ({reason}; a write may or may not have been applied)")]
+    ForwardLost {
+        /// The group.
+        group: u64,
+        /// The node the request was forwarded to.
+        leader: u64,
+        /// What happened.
+        reason: &'static str,
+    },
+    /// The leader answered a forwarded request with an error this node has no variant for.
+    #[error("node {node} answered: {kind}: {message}")]
+    Remote {
+        /// The answering node.
+        node: u64,
+        /// [`Error::kind`] there.
+        kind: String,
+        /// Its message.
+        message: String,
+    },
     /// No such group on this node.
     #[error("group {0} not found on this node")]
     GroupNotFound(u64),
@@ -99,6 +131,9 @@ impl Error {
             Error::NotLeader { .. } => "not_leader",
             Error::Timeout { .. } => "timeout",
             Error::LeadershipLost { .. } => "leadership_lost",
+            Error::LeaderUnreachable { .. } => "leader_unreachable",
+            Error::ForwardLost { .. } => "forward_lost",
+            Error::Remote { .. } => "remote",
             Error::GroupNotFound(_) => "group_not_found",
             Error::GroupExists(_) => "group_exists",
             Error::Compacted { .. } => "compacted",
@@ -118,7 +153,14 @@ impl Error {
 
     /// True when a write that failed with this error may nevertheless have been applied.
     pub fn outcome_unknown(&self) -> bool {
-        matches!(self, Error::Timeout { .. } | Error::LeadershipLost { .. } | Error::Stopped)
+        matches!(
+            self,
+            Error::Timeout { .. }
+                | Error::LeadershipLost { .. }
+                | Error::ForwardLost { .. }
+                | Error::Remote { .. }
+                | Error::Stopped
+        )
     }
 }
 

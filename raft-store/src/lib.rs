@@ -4,7 +4,8 @@
 //! them in one `raft-engine` log (one fsync per loop iteration for all groups), talks to other
 //! nodes over one mutually-authenticated TLS connection per peer, and runs a replicated key-value
 //! state machine per group ([`Kv`]: put, delete, CAS, linearizable and stale reads, prefix range,
-//! watch, TTL leases). It knows nothing about notebooks.
+//! watch, TTL leases, atomic multi-key transactions). Any member node can be used: writes and
+//! linearizable reads on a follower are forwarded to the leader. It knows nothing about notebooks.
 //!
 //! ```no_run
 //! # async fn demo() -> raft_store::Result<()> {
@@ -21,6 +22,7 @@
 pub mod config;
 mod engine;
 pub mod error;
+mod forward;
 mod logging;
 pub mod metrics;
 pub mod service;
@@ -32,6 +34,8 @@ pub mod transport;
 pub use config::{StoreConfig, TransportSecurity};
 pub use engine::request::{GroupStatus, Membership, MembershipChange, ReadOutput};
 pub use error::{Error, Result};
-pub use state_machine::{CasOutcome, KeyValue, WatchEvent, WatchEventKind};
+pub use state_machine::{
+    CasOutcome, Compare, CompareTarget, KeyValue, Txn, TxnOp, TxnOpResult, TxnResponse, WatchEvent, WatchEventKind,
+};
 pub use store::{Kv, LeaseId, RaftStore, Watch, MAX_LEASE_TTL};
 pub use transport::tls::{generate_cluster_pki, NodeTlsFiles};

@@ -14,6 +14,22 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+/// Labels of a forwarded request.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ForwardLabel {
+    /// write, read or keepalive.
+    pub op: String,
+    /// How it ended.
+    pub outcome: String,
+}
+
+/// A label with an outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// How it ended.
+    pub outcome: String,
+}
+
 /// All metrics of one store.
 #[derive(Debug, Clone)]
 pub struct Metrics {
@@ -42,6 +58,15 @@ pub struct Metrics {
     pub leader_changes: Counter,
     /// Open connections to peer nodes (one per peer).
     pub peer_connections: Gauge,
+    /// Requests this node forwarded to a leader, by op and outcome (ok, error, not_leader,
+    /// not_sent, lost, timeout, overloaded, late_answer).
+    pub forwarded: Family<ForwardLabel, Counter>,
+    /// Forwarded requests this node ran for peers, by outcome (ok, error, not_leader, overloaded).
+    pub forward_served: Family<OutcomeLabel, Counter>,
+    /// Forwarded requests waiting for the leader's answer.
+    pub forward_in_flight: Gauge,
+    /// Round trip of a forwarded request that was answered.
+    pub forward_seconds: Histogram,
 }
 
 impl Default for Metrics {
@@ -59,6 +84,10 @@ impl Default for Metrics {
             groups_hibernating: Gauge::default(),
             leader_changes: Counter::default(),
             peer_connections: Gauge::default(),
+            forwarded: Family::default(),
+            forward_served: Family::default(),
+            forward_in_flight: Gauge::default(),
+            forward_seconds: Histogram::new(exponential_buckets(0.000_1, 2.0, 16)),
         }
     }
 }
@@ -83,6 +112,25 @@ impl Metrics {
         r.register("groups_hibernating", "Raft groups hibernating", self.groups_hibernating.clone());
         r.register("leader_changes", "Leader changes observed", self.leader_changes.clone());
         r.register("peer_connections", "Open connections to peer nodes", self.peer_connections.clone());
+        r.register("forwarded_requests", "Requests forwarded to a group's leader", self.forwarded.clone());
+        r.register("forward_served_requests", "Forwarded requests run for peers", self.forward_served.clone());
+        r.register("forward_in_flight", "Forwarded requests awaiting an answer", self.forward_in_flight.clone());
+        r.register("forward_seconds", "Round trip of an answered forwarded request", self.forward_seconds.clone());
+    }
+
+    /// Counts a forwarded request's outcome.
+    pub fn forward_outcome(&self, op: &str, outcome: &str) {
+        self.forwarded.get_or_create(&ForwardLabel { op: op.to_owned(), outcome: outcome.to_owned() }).inc();
+    }
+
+    /// Current value of a forwarded-request counter.
+    pub fn forwarded_count(&self, op: &str, outcome: &str) -> u64 {
+        self.forwarded.get_or_create(&ForwardLabel { op: op.to_owned(), outcome: outcome.to_owned() }).get()
+    }
+
+    /// Counts a forwarded request served for a peer.
+    pub fn forward_served(&self, outcome: &str) {
+        self.forward_served.get_or_create(&OutcomeLabel { outcome: outcome.to_owned() }).inc();
     }
 
     /// Counts a rejected inbound connection or frame.

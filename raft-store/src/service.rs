@@ -144,6 +144,13 @@ pub enum Request {
     Metrics,
     /// Resident set size of this process in bytes.
     Rss,
+    /// Serve `request` on this node, forwarding it to the group's leader when this node is not
+    /// (the library's default). Every other request is served as a leader-only client expects:
+    /// `not_leader` with a hint on a follower.
+    Routed {
+        /// The request.
+        request: Box<Request>,
+    },
 }
 
 impl Request {
@@ -159,6 +166,7 @@ impl Request {
             | Request::JoinGroup { group }
             | Request::ChangeMembership { group, .. }
             | Request::TransferLeader { group, .. } => Some(*group),
+            Request::Routed { request } => request.group(),
             _ => None,
         }
     }
@@ -251,14 +259,16 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-async fn handle(store: &RaftStore, req: Request) -> Result<Value, Error> {
+async fn handle(store: &RaftStore, req: Request, forward: bool) -> Result<Value, Error> {
+    let kv = |group: u64| if forward { store.kv(group) } else { store.kv(group).local_only() };
     Ok(match req {
+        Request::Routed { request } => Box::pin(handle(store, *request, true)).await?,
         Request::Put { group, key, value } => {
-            store.kv(group).put(key, value).await?;
+            kv(group).put(key, value).await?;
             Value::Null
         }
         Request::Get { group, key, stale } => {
-            let kv = store.kv(group);
+            let kv = kv(group);
             let (value, applied) = if stale {
                 let out = kv.get_stale(key).await?;
                 (out.kvs.first().map(|k| text(&k.value)), Some(out.applied_index))
@@ -267,13 +277,13 @@ async fn handle(store: &RaftStore, req: Request) -> Result<Value, Error> {
             };
             json!({ "value": value, "stale": stale, "applied_index": applied })
         }
-        Request::Delete { group, key } => json!({ "existed": store.kv(group).delete(key).await? }),
+        Request::Delete { group, key } => json!({ "existed": kv(group).delete(key).await? }),
         Request::Cas { group, key, expected, value } => {
-            let out = store.kv(group).cas(key, expected.map(String::into_bytes), value).await?;
+            let out = kv(group).cas(key, expected.map(String::into_bytes), value).await?;
             json!({ "succeeded": out.succeeded, "previous": out.previous.map(|p| text(&p)) })
         }
         Request::Range { group, prefix, limit, stale } => {
-            let kv = store.kv(group);
+            let kv = kv(group);
             let kvs = if stale { kv.range_stale(prefix, limit).await?.kvs } else { kv.range(prefix, limit).await? };
             let pairs: Vec<Value> = kvs.iter().map(|k| json!([text(&k.key), text(&k.value)])).collect();
             Value::Array(pairs)
@@ -331,7 +341,7 @@ async fn serve_client(store: RaftStore, sock: TcpStream) {
             return;
         } else {
             match serde_json::from_slice::<Request>(&line) {
-                Ok(req) => match handle(&store, req).await {
+                Ok(req) => match handle(&store, req, false).await {
                     Ok(v) => Response::ok(v),
                     Err(e) => Response::err(&e),
                 },

@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, oneshot};
@@ -13,8 +13,10 @@ use crate::engine::request::{
 };
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::forward::wire::{ForwardOp, ForwardReply, ForwardRequest, WireError};
+use crate::forward::{self, Delivery, Forwarder, NotSent};
 use crate::metrics::Metrics;
-use crate::state_machine::{CasOutcome, Command, CommandOutput, KeyValue, WatchEvent};
+use crate::state_machine::{CasOutcome, Command, CommandOutput, KeyValue, Txn, TxnResponse, WatchEvent};
 use crate::transport::Transport;
 
 /// Depth of the engine's inbound queues (requests, and raft messages from the network).
@@ -28,6 +30,7 @@ struct Inner {
     cfg: StoreConfig,
     control: crossbeam_channel::Sender<Control>,
     transport: Transport,
+    forwarder: Arc<Forwarder>,
     metrics: Arc<Metrics>,
     registry: Mutex<Registry>,
     engine_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -90,8 +93,10 @@ impl RaftStore {
             .map_err(|e| Error::io("start transport runtime", e))?;
         let (control_tx, control_rx) = crossbeam_channel::bounded(INBOX_DEPTH);
         let (inbound_tx, inbound_rx) = crossbeam_channel::bounded::<Inbound>(INBOX_DEPTH);
+        let forwarder = Arc::new(Forwarder::new(control_tx.clone(), cfg.max_frame_bytes, metrics.clone()));
         let started = (|| {
-            let transport = Transport::start(&cfg, metrics.clone(), inbound_tx, runtime.handle().clone())?;
+            let transport =
+                Transport::start(&cfg, metrics.clone(), inbound_tx, forwarder.clone(), runtime.handle().clone())?;
             let engine = Engine::open(cfg.clone(), log, transport.clone(), metrics.clone())?;
             let thread = std::thread::Builder::new()
                 .name(format!("raft-engine-{}", cfg.node_id))
@@ -120,6 +125,7 @@ impl RaftStore {
                 cfg,
                 control: control_tx,
                 transport,
+                forwarder,
                 metrics,
                 registry: Mutex::new(registry),
                 engine_thread: Mutex::new(Some(thread)),
@@ -139,17 +145,7 @@ impl RaftStore {
     }
 
     async fn call<T>(&self, group: u64, make: impl FnOnce(oneshot::Sender<Result<T>>) -> Control) -> Result<T> {
-        let (tx, rx) = oneshot::channel();
-        self.inner.control.try_send(make(tx)).map_err(|e| match e {
-            crossbeam_channel::TrySendError::Full(_) => Error::Overloaded,
-            crossbeam_channel::TrySendError::Disconnected(_) => Error::Stopped,
-        })?;
-        let after = self.inner.cfg.request_timeout;
-        match tokio::time::timeout(after, rx).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(_)) => Err(Error::Stopped),
-            Err(_) => Err(Error::Timeout { group, after }),
-        }
+        forward::call(&self.inner.control, group, self.inner.cfg.request_timeout, make).await
     }
 
     pub(crate) async fn group_call<T>(
@@ -185,9 +181,10 @@ impl RaftStore {
         rx.await.map_err(|_| Error::Stopped)
     }
 
-    /// The key-value API of one group.
+    /// The key-value API of one group. Writes and linearizable reads made on a node that is not
+    /// the group's leader are forwarded to the leader (see [`Kv`]).
     pub fn kv(&self, group: u64) -> Kv {
-        Kv { store: self.clone(), group }
+        Kv { store: self.clone(), group, forward: true }
     }
 
     /// Proposes a membership change (on the leader). One change is applied directly; several at
@@ -234,10 +231,19 @@ impl RaftStore {
 }
 
 /// The key-value API of one group. Writes return once committed and applied; errors are typed.
+///
+/// Any node hosting a replica of the group can be used: on a follower, writes (put, delete, CAS,
+/// txn, lease grant/keepalive/revoke) and linearizable reads (`get`, `range`) are forwarded to the
+/// leader over the authenticated node-to-node transport, following leader changes until the call's
+/// deadline (`request_timeout`). Errors keep their meaning: `Timeout`, `LeadershipLost` and
+/// `ForwardLost` mean "outcome unknown"; `NotLeader` (no leader known by the deadline) and
+/// `LeaderUnreachable` mean "not proposed". Stale reads and watches are served from this node's
+/// replica. [`Kv::local_only`] turns forwarding off.
 #[derive(Clone, Debug)]
 pub struct Kv {
     store: RaftStore,
     group: u64,
+    forward: bool,
 }
 
 /// A lease id.
@@ -269,12 +275,159 @@ impl Kv {
         self.group
     }
 
+    /// This handle without forwarding: calls on a non-leader fail with `NotLeader { hint }`, as
+    /// a leader-only client expects.
+    pub fn local_only(mut self) -> Kv {
+        self.forward = false;
+        self
+    }
+
+    /// Whether calls on a follower are forwarded to the leader.
+    pub fn forwards(&self) -> bool {
+        self.forward
+    }
+
     async fn propose(&self, cmd: Command) -> Result<CommandOutput> {
-        self.store.group_call(self.group, |reply| GroupRequest::Propose { cmd, reply }).await
+        match self.route(ForwardOp::Propose(cmd)).await? {
+            ForwardReply::Command(out) => Ok(out),
+            other => Err(Error::Corrupt(format!("unexpected answer to a write: {other:?}"))),
+        }
     }
 
     async fn read(&self, query: Query, linearizable: bool) -> Result<ReadOutput> {
-        self.store.group_call(self.group, |reply| GroupRequest::Read { query, linearizable, reply }).await
+        if !linearizable {
+            return self.store.group_call(self.group, |reply| GroupRequest::Read { query, linearizable, reply }).await;
+        }
+        match self.route(ForwardOp::Read(query)).await? {
+            ForwardReply::Read(out) => Ok(out),
+            other => Err(Error::Corrupt(format!("unexpected answer to a read: {other:?}"))),
+        }
+    }
+
+    /// Runs `op` here if this node leads the group, else at the leader, following leader hints
+    /// until the deadline.
+    async fn route(&self, op: ForwardOp) -> Result<ForwardReply> {
+        let inner = &self.store.inner;
+        let after = inner.cfg.request_timeout;
+        if !self.forward {
+            return forward::execute_local(&inner.control, self.group, op, after).await;
+        }
+        let started = Instant::now();
+        let deadline = started + after;
+        let me = inner.cfg.node_id;
+        // Between attempts when no leader is known: short next to an election, so a call that
+        // arrives mid-election costs little more than the election itself.
+        let pause = (inner.cfg.tick_interval / 2).clamp(Duration::from_millis(5), Duration::from_millis(50));
+        let mut target: Option<u64> = None;
+        loop {
+            let asked = target.take().filter(|t| *t != me).unwrap_or(me);
+            let attempt = if asked == me {
+                match forward::execute_local(&inner.control, self.group, op.clone(), forward::remaining(deadline)).await
+                {
+                    Err(Error::NotLeader { hint, .. }) => {
+                        Attempt::Retry { hint, error: Error::NotLeader { group: self.group, hint } }
+                    }
+                    other => Attempt::Done(other),
+                }
+            } else {
+                self.forward_once(asked, &op, started, deadline).await
+            };
+            let (hint, error) = match attempt {
+                Attempt::Done(r) => return r,
+                Attempt::Retry { hint, error } => (hint, error),
+            };
+            if forward::remaining(deadline).is_zero() {
+                return Err(error);
+            }
+            match hint.filter(|h| *h != asked) {
+                Some(h) if asked == me => target = Some(h),
+                next => {
+                    // A remote refusal or no known leader: give the election (or the hint) a moment.
+                    tokio::time::sleep(pause.min(forward::remaining(deadline))).await;
+                    target = next;
+                }
+            }
+        }
+    }
+
+    /// One forwarding attempt to `peer`.
+    async fn forward_once(&self, peer: u64, op: &ForwardOp, started: Instant, deadline: Instant) -> Attempt {
+        let inner = &self.store.inner;
+        let group = self.group;
+        let label = op.label();
+        let metrics = &inner.metrics;
+        let timeout_ms = u64::try_from(forward::remaining(deadline).as_millis()).unwrap_or(u64::MAX);
+        let req = ForwardRequest { group, timeout_ms, op: op.clone() };
+        let sent_at = Instant::now();
+        let mut ticket = match inner.forwarder.start(&inner.transport, peer, &req) {
+            Ok(t) => t,
+            Err(NotSent::NoConnection) => {
+                metrics.forward_outcome(label, "not_sent");
+                let error = Error::LeaderUnreachable { group, leader: peer, after: started.elapsed() };
+                return Attempt::Retry { hint: None, error };
+            }
+            Err(NotSent::Overloaded) => {
+                metrics.forward_outcome(label, "overloaded");
+                return Attempt::Done(Err(Error::Overloaded));
+            }
+            Err(NotSent::TooLarge(n)) => {
+                return Attempt::Done(Err(Error::InvalidArgument(format!(
+                    "a request of {n} bytes does not fit in one transport frame ({} bytes)",
+                    inner.cfg.max_frame_bytes
+                ))));
+            }
+            Err(NotSent::Encode(e)) => {
+                return Attempt::Done(Err(Error::Corrupt(format!("encode forwarded request: {e}"))))
+            }
+        };
+        // While waiting, watch who leads: a leader that died without closing its connection never
+        // answers, and a write cannot be re-sent elsewhere once it may have been proposed.
+        let check_every = (inner.cfg.tick_interval * 2).max(Duration::from_millis(20));
+        let lost = |reason: &'static str| {
+            if op.idempotent() {
+                Attempt::Retry { hint: None, error: Error::ForwardLost { group, leader: peer, reason } }
+            } else {
+                Attempt::Done(Err(Error::ForwardLost { group, leader: peer, reason }))
+            }
+        };
+        loop {
+            tokio::select! {
+                delivery = &mut ticket.rx => {
+                    return match delivery {
+                        Ok(Delivery::Answer(Ok(reply))) => {
+                            metrics.forward_outcome(label, "ok");
+                            metrics.forward_seconds.observe(sent_at.elapsed().as_secs_f64());
+                            Attempt::Done(Ok(reply))
+                        }
+                        Ok(Delivery::Answer(Err(WireError::NotLeader { hint }))) => {
+                            metrics.forward_outcome(label, "not_leader");
+                            Attempt::Retry { hint, error: Error::NotLeader { group, hint } }
+                        }
+                        Ok(Delivery::Answer(Err(e))) => {
+                            metrics.forward_outcome(label, "error");
+                            Attempt::Done(Err(e.into_error(group, peer)))
+                        }
+                        Ok(Delivery::Lost) | Err(_) => {
+                            metrics.forward_outcome(label, "lost");
+                            lost("the connection to the leader broke")
+                        }
+                    };
+                }
+                () = tokio::time::sleep_until(deadline.into()) => {
+                    metrics.forward_outcome(label, "timeout");
+                    return Attempt::Done(Err(Error::Timeout { group, after: started.elapsed() }));
+                }
+                () = tokio::time::sleep(check_every) => {
+                    if let Some(now) = forward::local_leader(&inner.control, group).await.filter(|l| *l != peer) {
+                        metrics.forward_outcome(label, "lost");
+                        return match lost("leadership moved to another node") {
+                            Attempt::Retry { error, .. } => Attempt::Retry { hint: Some(now), error },
+                            done => done,
+                        };
+                    }
+                }
+            }
+        }
     }
 
     /// Sets a key.
@@ -316,6 +469,16 @@ impl Kv {
     ) -> Result<CasOutcome> {
         match self.propose(Command::Cas { key: key.into(), expected, value: value.into() }).await? {
             CommandOutput::Cas(o) => Ok(o),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Applies an atomic multi-key transaction (one log entry, one revision for all its changes).
+    /// A put naming a lease that does not exist refuses the whole transaction (`LeaseNotFound`).
+    pub async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        match self.propose(Command::Txn(txn)).await? {
+            CommandOutput::Txn(r) => Ok(r),
+            CommandOutput::LeaseNotFound(id) => Err(Error::LeaseNotFound(id)),
             other => Err(unexpected(other)),
         }
     }
@@ -365,7 +528,10 @@ impl Kv {
 
     /// Renews a lease for another TTL (at the leader); returns the TTL in milliseconds.
     pub async fn lease_keepalive(&self, lease: LeaseId) -> Result<u64> {
-        self.store.group_call(self.group, |reply| GroupRequest::LeaseKeepAlive { id: lease, reply }).await
+        match self.route(ForwardOp::LeaseKeepAlive(lease)).await? {
+            ForwardReply::LeaseTtl(ttl) => Ok(ttl),
+            other => Err(Error::Corrupt(format!("unexpected answer to a keepalive: {other:?}"))),
+        }
     }
 
     /// Ends a lease now, deleting its keys; true when it existed.
@@ -375,4 +541,12 @@ impl Kv {
             other => Err(unexpected(other)),
         }
     }
+}
+
+/// One try of a routed call.
+enum Attempt {
+    /// Final.
+    Done(Result<ForwardReply>),
+    /// Not proposed (or idempotent): try again, at `hint` if given.
+    Retry { hint: Option<u64>, error: Error },
 }

@@ -20,6 +20,8 @@ const WATCH_HISTORY: usize = 4096;
 
 struct Watcher {
     prefix: Vec<u8>,
+    /// First revision reported (a watch may start past what this replica applied so far).
+    from: u64,
     tx: mpsc::Sender<WatchEvent>,
 }
 
@@ -380,7 +382,7 @@ impl Group {
                 return;
             }
         }
-        self.watchers.push(Watcher { prefix, tx });
+        self.watchers.push(Watcher { prefix, from: start, tx });
         let _ = reply.send(Ok(start));
     }
 
@@ -388,7 +390,9 @@ impl Group {
         for ev in events {
             // A watcher that cannot keep up is closed rather than buffered without bound; it
             // resumes with a new watch from its last revision + 1.
-            self.watchers.retain(|w| !ev.key.starts_with(&w.prefix) || w.tx.try_send(ev.clone()).is_ok());
+            self.watchers.retain(|w| {
+                ev.revision < w.from || !ev.key.starts_with(&w.prefix) || w.tx.try_send(ev.clone()).is_ok()
+            });
             self.history.push_back(ev);
             if self.history.len() > WATCH_HISTORY {
                 if let Some(old) = self.history.pop_front() {

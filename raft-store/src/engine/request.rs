@@ -8,7 +8,7 @@ use crate::error::Result;
 use crate::state_machine::{Command, CommandOutput, KeyValue, WatchEvent};
 
 /// A read.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) enum Query {
     Get { key: Vec<u8> },
     Range { prefix: Vec<u8>, limit: usize },

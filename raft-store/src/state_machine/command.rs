@@ -40,6 +40,157 @@ pub enum Command {
         /// Lease id.
         id: u64,
     },
+    /// An atomic multi-key transaction (appended last: the log's encoding of the older variants
+    /// stays as it was).
+    Txn(Txn),
+}
+
+/// An atomic multi-key transaction, etcd style: if every compare holds, apply `success`, else
+/// `failure`. The whole transaction is one log entry, so its changes share one revision.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Txn {
+    /// Conditions on the current state; all must hold (an empty list holds).
+    pub compares: Vec<Compare>,
+    /// Operations applied, in order, when every compare holds.
+    pub success: Vec<TxnOp>,
+    /// Operations applied, in order, otherwise.
+    pub failure: Vec<TxnOp>,
+}
+
+impl Txn {
+    /// An empty transaction (no compares: `success` applies).
+    pub fn new() -> Self {
+        Txn::default()
+    }
+
+    /// Adds a compare.
+    pub fn when(mut self, compare: Compare) -> Self {
+        self.compares.push(compare);
+        self
+    }
+
+    /// Adds an operation to the success branch.
+    pub fn and_then(mut self, op: TxnOp) -> Self {
+        self.success.push(op);
+        self
+    }
+
+    /// Adds an operation to the failure branch.
+    pub fn or_else(mut self, op: TxnOp) -> Self {
+        self.failure.push(op);
+        self
+    }
+}
+
+/// One condition of a [`Txn`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Compare {
+    /// The key compared.
+    pub key: Vec<u8>,
+    /// What the key must be.
+    pub target: CompareTarget,
+}
+
+impl Compare {
+    /// The key's value equals `value` (an absent key never equals anything).
+    pub fn value_equals(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
+        Compare { key: key.into(), target: CompareTarget::ValueEquals(value.into()) }
+    }
+
+    /// The key does not exist.
+    pub fn absent(key: impl Into<Vec<u8>>) -> Self {
+        Compare { key: key.into(), target: CompareTarget::Absent }
+    }
+
+    /// The key exists (any value).
+    pub fn present(key: impl Into<Vec<u8>>) -> Self {
+        Compare { key: key.into(), target: CompareTarget::Present }
+    }
+}
+
+/// What a [`Compare`] checks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CompareTarget {
+    /// The key exists with exactly this value.
+    ValueEquals(Vec<u8>),
+    /// The key does not exist.
+    Absent,
+    /// The key exists.
+    Present,
+}
+
+/// One operation of a [`Txn`] branch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TxnOp {
+    /// Set a key, optionally attached to a lease.
+    Put {
+        /// Key.
+        key: Vec<u8>,
+        /// Value.
+        value: Vec<u8>,
+        /// Lease to attach the key to (it must exist, or the whole transaction is refused).
+        lease: Option<u64>,
+    },
+    /// Remove a key.
+    Delete {
+        /// Key.
+        key: Vec<u8>,
+    },
+    /// Remove every key starting with `prefix`.
+    DeletePrefix {
+        /// Prefix.
+        prefix: Vec<u8>,
+    },
+}
+
+impl TxnOp {
+    /// A put without a lease.
+    pub fn put(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
+        TxnOp::Put { key: key.into(), value: value.into(), lease: None }
+    }
+
+    /// A put attached to a lease.
+    pub fn put_with_lease(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>, lease: u64) -> Self {
+        TxnOp::Put { key: key.into(), value: value.into(), lease: Some(lease) }
+    }
+
+    /// A delete.
+    pub fn delete(key: impl Into<Vec<u8>>) -> Self {
+        TxnOp::Delete { key: key.into() }
+    }
+
+    /// A delete of every key under a prefix.
+    pub fn delete_prefix(prefix: impl Into<Vec<u8>>) -> Self {
+        TxnOp::DeletePrefix { prefix: prefix.into() }
+    }
+}
+
+/// What one applied [`TxnOp`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TxnOpResult {
+    /// Put done.
+    Put,
+    /// Delete done; whether the key existed.
+    Delete {
+        /// The key existed.
+        existed: bool,
+    },
+    /// Prefix delete done; how many keys went.
+    DeletePrefix {
+        /// Keys removed.
+        deleted: u64,
+    },
+}
+
+/// The outcome of a [`Txn`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxnResponse {
+    /// Whether every compare held (`success` was applied) or not (`failure` was).
+    pub succeeded: bool,
+    /// One result per operation of the branch applied, in order.
+    pub results: Vec<TxnOpResult>,
+    /// The revision (log index) of the transaction; its changes all carry it.
+    pub revision: u64,
 }
 
 /// Result of a CAS.
@@ -72,6 +223,8 @@ pub enum CommandOutput {
     },
     /// The command referred to a lease that does not exist; nothing changed.
     LeaseNotFound(u64),
+    /// Transaction evaluated and its branch applied.
+    Txn(TxnResponse),
 }
 
 /// One stored key.

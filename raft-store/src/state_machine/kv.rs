@@ -4,7 +4,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::command::{CasOutcome, Command, CommandOutput, KeyValue, WatchEvent, WatchEventKind};
+use super::command::{
+    CasOutcome, Command, CommandOutput, CompareTarget, KeyValue, Txn, TxnOp, TxnOpResult, TxnResponse, WatchEvent,
+    WatchEventKind,
+};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct Entry {
@@ -104,7 +107,52 @@ impl KvState {
                 }
                 None => CommandOutput::LeaseRevoked { existed: false },
             },
+            Command::Txn(txn) => self.apply_txn(revision, txn, events),
         }
+    }
+
+    /// Evaluates the compares, then applies one branch in order. All or nothing: a put naming a
+    /// lease that does not exist refuses the whole transaction before anything changes.
+    fn apply_txn(&mut self, revision: u64, txn: Txn, events: &mut Vec<WatchEvent>) -> CommandOutput {
+        let succeeded = txn.compares.iter().all(|c| {
+            let current = self.map.get(&c.key);
+            match &c.target {
+                CompareTarget::ValueEquals(v) => current.is_some_and(|e| &e.value == v),
+                CompareTarget::Absent => current.is_none(),
+                CompareTarget::Present => current.is_some(),
+            }
+        });
+        let ops = if succeeded { txn.success } else { txn.failure };
+        for op in &ops {
+            if let TxnOp::Put { lease: Some(id), .. } = op {
+                if !self.leases.contains_key(id) {
+                    return CommandOutput::LeaseNotFound(*id);
+                }
+            }
+        }
+        let mut results = Vec::with_capacity(ops.len());
+        for op in ops {
+            results.push(match op {
+                TxnOp::Put { key, value, lease } => {
+                    self.put(revision, key, value, lease, events);
+                    TxnOpResult::Put
+                }
+                TxnOp::Delete { key } => TxnOpResult::Delete { existed: self.delete(revision, &key, events) },
+                TxnOp::DeletePrefix { prefix } => {
+                    let keys: Vec<Vec<u8>> = self
+                        .map
+                        .range(prefix.clone()..)
+                        .take_while(|(k, _)| k.starts_with(&prefix))
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    for key in &keys {
+                        self.delete(revision, key, events);
+                    }
+                    TxnOpResult::DeletePrefix { deleted: keys.len() as u64 }
+                }
+            });
+        }
+        CommandOutput::Txn(TxnResponse { succeeded, results, revision })
     }
 
     fn put(&mut self, revision: u64, key: Vec<u8>, value: Vec<u8>, lease: Option<u64>, events: &mut Vec<WatchEvent>) {
@@ -189,6 +237,51 @@ mod tests {
         assert!(s.get(b"x").is_none());
         assert!(s.get(b"y").is_some());
         assert_eq!(ev.last().map(|e| (e.revision, e.kind)), Some((5, WatchEventKind::Delete)));
+    }
+
+    #[test]
+    fn txn_applies_one_branch_atomically_at_one_revision() {
+        let mut s = KvState::default();
+        let mut ev = Vec::new();
+        s.apply(1, put("ns/a", "1", None), &mut ev);
+        s.apply(2, put("ns/b", "2", None), &mut ev);
+        ev.clear();
+        let txn = Txn::new()
+            .when(super::super::Compare::value_equals("ns/a", "1"))
+            .when(super::super::Compare::absent("cell"))
+            .and_then(TxnOp::delete_prefix("ns/"))
+            .and_then(TxnOp::put("ns/c", "3"))
+            .and_then(TxnOp::put("cell", "7"))
+            .and_then(TxnOp::delete("missing"))
+            .or_else(TxnOp::put("failed", "1"));
+        let out = s.apply(3, Command::Txn(txn.clone()), &mut ev);
+        let expected = vec![
+            TxnOpResult::DeletePrefix { deleted: 2 },
+            TxnOpResult::Put,
+            TxnOpResult::Put,
+            TxnOpResult::Delete { existed: false },
+        ];
+        assert_eq!(out, CommandOutput::Txn(TxnResponse { succeeded: true, results: expected, revision: 3 }));
+        assert_eq!(ev.len(), 4);
+        assert!(ev.iter().all(|e| e.revision == 3), "one transaction, one revision: {ev:?}");
+        assert_eq!(s.range(b"ns/", 0).len(), 1);
+        // Same transaction again: "cell" exists now, so the failure branch runs.
+        let out = s.apply(4, Command::Txn(txn), &mut ev);
+        assert_eq!(
+            out,
+            CommandOutput::Txn(TxnResponse { succeeded: false, results: vec![TxnOpResult::Put], revision: 4 })
+        );
+        assert!(s.get(b"failed").is_some() && s.get(b"ns/c").is_some());
+        // A put naming a missing lease refuses the whole transaction.
+        ev.clear();
+        let bad = Txn::new().and_then(TxnOp::delete("cell")).and_then(TxnOp::put_with_lease("x", "1", 9));
+        assert_eq!(s.apply(5, Command::Txn(bad), &mut ev), CommandOutput::LeaseNotFound(9));
+        assert!(ev.is_empty() && s.get(b"cell").is_some(), "nothing changed");
+        let present = Txn::new().when(super::super::Compare::present("cell")).and_then(TxnOp::put("p", "1"));
+        assert!(matches!(
+            s.apply(6, Command::Txn(present), &mut ev),
+            CommandOutput::Txn(TxnResponse { succeeded: true, .. })
+        ));
     }
 
     #[test]

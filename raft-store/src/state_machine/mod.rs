@@ -3,5 +3,8 @@
 pub mod command;
 pub mod kv;
 
-pub use command::{CasOutcome, Command, CommandOutput, KeyValue, WatchEvent, WatchEventKind};
+pub use command::{
+    CasOutcome, Command, CommandOutput, Compare, CompareTarget, KeyValue, Txn, TxnOp, TxnOpResult, TxnResponse,
+    WatchEvent, WatchEventKind,
+};
 pub use kv::KvState;

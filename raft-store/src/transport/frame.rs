@@ -5,6 +5,8 @@
 //! HELLO   = kind 1, body = "NBRS" version:u8 node_id:u64be   (first frame of a connection)
 //! KEEPALIVE = kind 2, empty body                             (node liveness, hibernation)
 //! RAFT    = kind 3, body = group_id:u64be eraftpb.Message    (protobuf, decoded only after TLS)
+//! FORWARD = kind 4, body = request_id:u64be ForwardRequest   (postcard, decoded only after TLS)
+//! ANSWER  = kind 5, body = request_id:u64be ForwardResponse  (postcard, decoded only after TLS)
 //! ```
 //! A framed protocol over one TLS stream keeps the dependency surface small (no HTTP/2 or codegen)
 //! and lets us cap sizes before a single protobuf byte is parsed.
@@ -14,6 +16,8 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 const KIND_HELLO: u8 = 1;
 const KIND_KEEPALIVE: u8 = 2;
 const KIND_RAFT: u8 = 3;
+const KIND_FORWARD: u8 = 4;
+const KIND_ANSWER: u8 = 5;
 const MAGIC: &[u8; 4] = b"NBRS";
 const VERSION: u8 = 1;
 /// Length prefix size.
@@ -36,6 +40,20 @@ pub enum Frame {
         /// Group id.
         group: u64,
         /// Protobuf-encoded `eraftpb::Message`.
+        payload: Bytes,
+    },
+    /// A request forwarded to this node as a group's leader.
+    Forward {
+        /// Id chosen by the forwarding node; the answer carries it back.
+        request_id: u64,
+        /// Postcard-encoded request.
+        payload: Bytes,
+    },
+    /// The answer to a forwarded request.
+    Answer {
+        /// The request's id.
+        request_id: u64,
+        /// Postcard-encoded answer.
         payload: Bytes,
     },
 }
@@ -103,6 +121,17 @@ pub fn decode(mut body: Bytes) -> Result<Frame, FrameError> {
             let group = body.get_u64();
             Ok(Frame::Raft { group, payload: body })
         }
+        KIND_FORWARD | KIND_ANSWER => {
+            if body.len() < 8 {
+                return Err(FrameError::Garbage("forwarding frame shorter than its request id"));
+            }
+            let request_id = body.get_u64();
+            Ok(if kind == KIND_FORWARD {
+                Frame::Forward { request_id, payload: body }
+            } else {
+                Frame::Answer { request_id, payload: body }
+            })
+        }
         _ => Err(FrameError::Garbage("unknown frame kind")),
     }
 }
@@ -139,6 +168,26 @@ pub fn raft(group: u64, payload: &[u8], max: usize) -> Option<Bytes> {
     Some(b.freeze())
 }
 
+fn with_id(kind: u8, id: u64, payload: &[u8], max: usize) -> Option<Bytes> {
+    if 1 + 8 + payload.len() > max {
+        return None;
+    }
+    let mut b = with_header(kind, 8 + payload.len());
+    b.put_u64(id);
+    b.put_slice(payload);
+    Some(b.freeze())
+}
+
+/// Encodes a FORWARD frame; `None` when it would exceed `max` bytes.
+pub fn forward(request_id: u64, payload: &[u8], max: usize) -> Option<Bytes> {
+    with_id(KIND_FORWARD, request_id, payload, max)
+}
+
+/// Encodes an ANSWER frame; `None` when it would exceed `max` bytes.
+pub fn answer(request_id: u64, payload: &[u8], max: usize) -> Option<Bytes> {
+    with_id(KIND_ANSWER, request_id, payload, max)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,6 +202,11 @@ mod tests {
         assert_eq!(decode(body(keepalive())), Ok(Frame::Keepalive));
         let f = raft(9, b"abc", 1024).expect("fits");
         assert_eq!(decode(body(f)), Ok(Frame::Raft { group: 9, payload: Bytes::from_static(b"abc") }));
+        let f = forward(5, b"req", 1024).expect("fits");
+        assert_eq!(decode(body(f)), Ok(Frame::Forward { request_id: 5, payload: Bytes::from_static(b"req") }));
+        let f = answer(5, b"ans", 1024).expect("fits");
+        assert_eq!(decode(body(f)), Ok(Frame::Answer { request_id: 5, payload: Bytes::from_static(b"ans") }));
+        assert!(forward(1, &[0u8; 5000], 4096).is_none());
     }
 
     #[test]
@@ -160,7 +214,15 @@ mod tests {
         assert_eq!(check_len(5000, 4096).map_err(|e| e.reason()), Err("oversized"));
         assert_eq!(check_len(0, 4096).map_err(|e| e.reason()), Err("garbage"));
         assert!(raft(1, &[0u8; 5000], 4096).is_none());
-        for junk in [&b"\x09"[..], b"\x01NBRS", b"\x01XXXX\x01\0\0\0\0\0\0\0\x01", b"\x03\0\0", b"\x02x"] {
+        for junk in [
+            &b"\x09"[..],
+            b"\x01NBRS",
+            b"\x01XXXX\x01\0\0\0\0\0\0\0\x01",
+            b"\x03\0\0",
+            b"\x02x",
+            b"\x04\0",
+            b"\x05\0\0\0",
+        ] {
             assert!(decode(Bytes::copy_from_slice(junk)).is_err(), "{junk:?} must be refused");
         }
         let mut wrong_version = body(hello(1)).to_vec();

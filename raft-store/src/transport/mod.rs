@@ -28,6 +28,7 @@ use self::frame::{Frame, FrameError};
 use self::tls::TlsPair;
 use crate::engine::request::Inbound;
 use crate::error::{Error, Result};
+use crate::forward::Forwarder;
 use crate::metrics::Metrics;
 
 /// How long a peer gets to finish the TLS handshake and say HELLO.
@@ -36,6 +37,9 @@ const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// Frames written per flush.
 const WRITE_BATCH: usize = 256;
+/// Frames queued for one connection's forwarding traffic (requests and answers); beyond it a
+/// request is not sent and an answer is dropped (its requester times out).
+const FORWARD_QUEUE: usize = 2 * crate::forward::MAX_IN_FLIGHT_PER_PEER + 256;
 /// Connections accepted but not yet authenticated (TLS handshake and HELLO) at any one time;
 /// further ones are closed at once, so a connection flood cannot hold unbounded memory.
 pub const MAX_PENDING_HANDSHAKES: usize = 128;
@@ -54,6 +58,7 @@ struct Shared {
     tls: Option<TlsPair>,
     handshakes: Arc<tokio::sync::Semaphore>,
     inbound: crossbeam_channel::Sender<Inbound>,
+    forwarder: Arc<Forwarder>,
     rt: tokio::runtime::Handle,
 }
 
@@ -70,6 +75,9 @@ struct Link {
     /// Incremented by every new connection; an older connection seeing a newer number closes.
     generation: std::sync::atomic::AtomicU64,
     newer: tokio::sync::Notify,
+    /// The current connection's queue for forwarding frames, with its generation. Unlike `tx`,
+    /// it dies with its connection: a forwarded request is sent now or not at all.
+    forward: Mutex<Option<(u64, mpsc::Sender<Bytes>)>>,
 }
 
 trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -112,6 +120,7 @@ impl Transport {
         cfg: &crate::config::StoreConfig,
         metrics: Arc<Metrics>,
         inbound: crossbeam_channel::Sender<Inbound>,
+        forwarder: Arc<Forwarder>,
         rt: tokio::runtime::Handle,
     ) -> Result<Self> {
         let tls = match &cfg.security {
@@ -138,6 +147,7 @@ impl Transport {
             tls,
             handshakes: Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_HANDSHAKES)),
             inbound,
+            forwarder,
             rt: rt.clone(),
         });
         let listener = {
@@ -180,6 +190,19 @@ impl Transport {
     /// When a frame last arrived from `peer`.
     pub(crate) fn last_seen(&self, peer: u64) -> Option<Instant> {
         self.shared.last_seen.lock().ok()?.get(&peer).copied()
+    }
+
+    /// Queues a forwarding frame on the connection to `peer` that is up now; returns that
+    /// connection's generation, or `None` when no connection is up (or its queue is full).
+    pub(crate) fn send_forward(&self, peer: u64, frame: Bytes) -> Option<u64> {
+        let link = self.shared.links.read().ok().and_then(|p| p.get(&peer).cloned())?;
+        let current = link.forward.lock().ok()?;
+        let (generation, tx) = current.as_ref()?;
+        if self.shared.is_blocked(peer) {
+            return Some(*generation); // lost "on the wire", like a real partition
+        }
+        tx.try_send(frame).ok()?;
+        Some(*generation)
     }
 
     /// Queues a message; false when it could not be queued (the caller tells raft).
@@ -235,6 +258,7 @@ impl Shared {
                     rx: tokio::sync::Mutex::new(rx),
                     generation: std::sync::atomic::AtomicU64::new(0),
                     newer: tokio::sync::Notify::new(),
+                    forward: Mutex::new(None),
                 })
             })
             .clone()
@@ -292,10 +316,14 @@ async fn dial_loop(shared: Arc<Shared>, peer: u64) {
 }
 
 /// Serves an authenticated connection in both directions until it breaks or a newer one replaces it.
-async fn run_connection(shared: &Shared, peer: u64, addr: SocketAddr, stream: BoxedIo) {
+async fn run_connection(shared: &Arc<Shared>, peer: u64, addr: SocketAddr, stream: BoxedIo) {
     let link = shared.link(peer);
     let generation = link.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
     link.newer.notify_waiters();
+    let (forward_tx, mut forward_rx) = mpsc::channel(FORWARD_QUEUE);
+    if let Ok(mut f) = link.forward.lock() {
+        *f = Some((generation, forward_tx));
+    }
     if !shared.is_blocked(peer) {
         shared.touch(peer);
         let _ = shared.inbound.try_send(Inbound::PeerConnected { peer });
@@ -314,7 +342,7 @@ async fn run_connection(shared: &Shared, peer: u64, addr: SocketAddr, stream: Bo
     };
     let writer = async {
         let mut rx = link.rx.lock().await;
-        pump(shared, peer, w, &mut rx).await
+        pump(shared, peer, w, &mut rx, &mut forward_rx).await
     };
     tokio::select! {
         () = read_frames(shared, peer, addr, &mut r) => {}
@@ -325,6 +353,12 @@ async fn run_connection(shared: &Shared, peer: u64, addr: SocketAddr, stream: Bo
         }
         () = superseded => tracing::debug!(peer, %addr, "connection replaced by a newer one"),
     }
+    if let Ok(mut f) = link.forward.lock() {
+        if f.as_ref().is_some_and(|(g, _)| *g == generation) {
+            *f = None;
+        }
+    }
+    shared.forwarder.on_connection_closed(peer, generation);
     shared.metrics.peer_connections.dec();
 }
 
@@ -333,6 +367,7 @@ async fn pump(
     peer: u64,
     mut w: tokio::io::WriteHalf<BoxedIo>,
     rx: &mut mpsc::Receiver<Bytes>,
+    forward_rx: &mut mpsc::Receiver<Bytes>,
 ) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(64 << 10);
     loop {
@@ -341,6 +376,7 @@ async fn pump(
                 Some(m) => m,
                 None => return Ok(()),
             },
+            Some(m) = forward_rx.recv() => m,
             _ = tokio::time::sleep(shared.keepalive) => {
                 if !shared.is_blocked(peer) {
                     w.write_all(&frame::keepalive()).await?;
@@ -352,7 +388,7 @@ async fn pump(
         buf.clear();
         buf.extend_from_slice(&first);
         for _ in 1..WRITE_BATCH {
-            match rx.try_recv() {
+            match rx.try_recv().or_else(|_| forward_rx.try_recv()) {
                 Ok(m) => buf.extend_from_slice(&m),
                 Err(_) => break,
             }
@@ -446,7 +482,7 @@ async fn serve_inbound(
 }
 
 /// Reads frames from an authenticated peer until the connection ends or misbehaves.
-async fn read_frames<R: AsyncRead + Unpin>(shared: &Shared, peer: u64, addr: SocketAddr, r: &mut R) {
+async fn read_frames<R: AsyncRead + Unpin>(shared: &Arc<Shared>, peer: u64, addr: SocketAddr, r: &mut R) {
     let m = &shared.metrics;
     loop {
         match read_frame(r, shared.max_frame).await {
@@ -475,6 +511,45 @@ async fn read_frames<R: AsyncRead + Unpin>(shared: &Shared, peer: u64, addr: Soc
                 }
                 if shared.inbound.try_send(Inbound::Raft { group, msg }).is_err() {
                     m.drop_msg("inbox_full");
+                }
+            }
+            Ok(Frame::Forward { request_id, payload }) => {
+                if shared.is_blocked(peer) {
+                    continue;
+                }
+                shared.touch(peer);
+                // The peer is authenticated and the frame is capped: only now is the body decoded.
+                let req = match postcard::from_bytes::<crate::forward::wire::ForwardRequest>(&payload) {
+                    Ok(req) => req,
+                    Err(e) => {
+                        m.reject("garbage");
+                        tracing::warn!(%addr, peer, error = %e, "raft transport: undecodable forwarded request; closing");
+                        return;
+                    }
+                };
+                let shared2 = shared.clone();
+                shared.rt.spawn(async move {
+                    if let Some(answer) = shared2.forwarder.clone().serve(peer, request_id, req).await {
+                        let t = Transport { shared: shared2 };
+                        if t.send_forward(peer, answer).is_none() {
+                            tracing::debug!(
+                                peer,
+                                request_id,
+                                "answer to a forwarded request not sent: connection gone"
+                            );
+                        }
+                    }
+                });
+            }
+            Ok(Frame::Answer { request_id, payload }) => {
+                if shared.is_blocked(peer) {
+                    continue;
+                }
+                shared.touch(peer);
+                if let Err(e) = shared.forwarder.on_answer(peer, request_id, &payload) {
+                    m.reject("garbage");
+                    tracing::warn!(%addr, peer, error = %e, "raft transport: undecodable forwarding answer; closing");
+                    return;
                 }
             }
             Ok(Frame::Hello { .. }) => {

@@ -1,0 +1,290 @@
+//! Transparent forwarding to a group's leader.
+//!
+//! A follower that is asked for a write or a linearizable read sends it to the leader over the
+//! node-to-node transport (a FORWARD frame carrying a request id and a postcard body) and waits
+//! for the ANSWER frame with the same id. This module holds both sides: the in-flight table of
+//! requests this node forwarded (bounded per peer, failed when their connection breaks), and the
+//! leader side that runs a forwarded request locally — never forwarding it again, so a request
+//! makes at most one hop and the forwarding node follows leader hints itself.
+//!
+//! Forwarded frames travel on the connection they were sent on, never in the queue that outlives a
+//! connection: a request is either sent on a connection that is up, or not sent at all, and when
+//! that connection breaks its unanswered requests are known lost at once.
+
+pub(crate) mod wire;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use self::wire::{ForwardOp, ForwardReply, ForwardRequest, ForwardResponse, WireError};
+use crate::engine::request::{Control, GroupRequest};
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::transport::{frame, Transport};
+
+/// Requests this node may have forwarded to one peer and not yet had answered.
+pub const MAX_IN_FLIGHT_PER_PEER: usize = 1024;
+/// Forwarded requests from one peer this node runs at once; more are answered `Overloaded`.
+pub const MAX_SERVED_PER_PEER: usize = 1024;
+/// Longest a leader works on a forwarded request, whatever the request asks.
+const MAX_SERVE_TIME: Duration = Duration::from_secs(60);
+
+/// How a forwarded request ended on the forwarding side.
+#[derive(Debug)]
+pub(crate) enum Delivery {
+    /// The leader answered.
+    Answer(ForwardResponse),
+    /// The connection it was sent on broke before an answer came.
+    Lost,
+}
+
+/// Why a request could not be forwarded; nothing was sent.
+#[derive(Debug)]
+pub(crate) enum NotSent {
+    /// No connection to the peer is up (or its queue is full).
+    NoConnection,
+    /// Too many requests to this peer are in flight.
+    Overloaded,
+    /// The request does not fit in one frame.
+    TooLarge(usize),
+    /// Encoding failed (a bug).
+    Encode(String),
+}
+
+struct Pending {
+    peer: u64,
+    generation: u64,
+    tx: oneshot::Sender<Delivery>,
+}
+
+/// Both sides of forwarding on one node.
+pub(crate) struct Forwarder {
+    control: crossbeam_channel::Sender<Control>,
+    max_frame: usize,
+    metrics: Arc<Metrics>,
+    next_id: AtomicU64,
+    pending: Mutex<HashMap<u64, Pending>>,
+    in_flight: Mutex<HashMap<u64, usize>>,
+    serving: Mutex<HashMap<u64, usize>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A forwarded request waiting for its answer. Dropping it forgets the request (a late answer is
+/// then ignored) and frees its in-flight slot.
+pub(crate) struct Ticket {
+    id: u64,
+    peer: u64,
+    pub(crate) rx: oneshot::Receiver<Delivery>,
+    fwd: Arc<Forwarder>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        lock(&self.fwd.pending).remove(&self.id);
+        self.fwd.release(&self.fwd.in_flight, self.peer);
+        self.fwd.metrics.forward_in_flight.dec();
+    }
+}
+
+impl Forwarder {
+    pub(crate) fn new(control: crossbeam_channel::Sender<Control>, max_frame: usize, metrics: Arc<Metrics>) -> Self {
+        Forwarder {
+            control,
+            max_frame,
+            metrics,
+            next_id: AtomicU64::new(rand::random::<u64>() >> 1),
+            pending: Mutex::new(HashMap::new()),
+            in_flight: Mutex::new(HashMap::new()),
+            serving: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn acquire(&self, table: &Mutex<HashMap<u64, usize>>, peer: u64, max: usize) -> bool {
+        let mut t = lock(table);
+        let n = t.entry(peer).or_default();
+        if *n >= max {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    fn release(&self, table: &Mutex<HashMap<u64, usize>>, peer: u64) {
+        let mut t = lock(table);
+        if let Some(n) = t.get_mut(&peer) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                t.remove(&peer);
+            }
+        }
+    }
+
+    /// Sends `req` to `peer` on the connection that is up now.
+    pub(crate) fn start(
+        self: &Arc<Self>,
+        transport: &Transport,
+        peer: u64,
+        req: &ForwardRequest,
+    ) -> std::result::Result<Ticket, NotSent> {
+        if !self.acquire(&self.in_flight, peer, MAX_IN_FLIGHT_PER_PEER) {
+            return Err(NotSent::Overloaded);
+        }
+        self.metrics.forward_in_flight.inc();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        // From here on, dropping the ticket undoes the registration.
+        let ticket = Ticket { id, peer, rx, fwd: self.clone() };
+        let payload = postcard::to_stdvec(req).map_err(|e| NotSent::Encode(e.to_string()))?;
+        let bytes = frame::forward(id, &payload, self.max_frame).ok_or(NotSent::TooLarge(payload.len()))?;
+        // Registered under the table lock, so a connection that closes right now either refuses
+        // the frame or finds the entry and fails it.
+        let sent = {
+            let mut pending = lock(&self.pending);
+            match transport.send_forward(peer, bytes) {
+                Some(generation) => {
+                    pending.insert(id, Pending { peer, generation, tx });
+                    true
+                }
+                None => false,
+            }
+        };
+        if sent {
+            Ok(ticket)
+        } else {
+            Err(NotSent::NoConnection)
+        }
+    }
+
+    /// An ANSWER arrived from `peer`. `Err` when its body does not decode (the caller closes the
+    /// connection).
+    pub(crate) fn on_answer(&self, peer: u64, request_id: u64, payload: &[u8]) -> std::result::Result<(), String> {
+        let response: ForwardResponse = postcard::from_bytes(payload).map_err(|e| e.to_string())?;
+        let mut pending = lock(&self.pending);
+        match pending.get(&request_id) {
+            Some(p) if p.peer == peer => {
+                if let Some(p) = pending.remove(&request_id) {
+                    let _ = p.tx.send(Delivery::Answer(response));
+                }
+            }
+            Some(_) => {
+                self.metrics.reject("wrong_sender");
+                tracing::warn!(peer, request_id, "raft transport: answer to a request sent to another node; dropped");
+            }
+            None => {
+                // The caller gave up (deadline) before the answer came.
+                self.metrics.forward_outcome("any", "late_answer");
+            }
+        }
+        Ok(())
+    }
+
+    /// The connection `generation` to `peer` ended: its unanswered requests are lost.
+    pub(crate) fn on_connection_closed(&self, peer: u64, generation: u64) {
+        let mut pending = lock(&self.pending);
+        let lost: Vec<u64> =
+            pending.iter().filter(|(_, p)| p.peer == peer && p.generation == generation).map(|(id, _)| *id).collect();
+        for id in lost {
+            if let Some(p) = pending.remove(&id) {
+                let _ = p.tx.send(Delivery::Lost);
+            }
+        }
+    }
+
+    /// Leader side: runs a forwarded request from `peer` locally and returns the ANSWER frame.
+    pub(crate) async fn serve(self: Arc<Self>, peer: u64, request_id: u64, req: ForwardRequest) -> Option<Bytes> {
+        let response = if self.acquire(&self.serving, peer, MAX_SERVED_PER_PEER) {
+            let timeout = Duration::from_millis(req.timeout_ms).min(MAX_SERVE_TIME);
+            let r = execute_local(&self.control, req.group, req.op, timeout).await;
+            self.release(&self.serving, peer);
+            r.map_err(|e| WireError::from_error(&e))
+        } else {
+            Err(WireError::Overloaded)
+        };
+        let outcome = match &response {
+            Ok(_) => "ok",
+            Err(WireError::NotLeader { .. }) => "not_leader",
+            Err(WireError::Overloaded) => "overloaded",
+            Err(_) => "error",
+        };
+        self.metrics.forward_served(outcome);
+        let encode = |r: &ForwardResponse| postcard::to_stdvec(r).ok();
+        let payload = encode(&response)?;
+        if let Some(f) = frame::answer(request_id, &payload, self.max_frame) {
+            return Some(f);
+        }
+        let too_large: ForwardResponse = Err(WireError::InvalidArgument(format!(
+            "the answer of {} bytes exceeds the transport frame cap of {} bytes; read with a limit, or at the leader",
+            payload.len(),
+            self.max_frame
+        )));
+        frame::answer(request_id, &encode(&too_large)?, self.max_frame)
+    }
+}
+
+/// Sends a control message to the engine and waits up to `timeout` for its answer.
+pub(crate) async fn call<T>(
+    control: &crossbeam_channel::Sender<Control>,
+    group: u64,
+    timeout: Duration,
+    make: impl FnOnce(oneshot::Sender<Result<T>>) -> Control,
+) -> Result<T> {
+    let (tx, rx) = oneshot::channel();
+    control.try_send(make(tx)).map_err(|e| match e {
+        crossbeam_channel::TrySendError::Full(_) => Error::Overloaded,
+        crossbeam_channel::TrySendError::Disconnected(_) => Error::Stopped,
+    })?;
+    match tokio::time::timeout(timeout, rx).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(_)) => Err(Error::Stopped),
+        Err(_) => Err(Error::Timeout { group, after: timeout }),
+    }
+}
+
+/// Runs `op` on this node's replica of `group` (no forwarding).
+pub(crate) async fn execute_local(
+    control: &crossbeam_channel::Sender<Control>,
+    group: u64,
+    op: ForwardOp,
+    timeout: Duration,
+) -> Result<ForwardReply> {
+    let req = |req: GroupRequest| Control::Group { group, req };
+    match op {
+        ForwardOp::Propose(cmd) => call(control, group, timeout, |reply| req(GroupRequest::Propose { cmd, reply }))
+            .await
+            .map(ForwardReply::Command),
+        ForwardOp::Read(query) => {
+            call(control, group, timeout, |reply| req(GroupRequest::Read { query, linearizable: true, reply }))
+                .await
+                .map(ForwardReply::Read)
+        }
+        ForwardOp::LeaseKeepAlive(id) => {
+            call(control, group, timeout, |reply| req(GroupRequest::LeaseKeepAlive { id, reply }))
+                .await
+                .map(ForwardReply::LeaseTtl)
+        }
+    }
+}
+
+/// The leader of `group` as this node sees it now (`None`: unknown, or the status did not come).
+pub(crate) async fn local_leader(control: &crossbeam_channel::Sender<Control>, group: u64) -> Option<u64> {
+    let status = call(control, group, Duration::from_secs(1), |reply| Control::Group {
+        group,
+        req: GroupRequest::Status { reply },
+    })
+    .await
+    .ok()?;
+    status.leader
+}
+
+/// Time left until `deadline`.
+pub(crate) fn remaining(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
+}
