@@ -33,6 +33,22 @@ struct Args {
     #[arg(long, value_name = "N", requires = "dev", default_value_t = 0)]
     fake_gpus: u32,
 
+    /// With --dev: be host N of a loopback dev cluster (turns `[cluster]` on; needs --seeds).
+    #[arg(long, value_name = "N", requires = "dev", requires = "seeds")]
+    cluster_node_id: Option<u64>,
+
+    /// With --cluster-node-id: the raft transport address (loopback, fixed port).
+    #[arg(long, value_name = "ADDR", requires = "cluster_node_id")]
+    raft_listen: Option<SocketAddr>,
+
+    /// With --cluster-node-id: the founding meta voters, `id=host:port,...` (cluster.seeds).
+    #[arg(long, value_name = "LIST", value_delimiter = ',', requires = "cluster_node_id")]
+    seeds: Vec<String>,
+
+    /// With --cluster-node-id: heartbeat lease TTL (cluster.host_ttl), e.g. `1s`.
+    #[arg(long, value_name = "DURATION", requires = "cluster_node_id", value_parser = humantime::parse_duration)]
+    host_ttl: Option<std::time::Duration>,
+
     /// Validate the configuration and exit.
     #[arg(long)]
     check_config: bool,
@@ -89,7 +105,26 @@ fn load(args: &Args) -> anyhow::Result<(Config, RunOptions)> {
             (d.clone(), Some(d))
         }
     };
-    let config = Config::dev(&state_dir, args.listen, args.fake_gpus);
+    let mut config = Config::dev(&state_dir, args.listen, args.fake_gpus);
+    if let Some(node_id) = args.cluster_node_id {
+        config.cluster.enabled = true;
+        config.cluster.node_id = node_id;
+        config.cluster.seeds = args.seeds.clone();
+        config.node.name = format!("dev-{node_id}");
+        if let Some(a) = args.raft_listen {
+            config.cluster.raft_listen = a;
+        } else if let Some(own) =
+            config.cluster.seed_list().ok().and_then(|s| s.into_iter().find(|s| s.node_id == node_id))
+        {
+            // Default: this host's own seed address.
+            config.cluster.raft_listen = own.addr.parse().map_err(|_| {
+                anyhow::anyhow!("--seeds: {}={} is not an IP:port; pass --raft-listen", own.node_id, own.addr)
+            })?;
+        }
+        if let Some(ttl) = args.host_ttl {
+            config.cluster.host_ttl = ttl;
+        }
+    }
     config.validate("--dev")?;
     Ok((config, RunOptions { dev: true, remove_on_exit }))
 }

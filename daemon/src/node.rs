@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::Context;
 use tokio::net::TcpListener;
 
+use crate::cluster::{Cluster, ClusterSettings};
 use crate::config::Config;
 use crate::gateway::{self, AppState};
 use crate::gpu;
@@ -138,6 +139,14 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
     }
     let kernels = Arc::new(kernels);
 
+    // Cluster mode: the raft store and the meta group. Never blocks on other hosts: a host
+    // whose peers are down serves /healthz and reports the cluster as not ready.
+    let cluster = if config.cluster.enabled {
+        Some(start_cluster(&config, &node, &url, token.clone(), &inventory, kernels.clone()).await?)
+    } else {
+        None
+    };
+
     let state = Arc::new(AppState {
         node: node.clone(),
         url: url.clone(),
@@ -199,7 +208,10 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
 
     let watchdog = systemd_ready();
 
-    let app = gateway::router(state);
+    let mut app = gateway::router(state);
+    if let Some(c) = &cluster {
+        app = app.merge(crate::cluster::http::router(c.clone()));
+    }
     // Small WebSocket frames (a cell's messages) must not wait for Nagle's algorithm.
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
@@ -213,6 +225,10 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     tracing::info!("shutting down");
+    // Leave the heartbeat first: the other hosts see this one down at once.
+    if let Some(c) = &cluster {
+        c.shutdown().await;
+    }
     // Tell every kernel to stop, kill what does not, so nothing is orphaned.
     kernels.shutdown_all().await;
     ticker.abort();
@@ -230,6 +246,101 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
         }
     }
     served.context("serving HTTP")
+}
+
+/// Opens the raft store under `state_dir/raft` and starts this host's cluster membership.
+async fn start_cluster(
+    config: &Config,
+    node: &str,
+    url: &str,
+    token: Option<String>,
+    inventory: &gpu::Inventory,
+    kernels: Arc<Kernels>,
+) -> anyhow::Result<Arc<Cluster>> {
+    use crate::cluster::records::{GpuRecord, LoadRecord};
+    use raft_store::{RaftStore, StoreConfig, TransportSecurity};
+
+    let c = &config.cluster;
+    let mut seeds = std::collections::BTreeMap::new();
+    for seed in c.seed_list().map_err(|e| anyhow::anyhow!("cluster.seeds: {e}"))? {
+        let addr = tokio::net::lookup_host(seed.addr.as_str())
+            .await
+            .ok()
+            .and_then(|mut a| a.next())
+            .with_context(|| format!("cluster.seeds: cannot resolve {}={}", seed.node_id, seed.addr))?;
+        seeds.insert(seed.node_id, addr);
+    }
+    let security = match &c.tls {
+        Some(t) => {
+            TransportSecurity::MutualTls { ca_cert: t.ca_cert.clone(), cert: t.cert.clone(), key: t.key.clone() }
+        }
+        None => TransportSecurity::Plaintext,
+    };
+    let mut store_cfg = StoreConfig::new(c.node_id, config.node.state_dir.join("raft"), c.raft_listen, security);
+    store_cfg.peers = seeds.iter().filter(|(&id, _)| id != c.node_id).map(|(&id, &a)| (id, a)).collect();
+    let store = RaftStore::open(store_cfg).with_context(|| {
+        format!(
+            "opening the raft store in {} (cluster.raft_listen = {})",
+            config.node.state_dir.join("raft").display(),
+            c.raft_listen
+        )
+    })?;
+    // Others reach this host's raft at its seed address when it has one (raft_listen may be 0.0.0.0).
+    let raft_addr = seeds.get(&c.node_id).copied().unwrap_or(c.raft_listen);
+    let settings = ClusterSettings {
+        node_id: c.node_id,
+        name: node.to_owned(),
+        gateway_url: if c.advertise_url.is_empty() {
+            url.to_owned()
+        } else {
+            c.advertise_url.trim_end_matches('/').to_owned()
+        },
+        raft_addr,
+        seeds,
+        host_ttl: c.host_ttl,
+        replicas: c.replicas,
+        subscription_ratio: config.gpu.subscription_ratio,
+        sync_inline_max_bytes: c.sync_inline_max_bytes,
+        object_store: config.object_store_url(),
+        token,
+        gpus: inventory
+            .gpus
+            .iter()
+            .map(|g| GpuRecord { uuid: g.uuid.clone(), model: g.name.clone(), memory_bytes: g.memory_mib << 20 })
+            .collect(),
+        memory_bytes: host_memory_bytes(),
+    };
+    let node_id = c.node_id;
+    let probe: crate::cluster::meta::LoadProbe = Arc::new(move || {
+        let kernels = kernels.clone();
+        Box::pin(async move {
+            let snap = kernels.binder().snapshot();
+            LoadRecord {
+                node_id,
+                gpus_total: snap.total,
+                gpus_committed: snap.committed.saturating_add(snap.idle_held),
+                // Idle-held GPUs are taken back for a cell that needs them: a cell could take them now.
+                gpus_idle: snap.total.saturating_sub(snap.committed),
+                replicas: u32::try_from(kernels.len().await).unwrap_or(u32::MAX),
+                subscribed_gpus: snap.requested,
+            }
+        })
+    });
+    let cluster = Cluster::new(settings, store, probe);
+    cluster.start();
+    tracing::info!(node_id, raft = %c.raft_listen, "cluster member starting (meta group in the background)");
+    Ok(cluster)
+}
+
+/// `MemTotal` from /proc/meminfo, in bytes (0 when unreadable).
+fn host_memory_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            let line = t.lines().find(|l| l.starts_with("MemTotal:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(0, |kib| kib << 10)
 }
 
 /// Starts the lease server on `runtime_dir/lease.sock` with GPU control through

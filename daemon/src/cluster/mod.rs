@@ -2,9 +2,18 @@
 //! three hosts with a raft group each, executor election and namespace sync.
 //!
 //! - [`records`]: what is stored where (shared by everything below).
+//! - [`meta`]: the [`Cluster`] handle — hosts, loads, kernels, placement on the meta leader.
+//! - [`membership`]: this host's heartbeat (host and load records on a lease), peer
+//!   discovery, re-placement of replicas of hosts that stayed down.
+//! - [`http`]: `/api/v1/cluster/…`, for forwarding to the meta leader and `nbos cluster`.
 
-pub mod records;
 pub mod election;
+pub mod http;
+pub mod membership;
+pub mod meta;
 pub mod objects;
+pub mod records;
 pub mod replica_host;
 pub mod state_sync;
+
+pub use meta::{Cluster, ClusterError, ClusterSettings, ClusterStatus, KernelEvent, KernelSpec};

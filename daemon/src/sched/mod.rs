@@ -5,9 +5,11 @@
 //! - [`host`]: one host's GPUs and who commits or idle-holds them ([`HostScheduler`]).
 //! - [`template`]: the NotebookOS workload templates (sessions, training events, 60 s ticks).
 //! - [`preselect`]: which replica of a kernel proposes to execute a cell (front-end, issue 7).
+//! - [`placement`]: on which hosts of a cluster a kernel's replicas live.
 //! - [`replay`]: drives a [`HostScheduler`] through a template in virtual time and measures it.
 
 pub mod host;
+pub mod placement;
 pub mod preselect;
 pub mod replay;
 pub mod template;

@@ -1,0 +1,179 @@
+//! The cluster's HTTP API (`/api/v1/cluster/…`), merged into the host's router in
+//! cluster mode. Other hosts call it to forward leader-only work; `nbos cluster` calls
+//! it for status, join and leave. Same token as the rest of the API.
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /api/v1/cluster/status` | [`ClusterStatus`] as this host sees it |
+//! | `GET /api/v1/cluster/kernels` | every [`KernelRecord`] |
+//! | `POST /api/v1/cluster/kernels` | [`KernelSpec`] → placed [`KernelRecord`] (meta leader) |
+//! | `GET /api/v1/cluster/kernels/{id}` | one record |
+//! | `DELETE /api/v1/cluster/kernels/{id}` | delete the record (meta leader) |
+//! | `POST /api/v1/cluster/kernels/{id}/replace` | `{"node_id": n}` → re-placed record or `null` (meta leader) |
+//! | `POST /api/v1/cluster/members` | [`PeerRecord`] → add a host to the meta group (meta leader) |
+//! | `DELETE /api/v1/cluster/members/{id}` | remove a host from the meta group (meta leader) |
+//! | `POST /api/v1/cluster/leave` | this host leaves ([`LeaveReport`]) |
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use subtle::ConstantTimeEq;
+
+use super::meta::{Cluster, ClusterError, KernelSpec, PeerRecord};
+#[cfg(doc)]
+use super::meta::{ClusterStatus, LeaveReport};
+#[cfg(doc)]
+use super::records::KernelRecord;
+
+/// Marks a request one host forwarded to another: the receiver runs it itself or fails,
+/// never forwards again (no loops while leadership moves).
+pub const FORWARDED_HEADER: &str = "x-nbos-forwarded";
+
+/// The cluster routes, with token authentication.
+pub fn router(cluster: Arc<Cluster>) -> Router {
+    Router::new()
+        .route("/api/v1/cluster/status", get(status))
+        .route("/api/v1/cluster/kernels", get(list_kernels).post(create_kernel))
+        .route("/api/v1/cluster/kernels/{id}", get(get_kernel).delete(delete_kernel))
+        .route("/api/v1/cluster/kernels/{id}/replace", post(replace_replica))
+        .route("/api/v1/cluster/members", post(add_member))
+        .route("/api/v1/cluster/members/{id}", axum::routing::delete(remove_member))
+        .route("/api/v1/cluster/leave", post(leave))
+        .route_layer(middleware::from_fn_with_state(cluster.clone(), require_token))
+        .with_state(cluster)
+}
+
+async fn require_token(State(c): State<Arc<Cluster>>, req: Request, next: Next) -> Response {
+    let Some(expected) = c.settings().token.as_deref() else {
+        return next.run(req).await;
+    };
+    let presented = crate::gateway::auth::presented_token(&req);
+    if presented.as_ref().is_some_and(|t| bool::from(t.as_bytes().ct_eq(expected.as_bytes()))) {
+        next.run(req).await
+    } else {
+        tracing::warn!(path = %req.uri().path(), "refused cluster request: bad or missing token");
+        (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "token")], "401: missing or wrong token\n")
+            .into_response()
+    }
+}
+
+/// A cluster error as an HTTP answer: `{"message": …}` with a status that says whether
+/// retrying may help (503) or not.
+struct ApiError(ClusterError);
+
+impl From<ClusterError> for ApiError {
+    fn from(e: ClusterError) -> Self {
+        ApiError(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = match &self.0 {
+            ClusterError::NotReady(_) | ClusterError::NotLeader { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ClusterError::Store(e) if e.outcome_unknown() => StatusCode::GATEWAY_TIMEOUT,
+            ClusterError::Store(raft_store::Error::NotLeader { .. }) => StatusCode::SERVICE_UNAVAILABLE,
+            ClusterError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ClusterError::Placement(_) | ClusterError::Conflict(_) => StatusCode::CONFLICT,
+            ClusterError::NoSuchKernel(_) => StatusCode::NOT_FOUND,
+            ClusterError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ClusterError::Remote { status, .. } => StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY),
+        };
+        let message = match &self.0 {
+            // The remote host's own message, not wrapped twice.
+            ClusterError::Remote { message, .. } => message.clone(),
+            other => other.to_string(),
+        };
+        (status, Json(serde_json::json!({ "message": message }))).into_response()
+    }
+}
+
+fn forwarded(h: &HeaderMap) -> bool {
+    h.contains_key(FORWARDED_HEADER)
+}
+
+async fn status(State(c): State<Arc<Cluster>>) -> Result<Response, ApiError> {
+    Ok(Json(c.status().await?).into_response())
+}
+
+async fn list_kernels(State(c): State<Arc<Cluster>>) -> Result<Response, ApiError> {
+    Ok(Json(c.kernels().await?).into_response())
+}
+
+async fn get_kernel(State(c): State<Arc<Cluster>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    match c.kernel(&id).await? {
+        Some(k) => Ok(Json(k).into_response()),
+        None => Err(ClusterError::NoSuchKernel(id).into()),
+    }
+}
+
+async fn create_kernel(
+    State(c): State<Arc<Cluster>>,
+    headers: HeaderMap,
+    Json(spec): Json<KernelSpec>,
+) -> Result<Response, ApiError> {
+    let record = if forwarded(&headers) { c.create_kernel_here(spec).await? } else { c.create_kernel(spec).await? };
+    Ok((StatusCode::CREATED, Json(record)).into_response())
+}
+
+async fn delete_kernel(
+    State(c): State<Arc<Cluster>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let deleted = if forwarded(&headers) {
+        if c.meta_leader().await != Some(c.node_id()) {
+            return Err(ClusterError::NotLeader { me: c.node_id(), leader: c.meta_leader().await }.into());
+        }
+        c.meta().delete(super::records::keys::kernel(&id)).await.map_err(ClusterError::from)?
+    } else {
+        c.delete_kernel(&id).await?
+    };
+    Ok(Json(serde_json::json!({ "deleted": deleted })).into_response())
+}
+
+#[derive(serde::Deserialize)]
+struct ReplaceBody {
+    node_id: u64,
+}
+
+async fn replace_replica(
+    State(c): State<Arc<Cluster>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Json(body): Json<ReplaceBody>,
+) -> Result<Response, ApiError> {
+    let out = if forwarded(&headers) {
+        c.replace_replica_here(&id, body.node_id).await?
+    } else {
+        c.replace_replica(&id, body.node_id).await?
+    };
+    Ok(Json(out).into_response())
+}
+
+async fn add_member(
+    State(c): State<Arc<Cluster>>,
+    headers: HeaderMap,
+    Json(peer): Json<PeerRecord>,
+) -> Result<Response, ApiError> {
+    let m = if forwarded(&headers) { c.add_member_here(peer).await? } else { c.add_member(peer).await? };
+    Ok(Json(m).into_response())
+}
+
+async fn remove_member(
+    State(c): State<Arc<Cluster>>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+) -> Result<Response, ApiError> {
+    let m = if forwarded(&headers) { c.remove_member_here(id).await? } else { c.remove_member(id).await? };
+    Ok(Json(m).into_response())
+}
+
+async fn leave(State(c): State<Arc<Cluster>>) -> Result<Response, ApiError> {
+    Ok(Json(c.leave().await?).into_response())
+}
