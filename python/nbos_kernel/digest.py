@@ -21,8 +21,10 @@ The change tracker (``namespace.fingerprint``) and ``sync.namespace_digest`` bot
   their functions). Caches Python adds by itself (``__slotnames__``, ABC caches,
   ``__weakref__``/``__dict__``/slot descriptors) are left out. Other classes: by
   module and qualname when importable by that name, else by the pickle rule.
-- instances of a class defined in a cell whose bases are all cell classes or
-  ``object``: the class digest plus the digests of ``__dict__`` and of the slots.
+- instances of a class defined in a cell: the class digest, the digests of their
+  attributes by name (``__dict__`` and slots together), and the content of a builtin
+  base (``tuple`` of a NamedTuple, ``dict`` of a dict subclass, an exception's
+  ``args``, an ndarray subclass's buffer; another C base by the pickle rule).
 - everything else: its cloudpickle bytes (protocol 5), streamed into the hash. A value
   that does not pickle raises :class:`Unpicklable`.
 
@@ -213,7 +215,7 @@ class Digester:
             return _h(kind.__name__.encode(), self.digest(value.__func__))
         if kind is property:
             return _h(b"property", *(self.digest(f) for f in (value.fget, value.fset, value.fdel, value.__doc__)))
-        if is_cell_class(kind) and all(is_cell_class(b) or b is object for b in kind.__mro__[1:]):
+        if is_cell_class(kind):
             return self._instance(value, kind)
         return self._pickled(value)
 
@@ -302,15 +304,33 @@ class Digester:
         )
 
     def _instance(self, value: Any, kind: type) -> bytes:
-        slots = []
+        # Attributes from slots and `__dict__` together, by name: cloudpickle rebuilds a
+        # class with `__slots__` as a class with a `__dict__`, so where an attribute lives
+        # differs between the executor and a follower, while its value does not.
+        state: Dict[str, Any] = {}
         for klass in kind.__mro__:
             names = klass.__dict__.get("__slots__", ())
             for name in [names] if isinstance(names, str) else names:
-                if name in ("__dict__", "__weakref__"):
-                    continue
-                slots.append(name.encode() + b"=" + (self.digest(getattr(value, name)) if hasattr(value, name) else b"unset"))
-        state = self.digest(value.__dict__) if hasattr(value, "__dict__") else b"no-dict"
-        return _h(b"instance", self.digest(kind), state, *slots)
+                if name not in ("__dict__", "__weakref__") and hasattr(value, name):
+                    state[name] = getattr(value, name)
+        state.update(getattr(value, "__dict__", {}))
+        attrs = [name.encode() + b"=" + self.digest(state[name]) for name in sorted(state)]
+        return _h(b"instance", self.digest(kind), self._builtin_part(value, kind), *attrs)
+
+    def _builtin_part(self, value: Any, kind: type) -> bytes:
+        """The part of an instance held by a builtin base (`class Row(tuple)`, `class Cfg(dict)`)."""
+        base = next((b for b in kind.__mro__ if not is_cell_class(b)), object)
+        if base is object:
+            return b"object"
+        if base in _SCALARS or base in (list, tuple, dict, set, frozenset, bytearray):
+            return self.digest(base(value))
+        numpy = sys.modules.get("numpy")
+        if numpy is not None and issubclass(base, numpy.ndarray):
+            return self.digest(value.view(numpy.ndarray))
+        if issubclass(base, BaseException):
+            return self.digest(value.args)
+        # Another C base: what its pickling says (may depend on sharing, see the docstring).
+        return self._pickled(value)
 
     def _pickled(self, value: Any) -> bytes:
         from .payload import NamespacePickler

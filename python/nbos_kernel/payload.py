@@ -17,6 +17,7 @@ holds on every replica).
 
 from __future__ import annotations
 
+import copyreg
 import pickle
 import types
 from typing import Any, BinaryIO, Mapping, Optional
@@ -97,6 +98,14 @@ class NamespacePickler(cloudpickle.Pickler):
             # function object is memoised, so recursion through defaults or closures works.
             ncells = len(obj.__code__.co_freevars)
             return (_make_function, (obj.__code__, obj.__name__, ncells), state, None, None, _set_function_state)
+        if isinstance(obj, type) and obj.__module__ == "__main__" and "__slotnames__" not in obj.__dict__:
+            # Pickling an instance caches `__slotnames__` in its class; cloudpickle sends the
+            # class dict, so without this the class's pickle (and the fingerprint of every
+            # value holding it) would change once, after the first pickle, for no edit.
+            try:
+                copyreg._slotnames(obj)
+            except Exception:  # noqa: BLE001 - only a cache; cloudpickle reports real failures
+                pass
         return super().reducer_override(obj)
 
 

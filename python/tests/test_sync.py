@@ -23,7 +23,11 @@ PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Replica:
-    """A namespace plus its tracker, run cell by cell like the kernel does."""
+    """A namespace plus its tracker, run cell by cell like the kernel does.
+
+    Two Replicas in one process share cloudpickle's class registry (one class object per
+    class per process), so tests of classes applied on a follower use another process
+    (`_follower_process`, or the ipykernel test)."""
 
     def __init__(self):
         self.ns = {"__name__": "__main__", "__builtins__": __builtins__}
@@ -388,3 +392,76 @@ def test_two_ipykernels_converge_through_export_and_apply(tmp_path):
             kc.stop_channels()
         for km in kms:
             km.shutdown_kernel(now=True)
+
+
+FOLLOWER = """
+import json, sys
+from nbos_kernel import NamespaceTracker, sync
+ns = {"__name__": "__main__", "__builtins__": __builtins__}
+tracker = NamespaceTracker(ns)
+steps = []
+for d in sys.argv[2:]:
+    r = sync.apply_cell(d, namespace=ns, tracker=tracker)
+    steps.append({"failed": r["failed"], "digest": sync.namespace_digest(ns)})
+print(json.dumps({"steps": steps, "check": eval(sys.argv[1], ns)}))
+"""
+
+
+def _follower_process(check, *dirs):
+    """Applies manifest dirs in a separate Python process (its own class registry), returns
+    the digest after each and the value of the `check` expression at the end."""
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+    out = subprocess.run(
+        [sys.executable, "-c", FOLLOWER, check, *map(str, dirs)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_dataclasses_enums_namedtuples_slots_and_subclasses_round_trip(tmp_path):
+    # The follower is another process: cloudpickle maps a class to one class object per
+    # process, so an in-process follower would share the executor's classes.
+    a = Replica()
+    a.run("""
+        import dataclasses, enum, typing
+        @dataclasses.dataclass
+        class DC:
+            x: int
+            y: list = dataclasses.field(default_factory=list)
+        class Color(enum.Enum):
+            RED = 1
+        class NT(typing.NamedTuple):
+            a: int
+        class Sub(dict):
+            pass
+        class Slotted:
+            __slots__ = ("a", "b")
+            def __init__(self):
+                self.a = 1
+        class Base:
+            def hello(self):
+                return "base"
+        class Child(Base):
+            @staticmethod
+            def s():
+                return 1
+            @classmethod
+            def c(cls):
+                return cls.__name__
+        dc, col, nt, sub, sl, ch = DC(1), Color.RED, NT(1), Sub(k=1), Slotted(), Child()
+    """)
+    assert a.export(tmp_path / "1")["unpicklable"] == []
+    first = a.digest()
+    a.run("pass")  # pickling caches nothing in a class that later looks like a change
+    assert a.tracker.last.is_empty()
+    a.run("dc.y.append(5)\nsub['z'] = 2\nsl.b = 3")
+    assert a.tracker.last.changed == {"dc", "sub", "sl"}
+    assert a.export(tmp_path / "2")["set"] == ["dc", "sl", "sub"]
+    check = (
+        "[col is Color.RED, isinstance(dc, DC), isinstance(nt, NT), ch.hello(), Child.c(), Child.s(),"
+        " sl.b, sub['z'], dc.y]"
+    )
+    got = _follower_process(check, tmp_path / "1", tmp_path / "2")
+    assert [s["failed"] for s in got["steps"]] == [[], []]
+    assert [s["digest"] for s in got["steps"]] == [first, a.digest()]
+    assert got["check"] == [True, True, True, "base", "Child", 1, 3, 2, [5]]
