@@ -40,7 +40,12 @@ _IPYTHON_HISTORY = re.compile(r"_{1,3}|_i{1,3}|_i?[0-9]+")
 
 
 def is_user_name(name: str) -> bool:
-    """True for names that belong to the user, not to Python, IPython or this helper."""
+    """True for names that belong to the user, not to Python, IPython or this helper.
+
+    Keys that are not identifiers (``globals()["a b"] = 1``, even non-strings) are not
+    variables a cell can name, and are not user state."""
+    if not isinstance(name, str) or not name.isidentifier():
+        return False
     if name in _IPYTHON_NAMES or name.startswith("_nbos_"):
         return False
     if name.startswith("__") and name.endswith("__"):

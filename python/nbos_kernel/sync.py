@@ -55,6 +55,8 @@ MANIFEST = "manifest.json"
 VERSION = 1
 # A manifest is small (names, sizes, hashes); anything larger is not one of ours.
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+# Payloads are hashed in chunks of this size before they are unpickled.
+_CHUNK = 1024 * 1024
 
 
 class ManifestError(ValueError):
@@ -268,16 +270,28 @@ def _check_name(path: str, name: Any) -> None:
         raise ManifestError(f"{path}: {name!r} is not a user variable name")
 
 
-def _read_payload(dir: str, entry: dict) -> bytes:
+def _open_payload(dir: str, entry: dict):
+    """Opens a payload file after checking its size and sha256 (streamed, not held twice)."""
     path = os.path.join(dir, entry["file"])
-    with open(path, "rb") as f:
-        data = f.read(entry["size"] + 1)
-    if len(data) != entry["size"]:
-        raise ValueError(f"payload {entry['file']} has {len(data)} bytes, the manifest says {entry['size']}")
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != entry["sha256"].lower():
-        raise ValueError(f"payload {entry['file']} has sha256 {digest}, the manifest says {entry['sha256']}")
-    return data
+    f = open(path, "rb")
+    try:
+        h = hashlib.sha256()
+        size = 0
+        while True:
+            chunk = f.read(_CHUNK)
+            if not chunk:
+                break
+            h.update(chunk)
+            size += len(chunk)
+        if size != entry["size"]:
+            raise ValueError(f"payload {entry['file']} has {size} bytes, the manifest says {entry['size']}")
+        if h.hexdigest() != entry["sha256"].lower():
+            raise ValueError(f"payload {entry['file']} has sha256 {h.hexdigest()}, the manifest says {entry['sha256']}")
+        f.seek(0)
+        return f
+    except BaseException:
+        f.close()
+        raise
 
 
 def apply_cell(
@@ -314,11 +328,11 @@ def apply_cell(
         name = entry["name"]
         touched.append(name)
         try:
-            data = _read_payload(dir, entry)
-            if entry["kind"] == "module":
-                value = importlib.import_module(data.decode("utf-8"))
-            else:
-                value = payload.loads(data, namespace)
+            with _open_payload(dir, entry) as f:
+                if entry["kind"] == "module":
+                    value = importlib.import_module(f.read().decode("utf-8"))
+                else:
+                    value = payload.load(f, namespace)
         except Exception as exc:  # noqa: BLE001 - one bad value must not stop the others
             namespace.pop(name, None)
             failed.append({"name": name, "error": _error_text(exc)})

@@ -58,3 +58,11 @@ def test_huge_values_are_not_hashed_in_full(monkeypatch):
     assert fp.startswith("large:")
     big[0] = 1  # the first block is always sampled
     assert fingerprint(big) != fp
+
+
+def test_keys_that_are_not_identifiers_are_ignored():
+    ns = {"a": 1}
+    t = NamespaceTracker(ns)
+    ns[1] = "int key"
+    ns["a b"] = "not an identifier"
+    assert t.end_cell().is_empty()

@@ -387,6 +387,9 @@ def test_two_ipykernels_converge_through_export_and_apply(tmp_path):
         assert got["set"] == ["arr", "s"] and got["deleted"] == ["d"]
         assert _internal(a, digest) == _internal(b, digest)
         assert _cell(b, "float(arr[0])") == 4
+        # A name the user marks goes into the next export though its value is unchanged.
+        assert _cell(a, "__import__('nbos_kernel').mark_changed('n')") == 4
+        assert _internal(a, f"__import__('nbos_kernel').export_cell({str(tmp_path / '3')!r})")["set"] == ["n"]
     finally:
         for kc in clients:
             kc.stop_channels()
