@@ -212,12 +212,7 @@ pub async fn export_and_commit(
     inline_in_use: impl FnOnce(&BTreeSet<String>) -> u64,
 ) -> anyhow::Result<Exported> {
     let dir = scratch_dir(cfg, "export-")?;
-    let code = format!(
-        "__import__('nbos_kernel.sync', fromlist=['export_cell']).export_cell({})",
-        py_str(&dir.path().display().to_string())
-    );
-    kernel
-        .run_internal(&code, &serde_json::json!({}), cfg.kernel_timeout)
+    call_sync(kernel, &format!("export_cell({})", py_str(&dir.path().display().to_string())), cfg.kernel_timeout)
         .await
         .context("exporting the cell's namespace changes")?;
     let manifest_path = dir.path().join("manifest.json");
@@ -227,8 +222,13 @@ pub async fn export_and_commit(
     let manifest: Manifest = serde_json::from_slice(&raw).context("undecodable export manifest")?;
     anyhow::ensure!(manifest.version == 1, "export manifest version {} is not 1", manifest.version);
 
-    let touched: BTreeSet<String> =
-        manifest.set.iter().map(|e| e.name.clone()).chain(manifest.deleted.iter().cloned()).collect();
+    let touched: BTreeSet<String> = manifest
+        .set
+        .iter()
+        .map(|e| e.name.clone())
+        .chain(manifest.deleted.iter().cloned())
+        .chain(manifest.unpicklable.iter().map(|u| u.name.clone()))
+        .collect();
     let mut budget = GROUP_INLINE_BUDGET.saturating_sub(inline_in_use(&touched));
     let mut entries = manifest.set.clone();
     // Small first: the most names fit inline; the big ones spill.
@@ -263,7 +263,8 @@ pub async fn export_and_commit(
         txn = txn.and_then(TxnOp::put(keys::ns(&e.name).into_bytes(), value.encode()));
         out.set += 1;
     }
-    for name in &manifest.deleted {
+    // An unpicklable value was rebound here: the followers' older value is stale, so it goes.
+    for name in manifest.deleted.iter().chain(manifest.unpicklable.iter().map(|u| &u.name)) {
         check_name(name)?;
         txn = txn.and_then(TxnOp::delete(keys::ns(name).into_bytes()));
         out.deleted += 1;
@@ -576,11 +577,12 @@ impl Run {
         tokio::fs::write(&path, serde_json::to_vec(&manifest).context("encoding the manifest")?)
             .await
             .context("writing the manifest")?;
-        let code = format!(
-            "__import__('nbos_kernel.sync', fromlist=['apply_cell']).apply_cell({})",
-            py_str(&dir.path().display().to_string())
-        );
-        self.kernel.run_internal(&code, &serde_json::json!({}), self.cfg.kernel_timeout).await?;
+        let call = format!("apply_cell({})", py_str(&dir.path().display().to_string()));
+        let result = call_sync(&self.kernel, &call, self.cfg.kernel_timeout).await?;
+        if let Some(failed) = result.get("failed").and_then(|f| f.as_array()).filter(|f| !f.is_empty()) {
+            // Those names are unbound on this replica (never stale); the next cell that sets them heals it.
+            tracing::warn!(kernel = %self.kernel.id, ?failed, "some namespace values could not be applied");
+        }
         Ok(())
     }
 }
@@ -588,12 +590,26 @@ impl Run {
 /// The namespace digest of `kernel` (`nbos_kernel.sync.namespace_digest()`): equal on
 /// two replicas with equal state.
 pub async fn namespace_digest(kernel: &Kernel, timeout: Duration) -> anyhow::Result<String> {
-    let expr = "__import__('nbos_kernel.sync', fromlist=['namespace_digest']).namespace_digest()";
-    let content = kernel.run_internal("", &serde_json::json!({ "d": expr }), timeout).await?;
-    let d = &content["user_expressions"]["d"];
-    anyhow::ensure!(d["status"] == "ok", "namespace_digest failed: {}: {}", d["ename"], d["evalue"]);
-    let text = d["data"]["text/plain"].as_str().context("namespace_digest returned no text")?;
+    let v = call_sync(kernel, "namespace_digest()", timeout).await?;
+    let text = v.as_str().context("namespace_digest returned no text")?;
     Ok(text.trim_matches('\'').to_owned())
+}
+
+/// Calls `nbos_kernel.sync.{call}` silently in `kernel` and returns its value: the JSON
+/// of a `SyncResult`, else the text repr. A Python exception is an error naming it.
+async fn call_sync(kernel: &Kernel, call: &str, timeout: Duration) -> anyhow::Result<serde_json::Value> {
+    let expr = format!("__import__('nbos_kernel.sync', fromlist=['sync']).{call}");
+    let content = kernel.run_internal("", &serde_json::json!({ "r": expr }), timeout).await?;
+    let r = &content["user_expressions"]["r"];
+    anyhow::ensure!(
+        r["status"] == "ok",
+        "nbos_kernel.sync.{} failed in the kernel: {}: {}",
+        call.split('(').next().unwrap_or(call),
+        r["ename"].as_str().unwrap_or("?"),
+        r["evalue"].as_str().unwrap_or("?")
+    );
+    let data = &r["data"];
+    Ok(data.get("application/json").cloned().unwrap_or_else(|| data["text/plain"].clone()))
 }
 
 #[cfg(test)]
