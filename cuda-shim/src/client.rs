@@ -1,17 +1,25 @@
 //! The shim's side of the lease protocol: registration, blocking lease requests, and
-//! a reader thread that applies grants and performs revocations.
+//! a lease thread that performs revocations.
+//!
+//! Who reads the socket: frames from the host only ever answer the lease state, so the
+//! read side belongs to whoever is waiting for the next one. Without a lease, the thread
+//! that needs one sends `Request` and reads the `Grant` itself (the host's reply wakes the
+//! very thread that is blocked: one thread hop each way, nothing handed to a third
+//! thread). While a lease is held, the lease thread reads (the next frame is a `Revoke`).
+//! The read side is passed between them through [`Client::read_half`] with any bytes
+//! already buffered, so no frame is split or lost in a hand-over.
 //!
 //! Environment (read once per process, never on the hot path), set by the daemon:
 //! `NBOS_LEASE_SOCKET` (the host's socket; unset = unmanaged pass-through),
 //! `NBOS_KERNEL_ID`, `NBOS_REPLICA`.
 
-use std::io::ErrorKind;
+use std::io::{BufReader, ErrorKind};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use nbos_lease_proto::{read_message, write_message, GpuUuid, Message, ReadError};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::abi::{self, CUresult};
 use crate::driver;
@@ -30,20 +38,33 @@ pub enum Phase {
     Refused(String),
 }
 
+/// The socket's read side with what it has buffered (a frame arrives in one read).
+type ReadHalf = BufReader<UnixStream>;
+
 struct Client {
     phase: Phase,
     writer: Option<UnixStream>,
+    /// A thread has sent `Request` and reads the answer; others wait on [`GRANTED`].
     requested: bool,
+    /// The read side when no thread is reading it.
+    read_half: Option<ReadHalf>,
+    /// The read side is the lease thread's (a lease is held: the next frame is a revoke).
+    reader_turn: bool,
 }
 
 // Lock order: CLIENT before GATE; nothing holding GATE shared may take CLIENT.
-static CLIENT: Mutex<Client> = Mutex::new(Client { phase: Phase::Fresh, writer: None, requested: false });
+static CLIENT: Mutex<Client> =
+    Mutex::new(Client { phase: Phase::Fresh, writer: None, requested: false, read_half: None, reader_turn: false });
 /// Memory limit of the process the host set, bytes (0: none); an atomic so hooks under
 /// the gate can read it.
 static MEMORY_LIMIT: AtomicU64 = AtomicU64::new(0);
+/// Signalled when a lease is granted, the read side is parked, or the client failed.
 static GRANTED: Condvar = Condvar::new();
-/// The reader thread's socket fd, closed in a forked child (which has no reader thread),
-/// so a child never keeps its parent's lease connection open.
+/// Signalled when the read side becomes the lease thread's (or the client failed).
+static READER_TURN: Condvar = Condvar::new();
+/// The read side's fd, closed in a forked child when the parent had it out on a thread
+/// (which does not exist in the child), so a child never keeps its parent's lease
+/// connection open.
 static READER_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 /// Contexts the process created, synchronised on revoke.
 static CONTEXTS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
@@ -91,6 +112,13 @@ pub fn ensure_started() {
                     return;
                 }
             };
+            // Activity ticks: the socket's receive timeout (shared by both fds) wakes the
+            // lease thread; a requester reading meanwhile just reads again.
+            let tick = (interval > 0).then(|| Duration::from_millis(u64::from(interval)));
+            if let Err(e) = reader.set_read_timeout(tick) {
+                c.phase = Phase::Refused(format!("socket timeout: {e}"));
+                return;
+            }
             {
                 let mut g = GATE.write();
                 g.devices = (device_count as usize).min(MAX_DEVICES);
@@ -99,11 +127,12 @@ pub fn ensure_started() {
             READER_FD.store(std::os::fd::AsRawFd::as_raw_fd(&reader), Ordering::Relaxed);
             c.phase = Phase::Registered;
             c.writer = Some(stream);
+            c.read_half = Some(BufReader::with_capacity(1024, reader));
+            c.reader_turn = false;
             MEMORY_LIMIT.store(memory_limit, Ordering::Relaxed);
-            let spawned =
-                std::thread::Builder::new().name("nbos-lease".into()).spawn(move || reader_loop(reader, interval));
+            let spawned = std::thread::Builder::new().name("nbos-lease".into()).spawn(move || lease_thread(tick));
             if let Err(e) = spawned {
-                c.phase = Phase::Refused(format!("lease thread: {e}"));
+                fail_locked(&mut c, format!("lease thread: {e}"));
             }
         }
         Err(reason) => {
@@ -152,18 +181,69 @@ pub fn acquire() -> Result<(), CUresult> {
         if GATE.read().bound {
             return Ok(());
         }
-        if !c.requested {
-            let devices = GATE.read().devices as u32;
-            let Some(w) = c.writer.as_mut() else { return Err(abi::NOT_PERMITTED) };
-            if write_message(w, &Message::Request { gpus: devices }).is_err() {
-                c.phase = Phase::Refused("lease connection lost".into());
-                return Err(abi::UNKNOWN);
-            }
-            c.requested = true;
-            WAITS.fetch_add(1, Ordering::Relaxed);
+        // Another thread is asking, or the lease thread still has the read side (it is
+        // finishing a revocation and parks it next): wait for either to finish.
+        if c.requested || c.reader_turn || c.read_half.is_none() {
+            GRANTED.wait(&mut c);
+            continue;
         }
-        GRANTED.wait(&mut c);
+        let devices = GATE.read().devices as u32;
+        let Some(w) = c.writer.as_mut() else { return Err(abi::NOT_PERMITTED) };
+        if write_message(w, &Message::Request { gpus: devices }).is_err() {
+            fail_locked(&mut c, "lease connection lost".into());
+            return Err(abi::UNKNOWN);
+        }
+        WAITS.fetch_add(1, Ordering::Relaxed);
+        let Some(mut r) = c.read_half.take() else { return Err(abi::UNKNOWN) };
+        c.requested = true;
+        // Read the answer on this thread, without the client lock (ungated calls of other
+        // threads go on meanwhile).
+        let answer = MutexGuard::unlocked(&mut c, || await_grant(&mut r));
+        c.requested = false;
+        match answer {
+            Ok(()) => {
+                c.read_half = Some(r);
+                c.reader_turn = true;
+                READER_TURN.notify_one();
+                GRANTED.notify_all();
+                return Ok(());
+            }
+            Err(reason) => {
+                drop(r);
+                fail_locked(&mut c, reason);
+                return Err(abi::NOT_PERMITTED);
+            }
+        }
     }
+}
+
+/// Reads frames until the host grants a lease, and applies the grant to the gate.
+fn await_grant(r: &mut ReadHalf) -> Result<(), String> {
+    loop {
+        match read_message(r) {
+            Ok(Message::Grant { lease, gpus }) => {
+                apply_grant(lease, &gpus);
+                return Ok(());
+            }
+            // Nothing is held, so nothing needs stopping: acknowledge at once.
+            Ok(Message::Revoke { lease }) => {
+                let _ = send(&Message::Released { lease });
+            }
+            Ok(Message::Refused { reason }) => return Err(format!("host ended the lease connection: {reason}")),
+            Ok(_) => {}
+            Err(ReadError::Io(e)) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) => return Err(format!("lease connection: {e}")),
+        }
+    }
+}
+
+fn apply_grant(lease: u64, gpus: &[GpuUuid]) {
+    let physical = physical_ordinals(gpus);
+    let mut g = GATE.write();
+    let view: &mut LeaseView = &mut g;
+    view.physical = physical;
+    view.lease = lease;
+    view.bound = true;
 }
 
 /// The real driver's devices and their UUIDs, enumerated once (GPUs do not change
@@ -214,7 +294,7 @@ fn physical_ordinals(uuids: &[GpuUuid]) -> [i32; MAX_DEVICES] {
 }
 
 /// Stops submissions (exclusive gate), waits for all work of every context, unbinds.
-fn revoke(lease: u64) {
+fn revoke() {
     type Push = unsafe extern "C" fn(usize) -> u32;
     type Sync = unsafe extern "C" fn() -> u32;
     type Pop = unsafe extern "C" fn(*mut usize) -> u32;
@@ -236,63 +316,94 @@ fn revoke(lease: u64) {
         }
     }
     g.bound = false;
-    drop(g);
-    let _ = send(&Message::Released { lease });
 }
 
-fn reader_loop(mut s: UnixStream, interval_ms: u32) {
-    let tick = (interval_ms > 0).then(|| Duration::from_millis(u64::from(interval_ms)));
-    let _ = s.set_read_timeout(tick);
+/// The lease thread: reads the socket while a lease is held (revocations, activity
+/// ticks), and parks the read side for the next requester when it is revoked.
+fn lease_thread(tick: Option<Duration>) {
     let mut reported = 0u64;
-    // Activity goes out once per interval, not after every frame: a report right after
-    // a grant would wake the host while the granted thread is being woken.
+    // Activity goes out once per interval, not after every frame.
     let mut last_report = std::time::Instant::now();
     loop {
-        match read_message(&mut s) {
-            Ok(Message::Grant { lease, gpus }) => {
-                let physical = physical_ordinals(&gpus);
-                {
-                    let mut g = GATE.write();
-                    let view: &mut LeaseView = &mut g;
-                    view.physical = physical;
-                    view.lease = lease;
-                    view.bound = true;
+        let mut r = {
+            let mut c = CLIENT.lock();
+            loop {
+                if c.phase != Phase::Registered {
+                    return;
                 }
-                CLIENT.lock().requested = false;
+                if c.reader_turn {
+                    if let Some(r) = c.read_half.take() {
+                        break r;
+                    }
+                }
+                READER_TURN.wait(&mut c);
+            }
+        };
+        let outcome = read_while_leased(&mut r, tick, &mut reported, &mut last_report);
+        let mut c = CLIENT.lock();
+        match outcome {
+            Ok(lease) => {
+                // Park the read side before acknowledging, so the next gated call finds it
+                // at once and asks for a lease itself.
+                c.read_half = Some(r);
+                c.reader_turn = false;
                 GRANTED.notify_all();
+                drop(c);
+                let _ = send(&Message::Released { lease });
             }
-            Ok(Message::Revoke { lease }) => revoke(lease),
-            Ok(Message::Refused { reason }) => {
-                fail(format!("host ended the lease connection: {reason}"));
-                return;
-            }
-            Ok(_) => {}
-            Err(ReadError::Io(e)) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-            Err(e) => {
-                fail(format!("lease connection: {e}"));
+            Err(reason) => {
+                drop(r);
+                fail_locked(&mut c, reason);
                 return;
             }
         }
+    }
+}
+
+/// Reads while a lease is held; returns the lease revoked (after stopping submissions and
+/// synchronising), or why the connection ended.
+fn read_while_leased(
+    r: &mut ReadHalf,
+    tick: Option<Duration>,
+    reported: &mut u64,
+    last_report: &mut std::time::Instant,
+) -> Result<u64, String> {
+    loop {
+        match read_message(r) {
+            Ok(Message::Revoke { lease }) => {
+                revoke();
+                return Ok(lease);
+            }
+            // Not asked for while a lease is held; take the host's word for the GPUs.
+            Ok(Message::Grant { lease, gpus }) => apply_grant(lease, &gpus),
+            Ok(Message::Refused { reason }) => return Err(format!("host ended the lease connection: {reason}")),
+            Ok(_) => {}
+            Err(ReadError::Io(e)) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) => return Err(format!("lease connection: {e}")),
+        }
         let calls = CALLS.load(Ordering::Relaxed);
         let due = tick.is_some_and(|t| last_report.elapsed() >= t);
-        if due && calls != reported && GATE.read().bound {
-            reported = calls;
-            last_report = std::time::Instant::now();
+        if due && calls != *reported && GATE.read().bound {
+            *reported = calls;
+            *last_report = std::time::Instant::now();
             let _ = send(&Message::Activity { calls, waits: WAITS.load(Ordering::Relaxed) });
         }
     }
 }
 
-fn fail(reason: String) {
-    // The reader thread is about to close its socket: forget the fd number first.
-    READER_FD.store(-1, Ordering::Relaxed);
-    let mut c = CLIENT.lock();
+/// The connection is gone (the caller dropped the read side): later gated calls fail,
+/// waiting ones wake up, the lease thread ends.
+fn fail_locked(c: &mut Client, reason: String) {
     if c.phase == Phase::Registered {
         c.phase = Phase::Refused(reason);
     }
     c.writer = None;
-    drop(c);
+    c.read_half = None;
+    // The read side is closed now (here or by the thread that had it): its fd number may be
+    // reused, so a forked child must never close it.
+    READER_FD.store(-1, Ordering::Relaxed);
     GRANTED.notify_all();
+    READER_TURN.notify_all();
 }
 
 fn install_fork_handlers() {
@@ -334,13 +445,18 @@ extern "C" fn child() {
     c.phase = Phase::Fresh;
     c.writer = None;
     c.requested = false;
-    drop(c);
+    c.reader_turn = false;
     let fd = READER_FD.swap(-1, Ordering::Relaxed);
-    if fd >= 0 {
-        // SAFETY: this fd is the child's copy of the parent's reader socket; the reader
-        // thread that owns it in the parent does not exist here, so nothing else uses it.
-        unsafe { libc::close(fd) };
+    match c.read_half.take() {
+        Some(parked) => drop(parked),
+        // SAFETY: the parent had the read side out on a thread that does not exist in the
+        // child; this fd is the child's copy of it and nothing else here uses it.
+        None if fd >= 0 => unsafe {
+            libc::close(fd);
+        },
+        None => {}
     }
+    drop(c);
     CONTEXTS.lock().clear();
     crate::counters::forget_after_fork();
     *GATE.write() = LeaseView { bound: false, lease: 0, devices: 0, physical: [-1; MAX_DEVICES], unmanaged: false };

@@ -421,6 +421,8 @@ fn serve_conn(conn: u64, mut s: UnixStream, shared: &Shared, metrics: &LeaseMetr
     if !shared.apply(Some(Event::Connected { conn, pid, kernel_id, gpus: root.gpus, writer })) {
         return;
     }
+    // A frame arrives in one write; buffered, it is read in one syscall, not two.
+    let mut s = std::io::BufReader::with_capacity(1024, s);
     loop {
         match read_message(&mut s) {
             Ok(msg) => {
