@@ -146,8 +146,9 @@ class _HashWriter:
 class Digester:
     """Computes :func:`digest` for many values, sharing work between them."""
 
-    def __init__(self, max_bytes: Optional[int] = None):
+    def __init__(self, max_bytes: Optional[int] = None, structural: bool = True):
         self.max_bytes = max_bytes
+        self.structural = structural
         self.identity_based = False
         self._done: Dict[int, bytes] = {}
         self._keep: List[Any] = []  # keeps digested objects alive so their ids stay unique
@@ -185,6 +186,8 @@ class Digester:
         return result
 
     def _digest(self, value: Any, kind: type) -> bytes:
+        if not self.structural:
+            return self._within_process(value, kind)
         if kind is list or kind is tuple:
             tag = b"list" if kind is list else b"tuple"
             if set(map(type, value)) <= _SCALARS:
@@ -202,7 +205,7 @@ class Digester:
         if numpy is not None and isinstance(value, numpy.ndarray) and not value.dtype.hasobject:
             return self._array(value, numpy)
         if kind is bytearray:
-            return self._buffer(b"bytearray", value, memoryview(value))
+            return self._buffer(b"bytearray", memoryview(value), id(value))
         if kind is types.FunctionType:
             return self._function(value)
         if isinstance(value, type):
@@ -210,40 +213,48 @@ class Digester:
                 return self._class(value)
             if _resolves_to(value):
                 return _h(b"classref", value.__module__.encode(), b":", value.__qualname__.encode())
-            return self._pickled(value)
+            return self.pickled(value)
         if kind is staticmethod or kind is classmethod:
             return _h(kind.__name__.encode(), self.digest(value.__func__))
         if kind is property:
             return _h(b"property", *(self.digest(f) for f in (value.fget, value.fset, value.fdel, value.__doc__)))
         if is_cell_class(kind):
             return self._instance(value, kind)
-        return self._pickled(value)
+        return self.pickled(value)
+
+    def _within_process(self, value: Any, kind: type) -> bytes:
+        # The change tracker: digests compared only inside this process, so the pickle
+        # stream (C speed, one call for a list of a million tuples) is enough for every
+        # value but modules and top-level buffers; equal content pickled with different
+        # sharing or set order only costs a redundant export.
+        if isinstance(value, types.ModuleType):
+            return _h(b"module", value.__name__.encode())
+        numpy = sys.modules.get("numpy")
+        if numpy is not None and isinstance(value, numpy.ndarray) and not value.dtype.hasobject:
+            return self._array(value, numpy)
+        if kind is bytearray:
+            return self._buffer(b"bytearray", memoryview(value), id(value))
+        return self.pickled(value)
 
     def _array(self, value: Any, numpy: Any) -> bytes:
         header = f"{value.dtype.str}:{value.shape}".encode()
-        if self.max_bytes is not None and value.nbytes > self.max_bytes:
-            return self._sample(b"ndarray", header, value)
         data = numpy.ascontiguousarray(value)
-        return _h(b"ndarray", header, memoryview(data).cast("B") if data.nbytes else b"")
+        view = memoryview(data).cast("B") if data.nbytes else memoryview(b"")
+        return self._buffer(b"ndarray" + header, view, id(value))
 
-    def _buffer(self, tag: bytes, value: Any, view: memoryview) -> bytes:
+    def _buffer(self, tag: bytes, view: memoryview, identity: int) -> bytes:
         if self.max_bytes is not None and view.nbytes > self.max_bytes:
-            return self._sample(tag, b"", value)
+            return self._sample(tag, view, identity)
         return _h(tag, view)
 
-    def _sample(self, tag: bytes, header: bytes, value: Any) -> bytes:
+    def _sample(self, tag: bytes, flat: memoryview, identity: int) -> bytes:
         # Too large to hash after every cell: identity plus evenly spaced blocks, which
         # sees whole-buffer updates (`a += 1`, `a[:] = 0`) but may miss a sparse write.
         self.identity_based = True
-        identity = f"{id(value):x}"
-        numpy = sys.modules.get("numpy")
-        if numpy is not None and not isinstance(value, bytearray):
-            value = numpy.ascontiguousarray(value)
-        flat = memoryview(value).cast("B")
         n = flat.nbytes
         step = max(1, n // _SAMPLE_BLOCKS)
         h = hashlib.sha256()
-        h.update(tag + b"sample" + header + f"{identity}:{n}".encode())
+        h.update(tag + b"sample" + f"{identity:x}:{n}".encode())
         for start in range(0, n, step):
             h.update(flat[start : start + _SAMPLE_BLOCK_BYTES])
         h.update(flat[max(0, n - _SAMPLE_BLOCK_BYTES) :])
@@ -330,14 +341,25 @@ class Digester:
         if issubclass(base, BaseException):
             return self.digest(value.args)
         # Another C base: what its pickling says (may depend on sharing, see the docstring).
-        return self._pickled(value)
+        return self.pickled(value)
 
-    def _pickled(self, value: Any) -> bytes:
+    def pickled(self, value: Any) -> bytes:
+        """The pickle rule: the NamespacePickler stream, with each out-of-band buffer
+        (protocol 5: contiguous numpy arrays, ``bytearray``, ``PickleBuffer``) hashed on
+        its own under the buffer rule, so a large array inside a container is sampled
+        rather than making the whole container identity-based."""
         from .payload import NamespacePickler
 
         sink = _HashWriter(self.max_bytes)
+        buffers: List[bytes] = []
+
+        def out_of_band(buffer: pickle.PickleBuffer) -> bool:
+            view = buffer.raw()
+            buffers.append(self._buffer(b"buffer", view, id(view.obj)))
+            return False  # not written into the stream: hashed above
+
         try:
-            NamespacePickler(sink, namespace=None).dump(value)
+            NamespacePickler(sink, namespace=None, buffer_callback=out_of_band).dump(value)
         except _TooLarge:
             self.identity_based = True
             return _h(b"large", f"{type(value).__module__}.{type(value).__qualname__}:{id(value):x}".encode())
@@ -345,4 +367,4 @@ class Digester:
             raise Unpicklable(f"RecursionError: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - anything can fail to pickle; the caller names it
             raise Unpicklable(f"{type(exc).__name__}: {exc}") from None
-        return _h(b"pickle", sink.hash.digest())
+        return _h(b"pickle", sink.hash.digest(), *buffers)

@@ -58,7 +58,7 @@ def fingerprint(value: Any) -> str:
     if isinstance(value, types.ModuleType):
         # A module is state by name: re-importing it gives the same module.
         return "module:" + value.__name__
-    digester = Digester(max_bytes=MAX_FINGERPRINT_BYTES)
+    digester = Digester(max_bytes=MAX_FINGERPRINT_BYTES, structural=False)
     try:
         digest = digester.digest(value)
     except Unpicklable:

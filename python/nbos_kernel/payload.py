@@ -24,7 +24,7 @@ from typing import Any, BinaryIO, Mapping, Optional
 
 import cloudpickle
 
-__all__ = ["NamespacePickler", "dump", "load", "loads", "PROTOCOL"]
+__all__ = ["NamespacePickler", "dump", "load", "PROTOCOL"]
 
 PROTOCOL = 5
 
@@ -65,8 +65,8 @@ class NamespacePickler(cloudpickle.Pickler):
     means any function whose globals are a ``__main__`` namespace.
     """
 
-    def __init__(self, file: Any, namespace: Optional[Mapping[str, Any]]):
-        super().__init__(file, protocol=PROTOCOL)
+    def __init__(self, file: Any, namespace: Optional[Mapping[str, Any]], buffer_callback=None):
+        super().__init__(file, protocol=PROTOCOL, buffer_callback=buffer_callback)
         self._namespace = namespace
 
     def _is_namespace_function(self, obj: Any) -> bool:
@@ -117,11 +117,6 @@ def dump(value: Any, file: BinaryIO, namespace: Optional[Mapping[str, Any]]) -> 
 def load(file: BinaryIO, namespace: dict) -> Any:
     """Unpickles one value, rebuilding namespace functions with ``namespace`` as globals."""
     return _with_target(namespace, lambda: pickle.load(file))
-
-
-def loads(data: bytes, namespace: dict) -> Any:
-    """Like :func:`load`, from bytes."""
-    return _with_target(namespace, lambda: pickle.loads(data))
 
 
 def _with_target(namespace: dict, run):
