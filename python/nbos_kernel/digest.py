@@ -25,19 +25,23 @@ The change tracker (``namespace.fingerprint``) and ``sync.namespace_digest`` bot
   attributes by name (``__dict__`` and slots together), and the content of a builtin
   base (``tuple`` of a NamedTuple, ``dict`` of a dict subclass, an exception's
   ``args``, an ndarray subclass's buffer; another C base by the pickle rule).
-- everything else: its cloudpickle bytes (protocol 5), streamed into the hash. A value
-  that does not pickle raises :class:`Unpicklable`.
+- everything else (the pickle rule): its stream from ``payload.NamespacePickler``
+  (cloudpickle, protocol 5; functions of a ``__main__`` namespace without their
+  globals), streamed into the hash, plus each out-of-band buffer hashed on its own. A
+  value that does not pickle raises :class:`Unpicklable`.
 
 Objects reached twice are digested by content each time, so a list shared by two names
 digests like two equal copies (which is what sync produces on the other side). A
 reference cycle is digested as a marker of how far up the stack it points.
 
-With ``max_bytes`` set (the change tracker), no value is hashed past that many bytes:
-a larger mutable buffer (array, ``bytearray``) is digested by its identity, shape and
-a sample of evenly spaced blocks; a larger immutable ``bytes`` by identity and length;
-any other value whose pickle grows past the limit by its identity. Such digests are
-only meaningful inside one process, and :attr:`Digester.identity_based` says one was
-taken.
+``structural=False`` (the change tracker) digests every value but modules and
+top-level buffers by the pickle rule, which is C speed and exact within one process.
+With ``max_bytes`` set (the tracker), no buffer or pickle stream is hashed past that
+many bytes: a larger mutable buffer (array, ``bytearray``, also an out-of-band buffer
+inside a pickled value) is digested by its identity and a sample of evenly spaced
+blocks; a larger immutable ``bytes``/``str`` by identity and length; any other value
+whose pickle grows past the limit by its identity. Such digests are only meaningful
+inside one process, and :attr:`Digester.identity_based` says one was taken.
 """
 
 from __future__ import annotations

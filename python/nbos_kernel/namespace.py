@@ -2,17 +2,19 @@
 
 A name counts as changed when it is new, bound to a different object, or bound to the
 same object whose *content* changed (an in-place mutation such as ``xs.append(1)``).
-Content is compared through a fingerprint: the content digest of ``digest.Digester``
-(arrays by their buffer, functions and classes by code, containers element by element,
-other values by their pickled bytes). Two caveats, both documented in docs/state-sync.md:
+Content is compared through a fingerprint: the sha256 of the value's pickle stream
+(``digest.Digester(structural=False)``: the export's own pickler, each protocol-5 buffer
+such as a numpy array hashed from memory on its own; modules by name). Fingerprints are
+compared only inside this process, so equal content pickled differently costs a
+redundant export, never a missed one. Two caveats, documented in docs/state-sync.md:
 
 - a value that cannot be pickled is fingerprinted by its type and identity, so it is
   only seen as changed when rebound (the exporter names it in a warning);
-- no value is hashed past ``MAX_FINGERPRINT_BYTES``: a larger array or ``bytearray``
-  is fingerprinted by identity plus evenly spaced sample blocks (a whole-array update
-  is seen, a sparse in-place write may not be), a larger ``bytes``/``str`` by identity
-  (exact: they are immutable), any other larger value by identity. ``mark_changed``
-  forces a name into the next export.
+- no buffer or pickle stream is hashed past ``MAX_FINGERPRINT_BYTES``: a larger array
+  or ``bytearray`` is fingerprinted by identity plus evenly spaced sample blocks (a
+  whole-array update is seen, a sparse in-place write may not be), a larger
+  ``bytes``/``str`` by identity (exact: they are immutable), any other value whose
+  pickle is larger by identity. ``mark_changed`` forces a name into the next export.
 
 Names that Python, IPython and this helper own are not user state: dunder names
 (``__name__``, ``__builtins__``), IPython's output and input history (``_``, ``__``,
