@@ -8,6 +8,7 @@
 //! - [`http`]: `/api/v1/cluster/…`, for forwarding to the meta leader and `nbos cluster`.
 
 pub mod election;
+pub mod frontend;
 pub mod http;
 pub mod membership;
 pub mod meta;

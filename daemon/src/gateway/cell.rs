@@ -1,10 +1,13 @@
 //! The path of one client message into a kernel; `execute_request`s are cells,
-//! which per-cell GPU binding may hold back until their GPUs are committed.
+//! which per-cell GPU binding may hold back until their GPUs are committed. On a
+//! cluster replica host, a front-end's `execute_request` carrying
+//! `metadata.nbos_election` goes to the replica host's election first.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::AppState;
+use crate::cluster::replica_host::{Handled, ReplicaHost};
 use crate::jupyter::{Channel, Message};
 use crate::kernel::hub::ClientId;
 use crate::kernel::Kernel;
@@ -13,10 +16,18 @@ use crate::kernel::Kernel;
 pub async fn forward(
     st: &AppState,
     kernel: &Arc<Kernel>,
+    replicas: Option<&Arc<ReplicaHost>>,
     client: ClientId,
     channel: Channel,
     msg: Message,
 ) -> anyhow::Result<()> {
+    let msg = match replicas {
+        Some(host) if channel == Channel::Shell => match host.handle_execute(kernel, client, msg).await {
+            Handled::Handled => return Ok(()),
+            Handled::PassThrough(m) => m,
+        },
+        _ => msg,
+    };
     if channel == Channel::Shell {
         if let Ok(h) = msg.header() {
             if h.msg_type == "execute_request" {

@@ -8,6 +8,10 @@
 //! token holder can learn (create or list), so the id works as a capability for
 //! that one kernel. A *wrong* token is always refused. JupyterLab's path
 //! (`GatewayWebSocketConnection`) does send the header.
+//!
+//! Cluster mode: the socket is served by this host's front-end of the kernel
+//! (which elects a replica per cell); `?replica=local` (token required, no capability
+//! access) is the cluster-internal socket onto this host's own replica.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -20,21 +24,44 @@ use futures_util::{SinkExt, StreamExt};
 use subtle::ConstantTimeEq;
 
 use super::auth::presented_token;
+use super::cluster::{self, wants_local_replica};
 use super::error::ApiError;
 use super::AppState;
+use crate::cluster::frontend::FrontendKernel;
+use crate::cluster::replica_host::ReplicaHost;
 use crate::jupyter::{ws, Channel, Message, WireError, MAX_CLIENT_MESSAGE_BYTES};
+use crate::kernel::hub::Hub;
 use crate::kernel::Kernel;
 use crate::metrics::DropLabels;
 
 /// The upgrade handler.
-pub async fn channels(State(st): State<Arc<AppState>>, Path(id): Path<String>, req: Request) -> Response {
+pub async fn channels(
+    State(st): State<Arc<AppState>>,
+    mode: Option<cluster::Mode>,
+    Path(id): Path<String>,
+    req: Request,
+) -> Response {
     let presented = presented_token(&req);
-    let kernel = st.kernels.get(&id).await;
+    let local_replica = wants_local_replica(req.uri().query());
+    // Cluster mode: clients reach the kernel's front-end on this host; other hosts'
+    // front-ends reach this host's replica with `?replica=local`.
+    let target = match &mode {
+        Some(mode) if !local_replica => match mode.cluster.kernel(&id).await {
+            Ok(Some(record)) => Some(Target::Front(mode.frontends.open(&record))),
+            Ok(None) => None,
+            Err(e) => {
+                return ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: format!("meta store: {e}") }
+                    .into_response()
+            }
+        },
+        Some(mode) => st.kernels.get(&id).await.map(|k| Target::Local(k, Some(mode.replicas.clone()))),
+        None => st.kernels.get(&id).await.map(|k| Target::Local(k, None)),
+    };
     if let Some(expected) = st.token.as_deref() {
         let ok = match &presented {
             Some(t) => bool::from(t.as_bytes().ct_eq(expected.as_bytes())),
-            // Capability access: see the module comment.
-            None => kernel.is_some(),
+            // Capability access: see the module comment. Never for the cluster-internal socket.
+            None => target.is_some() && !local_replica,
         };
         if !ok {
             tracing::warn!(path = %req.uri().path(), token_present = presented.is_some(), "refused WebSocket: bad or missing token");
@@ -45,7 +72,7 @@ pub async fn channels(State(st): State<Arc<AppState>>, Path(id): Path<String>, r
             tracing::debug!(kernel = %id, "WebSocket without a token admitted by kernel id");
         }
     }
-    let Some(kernel) = kernel else { return ApiError::no_kernel(&id).into_response() };
+    let Some(target) = target else { return ApiError::no_kernel(&id).into_response() };
     let (mut parts, _body) = req.into_parts();
     let upgrade =
         match <WebSocketUpgrade as axum::extract::FromRequestParts<()>>::from_request_parts(&mut parts, &()).await {
@@ -54,12 +81,37 @@ pub async fn channels(State(st): State<Arc<AppState>>, Path(id): Path<String>, r
         };
     let upgrade = upgrade.protocols([ws::V1_SUBPROTOCOL]).max_message_size(MAX_CLIENT_MESSAGE_BYTES);
     let v1 = upgrade.selected_protocol().is_some();
-    upgrade.on_upgrade(move |socket| serve(socket, kernel, st, v1))
+    upgrade.on_upgrade(move |socket| serve(socket, target, st, v1))
 }
 
-async fn serve(socket: WebSocket, kernel: Arc<Kernel>, st: Arc<AppState>, v1: bool) {
-    let (client, mut outgoing, replayed) = kernel.hub.connect();
-    tracing::info!(kernel = %kernel.id, client, v1, replayed, "client connected");
+/// What a client socket talks to.
+enum Target {
+    /// A kernel hosted here (single-host mode, or this host's replica of a cluster kernel).
+    Local(Arc<Kernel>, Option<Arc<ReplicaHost>>),
+    /// This host's front-end of a cluster kernel.
+    Front(Arc<FrontendKernel>),
+}
+
+impl Target {
+    fn id(&self) -> &str {
+        match self {
+            Target::Local(k, _) => &k.id,
+            Target::Front(f) => &f.id,
+        }
+    }
+
+    fn hub(&self) -> &Arc<Hub> {
+        match self {
+            Target::Local(k, _) => &k.hub,
+            Target::Front(f) => &f.hub,
+        }
+    }
+}
+
+async fn serve(socket: WebSocket, target: Target, st: Arc<AppState>, v1: bool) {
+    let (client, mut outgoing, replayed) = target.hub().connect();
+    let id = target.id().to_owned();
+    tracing::info!(kernel = %id, client, v1, replayed, "client connected");
     let (mut sink, mut stream) = socket.split();
     let writer = tokio::spawn(async move {
         while let Some((channel, msg)) = outgoing.recv().await {
@@ -84,25 +136,31 @@ async fn serve(socket: WebSocket, kernel: Arc<Kernel>, st: Arc<AppState>, v1: bo
             Ok(WsFrame::Close(_)) => break,
             Ok(WsFrame::Ping(_) | WsFrame::Pong(_)) => continue,
             Err(e) => {
-                tracing::debug!(kernel = %kernel.id, error = %e, "WebSocket read failed");
+                tracing::debug!(kernel = %id, error = %e, "WebSocket read failed");
                 break;
             }
         };
         match decoded {
             Ok((Channel::Hb | Channel::Iopub, _)) => {
-                drop_message(&st, &kernel.id, &WireError::UnknownChannel("hb/iopub (receive-only)".into()))
+                drop_message(&st, &id, &WireError::UnknownChannel("hb/iopub (receive-only)".into()))
             }
             Ok((channel, msg)) => {
-                if let Err(e) = super::cell::forward(&st, &kernel, client, channel, msg).await {
-                    tracing::warn!(kernel = %kernel.id, error = format!("{e:#}"), "could not forward a message to the kernel");
+                let forwarded = match &target {
+                    Target::Local(kernel, replicas) => {
+                        super::cell::forward(&st, kernel, replicas.as_ref(), client, channel, msg).await
+                    }
+                    Target::Front(front) => front.on_client_message(client, channel, msg),
+                };
+                if let Err(e) = forwarded {
+                    tracing::warn!(kernel = %id, error = format!("{e:#}"), "could not forward a message to the kernel");
                 }
             }
-            Err(e) => drop_message(&st, &kernel.id, &e),
+            Err(e) => drop_message(&st, &id, &e),
         }
     }
-    kernel.hub.disconnect(client);
+    target.hub().disconnect(client);
     writer.abort();
-    tracing::info!(kernel = %kernel.id, client, "client disconnected");
+    tracing::info!(kernel = %id, client, "client disconnected");
 }
 
 fn drop_message(st: &AppState, kernel: &str, e: &WireError) {

@@ -1,18 +1,20 @@
-//! `/api/kernels…`: create, list, get, delete, interrupt, restart.
+//! `/api/kernels…`: create, list, get, delete, interrupt, restart. In cluster mode
+//! (see [`super::cluster`]) they go through the meta store, except `?replica=local`
+//! calls, which act on this host's replica.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 
+use super::cluster::{self, wants_local_replica};
 use super::error::ApiError;
 use super::AppState;
 use crate::kernel::registry::CreateError;
-use crate::kernel::KernelModel;
 
 /// Body of `POST /api/kernels`.
 #[derive(Debug, Default, Deserialize)]
@@ -28,15 +30,16 @@ pub struct CreateKernel {
 
 /// Environment variables a client may set in a kernel (as Kernel Gateway allows
 /// `KERNEL_*`); anything else, `LD_PRELOAD` for instance, is not the client's to set.
-fn allowed_env(k: &str) -> bool {
+pub(crate) fn allowed_env(k: &str) -> bool {
     k.starts_with("KERNEL_") || k == "JPY_SESSION_NAME"
 }
 
 /// `POST /api/kernels`.
 pub async fn create(
     State(st): State<Arc<AppState>>,
+    mode: Option<cluster::Mode>,
     body: axum::body::Bytes,
-) -> Result<(StatusCode, Json<KernelModel>), ApiError> {
+) -> Result<Response, ApiError> {
     let req: CreateKernel = if body.iter().all(u8::is_ascii_whitespace) {
         CreateKernel::default()
     } else {
@@ -49,9 +52,12 @@ pub async fn create(
         ),
         (None, None) => None,
     };
+    if let Some(mode) = mode {
+        return cluster::create(&mode, req, gpus).await;
+    }
     let env: Vec<(String, String)> = req.env.into_iter().filter(|(k, _)| allowed_env(k)).collect();
     match st.kernels.create(req.name.as_deref(), gpus, &env).await {
-        Ok(k) => Ok((StatusCode::CREATED, Json(k.model().await))),
+        Ok(k) => Ok((StatusCode::CREATED, Json(k.model().await)).into_response()),
         Err(e @ CreateError::UnknownSpec(_)) => Err(ApiError::not_found(e.to_string())),
         Err(e @ CreateError::BadGpuRequest(_)) => Err(ApiError::bad_request(e.to_string())),
         Err(e @ CreateError::Refused(_)) => {
@@ -65,18 +71,41 @@ pub async fn create(
 }
 
 /// `GET /api/kernels`.
-pub async fn list(State(st): State<Arc<AppState>>) -> Json<Vec<KernelModel>> {
-    Json(st.kernels.list().await)
+pub async fn list(
+    State(st): State<Arc<AppState>>,
+    mode: Option<cluster::Mode>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    match mode {
+        Some(mode) if !wants_local_replica(q.as_deref()) => cluster::list(&mode).await,
+        _ => Ok(Json(st.kernels.list().await).into_response()),
+    }
 }
 
 /// `GET /api/kernels/{id}`.
-pub async fn get(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<KernelModel>, ApiError> {
+pub async fn get(
+    State(st): State<Arc<AppState>>,
+    mode: Option<cluster::Mode>,
+    RawQuery(q): RawQuery,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    if let Some(mode) = mode.filter(|_| !wants_local_replica(q.as_deref())) {
+        return cluster::get(&mode, &id).await;
+    }
     let k = st.kernels.get(&id).await.ok_or_else(|| ApiError::no_kernel(&id))?;
-    Ok(Json(k.model().await))
+    Ok(Json(k.model().await).into_response())
 }
 
 /// `DELETE /api/kernels/{id}`.
-pub async fn delete(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+pub async fn delete(
+    State(st): State<Arc<AppState>>,
+    mode: Option<cluster::Mode>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    // A cluster replica is stopped by its host's supervisor when the record goes, never directly.
+    if let Some(mode) = mode {
+        return cluster::delete(&mode, &id).await;
+    }
     if st.kernels.remove(&id).await {
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -85,14 +114,30 @@ pub async fn delete(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> 
 }
 
 /// `POST /api/kernels/{id}/interrupt`.
-pub async fn interrupt(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+pub async fn interrupt(
+    State(st): State<Arc<AppState>>,
+    mode: Option<cluster::Mode>,
+    RawQuery(q): RawQuery,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    if let Some(mode) = mode.filter(|_| !wants_local_replica(q.as_deref())) {
+        return cluster::interrupt(&mode, &id).await;
+    }
     let k = st.kernels.get(&id).await.ok_or_else(|| ApiError::no_kernel(&id))?;
     k.interrupt().await.map_err(|e| ApiError::internal(format!("{e:#}")))?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 /// `POST /api/kernels/{id}/restart`.
-pub async fn restart(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn restart(
+    State(st): State<Arc<AppState>>,
+    mode: Option<cluster::Mode>,
+    RawQuery(q): RawQuery,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    if let Some(mode) = mode.filter(|_| !wants_local_replica(q.as_deref())) {
+        return cluster::restart(&mode, &id).await;
+    }
     let k = st.kernels.get(&id).await.ok_or_else(|| ApiError::no_kernel(&id))?;
     k.restart().await.map_err(|e| ApiError::internal(format!("restart failed: {e:#}")))?;
     Ok(Json(k.model().await).into_response())

@@ -5,6 +5,7 @@ pub mod auth;
 pub mod cell;
 pub mod channels;
 pub mod client;
+pub mod cluster;
 pub mod error;
 pub mod kernels;
 pub mod kernelspecs;
@@ -12,7 +13,7 @@ pub mod kernelspecs;
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::{MatchedPath, Path, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -62,6 +63,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/kernels/{id}", get(kernels::get).delete(kernels::delete))
         .route("/api/kernels/{id}/interrupt", post(kernels::interrupt))
         .route("/api/kernels/{id}/restart", post(kernels::restart))
+        .route("/api/v1/cluster/kernels/{id}/digest", get(cluster_digest))
+        .route("/api/v1/cluster/kernels/{id}/elections", get(cluster_elections))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_token));
     // The channels WebSocket checks the token itself (see `channels` for why).
     let ws = Router::new().route("/api/kernels/{id}/channels", get(channels::channels));
@@ -72,6 +75,20 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(ws)
         .layer(middleware::from_fn_with_state(state.clone(), count_requests))
         .with_state(state)
+}
+
+async fn cluster_digest(mode: Option<cluster::Mode>, Path(id): Path<String>) -> Result<Response, error::ApiError> {
+    let mode = mode.ok_or_else(not_in_cluster_mode)?;
+    cluster::digest(&mode, &id).await
+}
+
+async fn cluster_elections(mode: Option<cluster::Mode>, Path(id): Path<String>) -> Result<Response, error::ApiError> {
+    let mode = mode.ok_or_else(not_in_cluster_mode)?;
+    cluster::elections(&mode, &id).await
+}
+
+fn not_in_cluster_mode() -> error::ApiError {
+    error::ApiError::not_found("this host is not in cluster mode ([cluster] enabled = false)")
 }
 
 async fn healthz() -> &'static str {

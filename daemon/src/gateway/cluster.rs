@@ -1,0 +1,343 @@
+//! The gateway in cluster mode (issue 7): every host serves every kernel of the
+//! cluster. `/api/kernels…` go through the meta store; a client's channels go to this
+//! host's [`FrontendKernel`], which elects a replica per cell. `?replica=local` on
+//! the channels, interrupt and restart routes is the cluster-internal way to reach
+//! *this host's* replica (front-ends of other hosts use it; it needs the token).
+//!
+//! Cluster mode is on when the router carries a [`ClusterMode`] extension
+//! ([`with_cluster`]); without it every handler keeps its single-host behaviour.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json, Router};
+use serde::{Deserialize, Serialize};
+
+use super::error::ApiError;
+use super::kernels::CreateKernel;
+use crate::cluster::frontend::{ExecutionInfo, Frontends};
+use crate::cluster::records::KernelRecord;
+use crate::cluster::replica_host::ReplicaHost;
+use crate::cluster::{Cluster, ClusterError, KernelSpec};
+use crate::jupyter::message::iso_date;
+use crate::kernel::KernelModel;
+
+/// What the gateway needs in cluster mode.
+pub struct ClusterMode {
+    /// The meta store view and placement.
+    pub cluster: Arc<Cluster>,
+    /// This host's replicas of cluster kernels (the `?replica=local` side).
+    pub replicas: Arc<ReplicaHost>,
+    /// This host's front-ends of cluster kernels (the client side).
+    pub frontends: Arc<Frontends>,
+    /// How long `POST /api/kernels` waits for every replica to be ready.
+    pub ready_timeout: Duration,
+    /// The cluster's API token, for calls to other hosts.
+    pub token: Option<String>,
+}
+
+/// The extension handlers look for.
+pub type Mode = Extension<Arc<ClusterMode>>;
+
+/// Puts the gateway in cluster mode (call on the router [`super::router`] built).
+pub fn with_cluster(router: Router, mode: Arc<ClusterMode>) -> Router {
+    router.layer(Extension(mode))
+}
+
+/// True when the request's query says `replica=local`.
+pub fn wants_local_replica(query: Option<&str>) -> bool {
+    query.is_some_and(|q| q.split('&').any(|kv| kv == "replica=local"))
+}
+
+/// One replica in the cluster kernel model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaModel {
+    /// Replica number.
+    pub replica: u32,
+    /// Host (raft node id).
+    pub node_id: u64,
+    /// Host name (empty while the host is down).
+    pub host: String,
+    /// `executor` for the replica that ran the last cell seen here, else `standby`.
+    pub role: String,
+    /// Its host is up (has a `hosts/` record).
+    pub live: bool,
+    /// Its replica is caught up and serving (`ready/` mark).
+    pub ready: bool,
+}
+
+/// The Kernel Gateway model plus where the replicas are and who executes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClusterKernelModel {
+    /// The standard model.
+    #[serde(flatten)]
+    pub base: KernelModel,
+    /// The replicas.
+    pub replicas: Vec<ReplicaModel>,
+    /// Execution as this host's front-end sees it (absent when no client used it here).
+    #[serde(default)]
+    pub execution: Option<ExecutionInfo>,
+}
+
+fn cluster_error(e: ClusterError) -> ApiError {
+    let status = match &e {
+        ClusterError::NotReady(_) | ClusterError::NotLeader { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        ClusterError::Store(raft_store::Error::NotLeader { .. }) => StatusCode::SERVICE_UNAVAILABLE,
+        ClusterError::Store(e) if e.outcome_unknown() => StatusCode::GATEWAY_TIMEOUT,
+        ClusterError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        // No room for three replicas within the subscription ratio: retry later.
+        ClusterError::Placement(_) => StatusCode::SERVICE_UNAVAILABLE,
+        ClusterError::Conflict(_) => StatusCode::CONFLICT,
+        ClusterError::NoSuchKernel(_) => StatusCode::NOT_FOUND,
+        ClusterError::BadRequest(_) => StatusCode::BAD_REQUEST,
+        ClusterError::Remote { status, .. } => StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY),
+    };
+    ApiError { status, message: e.to_string() }
+}
+
+impl ClusterMode {
+    /// The model of `record`.
+    pub async fn model(&self, record: &KernelRecord) -> ClusterKernelModel {
+        let hosts: HashMap<u64, String> = self.frontends.hosts().await.into_iter().map(|(n, h)| (n, h.name)).collect();
+        let ready = self.cluster.ready_hosts(&record.id).await.unwrap_or_default();
+        let front = self.frontends.get(&record.id);
+        let execution = front.as_ref().map(|f| f.execution());
+        let executor = execution.as_ref().and_then(|e| e.last_executor_replica);
+        let replicas = record
+            .replicas
+            .iter()
+            .map(|r| ReplicaModel {
+                replica: r.replica,
+                node_id: r.node_id,
+                host: hosts.get(&r.node_id).cloned().unwrap_or_default(),
+                role: if executor == Some(r.replica) { "executor" } else { "standby" }.to_owned(),
+                live: hosts.contains_key(&r.node_id),
+                ready: ready.contains(&r.node_id),
+            })
+            .collect::<Vec<_>>();
+        let all_ready = replicas.iter().all(|r| r.ready);
+        let (state, activity, connections) = match &front {
+            Some(f) => {
+                let a = f.hub.activity();
+                (a.execution_state, a.last_activity, a.connections)
+            }
+            None => (
+                if all_ready { "idle" } else { "starting" }.to_owned(),
+                UNIX_EPOCH + Duration::from_millis(record.created_ms),
+                0,
+            ),
+        };
+        let pids = self.replicas.kernels().get(&record.id).await.map(|k| k.pids()).unwrap_or_default();
+        ClusterKernelModel {
+            base: KernelModel {
+                id: record.id.clone(),
+                name: record.name.clone(),
+                last_activity: iso_date(activity),
+                execution_state: state,
+                connections,
+                gpus: record.gpus,
+                pids,
+            },
+            replicas,
+            execution,
+        }
+    }
+
+    async fn record(&self, id: &str) -> Result<KernelRecord, ApiError> {
+        self.cluster.kernel(id).await.map_err(cluster_error)?.ok_or_else(|| ApiError::no_kernel(id))
+    }
+
+    /// The gateway URLs of `record`'s live replica hosts, by node id.
+    async fn replica_urls(&self, record: &KernelRecord) -> BTreeMap<u64, String> {
+        let hosts = self.frontends.hosts().await;
+        record
+            .replicas
+            .iter()
+            .filter_map(|r| hosts.get(&r.node_id).map(|h| (r.node_id, h.gateway_url.clone())))
+            .collect()
+    }
+
+    /// `POST {url}{path}?replica=local` on another host (or this one) with the token.
+    async fn post_local(&self, url: &str, path: &str) -> Result<(), String> {
+        let target = format!("{}{path}?replica=local", url.trim_end_matches('/'));
+        let token = self.token.clone();
+        tokio::task::spawn_blocking(move || {
+            let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
+            let mut req = agent.post(&target);
+            if let Some(t) = token {
+                req = req.set("Authorization", &format!("token {t}"));
+            }
+            match req.call() {
+                Ok(_) => Ok(()),
+                Err(ureq::Error::Status(code, r)) => {
+                    Err(format!("{target}: HTTP {code}: {}", r.into_string().unwrap_or_default().trim()))
+                }
+                Err(e) => Err(format!("{target}: {e}")),
+            }
+        })
+        .await
+        .map_err(|e| format!("{e}"))?
+    }
+}
+
+/// `POST /api/kernels` in cluster mode: place, then wait for every replica.
+pub async fn create(mode: &ClusterMode, req: CreateKernel, gpus: Option<u32>) -> Result<Response, ApiError> {
+    let name = req.name.unwrap_or_else(|| crate::kernel::spec::DEFAULT_SPEC.to_owned());
+    let spec_gpus = crate::kernel::spec::gpus_of(&name)
+        .ok_or_else(|| ApiError::not_found(format!("no such kernelspec: {name}")))?;
+    let gpus = gpus.unwrap_or(spec_gpus);
+    if gpus > crate::kernel::registry::MAX_GPUS_PER_KERNEL {
+        return Err(ApiError::bad_request(format!(
+            "invalid GPU request: {gpus} > {}",
+            crate::kernel::registry::MAX_GPUS_PER_KERNEL
+        )));
+    }
+    let env = req.env.into_iter().filter(|(k, _)| super::kernels::allowed_env(k)).collect();
+    let record = mode.cluster.create_kernel(KernelSpec { id: None, name, gpus, env }).await.map_err(cluster_error)?;
+    let deadline = Instant::now() + mode.ready_timeout;
+    let wanted: Vec<u64> = record.replicas.iter().map(|r| r.node_id).collect();
+    loop {
+        let ready = mode.cluster.ready_hosts(&record.id).await.unwrap_or_default();
+        let missing: Vec<u64> = wanted.iter().copied().filter(|n| !ready.contains(n)).collect();
+        if missing.is_empty() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let hosts = mode.frontends.hosts().await;
+            let names: Vec<String> = missing
+                .iter()
+                .map(|n| hosts.get(n).map_or_else(|| format!("node {n} (down)"), |h| format!("{} (node {n})", h.name)))
+                .collect();
+            tracing::warn!(kernel = %record.id, missing = ?missing, "replicas did not come up; deleting the kernel");
+            if let Err(e) = mode.cluster.delete_kernel(&record.id).await {
+                tracing::warn!(kernel = %record.id, error = %e, "could not delete the kernel that did not come up");
+            }
+            return Err(ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                message: format!(
+                    "kernel {}: the replicas on {} did not come up within {:?}",
+                    record.id,
+                    names.join(", "),
+                    mode.ready_timeout
+                ),
+            });
+        }
+        // Readiness marks are committed facts: poll the local meta state briefly.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tracing::info!(kernel = %record.id, hosts = ?wanted, "cluster kernel ready");
+    Ok((StatusCode::CREATED, Json(mode.model(&record).await)).into_response())
+}
+
+/// `GET /api/kernels` in cluster mode.
+pub async fn list(mode: &ClusterMode) -> Result<Response, ApiError> {
+    let records = mode.cluster.kernels().await.map_err(cluster_error)?;
+    let mut out = Vec::with_capacity(records.len());
+    for r in &records {
+        out.push(mode.model(r).await);
+    }
+    out.sort_by(|a, b| a.base.id.cmp(&b.base.id));
+    Ok(Json(out).into_response())
+}
+
+/// `GET /api/kernels/{id}` in cluster mode.
+pub async fn get(mode: &ClusterMode, id: &str) -> Result<Response, ApiError> {
+    let record = mode.record(id).await?;
+    Ok(Json(mode.model(&record).await).into_response())
+}
+
+/// `DELETE /api/kernels/{id}` in cluster mode: the record goes, the replica hosts stop
+/// their replicas (their supervisors watch `kernels/`).
+pub async fn delete(mode: &ClusterMode, id: &str) -> Result<StatusCode, ApiError> {
+    if !mode.cluster.delete_kernel(id).await.map_err(cluster_error)? {
+        return Err(ApiError::no_kernel(id));
+    }
+    mode.frontends.close(id);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /api/kernels/{id}/interrupt` in cluster mode: SIGINT on the executing
+/// replica's host (every replica host when no execution is known here).
+pub async fn interrupt(mode: &ClusterMode, id: &str) -> Result<StatusCode, ApiError> {
+    let record = mode.record(id).await?;
+    let urls = mode.replica_urls(&record).await;
+    let executing = mode.frontends.get(id).and_then(|f| f.executing_node());
+    let targets: Vec<&String> = match executing.and_then(|n| urls.get(&n)) {
+        Some(u) => vec![u],
+        None => urls.values().collect(),
+    };
+    let path = format!("/api/kernels/{id}/interrupt");
+    let mut errors = Vec::new();
+    for url in targets {
+        if let Err(e) = mode.post_local(url, &path).await {
+            errors.push(e);
+        }
+    }
+    if errors.is_empty() {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError { status: StatusCode::BAD_GATEWAY, message: format!("interrupt failed: {}", errors.join("; ")) })
+    }
+}
+
+/// `POST /api/kernels/{id}/restart` in cluster mode: every replica restarts.
+pub async fn restart(mode: &ClusterMode, id: &str) -> Result<Response, ApiError> {
+    let record = mode.record(id).await?;
+    let urls = mode.replica_urls(&record).await;
+    let path = format!("/api/kernels/{id}/restart");
+    let restarts = urls.values().map(|u| mode.post_local(u, &path));
+    let errors: Vec<String> =
+        futures_util::future::join_all(restarts).await.into_iter().filter_map(Result::err).collect();
+    if !errors.is_empty() {
+        return Err(ApiError {
+            status: StatusCode::BAD_GATEWAY,
+            message: format!("restart failed: {}", errors.join("; ")),
+        });
+    }
+    Ok(Json(mode.model(&record).await).into_response())
+}
+
+/// `GET /api/v1/cluster/kernels/{id}/digest`: the namespace digest of this host's
+/// replica of the kernel (equal on every replica after every completed cell).
+pub async fn digest(mode: &ClusterMode, id: &str) -> Result<Response, ApiError> {
+    let kernel = mode.replicas.kernels().get(id).await.ok_or_else(|| {
+        ApiError::not_found(format!("no replica of kernel {} on this host", id.chars().take(64).collect::<String>()))
+    })?;
+    let replica = mode.replicas.replica(id).map(|r| r.replica);
+    let digest = crate::cluster::state_sync::namespace_digest(&kernel, Duration::from_secs(60))
+        .await
+        .map_err(|e| ApiError::internal(format!("digest of kernel {id}: {e:#}")))?;
+    Ok(Json(serde_json::json!({
+        "kernel_id": id,
+        "node_id": mode.cluster.node_id(),
+        "replica": replica,
+        "digest": digest,
+        "at": iso_date(SystemTime::now()),
+    }))
+    .into_response())
+}
+
+/// `GET /api/v1/cluster/kernels/{id}/elections`: every cell's election record in the
+/// kernel's group (read on this host, which must hold a replica): exactly one winner per cell.
+pub async fn elections(mode: &ClusterMode, id: &str) -> Result<Response, ApiError> {
+    let record = mode.record(id).await?;
+    if !record.replicas.iter().any(|r| r.node_id == mode.cluster.node_id()) {
+        return Err(ApiError::not_found(format!("this host holds no replica of kernel {id}")));
+    }
+    let kv = mode.replicas.store().kv(record.group);
+    let rows = kv
+        .range(crate::cluster::records::keys::ELECT.as_bytes(), 0)
+        .await
+        .map_err(|e| ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: format!("kernel group: {e}") })?;
+    let mut cells = Vec::with_capacity(rows.len());
+    for kv in rows {
+        let cell = String::from_utf8_lossy(&kv.key[crate::cluster::records::keys::ELECT.len()..]).into_owned();
+        let rec: crate::cluster::records::ElectionRecord =
+            crate::cluster::records::decode(&kv.key, &kv.value).map_err(|e| ApiError::internal(format!("{e:#}")))?;
+        cells.push(serde_json::json!({ "cell": cell, "revision": kv.mod_revision, "record": rec }));
+    }
+    Ok(Json(serde_json::json!({ "kernel_id": id, "cells": cells })).into_response())
+}
