@@ -7,7 +7,15 @@ so that the executing replica can export only those to its followers
 """
 
 from .namespace import NamespaceTracker, fingerprint
-from .sync import apply_cell, export_cell, mark_changed, namespace_digest, namespace_digests, namespace_report
+from .sync import (
+    apply_cell,
+    export_cell,
+    mark_changed,
+    namespace_digest,
+    namespace_digests,
+    namespace_report,
+    restore_export,
+)
 
 __all__ = [
     "NamespaceTracker",
@@ -19,6 +27,7 @@ __all__ = [
     "namespace_digest",
     "namespace_digests",
     "namespace_report",
+    "restore_export",
 ]
 __version__ = "0.1.0"
 

@@ -47,6 +47,7 @@ __all__ = [
     "export_cell",
     "mark_changed",
     "namespace_digest",
+    "restore_export",
     "namespace_digests",
     "namespace_report",
 ]
@@ -349,6 +350,22 @@ def apply_cell(
     if shell is not None:
         shell.execution_count = count + 1
     return SyncResult(execution_count=count, set=applied, deleted=removed, failed=failed)
+
+
+def restore_export(
+    dir: str, *, namespace: Optional[dict] = None, tracker: Optional[NamespaceTracker] = None
+) -> SyncResult:
+    """Puts the names of an export back into the pending changes: for the daemon when it
+    could not commit that export (lost leadership, store down), so the next export carries
+    them again instead of the followers never receiving them. Returns ``{"set",
+    "deleted"}``: the names now pending again."""
+    manifest = _read_manifest(dir)
+    namespace, tracker, _ = _context(namespace, tracker)
+    changed = {e["name"] for e in manifest.get("set", [])} | {u["name"] for u in manifest.get("unpicklable", [])}
+    deleted = set(manifest.get("deleted", []))
+    tracker.restore(CellChanges(changed=changed, deleted=deleted))
+    pending = tracker.pending()
+    return SyncResult(set=sorted(pending.changed), deleted=sorted(pending.deleted))
 
 
 def mark_changed(*names: str) -> None:

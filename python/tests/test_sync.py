@@ -302,6 +302,20 @@ def test_an_export_that_cannot_be_written_loses_no_change(tmp_path):
     assert a.export(tmp_path / "ok")["set"] == ["x", "y"]
 
 
+def test_an_export_the_daemon_could_not_commit_is_restored_into_the_next(tmp_path):
+    a = Replica()
+    a.run("x = 1\ny = 2\nimport threading\nlock = threading.Lock()")
+    first = a.export(tmp_path / "1")
+    a.run("del y\nz = 3")
+    assert sync.restore_export(first["dir"], namespace=a.ns, tracker=a.tracker) == {
+        "set": ["lock", "threading", "x", "z"],
+        "deleted": ["y"],
+    }
+    out = a.export(tmp_path / "2")
+    assert out["set"] == ["threading", "x", "z"] and out["deleted"] == ["y"]
+    assert [u["name"] for u in out["unpicklable"]] == ["lock"]
+
+
 def test_shared_objects_are_copied_separately_and_recursive_functions_work(tmp_path):
     a, b = Replica(), Replica()
     a.run("""
