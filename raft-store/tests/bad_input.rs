@@ -257,3 +257,75 @@ async fn unauthenticated_connections_are_capped_and_their_hello_size_checked() {
     }
     store.kv(1).put("still", "works").await.expect("put after the flood");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_requests_are_refused_before_decoding_unless_authenticated_and_within_the_cap() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = dir.path().join("pki");
+    let rogue = dir.path().join("rogue");
+    raft_store::generate_cluster_pki(&pki, &[1, 2]).expect("pki");
+    raft_store::generate_cluster_pki(&rogue, &[2]).expect("rogue pki");
+    let store = open_node(&pki, &dir.path().join("data")).await;
+    let addr = store.config().listen;
+    let forward = frame::forward(1, &[0xff; 64], MAX_FRAME).expect("frame");
+
+    // A peer with a certificate from another CA never gets to send its forwarded request.
+    if let Ok(mut s) = tls_connect(&rogue, 2, addr).await {
+        let _ = s.write_all(&frame::hello(2)).await;
+        let _ = s.write_all(&forward).await;
+        let _ = s.flush().await;
+    }
+    wait_count(&store, "tls", 1).await;
+    // Nor does one that speaks no TLS at all.
+    let mut raw = TcpStream::connect(addr).await.expect("connect");
+    let _ = raw.write_all(&frame::hello(2)).await;
+    let _ = raw.write_all(&forward).await;
+    wait_count(&store, "tls", 2).await;
+    // Authenticated, but a forwarded request in place of the HELLO: refused from its length prefix.
+    let mut s = tls_connect(&pki, 2, addr).await.expect("authenticated connection");
+    s.write_all(&forward).await.expect("write");
+    s.flush().await.expect("flush");
+    wait_count(&store, "oversized", 1).await;
+    // After the HELLO: a forwarded request over the cap is refused from its length prefix alone.
+    let mut huge = u32::try_from(MAX_FRAME + 1).expect("fits").to_be_bytes().to_vec();
+    huge.push(4); // the FORWARD kind: never looked at
+    send_after_hello(&pki, &store, 2, &huge).await;
+    wait_count(&store, "oversized", 2).await;
+    // After the HELLO and within the cap: a body that is not a request is refused, not served.
+    send_after_hello(&pki, &store, 2, &forward).await;
+    wait_count(&store, "garbage", 1).await;
+    let bad_answer = frame::answer(1, &[0xff; 16], MAX_FRAME).expect("frame");
+    send_after_hello(&pki, &store, 2, &bad_answer).await;
+    wait_count(&store, "garbage", 2).await;
+    // A forwarding frame too short for its request id.
+    send_after_hello(&pki, &store, 2, &[0, 0, 0, 3, 4, 0, 0]).await;
+    wait_count(&store, "garbage", 3).await;
+
+    let text = store.metrics_text();
+    assert!(!text.contains("notebookos_raft_forward_served_requests_total{"), "nothing was served:\n{text}");
+    // The node is unharmed.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store.status(1).await.expect("status").role != "leader" {
+        assert!(Instant::now() < deadline, "no leader");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    store.kv(1).put("still", "works").await.expect("put after attacks");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plaintext_peer_cannot_forward_before_its_hello() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = StoreConfig::new(1, dir.path().join("d"), free_addr(), raft_store::TransportSecurity::Plaintext);
+    cfg.tick_interval = Duration::from_millis(20);
+    let store = RaftStore::open(cfg).expect("open");
+    let addr = store.config().listen;
+    // A short forwarding frame that fits a HELLO's size: refused as "not a HELLO".
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(&frame::forward(1, &[1, 2], MAX_FRAME).expect("frame")).await.expect("write");
+    wait_count(&store, "garbage", 1).await;
+    // A longer one: refused from its length prefix.
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(&frame::forward(1, &[0; 100], MAX_FRAME).expect("frame")).await.expect("write");
+    wait_count(&store, "oversized", 1).await;
+    assert!(!store.metrics_text().contains("notebookos_raft_forward_served_requests_total{"));
+}

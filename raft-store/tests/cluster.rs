@@ -367,3 +367,126 @@ async fn register_history_is_linearizable_under_leader_kills_and_isolation() {
     eprintln!("linearizability: {answered} answered, {unknown} with unknown outcome");
     assert!(check(&history), "history of {} operations is not linearizable", history.len());
 }
+
+/// Answers that say a routed request was not proposed.
+fn not_proposed(kind: Option<&str>) -> bool {
+    matches!(kind, Some("not_leader" | "leader_unreachable" | "group_not_found" | "overloaded"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_node_serves_linearizably_through_forwarding_under_leader_kill_9() {
+    let _serial = CLUSTER_LOCK.lock().await;
+    let mut c = Cluster::start(3, Opts::default());
+    c.wait_leader(G, 0, LONG).await;
+    let t0 = Instant::now();
+    let nodes: Vec<u64> = c.live_ids();
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    // Unique-key writers at random nodes: every acknowledged write must survive the kills.
+    let mut writers = Vec::new();
+    for w in 0..2u64 {
+        let mut client = c.client();
+        client.call_timeout = Duration::from_secs(4);
+        let (nodes, stop_rx) = (nodes.clone(), stop_rx.clone());
+        writers.push(tokio::spawn(async move {
+            let mut acked = Vec::new();
+            let mut seq = 0u64;
+            while !*stop_rx.borrow() {
+                seq += 1;
+                let node = nodes[rand::random_range(0..nodes.len())];
+                let (key, value) = (format!("fw/{w}/{seq}"), format!("v{seq}"));
+                let put = Request::Put { group: G, key: key.clone(), value: value.clone() };
+                match client.call_node(node, &Request::Routed { request: Box::new(put) }).await {
+                    Ok(r) if r.ok => acked.push((key, value)),
+                    Err(e) if !e.outcome_unknown() => tokio::time::sleep(Duration::from_millis(5)).await,
+                    _ => {}
+                }
+            }
+            acked
+        }));
+    }
+    // Register clients at random nodes: the history of one key must be linearizable.
+    let mut tasks = Vec::new();
+    for w in 0..3u64 {
+        let mut client = c.client();
+        client.call_timeout = Duration::from_secs(4);
+        let nodes = nodes.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut history = Vec::new();
+            let mut per_node = std::collections::BTreeMap::<u64, u64>::new();
+            for i in 0..240u64 {
+                let v = format!("{w}-{i}");
+                let (op, req) = match i % 3 {
+                    0 => (Op::Write(v.clone()), Request::Put { group: G, key: "reg".into(), value: v }),
+                    1 => (Op::Read(None), Request::Get { group: G, key: "reg".into(), stale: false }),
+                    _ => {
+                        let expected = history.iter().rev().find_map(|e: &Event| match &e.op {
+                            Op::Read(Some(x)) => Some(x.clone()),
+                            _ => None,
+                        });
+                        (
+                            Op::Cas { expected: expected.clone(), new: v.clone(), ok: None },
+                            Request::Cas { group: G, key: "reg".into(), expected, value: v },
+                        )
+                    }
+                };
+                let node = nodes[rand::random_range(0..nodes.len())];
+                let call = t0.elapsed().as_nanos();
+                let r = client.call_node(node, &Request::Routed { request: Box::new(req) }).await;
+                let ret = t0.elapsed().as_nanos();
+                let (op, answered) = match (op, r) {
+                    (Op::Read(_), Ok(r)) if r.ok => (Op::Read(r.result["value"].as_str().map(Into::into)), true),
+                    (Op::Cas { expected, new, .. }, Ok(r)) if r.ok => {
+                        (Op::Cas { expected, new, ok: r.result["succeeded"].as_bool() }, true)
+                    }
+                    (op @ Op::Write(_), Ok(r)) if r.ok => (op, true),
+                    (_, Ok(r)) if not_proposed(r.error_kind()) => continue,
+                    (_, Err(e)) if !e.outcome_unknown() => {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    }
+                    (op, _) => (op, false),
+                };
+                if answered {
+                    *per_node.entry(node).or_default() += 1;
+                }
+                history.push(Event { op, call, ret: answered.then_some(ret) });
+            }
+            (history, per_node)
+        }));
+    }
+    for _ in 0..2 {
+        let (leader, term) = c.wait_leader(G, 0, LONG).await;
+        let before = c.status(leader, G).await.map_or(0, |s| s.commit);
+        c.wait_applied(leader, G, before + 30, LONG).await;
+        assert!(tasks.iter().all(|t| !t.is_finished()), "the clients finished before the fault");
+        c.kill(leader);
+        c.wait_leader(G, term, LONG).await;
+        c.spawn(leader);
+    }
+    let mut history = Vec::new();
+    let mut per_node = std::collections::BTreeMap::<u64, u64>::new();
+    for t in tasks {
+        let (h, n) = t.await.expect("client");
+        history.extend(h);
+        for (node, count) in n {
+            *per_node.entry(node).or_default() += count;
+        }
+    }
+    let _ = stop.send(true);
+    let mut acked = Vec::new();
+    for w in writers {
+        acked.extend(w.await.expect("writer"));
+    }
+    let answered = history.iter().filter(|e| e.ret.is_some()).count();
+    eprintln!("routed: {answered} answered, {} unknown; answered per node {per_node:?}", history.len() - answered);
+    assert!(answered >= 200, "too few answered operations ({answered})");
+    assert!(per_node.len() == 3, "every node answered some operations: {per_node:?}");
+    assert!(check(&history), "history of {} operations is not linearizable", history.len());
+    assert!(acked.len() >= 50, "only {} routed writes acknowledged", acked.len());
+    assert_all_present(&acked, &c.range(G, "fw/").await, "leader after kills");
+    let mut forwarded = 0.0;
+    for id in c.live_ids() {
+        forwarded += c.metric(id, "notebookos_raft_forwarded_requests_total{op=\"write\",outcome=\"ok\"}").await;
+    }
+    assert!(forwarded > 0.0, "no write was forwarded");
+}
