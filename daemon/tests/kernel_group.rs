@@ -17,22 +17,24 @@ const GROUP: u64 = 1001;
 /// What every proposal of one cell returned, and who it was.
 type Log = Arc<Mutex<HashMap<String, Vec<(Proposer, u32, Outcome)>>>>;
 
-async fn propose_after(
-    stores: &Stores,
-    delay_ms: u64,
-    cell: &str,
+/// One election request as a front-end sends it to a replica.
+#[derive(Clone)]
+struct Request {
+    cell: String,
     round: u32,
     expected: Option<ElectionRecord>,
     replica: u32,
     decision: Decision,
-    log: &Log,
-) -> Outcome {
+}
+
+async fn propose_after(stores: &Stores, delay_ms: u64, req: Request, log: &Log) -> Outcome {
     tokio::time::sleep(Duration::from_millis(delay_ms)).await;
     // Replica n lives on node n and proposes through its own node (followers forward).
-    let me = Proposer { replica, node_id: u64::from(replica) };
-    let kv = stores.node(u64::from(replica)).kv(GROUP);
-    let outcome = election::propose(&kv, cell, round, expected.as_ref(), me, decision).await.expect("propose");
-    log.lock().unwrap().entry(cell.to_owned()).or_default().push((me, round, outcome.clone()));
+    let me = Proposer { replica: req.replica, node_id: u64::from(req.replica) };
+    let kv = stores.node(u64::from(req.replica)).kv(GROUP);
+    let outcome =
+        election::propose(&kv, &req.cell, req.round, req.expected.as_ref(), me, req.decision).await.expect("propose");
+    log.lock().unwrap().entry(req.cell.clone()).or_default().push((me, req.round, outcome.clone()));
     outcome
 }
 
@@ -54,18 +56,16 @@ async fn drive_cell(stores: Arc<Stores>, cell: String, seed: u64, log: Log) {
         }
         for replica in who {
             let decision = if rng.chance(35) { Decision::Lead } else { Decision::Yield { reason: "busy".into() } };
+            let req = Request { cell: cell.clone(), round, expected: expected.clone(), replica, decision };
             let delay = rng.below(15);
-            let (s, c, e, l) = (stores.clone(), cell.clone(), expected.clone(), log.clone());
-            let d2 = decision.clone();
-            proposals.push(tokio::spawn(async move { propose_after(&s, delay, &c, round, e, replica, d2, &l).await }));
+            let (s, l, r) = (stores.clone(), log.clone(), req.clone());
+            proposals.push(tokio::spawn(async move { propose_after(&s, delay, r, &l).await }));
             if rng.chance(30) {
-                // The same request delivered again much later (a stale duplicate).
+                // The same request delivered again much later, maybe to another replica (stale).
                 let delay = 20 + rng.below(200);
-                let (s, c, e, l) = (stores.clone(), cell.clone(), expected.clone(), log.clone());
-                let replica = 1 + rng.below(3) as u32;
-                replays.push(tokio::spawn(async move {
-                    propose_after(&s, delay, &c, round, e, replica, decision, &l).await
-                }));
+                let (s, l) = (stores.clone(), log.clone());
+                let r = Request { replica: 1 + rng.below(3) as u32, ..req };
+                replays.push(tokio::spawn(async move { propose_after(&s, delay, r, &l).await }));
             }
         }
         let mut outcomes = Vec::new();
@@ -132,5 +132,217 @@ async fn exactly_one_replica_wins_each_cell_under_reordering_and_stale_rounds() 
         .await
         .expect("late proposal");
         assert_eq!(late, Outcome::Taken(winner.clone()));
+    }
+}
+
+mod sync {
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant, SystemTime};
+
+    use notebookosd::cluster::objects::Objects;
+    use notebookosd::cluster::replica_host::{Handled, ReplicaHost};
+    use notebookosd::cluster::state_sync::{namespace_digest, SyncConfig};
+    use notebookosd::jupyter::{Channel, Message};
+    use notebookosd::kernel::binding::{Binder, LogOnlyLeases};
+    use notebookosd::kernel::hub::{ClientId, Outgoing};
+    use notebookosd::kernel::{Kernel, Kernels};
+    use notebookosd::metrics::Metrics;
+    use tokio::sync::mpsc;
+
+    use super::group_store::{python, Stores};
+
+    const KERNEL: &str = "0b7c6c52-4b8e-4f0e-9d3a-6a1f1f0c2a01";
+    const GROUP: u64 = 2002;
+    const WAIT: Duration = Duration::from_secs(60);
+
+    /// One host: its kernel registry, its replica of the kernel, a client on it.
+    struct Host {
+        node: u64,
+        kernels: Arc<Kernels>,
+        host: Arc<ReplicaHost>,
+        kernel: Arc<Kernel>,
+        client: ClientId,
+        rx: mpsc::Receiver<Outgoing>,
+    }
+
+    async fn start_host(stores: &Stores, node: u64, dir: &Path, objects: &Path) -> Host {
+        let metrics = Arc::new(Metrics::new());
+        let binder = Binder::new(0, Duration::from_secs(60), 1.0, Arc::new(LogOnlyLeases), metrics.clone());
+        let kernels = Arc::new(Kernels::new(python(), dir.join("kernels"), Vec::new(), metrics, binder, 0));
+        let mut sync = SyncConfig::new(dir.join("sync"));
+        sync.kernel_timeout = WAIT;
+        let objects = Objects::open(None, objects).expect("objects");
+        let host = Arc::new(ReplicaHost::new(node, stores.node(node).clone(), kernels.clone(), objects, sync));
+        let (kernel, client, rx) = start_replica(&kernels, &host, node).await;
+        Host { node, kernels, host, kernel, client, rx }
+    }
+
+    async fn start_replica(
+        kernels: &Kernels,
+        host: &ReplicaHost,
+        node: u64,
+    ) -> (Arc<Kernel>, ClientId, mpsc::Receiver<Outgoing>) {
+        let replica = u32::try_from(node).expect("small");
+        let kernel = kernels.create_replica(KERNEL, replica, None, Some(0), &[]).await.expect("start replica");
+        host.attach(kernel.clone(), replica, GROUP);
+        let (client, rx, _) = kernel.hub.connect();
+        (kernel, client, rx)
+    }
+
+    fn request(msg_id: &str, code: &str, cell: &str, role: &str) -> Message {
+        let mut msg = Message::new(
+            "execute_request",
+            "test-session",
+            msg_id,
+            SystemTime::now(),
+            None,
+            &serde_json::json!({ "code": code, "silent": false, "store_history": true, "user_expressions": {}, "allow_stdin": false }),
+        );
+        let meta = serde_json::json!({ "nbos_election": { "cell": cell, "round": 0, "role": role, "expected": null } });
+        msg.metadata = meta.to_string().into();
+        msg
+    }
+
+    fn parent_of(msg: &Message) -> String {
+        let v: serde_json::Value = serde_json::from_slice(&msg.parent_header).unwrap_or_default();
+        v["msg_id"].as_str().unwrap_or_default().to_owned()
+    }
+
+    /// Waits for the reply to `msg_id` on `h`'s client; returns (content, metadata, stream text).
+    async fn reply_to(h: &mut Host, msg_id: &str) -> (serde_json::Value, serde_json::Value, String) {
+        let deadline = Instant::now() + WAIT;
+        let mut streams = String::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (channel, msg) = tokio::time::timeout(left, h.rx.recv())
+                .await
+                .unwrap_or_else(|_| panic!("no reply to {msg_id} from node {} within {WAIT:?}", h.node))
+                .expect("client queue open");
+            if parent_of(&msg) != msg_id {
+                continue;
+            }
+            let header = msg.header().expect("header");
+            let content = msg.content_json().expect("content");
+            if channel == Channel::Iopub && header.msg_type == "stream" {
+                streams.push_str(content["text"].as_str().unwrap_or_default());
+            }
+            if channel == Channel::Shell && header.msg_type == "execute_reply" {
+                let meta: serde_json::Value = serde_json::from_slice(&msg.metadata).expect("metadata");
+                return (content, meta, streams);
+            }
+        }
+    }
+
+    /// Runs a cell the way a front-end does: `lead` to the designee, `yield` to the rest.
+    async fn run_cell(hosts: &mut [Host], designee: usize, code: &str) -> (serde_json::Value, u64, String) {
+        let cell = uuid::Uuid::new_v4().to_string();
+        for (i, h) in hosts.iter().enumerate() {
+            let role = if i == designee { "lead" } else { "yield" };
+            let handled = h.host.handle_execute(&h.kernel, h.client, request(&cell, code, &cell, role)).await;
+            assert!(matches!(handled, Handled::Handled), "an election request passed through");
+        }
+        let (content, meta, streams) = reply_to(&mut hosts[designee], &cell).await;
+        let e = &meta["nbos_election"];
+        assert_eq!(e["outcome"], "executed", "cell {code:?}: {meta}");
+        assert_eq!(e["node_id"], hosts[designee].node);
+        assert_eq!(content["status"], "ok", "cell {code:?} failed: {content}");
+        let revision = e["revision"].as_u64().expect("revision");
+        assert!(revision > 0, "the cell's namespace was not committed: {streams}");
+        (content, revision, streams)
+    }
+
+    /// Every replica applied `revision` and hashes its namespace the same.
+    async fn assert_same_namespace(hosts: &[Host], revision: u64, what: &str) {
+        let mut digests = Vec::new();
+        for h in hosts {
+            let local = h.host.replica(KERNEL).expect("local replica");
+            local.applier.wait_applied(revision, WAIT).await.expect("applied");
+            digests.push(namespace_digest(&h.kernel, WAIT).await.expect("digest"));
+        }
+        assert!(digests.iter().all(|d| d == &digests[0] && d.len() >= 32), "{what}: digests differ: {digests:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn replicas_follow_the_executor_and_a_fresh_replica_catches_up() {
+        let stores = Stores::open(3);
+        stores.create_group(GROUP).await;
+        let dir = tempfile::tempdir().expect("tmp");
+        let objects = dir.path().join("objects");
+        let mut hosts = Vec::new();
+        for node in stores.ids() {
+            hosts.push(start_host(&stores, node, &dir.path().join(format!("host-{node}")), &objects).await);
+        }
+
+        let cells: [(usize, &str); 5] = [
+            (0, "a = 1\ns = 'hello'\nxs = [1, 2, 3]\nd = {'k': [1, 2], 'n': None}\ngone = 0"),
+            (1, "import numpy as np\narr = np.arange(10 * 1024 * 1024 // 8, dtype=np.float64)"),
+            (2, "def f(x):\n    return x * a + len(s)\nclass C:\n    def __init__(self):\n        self.v = f(2)\nc = C()"),
+            (0, "xs.append(4)\nd['k'].append(3)\narr[5] = -1.0\ndel gone"),
+            (1, "t = f(10)"),
+        ];
+        for (n, (designee, code)) in cells.iter().enumerate() {
+            let (content, revision, _) = run_cell(&mut hosts, *designee, code).await;
+            assert_eq!(content["execution_count"], n + 1, "execution counts follow the cells across replicas");
+            assert_same_namespace(&hosts, revision, code).await;
+        }
+        // The 10 MiB array went to the object store, not through the log.
+        let stored = std::fs::read_dir(objects.join("objects")).expect("objects dir").count();
+        assert!(stored >= 1, "no large object was stored");
+
+        // A replica that never executed anything sees every value, mutations included.
+        let check = "print(xs, d['k'], c.v, f(1), t, arr[5], arr.nbytes, np.__name__, 'gone' in dir())";
+        let (_, revision, out) = run_cell(&mut hosts, 2, check).await;
+        assert_eq!(out.trim(), "[1, 2, 3, 4] [1, 2, 3] 7 6 15 -1.0 10485760 numpy False");
+        assert_same_namespace(&hosts, revision, "check").await;
+
+        // An unpicklable value is named in a warning on the cell, not silently dropped.
+        let (_, revision, warning) = run_cell(&mut hosts, 1, "import threading\nlock = threading.Lock()").await;
+        assert!(warning.contains("lock") && warning.contains("pickle"), "no warning naming `lock`: {warning:?}");
+        let (_, revision2, _) = run_cell(&mut hosts, 1, "del lock").await;
+        assert!(revision2 > revision);
+        assert_same_namespace(&hosts, revision2, "after del lock").await;
+
+        // A second designation for a decided cell is told who won.
+        let cell = uuid::Uuid::new_v4().to_string();
+        let h0 = &hosts[0];
+        h0.host.handle_execute(&h0.kernel, h0.client, request(&cell, "x = 1", &cell, "lead")).await;
+        let (_, meta, _) = reply_to(&mut hosts[0], &cell).await;
+        assert_eq!(meta["nbos_election"]["outcome"], "executed");
+        let h1 = &hosts[1];
+        h1.host.handle_execute(&h1.kernel, h1.client, request(&cell, "x = 1", &cell, "lead")).await;
+        let (content, meta, _) = reply_to(&mut hosts[1], &cell).await;
+        assert_eq!(meta["nbos_election"]["outcome"], "taken", "{meta}");
+        assert_eq!(meta["nbos_election"]["record"]["winner"], 1);
+        assert_eq!(content["status"], "aborted");
+        // Bad election metadata gets an error outcome, not a hang.
+        let mut bad = request("bad-1", "x = 2", "bad-1", "lead");
+        bad.metadata = serde_json::json!({ "nbos_election": { "cell": 5 } }).to_string().into();
+        let h1 = &hosts[1];
+        h1.host.handle_execute(&h1.kernel, h1.client, bad).await;
+        let (_, meta, _) = reply_to(&mut hosts[1], "bad-1").await;
+        assert_eq!(meta["nbos_election"]["outcome"], "error");
+        assert!(meta["nbos_election"]["reason"].as_str().unwrap_or_default().contains("nbos_election"), "{meta}");
+
+        // Replica 2 loses its kernel and starts from scratch: it catches up from the group.
+        {
+            let h = &mut hosts[1];
+            h.host.detach(KERNEL);
+            assert!(h.kernels.remove(KERNEL).await);
+            let (kernel, client, rx) = start_replica(&h.kernels, &h.host, h.node).await;
+            (h.kernel, h.client, h.rx) = (kernel, client, rx);
+        }
+        let latest = hosts[0].host.replica(KERNEL).expect("replica").applier.applied();
+        assert_same_namespace(&hosts, latest, "after the fresh replica caught up").await;
+        let (content, _, out) = run_cell(&mut hosts, 1, "print(c.v + xs[-1], arr[5])").await;
+        assert_eq!(out.trim(), "11 -1.0");
+        assert_eq!(content["execution_count"], 10, "the fresh replica continues the execution count");
+        let status = hosts[1].host.replicas().await;
+        assert_eq!(status.len(), 1);
+        assert_eq!((status[0].role.as_str(), status[0].lag_revisions), ("executor", 0), "{status:?}");
+
+        for h in &hosts {
+            h.kernels.shutdown_all().await;
+        }
     }
 }

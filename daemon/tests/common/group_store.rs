@@ -8,8 +8,7 @@ use raft_store::{RaftStore, StoreConfig, TransportSecurity};
 /// `n` stores, node ids `1..=n`, each knowing the others.
 pub struct Stores {
     pub stores: Vec<RaftStore>,
-    pub configs: Vec<StoreConfig>,
-    pub dir: tempfile::TempDir,
+    _dir: tempfile::TempDir,
 }
 
 impl Stores {
@@ -29,7 +28,7 @@ impl Stores {
             configs.push(cfg);
         }
         let stores = configs.iter().map(|c| RaftStore::open(c.clone()).expect("open store")).collect();
-        Stores { stores, configs, dir }
+        Stores { stores, _dir: dir }
     }
 
     pub fn node(&self, id: u64) -> &RaftStore {
@@ -98,4 +97,14 @@ impl Rng {
     pub fn chance(&mut self, p_percent: u64) -> bool {
         self.below(100) < p_percent
     }
+}
+
+/// The Python with ipykernel and nbos_kernel: `NBOS_PYTHON`, else the project's venv.
+pub fn python() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("NBOS_PYTHON") {
+        return p.into();
+    }
+    let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    assert!(p.exists(), "{} is missing: create the venv (make deps)", p.display());
+    p
 }
