@@ -152,15 +152,15 @@ impl Error {
     }
 
     /// True when a write that failed with this error may nevertheless have been applied.
+    /// `NotLeader`, `LeaderUnreachable`, `Overloaded` and argument errors mean "not proposed".
     pub fn outcome_unknown(&self) -> bool {
-        matches!(
-            self,
-            Error::Timeout { .. }
-                | Error::LeadershipLost { .. }
-                | Error::ForwardLost { .. }
-                | Error::Remote { .. }
-                | Error::Stopped
-        )
+        match self {
+            Error::Timeout { .. } | Error::LeadershipLost { .. } | Error::ForwardLost { .. } | Error::Stopped => true,
+            // An error this node cannot interpret: assume the worst, except for a leader that
+            // does not host the group (it proposed nothing).
+            Error::Remote { kind, .. } => kind != "group_not_found",
+            _ => false,
+        }
     }
 }
 

@@ -319,18 +319,22 @@ impl Kv {
         // arrives mid-election costs little more than the election itself.
         let pause = (inner.cfg.tick_interval / 2).clamp(Duration::from_millis(5), Duration::from_millis(50));
         let mut target: Option<u64> = None;
+        // Who this node believed led when it last refused the call: a change of that view while a
+        // forwarded request waits means leadership moved.
+        let mut local_view: Option<u64> = None;
         loop {
             let asked = target.take().filter(|t| *t != me).unwrap_or(me);
             let attempt = if asked == me {
                 match forward::execute_local(&inner.control, self.group, op.clone(), forward::remaining(deadline)).await
                 {
                     Err(Error::NotLeader { hint, .. }) => {
+                        local_view = hint;
                         Attempt::Retry { hint, error: Error::NotLeader { group: self.group, hint } }
                     }
                     other => Attempt::Done(other),
                 }
             } else {
-                self.forward_once(asked, &op, started, deadline).await
+                self.forward_once(asked, &op, local_view, started, deadline).await
             };
             let (hint, error) = match attempt {
                 Attempt::Done(r) => return r,
@@ -350,8 +354,16 @@ impl Kv {
         }
     }
 
-    /// One forwarding attempt to `peer`.
-    async fn forward_once(&self, peer: u64, op: &ForwardOp, started: Instant, deadline: Instant) -> Attempt {
+    /// One forwarding attempt to `peer`. `local_view` is the leader this node believed in when it
+    /// last refused the call itself.
+    async fn forward_once(
+        &self,
+        peer: u64,
+        op: &ForwardOp,
+        local_view: Option<u64>,
+        started: Instant,
+        deadline: Instant,
+    ) -> Attempt {
         let inner = &self.store.inner;
         let group = self.group;
         let label = op.label();
@@ -403,6 +415,11 @@ impl Kv {
                             metrics.forward_outcome(label, "not_leader");
                             Attempt::Retry { hint, error: Error::NotLeader { group, hint } }
                         }
+                        Ok(Delivery::Answer(Err(WireError::GroupNotFound))) => {
+                            // A stale hint named a node that no longer hosts the group.
+                            metrics.forward_outcome(label, "not_leader");
+                            Attempt::Retry { hint: None, error: WireError::GroupNotFound.into_error(group, peer) }
+                        }
                         Ok(Delivery::Answer(Err(e))) => {
                             metrics.forward_outcome(label, "error");
                             Attempt::Done(Err(e.into_error(group, peer)))
@@ -418,7 +435,12 @@ impl Kv {
                     return Attempt::Done(Err(Error::Timeout { group, after: started.elapsed() }));
                 }
                 () = tokio::time::sleep(check_every) => {
-                    if let Some(now) = forward::local_leader(&inner.control, group).await.filter(|l| *l != peer) {
+                    // Only a change of this node's own view counts: it may lag behind the hint
+                    // that brought the request to `peer`.
+                    let moved = forward::local_leader(&inner.control, group)
+                        .await
+                        .filter(|l| *l != peer && Some(*l) != local_view);
+                    if let Some(now) = moved {
                         metrics.forward_outcome(label, "lost");
                         return match lost("leadership moved to another node") {
                             Attempt::Retry { error, .. } => Attempt::Retry { hint: Some(now), error },

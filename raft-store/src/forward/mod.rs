@@ -288,3 +288,68 @@ pub(crate) async fn local_leader(control: &crossbeam_channel::Sender<Control>, g
 pub(crate) fn remaining(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn forwarder() -> (Arc<Forwarder>, crossbeam_channel::Receiver<Control>) {
+        let (tx, rx) = crossbeam_channel::bounded(16);
+        (Arc::new(Forwarder::new(tx, 64 << 10, Arc::new(Metrics::default()))), rx)
+    }
+
+    #[test]
+    fn in_flight_requests_are_bounded_per_peer() {
+        let (f, _rx) = forwarder();
+        for _ in 0..MAX_IN_FLIGHT_PER_PEER {
+            assert!(f.acquire(&f.in_flight, 2, MAX_IN_FLIGHT_PER_PEER));
+        }
+        assert!(!f.acquire(&f.in_flight, 2, MAX_IN_FLIGHT_PER_PEER), "the bound holds");
+        assert!(f.acquire(&f.in_flight, 3, MAX_IN_FLIGHT_PER_PEER), "another peer has its own bound");
+        f.release(&f.in_flight, 2);
+        assert!(f.acquire(&f.in_flight, 2, MAX_IN_FLIGHT_PER_PEER), "a finished request frees its slot");
+    }
+
+    #[tokio::test]
+    async fn a_peer_over_its_serving_bound_is_answered_overloaded() {
+        let (f, rx) = forwarder();
+        for _ in 0..MAX_SERVED_PER_PEER {
+            assert!(f.acquire(&f.serving, 2, MAX_SERVED_PER_PEER));
+        }
+        let req = ForwardRequest { group: 1, timeout_ms: 1000, op: ForwardOp::LeaseKeepAlive(1) };
+        let answer = f.clone().serve(2, 77, req).await.expect("an answer frame");
+        let body = answer.slice(frame::HEADER_LEN..);
+        let frame::Frame::Answer { request_id, payload } = frame::decode(body).expect("frame") else {
+            panic!("not an answer frame");
+        };
+        assert_eq!(request_id, 77);
+        let response: ForwardResponse = postcard::from_bytes(&payload).expect("decode");
+        assert!(matches!(response, Err(WireError::Overloaded)), "{response:?}");
+        assert!(rx.try_recv().is_err(), "nothing reached the engine");
+    }
+
+    #[tokio::test]
+    async fn an_answer_from_the_wrong_peer_or_for_a_forgotten_request_is_ignored() {
+        let (f, _rx) = forwarder();
+        let (tx, mut rx) = oneshot::channel();
+        lock(&f.pending).insert(5, Pending { peer: 2, generation: 1, tx });
+        let ok: ForwardResponse = Ok(ForwardReply::LeaseTtl(9));
+        let bytes = postcard::to_stdvec(&ok).expect("encode");
+        f.on_answer(3, 5, &bytes).expect("decodes");
+        assert!(rx.try_recv().is_err(), "node 3 cannot answer a request sent to node 2");
+        assert_eq!(f.metrics.rejected_count("wrong_sender"), 1);
+        f.on_answer(2, 6, &bytes).expect("decodes");
+        assert_eq!(f.metrics.forwarded_count("any", "late_answer"), 1);
+        assert!(f.on_answer(2, 5, &[0xff, 0xff, 0xff]).is_err(), "garbage is refused");
+        f.on_answer(2, 5, &bytes).expect("decodes");
+        assert!(matches!(rx.try_recv(), Ok(Delivery::Answer(Ok(ForwardReply::LeaseTtl(9))))));
+        // A broken connection fails what was sent on it, and only that.
+        let (tx1, mut rx1) = oneshot::channel();
+        let (tx2, mut rx2) = oneshot::channel();
+        lock(&f.pending).insert(10, Pending { peer: 2, generation: 1, tx: tx1 });
+        lock(&f.pending).insert(11, Pending { peer: 2, generation: 2, tx: tx2 });
+        f.on_connection_closed(2, 1);
+        assert!(matches!(rx1.try_recv(), Ok(Delivery::Lost)));
+        assert!(rx2.try_recv().is_err());
+    }
+}
