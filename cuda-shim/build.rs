@@ -1,11 +1,15 @@
 //! Generates the shim's exports from `driver-api.list` (itself derived from cudarc's
 //! bindings by `tools/gen-driver-api.py`): one pass-through per driver entry point
-//! that `src/hooks.rs` does not define by hand, plus the symbol and address tables
+//! that `src/hooks.rs` or `src/memory_hooks.rs` do not define by hand, plus the symbol and address tables
 //! `cuGetProcAddress` needs. Also gives the shared object the soname `libcuda.so.1`.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
+
+/// Files of hand-written exports and their module paths: no pass-through is generated
+/// for a `pub unsafe extern "C" fn` defined there.
+const HOOK_FILES: &[(&str, &str)] = &[("src/hooks.rs", "crate::hooks"), ("src/memory_hooks.rs", "crate::memory_hooks")];
 
 /// Calls answered without a lease: they touch no GPU state a checkpoint moves.
 const UNGATED: &[&str] = &[
@@ -82,17 +86,25 @@ fn counting(name: &str, params: &[(String, String)]) -> Option<String> {
 
 fn main() -> Result<(), String> {
     println!("cargo:rerun-if-changed=driver-api.list");
-    println!("cargo:rerun-if-changed=src/hooks.rs");
+    for (file, _) in HOOK_FILES {
+        println!("cargo:rerun-if-changed={file}");
+    }
     // dlopen("libcuda.so.1") and -lcuda both find this library by its soname.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libcuda.so.1");
 
     let list = std::fs::read_to_string("driver-api.list").map_err(|e| format!("driver-api.list: {e}"))?;
-    let hooks = std::fs::read_to_string("src/hooks.rs").map_err(|e| format!("src/hooks.rs: {e}"))?;
-    let hooked: BTreeSet<&str> = hooks
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("pub unsafe extern \"C\" fn "))
-        .filter_map(|l| l.split('(').next())
-        .collect();
+    // Hand-written exports, by name, with the module that defines them.
+    let mut hooked: BTreeMap<String, &str> = BTreeMap::new();
+    for (file, module) in HOOK_FILES {
+        let text = std::fs::read_to_string(file).map_err(|e| format!("{file}: {e}"))?;
+        for name in text
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("pub unsafe extern \"C\" fn "))
+            .filter_map(|l| l.split('(').next())
+        {
+            hooked.insert(name.to_owned(), module);
+        }
+    }
 
     let mut names = Vec::new();
     let mut code = String::new();
@@ -119,7 +131,7 @@ fn main() -> Result<(), String> {
             .collect();
         let idx = names.len();
         names.push(name.to_owned());
-        if hooked.contains(name) {
+        if hooked.contains_key(name) {
             continue;
         }
         let mut sig = Vec::new();
@@ -192,7 +204,7 @@ fn main() -> Result<(), String> {
     let _ = writeln!(out, "/// The shim's own function for each name.");
     let _ = writeln!(out, "pub fn own_functions() -> [usize; COUNT] {{ [");
     for n in &names {
-        let path = if hooked.contains(n.as_str()) { "crate::hooks::" } else { "" };
+        let path = hooked.get(n.as_str()).map_or(String::new(), |m| format!("{m}::"));
         let _ = writeln!(out, "    {path}{n} as *const () as usize,");
     }
     let _ = writeln!(out, "] }}\n");

@@ -459,5 +459,6 @@ extern "C" fn child() {
     drop(c);
     CONTEXTS.lock().clear();
     crate::counters::forget_after_fork();
+    crate::memory_limit::forget_after_fork();
     *GATE.write() = LeaseView { bound: false, lease: 0, devices: 0, physical: [-1; MAX_DEVICES], unmanaged: false };
 }

@@ -7,7 +7,8 @@
 //!   gate ([`gate`]) around the real call and map `CUdevice` ordinals between the
 //!   process's virtual device set and the leased physical GPUs;
 //! - hand-written hooks ([`hooks`]) for init, device enumeration, context creation,
-//!   memory info and `cuGetProcAddress`/`_v2` ([`proc_address`]).
+//!   and `cuGetProcAddress`/`_v2` ([`proc_address`]); and for device memory
+//!   ([`memory_hooks`]): allocations held to the host's limit ([`memory_limit`]).
 //!
 //! Counted calls (launches, copies, memsets, synchronisations) also bump this process's
 //! counters file for the observer ([`counters`]).
@@ -21,6 +22,8 @@ pub mod counters;
 pub mod driver;
 pub mod gate;
 pub mod hooks;
+pub mod memory_hooks;
+pub mod memory_limit;
 pub mod proc_address;
 
 /// The generated pass-throughs and symbol tables.

@@ -335,6 +335,50 @@ fn memory_info_and_allocations_are_clamped_to_the_hosts_limit() {
 }
 
 #[test]
+fn every_device_allocation_entry_point_is_held_to_the_hosts_limit() {
+    // 8 MiB on a 64 MiB GPU: what fails below fails because of the limit, not the GPU.
+    // Sizes are multiples of 2 MiB, so cuMemCreate's granularity holds on a real GPU too.
+    const LIMIT: u64 = 8 << 20;
+    let host = Host::start_limited(1, 64, Duration::from_secs(60), LIMIT);
+    let p = host.spawn(&["limits", &LIMIT.to_string()], "k-limits", 1);
+    let (code, lines) = p.wait();
+    assert_eq!(code, 0, "{lines:?}");
+    assert!(lines.contains(&format!("MEMINFO {LIMIT} {LIMIT}")), "cuMemGetInfo reports the lease's view: {lines:?}");
+    let entry_points = [
+        "cuMemAlloc",
+        "cuMemAllocPitch",
+        "cuMemAllocManaged",
+        "cuMemAllocAsync",
+        "cuMemAllocAsync_ptsz",
+        "cuMemAllocFromPoolAsync",
+        "cuMemAllocFromPoolAsync_ptsz",
+        "cuMemCreate",
+    ];
+    for name in entry_points {
+        let prefix = format!("LIMIT {name} ");
+        let line = lines.iter().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("no {prefix}: {lines:?}"));
+        // over= half= laid= free= rest= freed= free=
+        let v: Vec<i64> = line
+            .split_whitespace()
+            .skip(2)
+            .map(|kv| kv.split_once('=').and_then(|(_, n)| n.parse().ok()).expect("key=number"))
+            .collect();
+        let [over, half, laid, free_after_half, rest, freed, free_after_free] = v[..] else { panic!("{line}") };
+        let limit = LIMIT as i64;
+        assert_eq!(over, 2, "over the limit: CUDA_ERROR_OUT_OF_MEMORY: {line}");
+        assert_eq!(half, 0, "half the limit fits: {line}");
+        assert_eq!(free_after_half, limit - laid, "cuMemGetInfo counts it: {line}");
+        assert_eq!(rest, 2, "more than what is left: CUDA_ERROR_OUT_OF_MEMORY: {line}");
+        assert_eq!(freed, 0, "{line}");
+        assert_eq!(free_after_free, limit, "the free gives it back: {line}");
+    }
+    assert!(
+        lines.contains(&format!("PITCHED 2 free={LIMIT}")),
+        "rows padded past the limit are refused and nothing stays counted: {lines:?}"
+    );
+}
+
+#[test]
 fn python_ctypes_program_through_get_proc_address_v2_sees_the_virtual_device_count() {
     let host = Host::start(3, 64, Duration::from_secs(60));
     let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");

@@ -10,6 +10,8 @@
  *   turns V ROUNDS MIB    alloc MIB MiB; per round fill V+r, check sum, idle 300 ms
  *   fork                  parent and forked child each compute on their own memory
  *   launches N            N leased cuLaunchKernel calls in a row
+ *   limits BYTES          each device allocation entry point against the host's limit
+ *                         of BYTES: over it, half of it, the rest, free (LIMIT lines)
  * Every line printed is flushed; exit status 0 means every check passed. */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -43,10 +45,10 @@ static CUresult (*pLaunch)(CUfunction, unsigned, unsigned, unsigned, unsigned, u
                            void **, void **);
 static CUresult (*pMemGetInfo)(size_t *, size_t *);
 
-static void *resolve(const char *name) {
+static void *resolve_flags(const char *name, unsigned long long flags) {
     void *p = NULL;
     int status = -1;
-    CUresult r = pGetProc(name, &p, 12080, 0, &status);
+    CUresult r = pGetProc(name, &p, 12080, flags, &status);
     if (r != 0 || p == NULL || status != 0) {
         printf("RESOLVE_FAILED %s %d %d\n", name, r, status);
         fflush(stdout);
@@ -54,6 +56,8 @@ static void *resolve(const char *name) {
     }
     return p;
 }
+
+static void *resolve(const char *name) { return resolve_flags(name, 0); }
 
 static void load(void) {
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
@@ -265,6 +269,108 @@ static int launches(long n) {
     return 0;
 }
 
+/* CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: resolves the _ptsz variants. */
+#define PTDS 2ULL
+
+struct alloc_prop { /* CUmemAllocationProp */
+    unsigned type, handle_types, location_type;
+    int location_id;
+    void *win32;
+    unsigned char flags[8];
+};
+
+static const char *kinds[] = {"cuMemAlloc",           "cuMemAllocPitch",         "cuMemAllocManaged",
+                              "cuMemAllocAsync",      "cuMemAllocAsync_ptsz",    "cuMemAllocFromPoolAsync",
+                              "cuMemAllocFromPoolAsync_ptsz", "cuMemCreate"};
+
+/* Allocates `bytes` (a multiple of 4096) with entry point `kind`; *laid_out is what the
+ * driver really laid out (pitch × height for the pitched one). */
+static CUresult alloc_kind(int kind, size_t bytes, CUdeviceptr *p, size_t *laid_out, void *pool) {
+    *laid_out = bytes;
+    switch (kind) {
+    case 0:
+        return pAlloc(p, bytes);
+    case 1: {
+        size_t pitch = 0;
+        CUresult (*f)(CUdeviceptr *, size_t *, size_t, size_t, unsigned) = resolve("cuMemAllocPitch");
+        CUresult r = f(p, &pitch, 4096, bytes / 4096, 4);
+        *laid_out = pitch * (bytes / 4096);
+        return r;
+    }
+    case 2: {
+        CUresult (*f)(CUdeviceptr *, size_t, unsigned) = resolve("cuMemAllocManaged");
+        return f(p, bytes, 1 /* CU_MEM_ATTACH_GLOBAL */);
+    }
+    case 3:
+    case 4: {
+        CUresult (*f)(CUdeviceptr *, size_t, CUstream) = resolve_flags("cuMemAllocAsync", kind == 4 ? PTDS : 0);
+        return f(p, bytes, NULL);
+    }
+    case 5:
+    case 6: {
+        CUresult (*f)(CUdeviceptr *, size_t, void *, CUstream) =
+            resolve_flags("cuMemAllocFromPoolAsync", kind == 6 ? PTDS : 0);
+        return f(p, bytes, pool, NULL);
+    }
+    default: {
+        struct alloc_prop prop = {1 /* pinned */, 0, 1 /* device */, 0, NULL, {0}};
+        CUresult (*f)(unsigned long long *, size_t, const struct alloc_prop *, unsigned long long) =
+            resolve("cuMemCreate");
+        return f(p, bytes, &prop, 0);
+    }
+    }
+}
+
+static CUresult free_kind(int kind, CUdeviceptr p) {
+    if (kind <= 2) return pFree(p);
+    if (kind <= 6) {
+        CUresult (*f)(CUdeviceptr, CUstream) = resolve_flags("cuMemFreeAsync", (kind == 4 || kind == 6) ? PTDS : 0);
+        return f(p, NULL);
+    }
+    CUresult (*f)(unsigned long long) = resolve("cuMemRelease");
+    return f(p);
+}
+
+static size_t free_bytes(void) {
+    size_t mfree = 0, mtotal = 0;
+    CHECK(pMemGetInfo(&mfree, &mtotal));
+    return mfree;
+}
+
+/* Every entry point: over the limit, half of it, more than the rest, then free. Sizes are
+ * multiples of 2 MiB (the VMM granularity of real GPUs) when the limit is. */
+static int limits(size_t limit) {
+    CHECK(pInit(0));
+    setup_context();
+    size_t mfree = 0, mtotal = 0;
+    CHECK(pMemGetInfo(&mfree, &mtotal));
+    printf("MEMINFO %zu %zu\n", mfree, mtotal);
+    void *pool = NULL;
+    CUresult (*get_pool)(void **, CUdevice) = resolve("cuDeviceGetDefaultMemPool");
+    CHECK(get_pool(&pool, 0));
+    size_t step = 2u << 20;
+    for (int kind = 0; kind < (int)(sizeof kinds / sizeof *kinds); kind++) {
+        CUdeviceptr p = 0, q = 0;
+        size_t laid = 0, laid_q = 0;
+        CUresult over = alloc_kind(kind, limit + step, &q, &laid_q, pool);
+        CUresult half = alloc_kind(kind, limit / 2, &p, &laid, pool);
+        size_t after_half = free_bytes();
+        CUresult rest = alloc_kind(kind, limit / 2 + step, &q, &laid_q, pool);
+        CUresult freed = half == 0 ? free_kind(kind, p) : -1;
+        printf("LIMIT %s over=%d half=%d laid=%zu free=%zu rest=%d freed=%d free=%zu\n", kinds[kind], over, half,
+               laid, after_half, rest, freed, free_bytes());
+        fflush(stdout);
+    }
+    /* Rows of 100 bytes need less than the limit, but pitched rows of 512 more. */
+    CUdeviceptr p = 0;
+    size_t pitch = 0;
+    CUresult (*f)(CUdeviceptr *, size_t *, size_t, size_t, unsigned) = resolve("cuMemAllocPitch");
+    CUresult r = f(&p, &pitch, 100, limit / 512 + 1, 4);
+    printf("PITCHED %d free=%zu\n", r, free_bytes());
+    fflush(stdout);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     load();
     if (argc > 1 && !strcmp(argv[1], "basic")) return basic();
@@ -272,6 +378,7 @@ int main(int argc, char **argv) {
     if (argc > 4 && !strcmp(argv[1], "turns")) return turns(atof(argv[2]), atoi(argv[3]), atoi(argv[4]));
     if (argc > 1 && !strcmp(argv[1], "fork")) return forked();
     if (argc > 2 && !strcmp(argv[1], "launches")) return launches(atol(argv[2]));
+    if (argc > 2 && !strcmp(argv[1], "limits")) return limits(strtoull(argv[2], NULL, 10));
     fprintf(stderr, "usage: driver_client basic|phases N|turns V ROUNDS MIB|fork\n");
     return 64;
 }

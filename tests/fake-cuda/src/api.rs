@@ -43,7 +43,7 @@ fn initialised() -> bool {
     state::STATE.lock().is_some()
 }
 
-fn current_device(d: &Driver) -> Result<u32, CUresult> {
+pub(crate) fn current_device(d: &Driver) -> Result<u32, CUresult> {
     d.contexts.get(&state::current()).map(|c| c.device).ok_or(result::INVALID_CONTEXT)
 }
 
@@ -288,8 +288,40 @@ pub extern "C" fn cuCtxSynchronize() -> CUresult {
     gated(|d| current_device(d).map_or_else(|e| e, |_| result::SUCCESS))
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
+/// Allocates `bytes` on `dev`, charged to this process in the GPU's capacity ledger.
+pub(crate) fn allocate(d: &mut Driver, dev: u32, bytes: usize) -> Result<CUdeviceptr, CUresult> {
+    if bytes == 0 {
+        return Err(result::INVALID_VALUE);
+    }
+    let gpu = config().gpus.get(dev as usize).ok_or(result::INVALID_DEVICE)?;
+    let want = d.bytes_on(dev).saturating_add(bytes as u64);
+    match ledger::set(gpu, state::pid(), want) {
+        Ok(()) => {}
+        Err(LedgerError::OutOfMemory) => return Err(result::OUT_OF_MEMORY),
+        Err(LedgerError::Io(e)) => {
+            eprintln!("fake-cuda (test double): capacity ledger: {e}");
+            return Err(result::OPERATING_SYSTEM);
+        }
+    }
+    let Some((base, mapped)) = memory::map(bytes) else {
+        let _ = ledger::set(gpu, state::pid(), d.bytes_on(dev));
+        return Err(result::OUT_OF_MEMORY);
+    };
+    d.allocs.insert(base, Allocation { size: bytes, mapped, device: dev, backup: None });
+    Ok(base)
+}
+
+/// Frees the allocation at `dptr` (exactly its base) and gives its capacity back.
+pub(crate) fn free(d: &mut Driver, dptr: CUdeviceptr) -> CUresult {
+    let Some(a) = d.allocs.remove(&dptr) else { return result::INVALID_VALUE };
+    memory::unmap(dptr, &a);
+    let gpu = &config().gpus[a.device as usize];
+    let _ = ledger::set(gpu, state::pid(), d.bytes_on(a.device));
+    result::SUCCESS
+}
+
+/// Allocates `bytes` on the current context's device into `*dptr`.
+pub(crate) fn allocate_current(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
     if dptr.is_null() || bytes == 0 {
         return result::INVALID_VALUE;
     }
@@ -298,35 +330,24 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> 
             Ok(v) => v,
             Err(e) => return e,
         };
-        let gpu = &config().gpus[dev as usize];
-        let want = d.bytes_on(dev).saturating_add(bytes as u64);
-        match ledger::set(gpu, state::pid(), want) {
-            Ok(()) => {}
-            Err(LedgerError::OutOfMemory) => return result::OUT_OF_MEMORY,
-            Err(LedgerError::Io(e)) => {
-                eprintln!("fake-cuda (test double): capacity ledger: {e}");
-                return result::OPERATING_SYSTEM;
+        match allocate(d, dev, bytes) {
+            Ok(base) => {
+                out!(dptr, base);
+                result::SUCCESS
             }
+            Err(e) => e,
         }
-        let Some((base, mapped)) = memory::map(bytes) else {
-            let _ = ledger::set(gpu, state::pid(), d.bytes_on(dev));
-            return result::OUT_OF_MEMORY;
-        };
-        d.allocs.insert(base, Allocation { size: bytes, mapped, device: dev, backup: None });
-        out!(dptr, base);
-        result::SUCCESS
     })
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
+    allocate_current(dptr, bytes)
+}
+
+#[no_mangle]
 pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
-    gated(|d| {
-        let Some(a) = d.allocs.remove(&dptr) else { return result::INVALID_VALUE };
-        memory::unmap(dptr, &a);
-        let gpu = &config().gpus[a.device as usize];
-        let _ = ledger::set(gpu, state::pid(), d.bytes_on(a.device));
-        result::SUCCESS
-    })
+    gated(|d| free(d, dptr))
 }
 
 #[no_mangle]

@@ -20,6 +20,7 @@
 //!   abstract Unix socket ([`checkpoint`]).
 //! - A small NVML subset ([`nvml`]) for the daemon's inventory.
 
+pub mod alloc_variants;
 pub mod api;
 pub mod checkpoint;
 pub mod config;

@@ -4,6 +4,7 @@
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
+use crate::alloc_variants::*;
 use crate::api::*;
 use crate::checkpoint::*;
 
@@ -42,6 +43,17 @@ fn exports() -> &'static [(&'static str, usize)] {
             cuMemAlloc_v2,
             cuMemFree_v2,
             cuMemGetInfo_v2,
+            cuMemAllocPitch_v2,
+            cuDeviceGetDefaultMemPool,
+            cuMemAllocManaged,
+            cuMemAllocAsync,
+            cuMemAllocAsync_ptsz,
+            cuMemAllocFromPoolAsync,
+            cuMemAllocFromPoolAsync_ptsz,
+            cuMemFreeAsync,
+            cuMemFreeAsync_ptsz,
+            cuMemCreate,
+            cuMemRelease,
             cuMemcpyHtoD_v2,
             cuMemcpyHtoD_v2_ptds,
             cuMemcpyHtoDAsync_v2,
