@@ -96,6 +96,34 @@ impl FrontendMetrics {
     }
 }
 
+/// The front-end's metrics in a registry of their own, rendered after the daemon's.
+pub struct MetricsRegistry {
+    registry: Registry,
+}
+
+impl MetricsRegistry {
+    /// A registry holding `metrics`.
+    pub fn new(metrics: &FrontendMetrics) -> Self {
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        Self { registry }
+    }
+
+    /// Appends these metrics to an OpenMetrics exposition (before its `# EOF`).
+    pub fn append_to(&self, exposition: &mut String) {
+        let mut mine = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut mine, &self.registry) {
+            tracing::error!(error = %e, "encoding front-end metrics failed");
+            return;
+        }
+        let body = mine.strip_suffix("# EOF\n").unwrap_or(&mine);
+        match exposition.rfind("# EOF") {
+            Some(at) => exposition.insert_str(at, body),
+            None => exposition.push_str(body),
+        }
+    }
+}
+
 /// What every front-end kernel of this host shares.
 struct Shared {
     meta: Kv,
@@ -146,6 +174,7 @@ impl Shared {
 /// The front-end kernels of this host.
 pub struct Frontends {
     shared: Arc<Shared>,
+    registry: MetricsRegistry,
     kernels: Mutex<HashMap<String, Arc<FrontendKernel>>>,
     watcher: JoinHandle<()>,
 }
@@ -163,6 +192,7 @@ impl Frontends {
         let (tx, rx) = watch::channel(0u64);
         let watcher = tokio::spawn(watch_hosts_and_loads(meta.clone(), tx));
         Arc::new(Self {
+            registry: MetricsRegistry::new(&metrics),
             shared: Arc::new(Shared { meta, token, metrics, changes: rx }),
             kernels: Mutex::new(HashMap::new()),
             watcher,
@@ -204,6 +234,11 @@ impl Frontends {
     /// The metrics.
     pub fn metrics(&self) -> &FrontendMetrics {
         &self.shared.metrics
+    }
+
+    /// Appends the front-end metrics to the daemon's exposition.
+    pub fn append_metrics(&self, exposition: &mut String) {
+        self.registry.append_to(exposition);
     }
 }
 
@@ -895,4 +930,79 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
     tracing::warn!(kernel = %k.id, cell = %cell.msg_id, ename, evalue = %evalue, "cell failed");
     // The client may have seen `busy` from the dead executor: error, idle, reply.
     k.answer_error(&cell.request, ename, &evalue);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> Message {
+        let mut m = Message::new(
+            "execute_request",
+            "s",
+            "cell-1",
+            SystemTime::UNIX_EPOCH,
+            None,
+            &serde_json::json!({ "code": "1" }),
+        );
+        m.metadata = bytes::Bytes::from_static(br#"{"cellId":"abc"}"#);
+        m
+    }
+
+    #[test]
+    fn election_metadata_is_added_without_losing_the_clients() {
+        let rec = ElectionRecord { round: 0, winner: None, node_id: 2, reason: "busy".into() };
+        let m = with_election(&request(), "cell-1", 1, true, Some(&rec));
+        let meta: serde_json::Value = serde_json::from_slice(&m.metadata).expect("json");
+        assert_eq!(meta["cellId"], "abc");
+        assert_eq!(meta["nbos_election"]["cell"], "cell-1");
+        assert_eq!(meta["nbos_election"]["round"], 1);
+        assert_eq!(meta["nbos_election"]["role"], "lead");
+        assert_eq!(meta["nbos_election"]["expected"]["node_id"], 2);
+        let y = with_election(&request(), "cell-1", 0, false, None);
+        let meta: serde_json::Value = serde_json::from_slice(&y.metadata).expect("json");
+        assert_eq!(meta["nbos_election"]["role"], "yield");
+        assert!(meta["nbos_election"]["expected"].is_null());
+        // A request is not an outcome.
+        assert!(election_meta(&m).is_none());
+    }
+
+    #[test]
+    fn outcomes_are_recognised_and_plain_replies_are_not() {
+        let mut reply = request();
+        reply.metadata = bytes::Bytes::from_static(
+            br#"{"nbos_election":{"outcome":"taken","record":{"round":0,"winner":3,"node_id":7}}}"#,
+        );
+        let el = election_meta(&reply).expect("outcome");
+        assert_eq!(el["outcome"], "taken");
+        reply.metadata = bytes::Bytes::from_static(br#"{"started":"x"}"#);
+        assert!(election_meta(&reply).is_none());
+        reply.metadata = bytes::Bytes::from_static(b"not json nbos_election");
+        assert!(election_meta(&reply).is_none());
+    }
+
+    #[test]
+    fn front_end_metrics_go_before_the_eof_marker() {
+        let m = FrontendMetrics::default();
+        m.election_rounds_total.inc();
+        m.election_latency_seconds.observe(0.002);
+        let mut text = "# HELP x y\n# TYPE x counter\nx_total 1\n# EOF\n".to_owned();
+        MetricsRegistry::new(&m).append_to(&mut text);
+        assert!(text.ends_with("# EOF\n"));
+        assert_eq!(text.matches("# EOF").count(), 1);
+        assert!(text.contains("notebookos_election_rounds_total 1"));
+        assert!(text.contains("notebookos_election_latency_seconds_count 1"));
+        assert!(text.contains("notebookos_cells_failed_over_total 0"));
+    }
+
+    #[test]
+    fn routed_requests_are_bounded() {
+        let mut s = State::default();
+        for i in 0..(MAX_ROUTED + 10) {
+            s.route(&format!("m{i}"), 1);
+        }
+        assert_eq!(s.routed.len(), MAX_ROUTED);
+        assert!(!s.routed.contains_key("m0"));
+        assert_eq!(s.routed.get(&format!("m{}", MAX_ROUTED + 9)), Some(&1));
+    }
 }

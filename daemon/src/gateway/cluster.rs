@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::ApiError;
 use super::kernels::CreateKernel;
-use crate::cluster::frontend::{ExecutionInfo, Frontends};
+use crate::cluster::frontend::{ExecutionInfo, FrontendMetrics, Frontends};
 use crate::cluster::records::KernelRecord;
 use crate::cluster::replica_host::ReplicaHost;
 use crate::cluster::{Cluster, ClusterError, KernelSpec};
@@ -45,6 +45,17 @@ pub type Mode = Extension<Arc<ClusterMode>>;
 /// Puts the gateway in cluster mode (call on the router [`super::router`] built).
 pub fn with_cluster(router: Router, mode: Arc<ClusterMode>) -> Router {
     router.layer(Extension(mode))
+}
+
+/// How long `POST /api/kernels` waits for a new kernel's replicas by default.
+pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Cluster mode for a node: front-ends over `cluster`'s meta group, `replicas` for the
+/// `?replica=local` side, `token` for calls to other hosts. What `node.rs` calls.
+pub fn enable(router: Router, cluster: Arc<Cluster>, replicas: Arc<ReplicaHost>, token: Option<String>) -> Router {
+    let frontends = Frontends::new(cluster.meta().clone(), token.clone(), FrontendMetrics::default());
+    let mode = ClusterMode { cluster, replicas, frontends, ready_timeout: DEFAULT_READY_TIMEOUT, token };
+    with_cluster(router, Arc::new(mode))
 }
 
 /// True when the request's query says `replica=local`.

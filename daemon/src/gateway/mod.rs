@@ -63,6 +63,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/kernels/{id}", get(kernels::get).delete(kernels::delete))
         .route("/api/kernels/{id}/interrupt", post(kernels::interrupt))
         .route("/api/kernels/{id}/restart", post(kernels::restart))
+        .route("/api/v1/cluster/replicas", get(cluster_replicas))
         .route("/api/v1/cluster/kernels/{id}/digest", get(cluster_digest))
         .route("/api/v1/cluster/kernels/{id}/elections", get(cluster_elections))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_token));
@@ -75,6 +76,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(ws)
         .layer(middleware::from_fn_with_state(state.clone(), count_requests))
         .with_state(state)
+}
+
+/// `GET /api/v1/cluster/replicas`: the replicas of cluster kernels hosted here (role, lag).
+async fn cluster_replicas(mode: Option<cluster::Mode>) -> Result<Response, error::ApiError> {
+    let mode = mode.ok_or_else(not_in_cluster_mode)?;
+    Ok(Json(mode.replicas.replicas().await).into_response())
 }
 
 async fn cluster_digest(mode: Option<cluster::Mode>, Path(id): Path<String>) -> Result<Response, error::ApiError> {
@@ -95,14 +102,17 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+async fn metrics(State(st): State<Arc<AppState>>, mode: Option<cluster::Mode>) -> Response {
     // Kernels by state are counted when scraped, so the gauge never drifts.
     st.metrics.kernels.clear();
     for k in st.kernels.list().await {
         st.metrics.kernels.get_or_create(&StateLabels { state: k.execution_state }).inc();
     }
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], st.metrics.render())
-        .into_response()
+    let mut text = st.metrics.render();
+    if let Some(mode) = mode {
+        mode.frontends.append_metrics(&mut text);
+    }
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
 }
 
 /// `GET /api`: what Jupyter clients probe first.

@@ -1,6 +1,7 @@
 //! `nbos bench …`: benchmarks that print human-readable figures, or one JSON object with `--json`.
 
 pub mod cell;
+pub mod election;
 pub mod observe;
 pub mod raft;
 pub mod shim;
@@ -16,6 +17,8 @@ pub enum BenchCmd {
     Observe(observe::Args),
     /// Gateway: trivial-cell round trip through the gateway vs straight to ipykernel.
     Cell(cell::Args),
+    /// Cluster: executor election latency and state-sync throughput on 3 local hosts.
+    Election(election::Args),
 }
 
 /// Runs the chosen benchmark.
@@ -25,5 +28,6 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Shim(a) => shim::run(a),
         BenchCmd::Observe(a) => observe::run(a),
         BenchCmd::Cell(a) => cell::run(a),
+        BenchCmd::Election(a) => election::run(a),
     }
 }

@@ -1,0 +1,606 @@
+//! `nbos bench election`: a 3-host cluster on loopback (three `notebookosd`
+//! processes next to `nbos`, each with its own state, ports and simulated GPUs), one
+//! replicated kernel, then
+//!
+//! - election latency: the client's `execute_request` sent to a gateway → the elected
+//!   replica starts the cell (its first IOPub, `status: busy`, reaches the client),
+//!   p50/p99 over `--cells` trivial cells;
+//! - state-sync throughput, small objects (many ints and strings) and one large numpy
+//!   array: payload bytes / (the cell's code finished → every replica applied the
+//!   cell's namespace, from each host's `GET /api/v1/cluster/replicas`).
+//!
+//! [`LocalCluster`] is also what the multi-host tests start.
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context;
+use futures_util::{SinkExt, StreamExt};
+use tokio_tungstenite::tungstenite::Message as WsFrame;
+
+use crate::gateway::client::{ChannelsSocket, GatewayClient};
+use crate::jupyter::{ws, Channel, Message};
+
+/// Options of `nbos bench election`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Measured cells for the election latency.
+    #[arg(long, default_value_t = 200)]
+    pub cells: usize,
+    /// Unmeasured warm-up cells.
+    #[arg(long, default_value_t = 20)]
+    pub warmup: usize,
+    /// Python with ipykernel, cloudpickle and numpy for the kernels.
+    #[arg(long, default_value = "python3")]
+    pub python: PathBuf,
+    /// GPUs each cell asks for (each host has one simulated GPU per `--fake-gpus`).
+    #[arg(long, default_value_t = 1)]
+    pub gpus: u32,
+    /// Simulated GPUs per host.
+    #[arg(long, default_value_t = 1)]
+    pub fake_gpus: u32,
+    /// Small objects in the small-object sync cell.
+    #[arg(long, default_value_t = 20_000)]
+    pub small_objects: usize,
+    /// Size of the numpy array in the large-object sync cell, MiB.
+    #[arg(long, default_value_t = 64)]
+    pub large_mib: usize,
+}
+
+/// Results.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ElectionBench {
+    /// Median election latency, ms.
+    pub election_p50_ms: f64,
+    /// 99th percentile election latency, ms.
+    pub election_p99_ms: f64,
+    /// Small-object sync throughput, MiB/s.
+    pub sync_small_mib_s: f64,
+    /// Large-object sync throughput, MiB/s.
+    pub sync_large_mib_s: f64,
+    /// Payload of the small-object cell, bytes (pickled sizes).
+    pub sync_small_bytes: u64,
+    /// Seconds from the small cell's end to every replica applied.
+    pub sync_small_s: f64,
+    /// Payload of the large-object cell, bytes.
+    pub sync_large_bytes: u64,
+    /// Seconds from the large cell's end to every replica applied.
+    pub sync_large_s: f64,
+    /// Cells measured.
+    pub cells: usize,
+    /// Hosts.
+    pub hosts: usize,
+}
+
+/// One daemon of a [`LocalCluster`].
+pub struct LocalHost {
+    /// Raft node id (1-based).
+    pub node_id: u64,
+    /// Gateway URL (stable across restarts).
+    pub url: String,
+    /// Its directory (config, state, runtime, log).
+    pub dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl LocalHost {
+    /// The daemon's pid while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The daemon's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
+    }
+}
+
+/// N `notebookosd` processes forming one cluster on loopback, each with its own state
+/// directory, ports and simulated GPUs, sharing a large-object directory and a token.
+/// Stopped (SIGTERM, then SIGKILL) on drop.
+pub struct LocalCluster {
+    /// The hosts, node id `i + 1` at index `i`.
+    pub hosts: Vec<LocalHost>,
+    /// The cluster's API token.
+    pub token: String,
+    /// File holding the token.
+    pub token_file: PathBuf,
+    daemon: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        for h in &mut self.hosts {
+            if let Some(mut c) = h.child.take() {
+                signal(&c, libc::SIGTERM);
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                kill_group(&c);
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+fn kill_group(c: &Child) {
+    if let Ok(pid) = libc::pid_t::try_from(c.id()) {
+        // SAFETY: killpg(2) on the process group our own child leads (`process_group(0)`).
+        unsafe { libc::killpg(pid, libc::SIGKILL) };
+    }
+}
+
+fn signal(c: &Child, sig: libc::c_int) {
+    if let Ok(pid) = libc::pid_t::try_from(c.id()) {
+        // SAFETY: kill(2) on our own child, not reaped yet.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+/// A free loopback TCP port (bound, then released; the caller binds it soon after).
+fn free_port() -> anyhow::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// How the hosts of a [`LocalCluster`] are configured.
+#[derive(Debug, Clone)]
+pub struct LocalClusterConfig {
+    /// Number of hosts.
+    pub hosts: usize,
+    /// The kernels' Python.
+    pub python: PathBuf,
+    /// Simulated GPUs per host (0: none).
+    pub fake_gpus: u32,
+    /// Heartbeat lease TTL.
+    pub host_ttl: Duration,
+    /// `notebookosd` binary.
+    pub daemon: PathBuf,
+    /// Log filter of the daemons.
+    pub log_level: String,
+}
+
+impl LocalCluster {
+    /// Starts the hosts and waits until every host sees every host up and the meta group
+    /// has a leader.
+    pub fn start(cfg: &LocalClusterConfig) -> anyhow::Result<Self> {
+        anyhow::ensure!(cfg.daemon.exists(), "{} does not exist", cfg.daemon.display());
+        let dir = tempfile::Builder::new().prefix("nbos-cluster-").tempdir()?;
+        let token = hex::encode(rand_bytes()?);
+        let token_file = dir.path().join("token");
+        std::fs::write(&token_file, format!("{token}\n"))?;
+        let objects = dir.path().join("objects");
+        std::fs::create_dir_all(&objects)?;
+        let python =
+            if cfg.python.components().count() > 1 { std::path::absolute(&cfg.python)? } else { cfg.python.clone() };
+        let mut raft_ports = Vec::new();
+        let mut http_ports = Vec::new();
+        for _ in 0..cfg.hosts {
+            raft_ports.push(free_port()?);
+            http_ports.push(free_port()?);
+        }
+        let seeds: Vec<String> =
+            raft_ports.iter().enumerate().map(|(i, p)| format!("\"{}=127.0.0.1:{p}\"", i + 1)).collect();
+        let mut hosts = Vec::new();
+        for i in 0..cfg.hosts {
+            let hdir = dir.path().join(format!("h{}", i + 1));
+            std::fs::create_dir_all(&hdir)?;
+            let gpu = if cfg.fake_gpus > 0 {
+                format!("[gpu]\ndriver = \"fake\"\nfake_gpus = {}\nidle_release = \"2s\"\n", cfg.fake_gpus)
+            } else {
+                String::new()
+            };
+            let config = format!(
+                "[node]\nname = \"h{n}\"\nstate_dir = {state:?}\nruntime_dir = {run:?}\n\
+                 [http]\nlisten = \"127.0.0.1:{http}\"\ntoken_file = {token:?}\n\
+                 [kernel]\npython = {python:?}\n{gpu}\
+                 [cluster]\nenabled = true\nnode_id = {n}\nraft_listen = \"127.0.0.1:{raft}\"\nseeds = [{seeds}]\n\
+                 host_ttl = \"{ttl}ms\"\nobject_store = \"file://{objects}\"\n\
+                 [log]\nlevel = {level:?}\nformat = \"text\"\n",
+                n = i + 1,
+                state = hdir.join("state"),
+                run = hdir.join("run"),
+                http = http_ports[i],
+                token = token_file,
+                raft = raft_ports[i],
+                seeds = seeds.join(", "),
+                ttl = cfg.host_ttl.as_millis(),
+                objects = objects.display(),
+                level = cfg.log_level,
+            );
+            std::fs::write(hdir.join("notebookosd.toml"), config)?;
+            hosts.push(LocalHost {
+                node_id: u64::try_from(i + 1)?,
+                url: format!("http://127.0.0.1:{}", http_ports[i]),
+                dir: hdir,
+                child: None,
+            });
+        }
+        let mut cluster = Self { hosts, token, token_file, daemon: cfg.daemon.clone(), _dir: dir };
+        for i in 0..cfg.hosts {
+            cluster.spawn(i)?;
+        }
+        cluster.wait_ready(Duration::from_secs(60))?;
+        Ok(cluster)
+    }
+
+    fn spawn(&mut self, i: usize) -> anyhow::Result<()> {
+        let h = &mut self.hosts[i];
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(h.dir.join("daemon.log"))?;
+        // Its own process group: `kill` takes its kernel processes down with it, like a
+        // host that loses power.
+        let child = Command::new(&self.daemon)
+            .process_group(0)
+            .arg("--config")
+            .arg(h.dir.join("notebookosd.toml"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", self.daemon.display()))?;
+        h.child = Some(child);
+        Ok(())
+    }
+
+    /// `kill -9` of host `i`'s daemon and every process of its group (its kernels).
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.hosts[i].child.take() {
+            kill_group(&c);
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts host `i` again with the same state directory and ports.
+    pub fn restart(&mut self, i: usize) -> anyhow::Result<()> {
+        anyhow::ensure!(self.hosts[i].child.is_none(), "host {} is running", i + 1);
+        // The HTTP port may still be in TIME_WAIT; the daemon binds with SO_REUSEADDR (tokio default).
+        self.spawn(i)
+    }
+
+    /// A gateway client for host `i`.
+    pub fn client(&self, i: usize) -> GatewayClient {
+        GatewayClient::new(&self.hosts[i].url, Some(self.token.clone()))
+    }
+
+    /// `GET path` on host `i` as JSON (`None` when the host does not answer 2xx).
+    pub fn get_json(&self, i: usize, path: &str) -> Option<serde_json::Value> {
+        let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(10)).build();
+        agent
+            .get(&format!("{}{path}", self.hosts[i].url))
+            .set("Authorization", &format!("token {}", self.token))
+            .call()
+            .ok()?
+            .into_json()
+            .ok()
+    }
+
+    /// Waits until every running host reports the cluster ready with every running host up.
+    pub fn wait_ready(&self, timeout: Duration) -> anyhow::Result<()> {
+        let running: Vec<u64> = self.hosts.iter().filter(|h| h.child.is_some()).map(|h| h.node_id).collect();
+        let deadline = Instant::now() + timeout;
+        loop {
+            let ok = self.hosts.iter().enumerate().filter(|(_, h)| h.child.is_some()).all(|(i, _)| {
+                self.get_json(i, "/api/v1/cluster/status").is_some_and(|s| {
+                    let ready = s.get("ready").and_then(serde_json::Value::as_bool) == Some(true);
+                    let up: Vec<u64> = s
+                        .get("members")
+                        .and_then(|m| m.as_array())
+                        .map(|m| {
+                            m.iter()
+                                .filter(|x| x.get("up").and_then(serde_json::Value::as_bool) == Some(true))
+                                .filter_map(|x| x.get("node_id").and_then(serde_json::Value::as_u64))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    ready && running.iter().all(|n| up.contains(n))
+                })
+            });
+            if ok {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let logs: Vec<String> =
+                    self.hosts.iter().map(|h| format!("--- h{} ---\n{}", h.node_id, tail(&h.log(), 3000))).collect();
+                anyhow::bail!("the cluster was not ready within {timeout:?}\n{}", logs.join("\n"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn tail(s: &str, n: usize) -> &str {
+    let start = s.len().saturating_sub(n);
+    let start = (start..s.len()).find(|&i| s.is_char_boundary(i)).unwrap_or(s.len());
+    &s[start..]
+}
+
+fn rand_bytes() -> anyhow::Result<[u8; 24]> {
+    let mut b = [0u8; 24];
+    getrandom::fill(&mut b).map_err(|e| anyhow::anyhow!("random token: {e}"))?;
+    Ok(b)
+}
+
+/// Runs the benchmark.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(args.cells >= 10, "--cells must be at least 10 for a p99 to mean anything");
+    let exe = std::env::current_exe().context("finding nbos")?;
+    let cfg = LocalClusterConfig {
+        hosts: 3,
+        python: args.python.clone(),
+        fake_gpus: args.fake_gpus,
+        host_ttl: Duration::from_secs(3),
+        daemon: exe.with_file_name("notebookosd"),
+        log_level: "warn".to_owned(),
+    };
+    let cluster = LocalCluster::start(&cfg)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+    let result = runtime.block_on(bench(&cluster, &args))?;
+    if args.json {
+        println!("{}", serde_json::to_string(&result)?);
+    } else {
+        println!("executor election on {} hosts over loopback ({} cells)", result.hosts, result.cells);
+        println!(
+            "  request at the gateway -> execution starts: p50 {:.3} ms  p99 {:.3} ms",
+            result.election_p50_ms, result.election_p99_ms
+        );
+        println!(
+            "  state sync, small objects: {:.1} MiB/s ({} bytes in {:.3} s)",
+            result.sync_small_mib_s, result.sync_small_bytes, result.sync_small_s
+        );
+        println!(
+            "  state sync, large object:  {:.1} MiB/s ({} bytes in {:.3} s)",
+            result.sync_large_mib_s, result.sync_large_bytes, result.sync_large_s
+        );
+    }
+    Ok(())
+}
+
+/// A client on one gateway's channels.
+pub struct CellClient {
+    socket: ChannelsSocket,
+}
+
+/// What a cell produced, as the client saw it.
+#[derive(Debug, Clone, Default)]
+pub struct CellRun {
+    /// The reply's content.
+    pub reply: serde_json::Value,
+    /// The reply's metadata.
+    pub reply_metadata: serde_json::Value,
+    /// stdout text.
+    pub stdout: String,
+    /// stderr text.
+    pub stderr: String,
+    /// IOPub `error` contents.
+    pub errors: Vec<serde_json::Value>,
+    /// Sent → first IOPub of the cell (its executor started it).
+    pub started_after: Option<Duration>,
+    /// When the last stdout text arrived.
+    pub last_stdout_at: Option<Instant>,
+}
+
+impl CellClient {
+    /// Opens `id`'s channels on `gateway`.
+    pub async fn connect(gateway: &GatewayClient, id: &str) -> anyhow::Result<Self> {
+        Ok(Self { socket: gateway.connect_channels(id, true).await? })
+    }
+
+    /// Sends a cell, returns its msg id and the time it was sent.
+    pub async fn send(&mut self, code: &str) -> anyhow::Result<(String, Instant)> {
+        let msg = Message::new(
+            "execute_request",
+            "nbos-bench",
+            &uuid::Uuid::new_v4().to_string(),
+            SystemTime::now(),
+            None,
+            &serde_json::json!({ "code": code, "silent": false, "store_history": true, "allow_stdin": false }),
+        );
+        let id = msg.header()?.msg_id;
+        let t = Instant::now();
+        self.socket.send(WsFrame::Binary(ws::to_v1_binary(Channel::Shell, &msg).into())).await?;
+        Ok((id, t))
+    }
+
+    /// Reads until the cell's reply and its `idle` status have arrived.
+    pub async fn wait(&mut self, id: &str, sent: Instant, timeout: Duration) -> anyhow::Result<CellRun> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut run = CellRun::default();
+        let (mut replied, mut idle) = (false, false);
+        while !(replied && idle) {
+            let frame = tokio::time::timeout_at(deadline, self.socket.next())
+                .await
+                .with_context(|| format!("cell {id}: no reply within {timeout:?}"))?
+                .context("the gateway closed the WebSocket")??;
+            let WsFrame::Binary(b) = frame else { continue };
+            let (ch, m) = ws::from_v1_binary(&b)?;
+            let parent: serde_json::Value = serde_json::from_slice(&m.parent_header).unwrap_or_default();
+            if parent.get("msg_id").and_then(|v| v.as_str()) != Some(id) {
+                continue;
+            }
+            let ty = m.header()?.msg_type;
+            let content = m.content_json().unwrap_or_default();
+            if ch == Channel::Iopub && run.started_after.is_none() {
+                run.started_after = Some(sent.elapsed());
+            }
+            match (ch, ty.as_str()) {
+                (Channel::Shell, "execute_reply") => {
+                    replied = true;
+                    run.reply = content;
+                    run.reply_metadata = serde_json::from_slice(&m.metadata).unwrap_or_default();
+                }
+                (Channel::Iopub, "status") => {
+                    idle |= content.get("execution_state").and_then(|s| s.as_str()) == Some("idle");
+                }
+                (Channel::Iopub, "stream") => {
+                    let text = content.get("text").and_then(|t| t.as_str()).unwrap_or_default();
+                    if content.get("name").and_then(|n| n.as_str()) == Some("stderr") {
+                        run.stderr.push_str(text);
+                    } else {
+                        run.stdout.push_str(text);
+                        run.last_stdout_at = Some(Instant::now());
+                    }
+                }
+                (Channel::Iopub, "error") => run.errors.push(content),
+                _ => {}
+            }
+        }
+        Ok(run)
+    }
+
+    /// Runs a cell to its end.
+    pub async fn run(&mut self, code: &str, timeout: Duration) -> anyhow::Result<CellRun> {
+        let (id, t) = self.send(code).await?;
+        self.wait(&id, t, timeout).await
+    }
+}
+
+/// Creates a kernel through host 0's gateway.
+pub async fn create_kernel(cluster: &LocalCluster, host: usize, gpus: u32) -> anyhow::Result<String> {
+    let g = cluster.client(host);
+    let model =
+        tokio::task::spawn_blocking(move || g.create_kernel(crate::kernel::spec::DEFAULT_SPEC, Some(gpus))).await??;
+    Ok(model.id)
+}
+
+/// Waits until every host holding a replica of `kernel` reports it applied `revision`.
+pub async fn wait_applied(
+    cluster: &LocalCluster,
+    kernel: &str,
+    revision: u64,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut all = true;
+        let mut seen = 0;
+        for i in 0..cluster.hosts.len() {
+            let Some(v) = cluster.get_json(i, "/api/v1/cluster/replicas") else { continue };
+            for r in v.as_array().into_iter().flatten() {
+                if r.get("kernel_id").and_then(|k| k.as_str()) != Some(kernel) {
+                    continue;
+                }
+                seen += 1;
+                all &= r.get("applied_revision").and_then(serde_json::Value::as_u64).unwrap_or(0) >= revision;
+            }
+        }
+        if all && seen >= 3 {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "replicas of {kernel} did not apply revision {revision} in {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// `metadata.nbos_election.revision` of an executed reply.
+pub fn executed_revision(run: &CellRun) -> Option<u64> {
+    run.reply_metadata.get("nbos_election")?.get("revision")?.as_u64()
+}
+
+async fn bench(cluster: &LocalCluster, args: &Args) -> anyhow::Result<ElectionBench> {
+    let id = create_kernel(cluster, 0, args.gpus).await?;
+    let mut client = CellClient::connect(&cluster.client(0), &id).await?;
+    let timeout = Duration::from_secs(120);
+    let mut latencies = Vec::with_capacity(args.cells);
+    for i in 0..(args.warmup + args.cells) {
+        let run = client.run("pass", timeout).await?;
+        anyhow::ensure!(run.reply.get("status").and_then(|s| s.as_str()) == Some("ok"), "cell failed: {}", run.reply);
+        if i >= args.warmup {
+            let started = run.started_after.context("the cell produced no output")?;
+            latencies.push(started.as_secs_f64() * 1e3);
+        }
+    }
+    let small_code = format!(
+        "import pickle as _p\nfor _i in range({n}):\n    globals()[f'small_i{{_i}}'] = _i\n    globals()[f'small_s{{_i}}'] = f'value-{{_i}}'\n\
+         print(sum(len(_p.dumps(globals()[k], 5)) for k in list(globals()) if k.startswith('small_')))",
+        n = args.small_objects / 2
+    );
+    let (small_bytes, small_s) = sync_cell(cluster, &mut client, &id, &small_code, timeout).await?;
+    let large_code = format!(
+        "import numpy as np\nlarge = np.random.default_rng(7).integers(0, 255, size={n}, dtype=np.uint8)\nprint(large.nbytes)",
+        n = args.large_mib * 1024 * 1024
+    );
+    let (large_bytes, large_s) = sync_cell(cluster, &mut client, &id, &large_code, timeout).await?;
+    let g = cluster.client(0);
+    let kid = id.clone();
+    tokio::task::spawn_blocking(move || g.delete_kernel(&kid)).await??;
+    let mib = |b: u64, s: f64| b as f64 / (1024.0 * 1024.0) / s.max(1e-9);
+    Ok(ElectionBench {
+        election_p50_ms: round3(percentile(&mut latencies, 50.0)),
+        election_p99_ms: round3(percentile(&mut latencies, 99.0)),
+        sync_small_mib_s: round3(mib(small_bytes, small_s)),
+        sync_large_mib_s: round3(mib(large_bytes, large_s)),
+        sync_small_bytes: small_bytes,
+        sync_small_s: round3(small_s),
+        sync_large_bytes: large_bytes,
+        sync_large_s: round3(large_s),
+        cells: args.cells,
+        hosts: cluster.hosts.len(),
+    })
+}
+
+/// Runs a cell whose last line prints its payload size; returns (bytes, seconds from the
+/// printed line's arrival to every replica applied the cell).
+async fn sync_cell(
+    cluster: &LocalCluster,
+    client: &mut CellClient,
+    id: &str,
+    code: &str,
+    timeout: Duration,
+) -> anyhow::Result<(u64, f64)> {
+    let run = client.run(code, timeout).await?;
+    anyhow::ensure!(
+        run.reply.get("status").and_then(|s| s.as_str()) == Some("ok"),
+        "sync cell failed: {} {}",
+        run.reply,
+        run.stderr
+    );
+    let bytes: u64 = run.stdout.trim().parse().with_context(|| format!("sync cell printed {:?}", run.stdout))?;
+    let end = run.last_stdout_at.context("the sync cell printed nothing")?;
+    let revision = executed_revision(&run).context("the reply carries no synchronised revision")?;
+    wait_applied(cluster, id, revision, timeout).await?;
+    Ok((bytes, end.elapsed().as_secs_f64()))
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// Nearest-rank percentile.
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss,
+        reason = "small counts"
+    )]
+    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+    v[rank.clamp(1, v.len()) - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_and_tails() {
+        let mut v: Vec<f64> = (1..=100).map(f64::from).rev().collect();
+        assert_eq!(percentile(&mut v, 50.0), 50.0);
+        assert_eq!(percentile(&mut v, 99.0), 99.0);
+        assert!(percentile(&mut [], 50.0).is_nan());
+        assert_eq!(tail("héllo", 3), "llo");
+        assert_eq!(tail("ab", 10), "ab");
+    }
+}
