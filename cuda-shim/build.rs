@@ -25,6 +25,21 @@ const UNGATED: &[&str] = &[
     "cuCheckpointProcessUnlock",
 ];
 
+/// Device queries answered without a lease (`cuDeviceGet*`, `cuDeviceCanAccessPeer`,
+/// `cuDeviceComputeCapability`, `cuDeviceTotalMem*`): they read properties of a GPU and
+/// change nothing, so a process may plan before it asks for GPUs. `cuDevice*` calls that
+/// change state (`cuDeviceSetMemPool`, `cuDeviceGraphMemTrim`, `cuDevicePrimaryCtx*`, ...)
+/// are gated like everything else.
+const DEVICE_QUERY_PREFIXES: &[&str] =
+    &["cuDeviceGet", "cuDeviceCanAccessPeer", "cuDeviceComputeCapability", "cuDeviceTotalMem"];
+
+/// Whether a generated pass-through skips the lease gate: the calls of [`UNGATED`] and
+/// device queries with a device argument. Everything else (every launch, copy, memset,
+/// allocation, synchronisation, context, module, stream, event and graph call) is gated.
+fn is_ungated(name: &str, has_device: bool) -> bool {
+    UNGATED.contains(&name) || (has_device && DEVICE_QUERY_PREFIXES.iter().any(|p| name.starts_with(p)))
+}
+
 fn rust_type(class: &str) -> Result<&'static str, String> {
     Ok(match class {
         "ptr" => "*mut ::core::ffi::c_void",
@@ -142,10 +157,8 @@ fn main() -> Result<(), String> {
             types.push(t);
         }
         let args: Vec<&str> = params.iter().map(|(p, _)| p.as_str()).collect();
-        let has_device = params.iter().any(|(_, c)| c == "CUdevice" || c == "devout");
-        let ungated = UNGATED.contains(&name)
-            || (has_device && name.starts_with("cuDevice") && !name.starts_with("cuDevicePrimaryCtx"));
-        let entry = if ungated { "ungated" } else { "gated" };
+        let has_device = params.iter().any(|(_, c)| c == "CUdevice" || c == "devout" || c == "memloc");
+        let entry = if is_ungated(name, has_device) { "ungated" } else { "gated" };
         let lease = if has_device { "lease" } else { "_lease" };
         let _ = writeln!(code, "#[no_mangle]");
         let _ = writeln!(code, "pub unsafe extern \"C\" fn {name}({}) -> {ret} {{", sig.join(", "));
@@ -154,6 +167,13 @@ fn main() -> Result<(), String> {
         for (p, c) in &params {
             if c == "CUdevice" {
                 let _ = writeln!(code, "        let {p} = {lease}.physical({p});");
+            }
+            if c == "memloc" {
+                // A device location names a virtual ordinal (CU_MEM_LOCATION_TYPE_DEVICE = 1).
+                let _ = writeln!(
+                    code,
+                    "        let {p} = crate::abi::MemLocation {{ id: if {p}.kind == 1 {{ {lease}.physical({p}.id) }} else {{ {p}.id }}, ..{p} }};"
+                );
             }
         }
         let _ = writeln!(
@@ -165,7 +185,7 @@ fn main() -> Result<(), String> {
         }
         let _ = writeln!(
             code,
-            "        // SAFETY: `f` is the real driver's export of this very symbol, whose C signature\n        // driver-api.list records; the arguments are the caller's, passed on unchanged."
+            "        // SAFETY: `f` is the real driver's export of this very symbol, whose C signature\n        // driver-api.list records; the arguments are the caller's (device ordinals mapped to the lease's GPUs)."
         );
         let has_devout = params.iter().any(|(_, c)| c == "devout");
         if !has_devout {
