@@ -21,6 +21,9 @@ enum Cmd {
     Status(cli::status::Args),
     /// List kernels, their replicas and who holds which GPU.
     Kernels(cli::kernels::Args),
+    /// The hosts of a cluster: status, join, leave.
+    #[command(subcommand)]
+    Cluster(cli::cluster::ClusterCmd),
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(cli::bench::BenchCmd),
@@ -39,6 +42,7 @@ fn main() -> ExitCode {
     let result = match args.cmd {
         Cmd::Status(a) => cli::status::run(&args.target, a),
         Cmd::Kernels(a) => cli::kernels::run(&args.target, a),
+        Cmd::Cluster(c) => cli::cluster::run(&args.target, c),
         Cmd::Bench(b) => cli::bench::run(b),
         Cmd::Sim(a) => cli::sim::run(a),
         Cmd::Observe(a) => cli::observe::run(a),

@@ -53,26 +53,66 @@ impl Client {
         Ok(Self { url: url.trim_end_matches('/').to_owned(), token, agent })
     }
 
+    /// The same daemon credentials against another host of the cluster (same token).
+    pub fn with_url(&self, url: &str) -> Self {
+        Self { url: url.trim_end_matches('/').to_owned(), ..self.clone() }
+    }
+
     /// `GET path` and decode the JSON body.
     pub fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
-        let mut req = self.agent.get(&format!("{}{path}", self.url));
+        self.send_json("GET", path, None)
+    }
+
+    /// `POST path` with a JSON body and decode the JSON answer.
+    pub fn post_json<T: serde::de::DeserializeOwned>(&self, path: &str, body: &serde_json::Value) -> anyhow::Result<T> {
+        self.send_json("POST", path, Some(body))
+    }
+
+    /// `method path` (with an optional JSON body) and decode the JSON answer; an error
+    /// answer's `message` is the error.
+    pub fn send_json<T: serde::de::DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> anyhow::Result<T> {
+        let mut req = self.agent.request(method, &format!("{}{path}", self.url));
         if let Some(t) = &self.token {
             req = req.set("Authorization", &format!("token {t}"));
         }
-        match req.call() {
-            Ok(resp) => resp.into_json().with_context(|| format!("decoding the answer of GET {}{path}", self.url)),
+        let res = match body {
+            Some(b) => req.set("Content-Type", "application/json").send_string(&b.to_string()),
+            None => req.call(),
+        };
+        match res {
+            Ok(resp) => resp.into_json().with_context(|| format!("decoding the answer of {method} {}{path}", self.url)),
             Err(ureq::Error::Status(401, _)) => {
                 anyhow::bail!("the daemon at {} refused the token (401): pass --token or set NBOS_TOKEN", self.url)
             }
             Err(ureq::Error::Status(code, resp)) => {
                 let body = resp.into_string().unwrap_or_default();
-                anyhow::bail!("GET {}{path} failed with HTTP {code}: {}", self.url, body.trim())
+                let message = serde_json::from_str::<serde_json::Value>(&body)
+                    .ok()
+                    .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_owned))
+                    .unwrap_or_else(|| body.trim().to_owned());
+                Err(anyhow::Error::new(HttpStatus { code, message }))
+                    .with_context(|| format!("{method} {}{path} failed", self.url))
             }
             Err(e) => Err(anyhow::anyhow!(e)).with_context(|| {
                 format!("cannot reach notebookosd at {} (is it running? set --url or NBOS_URL)", self.url)
             }),
         }
     }
+}
+
+/// An error answer of the daemon (kept in the error chain so callers can match the code).
+#[derive(Debug, thiserror::Error)]
+#[error("HTTP {code}: {message}")]
+pub struct HttpStatus {
+    /// The status code.
+    pub code: u16,
+    /// The daemon's message.
+    pub message: String,
 }
 
 fn read_endpoint(path: &std::path::Path) -> Option<Endpoint> {

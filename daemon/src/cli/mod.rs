@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod client;
+pub mod cluster;
 pub mod kernels;
 pub mod not_yet;
 pub mod observe;

@@ -60,6 +60,16 @@ async fn register(cluster: &Cluster) -> Result<u64, StoreError> {
     Ok(lease)
 }
 
+/// This host is a voter or learner of the meta group as far as its own replica knows.
+async fn is_member(cluster: &Cluster) -> bool {
+    let me = cluster.node_id();
+    cluster
+        .store()
+        .status(super::records::META_GROUP)
+        .await
+        .is_ok_and(|s| s.membership.voters.contains(&me) || s.membership.learners.contains(&me))
+}
+
 /// The heartbeat: keeps this host's lease alive, re-registers when it was lost, and
 /// publishes the load when it changes. Runs until the host leaves or shuts down.
 pub(super) async fn heartbeat(cluster: Arc<Cluster>) {
@@ -74,6 +84,18 @@ pub(super) async fn heartbeat(cluster: Arc<Cluster>) {
         }
         let lease = cluster.host_lease();
         match lease {
+            None if !is_member(&cluster).await => {
+                // A host outside the seeds waits for `nbos cluster join`; a removed host stays out.
+                if failures.is_multiple_of(50) {
+                    tracing::info!(
+                        node = cluster.node_id(),
+                        "not a member of the meta group (yet): add it with `nbos cluster join`"
+                    );
+                }
+                failures += 1;
+                tokio::time::sleep(tick).await;
+                continue;
+            }
             None => match register(&cluster).await {
                 Ok(lease) => {
                     tracing::info!(

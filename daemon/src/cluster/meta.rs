@@ -162,6 +162,10 @@ pub struct MemberStatus {
 pub struct ClusterStatus {
     /// The host answering.
     pub node_id: u64,
+    /// Its raft address (what `nbos cluster join` hands to a member).
+    pub raft_addr: SocketAddr,
+    /// Its HTTP API as other hosts reach it.
+    pub gateway_url: String,
     /// The meta group has a leader (kernels can be created, hosts can register).
     pub ready: bool,
     /// The meta leader as this host knows it.
@@ -280,21 +284,27 @@ impl Cluster {
         }
     }
 
-    /// Creates the meta group on a seed's first start, recovers it from the log on later
-    /// starts, and on a non-seed host prepares an empty replica for `nbos cluster join`.
+    /// Creates the meta group on a host's first start, and recovers it from the log on later
+    /// starts (never bootstraps twice). A host outside the seeds is a member only once
+    /// `nbos cluster join` added it.
     async fn bootstrap(&self) -> Result<()> {
         let me = self.settings.node_id;
         if self.store.groups().await?.contains(&META_GROUP) {
             tracing::info!(node = me, "meta group recovered from the durable log");
             return Ok(());
         }
+        let voters: Vec<u64> = self.settings.seeds.keys().copied().collect();
+        // A host outside the seeds starts from the very same bootstrap state as the seeds
+        // (their voters at the bootstrap index) rather than from an empty replica: the leader
+        // then streams it the log from the start, conf changes included, and it becomes a
+        // member when it applies its own AddLearner. An empty replica would need a snapshot,
+        // and the seeds' only snapshot until the first log compaction is the bootstrap one,
+        // which does not name the new host (raft refuses to install it).
+        self.store.create_group(META_GROUP, &voters).await?;
         if self.settings.seeds.contains_key(&me) {
-            let voters: Vec<u64> = self.settings.seeds.keys().copied().collect();
-            self.store.create_group(META_GROUP, &voters).await?;
             tracing::info!(node = me, ?voters, "meta group created (first start of a seed)");
         } else {
-            self.store.join_group(META_GROUP).await?;
-            tracing::info!(node = me, "empty meta replica created: add this host with `nbos cluster join`");
+            tracing::info!(node = me, seeds = ?voters, "meta replica created from the seeds' bootstrap state: add this host with `nbos cluster join`");
         }
         Ok(())
     }
@@ -774,6 +784,8 @@ impl Cluster {
             .collect();
         Ok(ClusterStatus {
             node_id: self.settings.node_id,
+            raft_addr: self.settings.raft_addr,
+            gateway_url: self.settings.gateway_url.clone(),
             ready: st.leader.is_some(),
             meta_leader: st.leader,
             term: st.term,

@@ -1,0 +1,191 @@
+//! Cluster membership (issue 7) with real daemon processes on loopback: three hosts form a
+//! cluster, a `kill -9`ed host is seen down and comes back with its durable log, a fourth
+//! host joins with `nbos cluster join`, placement refuses with too few hosts, the replicas
+//! of a dead host are re-placed, and `nbos cluster leave` moves replicas or refuses.
+
+#[path = "common/cluster.rs"]
+mod cluster;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use cluster::{wait_for, Options, TestCluster, NOTEBOOKOSD};
+use serde_json::{json, Value};
+
+/// Node ids of a kernel record's replicas, sorted.
+fn replica_nodes(record: &Value) -> Vec<u64> {
+    let mut v: Vec<u64> = record["replicas"]
+        .as_array()
+        .map(|r| r.iter().filter_map(|r| r["node_id"].as_u64()).collect())
+        .unwrap_or_default();
+    v.sort_unstable();
+    v
+}
+
+#[test]
+fn hosts_form_a_cluster_fail_rejoin_join_and_leave() {
+    let ttl = Duration::from_secs(1);
+    let mut c = TestCluster::start(3, Options::default());
+
+    // Three seeds elect a meta leader and register; every host sees all three up.
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(30));
+    let (ok, out, err) = c.nbos(2, &["cluster", "status", "--json"]);
+    assert!(ok, "nbos cluster status failed: {err}");
+    let s: Value = serde_json::from_str(&out).expect("status JSON");
+    let members = s["members"].as_array().expect("members");
+    assert_eq!(members.len(), 3, "{s}");
+    for m in members {
+        assert_eq!(m["role"], "voter", "{m}");
+        assert_eq!(m["up"], true, "{m}");
+        assert_eq!(m["host"]["gpus"].as_array().map(Vec::len), Some(1), "each host has its simulated GPU: {m}");
+        assert_eq!(m["load"]["gpus_total"], 1, "{m}");
+    }
+    let (ok, table, _) = c.nbos(1, &["cluster", "status"]);
+    assert!(ok && table.contains("3 of 3 host(s) up"), "{table}");
+
+    // kill -9 host 3: the others see it down within a few TTLs (lease expiry on the leader).
+    c.kill(3);
+    let killed = Instant::now();
+    wait_for(ttl * 6, "hosts 1 and 2 to see host 3 down", || {
+        (c.up_seen_by(1) == [1, 2] && c.up_seen_by(2) == [1, 2]).then_some(())
+    });
+    eprintln!("host 3 seen down {:?} after kill -9 (host_ttl {ttl:?})", killed.elapsed());
+    let (ok, table, _) = c.nbos(1, &["cluster", "status"]);
+    assert!(ok && table.contains("2 of 3 host(s) up") && table.contains("DOWN"), "{table}");
+
+    // Placement needs three live hosts: refused, naming what is up.
+    let (code, body) = c.post(1, "/api/v1/cluster/kernels", json!({ "name": "python3", "gpus": 0 }));
+    assert_eq!(code, 409, "{body}");
+    let msg = body["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("needs 3 replicas") && msg.contains("only 2 host(s) are up"), "{msg}");
+
+    // Restart host 3 on the same state dir: it recovers the meta group from its log (no
+    // second bootstrap) and is up again.
+    c.restart(3);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(30));
+    let log = c.host(3).log();
+    assert!(log.contains("meta group recovered from the durable log"), "{log}");
+    assert!(!log.contains("meta group created"), "host 3 bootstrapped the meta group again:\n{log}");
+
+    // A fourth host outside the seeds is not a member until it joins through any member.
+    let four = c.add_host();
+    let s4 = c.status(four).expect("host 4 status");
+    assert_eq!(s4["registered"], false, "{s4}");
+    let (ok, out, err) = c.nbos(four, &["cluster", "join", &c.host(2).url.clone()]);
+    assert!(ok, "join failed: {out}{err}");
+    c.wait_ready(&[1, 2, 3, 4], Duration::from_secs(30));
+    let s1 = c.status(1).expect("status");
+    let m4 = s1["members"].as_array().and_then(|m| m.iter().find(|m| m["node_id"] == 4)).cloned();
+    assert_eq!(m4.as_ref().map(|m| m["role"].clone()), Some(json!("voter")), "{s1}");
+    // Joining again is harmless.
+    let (ok, out, _) = c.nbos(four, &["cluster", "join", &c.host(1).url.clone()]);
+    assert!(ok && out.contains("already a member"), "{out}");
+
+    // Placement: 3 distinct hosts, the least subscribed (all empty: lowest ids), through a
+    // follower (forwarded to the meta leader).
+    let leader = s1["meta_leader"].as_u64().expect("leader");
+    let via = (1..=4).find(|&id| id != leader).expect("a follower");
+    let (code, kernel) = c.post(via, "/api/v1/cluster/kernels", json!({ "name": "python3", "gpus": 1 }));
+    assert_eq!(code, 201, "{kernel}");
+    assert_eq!(replica_nodes(&kernel), vec![1, 2, 3], "{kernel}");
+    let id = kernel["id"].as_str().expect("id").to_owned();
+    // The next kernel goes to the least subscribed hosts: 4 first.
+    let (code, second) = c.post(1, "/api/v1/cluster/kernels", json!({ "name": "python3", "gpus": 1 }));
+    assert_eq!(code, 201, "{second}");
+    assert!(replica_nodes(&second).contains(&4), "{second}");
+    let (code, _) = c.delete(1, &format!("/api/v1/cluster/kernels/{}", second["id"].as_str().unwrap_or_default()));
+    assert_eq!(code, 200);
+
+    // Host 3 dies for good: after its lease lapses and another TTL, the meta leader moves
+    // its replica to host 4, the only live host not holding the kernel.
+    c.kill(3);
+    let record = wait_for(ttl * 12, "the replica of host 3 to be re-placed", || {
+        let (code, r) = c.get(1, &format!("/api/v1/cluster/kernels/{id}"));
+        (code == 200 && replica_nodes(&r) == [1, 2, 4]).then_some(r)
+    });
+    let numbers: Vec<u64> =
+        record["replicas"].as_array().expect("replicas").iter().filter_map(|r| r["replica"].as_u64()).collect();
+    assert!(numbers.contains(&4), "the new replica gets a new number: {record}");
+
+    // Host 4 cannot leave now: both other live hosts already hold the kernel. Nothing changes.
+    let (ok, out, err) = c.nbos(four, &["cluster", "leave"]);
+    assert!(!ok, "leave should be refused: {out}");
+    assert!(err.contains("cannot leave") && err.contains(&id), "{err}");
+    assert!(c.up_seen_by(1).contains(&4));
+
+    // With host 3 back, host 4 leaves: its replica moves to host 3 and it is no longer a member.
+    c.restart(3);
+    c.wait_ready(&[1, 2, 3, 4], Duration::from_secs(30));
+    let (ok, out, err) = c.nbos(four, &["cluster", "leave"]);
+    assert!(ok, "leave failed: {out}{err}");
+    assert!(out.contains(&format!("kernel {id}: replica moved to host 3")), "{out}");
+    let (_, r) = c.get(1, &format!("/api/v1/cluster/kernels/{id}"));
+    assert_eq!(replica_nodes(&r), vec![1, 2, 3], "{r}");
+    wait_for(ttl * 6, "host 4 to be gone from the cluster", || {
+        let s = c.status(1)?;
+        let gone = !s["members"].as_array()?.iter().any(|m| m["node_id"] == 4);
+        gone.then_some(())
+    });
+}
+
+#[test]
+fn single_host_commands_say_the_cluster_is_off_and_bad_cluster_config_names_the_key() {
+    let dir = tempfile::tempdir().expect("tmp");
+    for (toml, key) in [
+        ("[cluster]\nenabled = true\nseeds = [\"1=127.0.0.1:7001\"]\n", "cluster.node_id"),
+        ("[cluster]\nenabled = true\nnode_id = 1\nraft_listen = \"127.0.0.1:7001\"\n", "cluster.seeds"),
+        (
+            "[cluster]\nenabled = true\nnode_id = 1\nraft_listen = \"0.0.0.0:7001\"\nseeds = [\"1=10.1.1.1:7001\"]\n",
+            "cluster.tls",
+        ),
+        (
+            "[cluster]\nenabled = true\nnode_id = 1\nraft_listen = \"127.0.0.1:7001\"\nseeds = [\"1=127.0.0.1:7001\"]\nhost_ttl = \"1ms\"\n",
+            "cluster.host_ttl",
+        ),
+        ("[cluster]\nenabled = true\nnode_id = 1\nseeds = \"1=127.0.0.1:7001\"\n", "cluster.seeds"),
+    ] {
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, toml).expect("write");
+        let out = Command::new(NOTEBOOKOSD).arg("--config").arg(&path).arg("--check-config").output().expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{toml}: {err}");
+        assert!(err.contains(key), "{toml}: expected `{key}` in: {err}");
+    }
+
+    // A single host (no [cluster]) serves no cluster API; `nbos cluster status` says so.
+    let out = Command::new(NOTEBOOKOSD)
+        .args(["--dev", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(dir.path().join("single"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let mut daemon = KillOnDrop(out);
+    let endpoint = dir.path().join("single/run/endpoint.json");
+    let url = wait_for(Duration::from_secs(30), "the single host to start", || {
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&endpoint).ok()?).ok()?;
+        v["url"].as_str().map(str::to_owned)
+    });
+    let out = Command::new(cluster::NBOS).args(["--url", &url, "cluster", "status"]).output().expect("nbos");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("single host"), "{err}");
+    daemon.stop();
+}
+
+struct KillOnDrop(std::process::Child);
+
+impl KillOnDrop {
+    fn stop(&mut self) {
+        if let Ok(pid) = libc::pid_t::try_from(self.0.id()) {
+            // SAFETY: kill(2) on our own unreaped child.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
