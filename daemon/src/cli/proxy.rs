@@ -56,6 +56,10 @@ pub struct Args {
     /// Default: `--url`, else the local daemon's endpoint.
     #[arg(long = "gateway", value_name = "URL", value_delimiter = ',')]
     pub gateways: Vec<String>,
+    /// Attach to this existing kernel instead of creating one (it is not deleted when the
+    /// proxy ends, unless the client shuts it down).
+    #[arg(long, value_name = "ID")]
+    pub kernel_id: Option<String>,
     /// How long to keep trying the gateways after the WebSocket is lost.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = humantime::parse_duration)]
     pub reconnect_timeout: Duration,
@@ -168,12 +172,26 @@ async fn proxy(conn: ConnectionInfo, gateways: Vec<GatewayClient>, args: Args) -
     });
 
     let started = Instant::now();
-    let (mut current, model) = create_on_first(&gateways, &args.kernel_name, args.gpus).await?;
-    let kernel_id = model.id.clone();
-    tracing::info!(kernel = %kernel_id, gateway = %gateways[current].url, elapsed = ?started.elapsed(), "remote kernel started");
-    let mut guard = DeleteOnDrop { gateways: gateways.clone(), current, id: kernel_id.clone(), armed: true };
-
-    let socket = gateways[current].connect_channels(&kernel_id, true).await?;
+    let (mut current, kernel_id, socket, owned) = match &args.kernel_id {
+        // Attach: the first gateway (in order) that serves the kernel.
+        Some(id) => {
+            let last = gateways.len() - 1;
+            let (i, socket) = reconnect(&gateways, last, id, args.reconnect_timeout).await?;
+            tracing::info!(kernel = %id, gateway = %gateways[i].url, "attached to the remote kernel");
+            (i, id.clone(), socket, false)
+        }
+        None => {
+            let (i, model) = create_on_first(&gateways, &args.kernel_name, args.gpus).await?;
+            tracing::info!(kernel = %model.id, gateway = %gateways[i].url, elapsed = ?started.elapsed(), "remote kernel started");
+            let mut guard = DeleteOnDrop { gateways: gateways.clone(), current: i, id: model.id.clone(), armed: true };
+            // On failure the guard deletes the kernel just created.
+            let socket = gateways[i].connect_channels(&model.id, true).await?;
+            guard.armed = false;
+            (i, model.id, socket, true)
+        }
+    };
+    // An attached kernel is not the proxy's to delete when it ends (unless the client shuts it down).
+    let mut guard = DeleteOnDrop { gateways: gateways.clone(), current, id: kernel_id.clone(), armed: owned };
     let (mut ws_tx, mut ws_rx) = socket.split();
 
     let (shell_tx, mut shell_rx) = shell.split();
@@ -261,6 +279,7 @@ async fn proxy(conn: ConnectionInfo, gateways: Vec<GatewayClient>, args: Args) -
                 }
                 if channel == Channel::Control && header.msg_type == "shutdown_request" {
                     shutdown_requested = Some(header.msg_id.clone());
+                    guard.armed = true;
                 }
                 let frame = ws::to_v1_binary(channel, &msg);
                 if let Err(e) = ws_tx.send(WsFrame::Binary(frame.into())).await {

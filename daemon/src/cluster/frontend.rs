@@ -486,6 +486,7 @@ impl FrontendKernel {
                     .send(Cell { request: msg, msg_id: h.msg_id, submitted: Instant::now() })
                     .map_err(|_| anyhow::anyhow!("the kernel's front-end is closed"))?;
             }
+            (Channel::Control, "shutdown_request") => self.shutdown(&msg),
             (Channel::Stdin, _) => {
                 // input_reply: to whoever asked (the executor of the parent cell).
                 let parent = parent_msg_id(&msg);
@@ -512,6 +513,40 @@ impl FrontendKernel {
             }
         }
         Ok(())
+    }
+
+    /// A client's `shutdown_request` is about the whole kernel, not one replica: the
+    /// record is deleted (every replica host stops its replica) and the client answered.
+    /// A restart goes through `POST /api/kernels/{id}/restart` (every replica).
+    fn shutdown(self: &Arc<Self>, request: &Message) {
+        let restart = request.content_json().ok().and_then(|c| c.get("restart")?.as_bool()).unwrap_or(false);
+        if restart {
+            self.answer_error(
+                request,
+                "RestartThroughRest",
+                "a replicated kernel restarts all its replicas: use POST /api/kernels/{id}/restart",
+            );
+            return;
+        }
+        let Ok(h) = request.header() else { return };
+        let reply = Message::new(
+            "shutdown_reply",
+            &h.session,
+            &uuid::Uuid::new_v4().to_string(),
+            SystemTime::now(),
+            Some(&request.header),
+            &serde_json::json!({ "status": "ok", "restart": false }),
+        );
+        let (meta, id, weak) = (self.shared.meta.clone(), self.id.clone(), Arc::downgrade(self));
+        tokio::spawn(async move {
+            match meta.delete(keys::kernel(&id).into_bytes()).await {
+                Ok(_) => tracing::info!(kernel = %id, "kernel shut down by a client"),
+                Err(e) => tracing::warn!(kernel = %id, error = %e, "could not delete the kernel on shutdown_request"),
+            }
+            if let Some(k) = weak.upgrade() {
+                k.hub.deliver(Channel::Control, reply, SystemTime::now());
+            }
+        });
     }
 
     /// The current executor, else the last one, else the connected replica with the lowest number.
@@ -693,6 +728,10 @@ async fn run_link(
             None => None,
         };
         let Some(socket) = socket else {
+            if shared.kernel(&id).await.is_none() {
+                tracing::info!(kernel = %id, node, "kernel deleted; replica link stops");
+                return;
+            }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(LINK_BACKOFF_MAX);
             continue;
