@@ -23,6 +23,9 @@ use crate::transport::Transport;
 const INBOX_DEPTH: usize = 65_536;
 /// Longest lease TTL granted (liveness records live seconds; a year is plenty).
 pub const MAX_LEASE_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+/// Room kept in a frame for what wraps a command's keys and values (raft message, entry, proposal,
+/// length prefixes).
+const ENTRY_OVERHEAD: usize = 4096;
 /// Events buffered per watch before a slow watcher is cut off.
 const WATCH_BUFFER: usize = 1024;
 
@@ -288,6 +291,17 @@ impl Kv {
     }
 
     async fn propose(&self, cmd: Command) -> Result<CommandOutput> {
+        // An entry must fit in one transport frame to replicate (and to be forwarded); refuse it
+        // here rather than let the group retry sending it forever.
+        let max = self.store.inner.cfg.max_frame_bytes.saturating_sub(ENTRY_OVERHEAD);
+        if cmd.payload_len() > max {
+            return Err(Error::InvalidArgument(format!(
+                "a write of {} bytes of keys and values exceeds the {max}-byte limit of one log entry \
+                 (max_frame_bytes {} less framing)",
+                cmd.payload_len(),
+                self.store.inner.cfg.max_frame_bytes
+            )));
+        }
         match self.route(ForwardOp::Propose(cmd)).await? {
             ForwardReply::Command(out) => Ok(out),
             other => Err(Error::Corrupt(format!("unexpected answer to a write: {other:?}"))),

@@ -19,15 +19,20 @@ struct Nodes {
     addrs: BTreeMap<u64, SocketAddr>,
     stores: BTreeMap<u64, RaftStore>,
     request_timeout: Duration,
+    max_frame_bytes: usize,
 }
 
 impl Nodes {
     async fn start(n: u64, request_timeout: Duration) -> Nodes {
+        Nodes::start_with(n, request_timeout, 16 << 20).await
+    }
+
+    async fn start_with(n: u64, request_timeout: Duration, max_frame_bytes: usize) -> Nodes {
         let dir = tempfile::tempdir().expect("tempdir");
         let ids: Vec<u64> = (1..=n).collect();
         raft_store::generate_cluster_pki(&dir.path().join("pki"), &ids).expect("pki");
         let addrs: BTreeMap<u64, SocketAddr> = ids.iter().map(|id| (*id, free_addr())).collect();
-        let mut nodes = Nodes { dir, addrs, stores: BTreeMap::new(), request_timeout };
+        let mut nodes = Nodes { dir, addrs, stores: BTreeMap::new(), request_timeout, max_frame_bytes };
         for id in ids.clone() {
             nodes.open(id);
             nodes.stores[&id].create_group(G, &ids).await.expect("create group");
@@ -43,6 +48,7 @@ impl Nodes {
         cfg.tick_interval = Duration::from_millis(50);
         cfg.request_timeout = self.request_timeout;
         cfg.snapshot_interval = 50;
+        cfg.max_frame_bytes = self.max_frame_bytes;
         cfg
     }
 
@@ -249,4 +255,31 @@ async fn forwarding_to_a_dead_leader_ends_with_a_clear_error() {
     // Stale reads still answer from the survivor's own state.
     let stale = nodes.kv(survivor).get_stale("k").await.expect("stale read");
     assert_eq!(stale.kvs[0].value, b"v".to_vec());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_requests_and_answers_get_a_clear_error_and_change_nothing() {
+    const MAX: usize = 64 << 10;
+    let nodes = Nodes::start_with(3, Duration::from_secs(5), MAX).await;
+    let leader = nodes.leader(Duration::from_secs(20)).await;
+    let follower = nodes.stores.keys().copied().find(|&n| n != leader).expect("follower");
+    let kv = nodes.kv(follower);
+    // A write that cannot fit in one log entry frame is refused before anything is proposed,
+    // on a follower and on the leader alike.
+    for id in [follower, leader] {
+        let e = nodes.kv(id).put("big", vec![b'x'; MAX]).await.expect_err("too large");
+        assert!(matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("limit"), "{e}");
+        let big_txn =
+            Txn::new().and_then(TxnOp::put("a", vec![b'x'; MAX / 2])).and_then(TxnOp::put("b", vec![b'x'; MAX]));
+        assert!(matches!(nodes.kv(id).txn(big_txn).await, Err(Error::InvalidArgument(_))));
+    }
+    assert!(kv.get("big").await.expect("get").is_none());
+    // Many values that fit one by one, but not all in one forwarded answer.
+    for i in 0..12 {
+        kv.put(format!("r/{i:02}"), vec![b'v'; 8 << 10]).await.expect("put");
+    }
+    let e = kv.range("r/", 0).await.expect_err("answer too large for one frame");
+    assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("frame cap")), "{e}");
+    assert_eq!(kv.range("r/", 4).await.expect("a limited range fits").len(), 4);
+    assert_eq!(nodes.kv(leader).range("r/", 0).await.expect("at the leader").len(), 12);
 }

@@ -50,7 +50,8 @@ fn raft_config(cfg: &StoreConfig, applied: u64) -> raft::Config {
         election_tick: cfg.election_ticks,
         heartbeat_tick: cfg.heartbeat_ticks,
         applied,
-        max_size_per_msg: 1 << 20,
+        // An append must fit in one transport frame, or it is dropped and re-sent forever.
+        max_size_per_msg: (1 << 20).min(cfg.max_frame_bytes as u64 / 2),
         max_inflight_msgs: 256,
         pre_vote: true,
         // Reads use ReadIndex with a quorum round (Safe); no clock-based leader lease.

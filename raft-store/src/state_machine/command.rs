@@ -45,6 +45,37 @@ pub enum Command {
     Txn(Txn),
 }
 
+impl Command {
+    /// Bytes of keys and values the command carries (its log entry is a little larger).
+    pub fn payload_len(&self) -> usize {
+        let op_len = |op: &TxnOp| match op {
+            TxnOp::Put { key, value, .. } => key.len() + value.len(),
+            TxnOp::Delete { key } => key.len(),
+            TxnOp::DeletePrefix { prefix } => prefix.len(),
+        };
+        match self {
+            Command::Put { key, value, .. } => key.len() + value.len(),
+            Command::Delete { key } => key.len(),
+            Command::Cas { key, expected, value } => key.len() + value.len() + expected.as_ref().map_or(0, Vec::len),
+            Command::LeaseGrant { .. } | Command::LeaseRevoke { .. } => 0,
+            Command::Txn(t) => {
+                let compares: usize = t
+                    .compares
+                    .iter()
+                    .map(|c| {
+                        c.key.len()
+                            + match &c.target {
+                                CompareTarget::ValueEquals(v) => v.len(),
+                                _ => 0,
+                            }
+                    })
+                    .sum();
+                compares + t.success.iter().chain(&t.failure).map(op_len).sum::<usize>()
+            }
+        }
+    }
+}
+
 /// An atomic multi-key transaction, etcd style: if every compare holds, apply `success`, else
 /// `failure`. The whole transaction is one log entry, so its changes share one revision.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
