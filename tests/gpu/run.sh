@@ -30,16 +30,27 @@ section "build (release)"
 cargo build --release -p nbos-cuda-shim -p fake-cuda -p notebookosd
 cargo test --release --no-run -p notebookosd --test lease_shim
 
+# A failing step is reported and the rest still runs (the figures are wanted either way);
+# the exit status says whether everything passed.
+failed=()
+
 section "lease tests against the real driver"
-NBOS_TEST_CUDA_DRIVER="$LIBCUDA" cargo test --release -p notebookosd --test lease_shim -- \
-    --test-threads=1 --nocapture 2>&1 | tee /tmp/nbos-gpu-lease-tests.log
+if ! NBOS_TEST_CUDA_DRIVER="$LIBCUDA" timeout 240 cargo test --release -p notebookosd --test lease_shim -- \
+    --test-threads=1 --nocapture 2>&1 | tee /tmp/nbos-gpu-lease-tests.log; then
+    failed+=("lease tests")
+fi
 grep -h GPU_RESULT /tmp/nbos-gpu-lease-tests.log || echo "(no PyTorch result line: see skips above)"
 
 section "shim overhead on the real driver"
-./target/release/nbos bench shim --json --driver "$LIBCUDA" --acquire-rounds 100
+timeout 60 ./target/release/nbos bench shim --json --driver "$LIBCUDA" --acquire-rounds 100 || failed+=("bench (real driver)")
 
 section "shim overhead on the fake-cuda test double (same build)"
-./target/release/nbos bench shim --json --evict-mib 512
+timeout 60 ./target/release/nbos bench shim --json --evict-mib 512 || failed+=("bench (test double)")
 
 section "done"
 echo "total $(( $(date +%s) - start ))s"
+if (( ${#failed[@]} )); then
+    echo "FAILED: ${failed[*]}"
+    exit 1
+fi
+echo "all passed"
