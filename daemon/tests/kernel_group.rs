@@ -346,3 +346,213 @@ mod sync {
         }
     }
 }
+
+mod supervised {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant, SystemTime};
+
+    use notebookosd::cluster::objects::Objects;
+    use notebookosd::cluster::records::{KernelRecord, LoadRecord};
+    use notebookosd::cluster::replica_host::ReplicaHost;
+    use notebookosd::cluster::state_sync::{namespace_digest, SyncConfig};
+    use notebookosd::cluster::supervisor::Supervisor;
+    use notebookosd::cluster::{Cluster, ClusterSettings, KernelSpec};
+    use notebookosd::jupyter::{Channel, Message};
+    use notebookosd::kernel::binding::{Binder, LogOnlyLeases};
+    use notebookosd::kernel::Kernels;
+    use notebookosd::metrics::Metrics;
+
+    use super::group_store::{python, Stores};
+
+    const WAIT: Duration = Duration::from_secs(60);
+
+    struct Node {
+        id: u64,
+        cluster: Arc<Cluster>,
+        host: Arc<ReplicaHost>,
+        kernels: Arc<Kernels>,
+        supervisor: tokio::task::JoinHandle<()>,
+    }
+
+    async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(what: &str, mut f: impl FnMut() -> F) -> T {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(v) = f().await {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "{what} did not happen within {WAIT:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn start_node(
+        stores: &Stores,
+        id: u64,
+        seeds: &BTreeMap<u64, std::net::SocketAddr>,
+        dir: &std::path::Path,
+    ) -> Node {
+        let store = stores.node(id).clone();
+        let settings = ClusterSettings {
+            node_id: id,
+            name: format!("host-{id}"),
+            gateway_url: "http://127.0.0.1:9".into(),
+            raft_addr: store.config().listen,
+            seeds: seeds.clone(),
+            host_ttl: Duration::from_millis(800),
+            replicas: 3,
+            subscription_ratio: 1.0,
+            sync_inline_max_bytes: 1 << 20,
+            object_store: String::new(),
+            token: None,
+            gpus: Vec::new(),
+            memory_bytes: 0,
+        };
+        let probe: notebookosd::cluster::meta::LoadProbe =
+            Arc::new(move || Box::pin(async move { LoadRecord { node_id: id, ..Default::default() } }));
+        let cluster = Cluster::new(settings, store.clone(), probe);
+        cluster.start();
+        let metrics = Arc::new(Metrics::new());
+        let binder = Binder::new(0, Duration::from_secs(60), 1.0, Arc::new(LogOnlyLeases), metrics.clone());
+        let kdir = dir.join(format!("host-{id}"));
+        let kernels = Arc::new(Kernels::new(python(), kdir.join("kernels"), Vec::new(), metrics, binder, 0));
+        let mut sync = SyncConfig::new(kdir.join("sync"));
+        sync.kernel_timeout = WAIT;
+        let objects = Objects::open(None, &dir.join("objects")).expect("objects");
+        let host = Arc::new(ReplicaHost::new(id, store, kernels.clone(), objects, sync));
+        let supervisor = Supervisor::start(cluster.clone(), host.clone());
+        Node { id, cluster, host, kernels, supervisor }
+    }
+
+    /// Runs `code` as the won cell of `node` (round 0, designated lead); returns its stdout.
+    async fn run_on(node: &Node, kernel_id: &str, code: &str) -> String {
+        let kernel = node.kernels.get(kernel_id).await.expect("local replica");
+        let (client, mut rx, _) = kernel.hub.connect();
+        let cell = uuid::Uuid::new_v4().to_string();
+        let mut msg = Message::new(
+            "execute_request",
+            "s",
+            &cell,
+            SystemTime::now(),
+            None,
+            &serde_json::json!({ "code": code, "silent": false, "store_history": true, "user_expressions": {}, "allow_stdin": false }),
+        );
+        msg.metadata =
+            serde_json::json!({ "nbos_election": { "cell": cell, "round": 0, "role": "lead", "expected": null } })
+                .to_string()
+                .into();
+        node.host.handle_execute(&kernel, client, msg).await;
+        let mut out = String::new();
+        loop {
+            let (channel, m) = tokio::time::timeout(WAIT, rx.recv()).await.expect("reply in time").expect("open");
+            let parent: serde_json::Value = serde_json::from_slice(&m.parent_header).unwrap_or_default();
+            if parent["msg_id"] != cell.as_str() {
+                continue;
+            }
+            let h = m.header().expect("header");
+            let c = m.content_json().expect("content");
+            if channel == Channel::Iopub && h.msg_type == "stream" {
+                out.push_str(c["text"].as_str().unwrap_or_default());
+            }
+            if channel == Channel::Shell && h.msg_type == "execute_reply" {
+                let meta: serde_json::Value = serde_json::from_slice(&m.metadata).expect("meta");
+                assert_eq!(meta["nbos_election"]["outcome"], "executed", "{meta} {c}");
+                assert_eq!(c["status"], "ok", "{c}");
+                kernel.hub.disconnect(client);
+                return out;
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn supervisors_start_replicas_and_replace_a_lost_one() {
+        if let Ok(filter) = std::env::var("NBOS_TEST_LOG") {
+            let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+        }
+        // A snapshot after every applied entry: a joining replica can only be sent a snapshot
+        // whose membership includes it (raft refuses others), and the store takes snapshots
+        // only every `snapshot_interval` entries (see the report on raft-store).
+        let stores = Stores::open_with(4, |c| c.snapshot_interval = 1);
+        let dir = tempfile::tempdir().expect("tmp");
+        let seeds: BTreeMap<u64, std::net::SocketAddr> =
+            stores.ids().into_iter().map(|id| (id, stores.node(id).config().listen)).collect();
+        let nodes: Vec<Node> = stores.ids().into_iter().map(|id| start_node(&stores, id, &seeds, dir.path())).collect();
+        let node = |id: u64| nodes.iter().find(|n| n.id == id).expect("node");
+        wait_for("every host registered", || async { (node(1).cluster.hosts().await.ok()?.len() == 4).then_some(()) })
+            .await;
+        let leader = wait_for("a meta leader", || async { node(1).cluster.meta_leader().await }).await;
+        let record: KernelRecord = node(leader)
+            .cluster
+            .create_kernel_here(KernelSpec { name: "python3".into(), ..Default::default() })
+            .await
+            .expect("create kernel");
+        let id = record.id.clone();
+        let placed: Vec<u64> = record.replicas.iter().map(|r| r.node_id).collect();
+        assert_eq!(placed.len(), 3);
+        wait_for("three ready replicas", || async {
+            (node(1).cluster.ready_hosts(&id).await.ok()?.len() == 3).then_some(())
+        })
+        .await;
+        for n in &placed {
+            assert!(node(*n).kernels.get(&id).await.is_some(), "no local replica on host {n}");
+        }
+        let spare = stores.ids().into_iter().find(|n| !placed.contains(n)).expect("a spare host");
+        assert!(node(spare).kernels.get(&id).await.is_none(), "a replica on the host without placement");
+
+        let first = placed[0];
+        run_on(node(first), &id, "v = 41\nclass K:\n    w = 1").await;
+
+        // A replica host that does not lead the meta group dies.
+        let dead = *placed.iter().find(|n| **n != leader && **n != first).expect("a non-leader replica host");
+        node(dead).supervisor.abort();
+        node(dead).cluster.shutdown().await;
+        node(dead).kernels.shutdown_all().await;
+        for other in stores.ids().into_iter().filter(|o| *o != dead) {
+            stores.node(other).set_peer_blocked(dead, true);
+            stores.node(dead).set_peer_blocked(other, true);
+        }
+
+        // The meta leader re-places it on the spare host, which joins the group and catches up.
+        let replaced = wait_for("re-placement on the spare host", || async {
+            let r = node(leader).cluster.kernel(&id).await.ok()??;
+            r.replicas.iter().any(|x| x.node_id == spare).then_some(r)
+        })
+        .await;
+        assert!(replaced.replicas.iter().all(|x| x.node_id != dead));
+        wait_for("the spare host's replica ready", || async {
+            node(leader).cluster.ready_hosts(&id).await.ok()?.contains(&spare).then_some(())
+        })
+        .await;
+        let voters = wait_for("group voters follow the record", || async {
+            let s = stores.node(first).status(record.group).await.ok()?;
+            let mut v = s.membership.voters.clone();
+            v.sort_unstable();
+            (s.membership.voters_outgoing.is_empty() && !v.contains(&dead) && v.contains(&spare)).then_some(v)
+        })
+        .await;
+        assert_eq!(voters.len(), 3, "{voters:?}");
+
+        let a = namespace_digest(&node(first).kernels.get(&id).await.expect("k"), WAIT).await.expect("digest");
+        let b = namespace_digest(&node(spare).kernels.get(&id).await.expect("k"), WAIT).await.expect("digest");
+        assert_eq!(a, b, "the replacement replica's namespace differs");
+        let out = run_on(node(spare), &id, "print(v + K.w)").await;
+        assert_eq!(out.trim(), "42");
+
+        // Deleting the kernel stops every replica and its group.
+        node(leader).cluster.delete_kernel(&id).await.expect("delete");
+        for n in nodes.iter().filter(|n| n.id != dead) {
+            wait_for("replica stopped", || async { n.kernels.get(&id).await.is_none().then_some(()) }).await;
+            let groups = wait_for("group destroyed", || async {
+                let g = stores.node(n.id).groups().await.ok()?;
+                (!g.contains(&record.group)).then_some(g)
+            })
+            .await;
+            assert!(!groups.contains(&record.group));
+        }
+        for n in &nodes {
+            n.supervisor.abort();
+            n.kernels.shutdown_all().await;
+            n.cluster.shutdown().await;
+        }
+    }
+}

@@ -16,5 +16,6 @@ pub mod objects;
 pub mod records;
 pub mod replica_host;
 pub mod state_sync;
+pub mod supervisor;
 
 pub use meta::{Cluster, ClusterError, ClusterSettings, ClusterStatus, KernelEvent, KernelSpec};

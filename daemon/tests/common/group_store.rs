@@ -13,6 +13,11 @@ pub struct Stores {
 
 impl Stores {
     pub fn open(n: u64) -> Stores {
+        Self::open_with(n, |_| {})
+    }
+
+    /// Like [`Stores::open`], with a hook to adjust each node's configuration.
+    pub fn open_with(n: u64, adjust: impl Fn(&mut StoreConfig)) -> Stores {
         let dir = tempfile::tempdir().expect("tempdir");
         let addrs: Vec<_> = (0..n).map(|_| raft_store::service::free_loopback_addr().expect("free port")).collect();
         let mut configs = Vec::new();
@@ -25,6 +30,7 @@ impl Stores {
             );
             cfg.peers = (1..=n).filter(|o| *o != id).map(|o| (o, addrs[(o - 1) as usize])).collect();
             cfg.tick_interval = Duration::from_millis(20);
+            adjust(&mut cfg);
             configs.push(cfg);
         }
         let stores = configs.iter().map(|c| RaftStore::open(c.clone()).expect("open store")).collect();

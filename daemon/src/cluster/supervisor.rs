@@ -1,0 +1,307 @@
+//! The replica supervisor: makes this host's local replicas match the `kernels/` records
+//! of the meta group (F-cluster, "Cluster in one paragraph").
+//!
+//! For each kernel with a replica placed here it starts an ipykernel under the kernel's
+//! cluster-wide id (`Kernels::create_replica`), creates the kernel's raft group — or,
+//! for a replica that replaces a lost one, joins the existing group — starts the
+//! namespace applier, and once the replica caught up with the group puts
+//! `ready/{kernel}/{node}`. While this host leads a kernel's group it changes the
+//! group's voters to the record's hosts (adds the replacement, removes the lost host).
+//! A deleted kernel, or a replica moved elsewhere, is stopped and its group replica
+//! destroyed. On daemon restart the watch replays every record, so the replicas placed
+//! here are re-created and catch up from the group (its log survived in the store).
+//!
+//! Which replicas join instead of found: the meta leader numbers a kernel's founding
+//! replicas `1..=n` and a replacement `max + 1` (`Cluster::replace_replica_here`), so a
+//! replica numbered above the record's replica count was placed after the group existed.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use raft_store::MembershipChange;
+use tokio::task::JoinHandle;
+
+use super::meta::{Cluster, KernelEvent};
+use super::records::{KernelRecord, ReplicaRecord};
+use super::replica_host::ReplicaHost;
+
+/// How often the supervisor re-checks the groups it leads (membership) and retries.
+const RECONCILE_EVERY: Duration = Duration::from_millis(500);
+/// How long the group's leader waits after a record changed its hosts before it changes
+/// the voters (see [`Supervisor::reconcile_membership`]).
+const MEMBERSHIP_GRACE: Duration = Duration::from_secs(1);
+/// How long a new replica may take to catch up before the attempt is retried.
+const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A replica this host runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Running {
+    replica: u32,
+    group: u64,
+}
+
+/// Whether `r` was placed after its kernel's group was founded (see the module docs).
+pub fn is_replacement(record: &KernelRecord, r: &ReplicaRecord) -> bool {
+    usize::try_from(r.replica).unwrap_or(usize::MAX) > record.replicas.len()
+}
+
+/// The supervisor of this host's replicas.
+pub struct Supervisor {
+    cluster: Arc<Cluster>,
+    host: Arc<ReplicaHost>,
+    running: HashMap<String, Running>,
+    /// Latest record of every kernel with a replica here, and when it was first seen.
+    records: HashMap<String, KernelRecord>,
+    /// When a record asking for a voter change was first seen (kernel → (record, since)).
+    pending_membership: HashMap<String, (KernelRecord, std::time::Instant)>,
+    /// Catch-up-then-ready tasks, by kernel.
+    readying: HashMap<String, JoinHandle<()>>,
+}
+
+impl Supervisor {
+    /// Starts supervising: returns the task (abort it to stop supervising; replicas stay).
+    pub fn start(cluster: Arc<Cluster>, host: Arc<ReplicaHost>) -> JoinHandle<()> {
+        let mut sup = Supervisor {
+            cluster,
+            host,
+            running: HashMap::new(),
+            records: HashMap::new(),
+            readying: HashMap::new(),
+            pending_membership: HashMap::new(),
+        };
+        tokio::spawn(async move { sup.run().await })
+    }
+
+    async fn run(&mut self) {
+        let mut events = loop {
+            match self.cluster.watch_kernels().await {
+                Ok(rx) => break rx,
+                Err(e) => {
+                    tracing::debug!(error = %e, "supervisor: kernels/ not readable yet; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        };
+        let mut tick = tokio::time::interval(RECONCILE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                ev = events.recv() => match ev {
+                    Some(KernelEvent::Put(record)) => self.on_put(record).await,
+                    Some(KernelEvent::Delete(id)) => self.on_delete(&id).await,
+                    None => {
+                        tracing::warn!("supervisor: the kernel watch ended");
+                        return;
+                    }
+                },
+                _ = tick.tick() => self.reconcile_all().await,
+            }
+        }
+    }
+
+    async fn on_put(&mut self, record: KernelRecord) {
+        let me = self.cluster.node_id();
+        let mine = record.replicas.iter().find(|r| r.node_id == me).cloned();
+        let id = record.id.clone();
+        match (mine, self.running.get(&id).cloned()) {
+            (Some(r), None) => {
+                self.records.insert(id.clone(), record.clone());
+                if let Err(e) = self.start_replica(&record, &r).await {
+                    tracing::error!(kernel = %id, replica = r.replica, error = format!("{e:#}"), "could not start the local replica; retrying");
+                }
+            }
+            (Some(r), Some(run)) if run.replica != r.replica => {
+                // Re-placed here under a new number (after this host was given up for lost).
+                self.stop_replica(&id).await;
+                self.records.insert(id.clone(), record.clone());
+                if let Err(e) = self.start_replica(&record, &r).await {
+                    tracing::error!(kernel = %id, error = format!("{e:#}"), "could not restart the local replica");
+                }
+            }
+            (Some(_), Some(_)) => {
+                self.records.insert(id.clone(), record.clone());
+                self.reconcile_membership(&record).await;
+            }
+            (None, Some(_)) => {
+                tracing::info!(kernel = %id, "the replica was placed elsewhere; stopping it here");
+                self.records.remove(&id);
+                self.stop_replica(&id).await;
+            }
+            (None, None) => {}
+        }
+    }
+
+    async fn on_delete(&mut self, id: &str) {
+        self.records.remove(id);
+        if self.running.contains_key(id) {
+            tracing::info!(kernel = %id, "kernel deleted; stopping the local replica");
+            self.stop_replica(id).await;
+        }
+    }
+
+    /// Retries replicas that failed to start and keeps the led groups' voters right.
+    async fn reconcile_all(&mut self) {
+        let records: Vec<KernelRecord> = self.records.values().cloned().collect();
+        let me = self.cluster.node_id();
+        for record in records {
+            if !self.running.contains_key(&record.id) {
+                if let Some(r) = record.replicas.iter().find(|r| r.node_id == me).cloned() {
+                    if let Err(e) = self.start_replica(&record, &r).await {
+                        tracing::warn!(kernel = %record.id, error = format!("{e:#}"), "local replica still not started");
+                    }
+                }
+                continue;
+            }
+            self.reconcile_membership(&record).await;
+        }
+    }
+
+    async fn start_replica(&mut self, record: &KernelRecord, r: &ReplicaRecord) -> anyhow::Result<()> {
+        let store = self.cluster.store();
+        let kernels = self.host.kernels().clone();
+        // The group first: a replacement must host its (empty) group replica before the
+        // group's leader adds it, or the leader's first messages to it are lost.
+        let join = is_replacement(record, r);
+        let created = if join {
+            store.join_group(record.group).await
+        } else {
+            let voters: Vec<u64> = record.replicas.iter().map(|x| x.node_id).collect();
+            store.create_group(record.group, &voters).await
+        };
+        match created {
+            Ok(()) => {
+                tracing::info!(kernel = %record.id, group = record.group, replica = r.replica, join, "kernel group replica created");
+            }
+            // Restart: the group's log survived in the store.
+            Err(raft_store::Error::GroupExists(_)) => {}
+            Err(e) => return Err(anyhow::Error::new(e).context(format!("creating raft group {}", record.group))),
+        }
+        let kernel = match kernels.get(&record.id).await {
+            Some(k) => k,
+            None => {
+                let env: Vec<(String, String)> = record.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                kernels
+                    .create_replica(&record.id, r.replica, Some(&record.name), Some(record.gpus), &env)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("starting replica {} of kernel {}: {e}", r.replica, record.id))?
+            }
+        };
+        let local = self.host.attach(kernel, r.replica, record.group);
+        self.running.insert(record.id.clone(), Running { replica: r.replica, group: record.group });
+        let cluster = self.cluster.clone();
+        let id = record.id.clone();
+        let ready = tokio::spawn(async move {
+            loop {
+                match local.applier.catch_up(CATCH_UP_TIMEOUT).await {
+                    Ok(revision) => {
+                        tracing::info!(kernel = %id, replica = local.replica, revision, "replica caught up");
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(kernel = %id, error = format!("{e:#}"), "replica not caught up yet");
+                        if local.applier.broken().is_some() {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+            loop {
+                match cluster.put_ready(&id).await {
+                    Ok(()) => return,
+                    // No host lease yet: the heartbeat puts the mark when it gets one.
+                    Err(super::meta::ClusterError::NotReady(_)) => return,
+                    Err(e) => {
+                        tracing::debug!(kernel = %id, error = %e, "ready mark not put; retrying");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            }
+        });
+        if let Some(old) = self.readying.insert(record.id.clone(), ready) {
+            old.abort();
+        }
+        Ok(())
+    }
+
+    async fn stop_replica(&mut self, id: &str) {
+        if let Some(t) = self.readying.remove(id) {
+            t.abort();
+        }
+        let Some(run) = self.running.remove(id) else { return };
+        if let Err(e) = self.cluster.clear_ready(id).await {
+            tracing::debug!(kernel = %id, error = %e, "ready mark not withdrawn (it goes with the host lease)");
+        }
+        self.host.detach(id);
+        self.host.kernels().remove(id).await;
+        match self.cluster.store().destroy_group(run.group).await {
+            Ok(()) | Err(raft_store::Error::GroupNotFound(_)) => {}
+            Err(e) => {
+                tracing::warn!(kernel = %id, group = run.group, error = %e, "could not destroy the kernel group replica")
+            }
+        }
+    }
+
+    /// While this host leads the kernel's group: voters := the record's hosts. A change
+    /// waits [`MEMBERSHIP_GRACE`] after the record is first seen, so that a replacement
+    /// host has created its empty group replica when the leader starts sending to it.
+    async fn reconcile_membership(&mut self, record: &KernelRecord) {
+        let store = self.cluster.store().clone();
+        let Ok(status) = store.status(record.group).await else { return };
+        if status.role != "leader" || !status.membership.voters_outgoing.is_empty() {
+            return;
+        }
+        let want: BTreeSet<u64> = record.replicas.iter().map(|r| r.node_id).collect();
+        let have: BTreeSet<u64> = status.membership.voters.iter().copied().collect();
+        if want == have {
+            self.pending_membership.remove(&record.id);
+            return;
+        }
+        let since = match self.pending_membership.get(&record.id) {
+            Some((seen, since)) if seen == record => *since,
+            _ => {
+                self.pending_membership.insert(record.id.clone(), (record.clone(), Instant::now()));
+                return;
+            }
+        };
+        if since.elapsed() < MEMBERSHIP_GRACE {
+            return;
+        }
+        let mut changes: Vec<MembershipChange> =
+            want.difference(&have).map(|n| MembershipChange::AddVoter(*n)).collect();
+        changes.extend(have.difference(&want).map(|n| MembershipChange::Remove(*n)));
+        match store.change_membership(record.group, &changes).await {
+            Ok(m) => {
+                self.pending_membership.remove(&record.id);
+                tracing::info!(kernel = %record.id, group = record.group, voters = ?m.voters, "kernel group membership changed");
+            }
+            Err(e) => {
+                tracing::warn!(kernel = %record.id, group = record.group, error = %e, "kernel group membership change failed; retrying")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replacements_are_the_replicas_numbered_past_the_founders() {
+        let rec = |nums: &[(u32, u64)]| KernelRecord {
+            id: "k".into(),
+            name: "python3".into(),
+            gpus: 0,
+            group: 99,
+            replicas: nums.iter().map(|&(replica, node_id)| ReplicaRecord { replica, node_id }).collect(),
+            created_ms: 0,
+            env: Default::default(),
+        };
+        let founded = rec(&[(1, 1), (2, 2), (3, 3)]);
+        assert!(founded.replicas.iter().all(|r| !is_replacement(&founded, r)));
+        let replaced = rec(&[(1, 1), (4, 5), (3, 3)]);
+        assert!(is_replacement(&replaced, &replaced.replicas[1]));
+        assert!(!is_replacement(&replaced, &replaced.replicas[0]));
+    }
+}
