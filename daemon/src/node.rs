@@ -192,6 +192,15 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
             }
             (Some(_), None) => {}
         }
+        if config.cluster.enabled {
+            let _ = writeln!(
+                block,
+                "notebookosd: cluster node {}, raft on {}, seeds {}",
+                config.cluster.node_id,
+                config.cluster.raft_listen,
+                config.cluster.seeds.join(",")
+            );
+        }
         let _ = writeln!(
             block,
             "notebookosd: {} GPU(s) ({}){}",
@@ -210,7 +219,8 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
 
     let mut app = gateway::router(state);
     if let Some(c) = &cluster {
-        app = app.merge(crate::cluster::http::router(c.clone()));
+        app = gateway::cluster::enable(app, c.cluster.clone(), c.replicas.clone(), token.clone());
+        app = app.merge(crate::cluster::http::router(c.cluster.clone()));
     }
     // Small WebSocket frames (a cell's messages) must not wait for Nagle's algorithm.
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
@@ -227,7 +237,8 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
     tracing::info!("shutting down");
     // Leave the heartbeat first: the other hosts see this one down at once.
     if let Some(c) = &cluster {
-        c.shutdown().await;
+        c.supervisor.abort();
+        c.cluster.shutdown().await;
     }
     // Tell every kernel to stop, kill what does not, so nothing is orphaned.
     kernels.shutdown_all().await;
@@ -256,8 +267,12 @@ async fn start_cluster(
     token: Option<String>,
     inventory: &gpu::Inventory,
     kernels: Arc<Kernels>,
-) -> anyhow::Result<Arc<Cluster>> {
+) -> anyhow::Result<ClusterNode> {
+    use crate::cluster::objects::Objects;
     use crate::cluster::records::{GpuRecord, LoadRecord};
+    use crate::cluster::replica_host::ReplicaHost;
+    use crate::cluster::state_sync::SyncConfig;
+    use crate::cluster::supervisor::Supervisor;
     use raft_store::{RaftStore, StoreConfig, TransportSecurity};
 
     let c = &config.cluster;
@@ -311,6 +326,7 @@ async fn start_cluster(
         memory_bytes: host_memory_bytes(),
     };
     let node_id = c.node_id;
+    let kernels_for_replicas = kernels.clone();
     let probe: crate::cluster::meta::LoadProbe = Arc::new(move || {
         let kernels = kernels.clone();
         Box::pin(async move {
@@ -326,10 +342,26 @@ async fn start_cluster(
             }
         })
     });
-    let cluster = Cluster::new(settings, store, probe);
+    let cluster = Cluster::new(settings, store.clone(), probe);
     cluster.start();
     tracing::info!(node_id, raft = %c.raft_listen, "cluster member starting (meta group in the background)");
-    Ok(cluster)
+
+    // Replica hosting: the supervisor starts a local replica (and joins its kernel group)
+    // for every kernel record that places one here.
+    let objects = Objects::open(Some(c.object_store.as_str()), &config.node.state_dir.join("objects"))
+        .context("opening cluster.object_store")?;
+    let mut sync = SyncConfig::new(config.node.state_dir.join("sync"));
+    sync.inline_max_bytes = c.sync_inline_max_bytes;
+    let replicas = Arc::new(ReplicaHost::new(node_id, store, kernels_for_replicas, objects, sync));
+    let supervisor = Supervisor::start(cluster.clone(), replicas.clone());
+    Ok(ClusterNode { cluster, replicas, supervisor })
+}
+
+/// The cluster side of a node.
+struct ClusterNode {
+    cluster: Arc<Cluster>,
+    replicas: Arc<crate::cluster::replica_host::ReplicaHost>,
+    supervisor: tokio::task::JoinHandle<()>,
 }
 
 /// `MemTotal` from /proc/meminfo, in bytes (0 when unreadable).
