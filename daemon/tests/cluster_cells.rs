@@ -1,0 +1,466 @@
+//! Multi-host acceptance of issue 7: three `notebookosd` processes on loopback (own state
+//! directories, ports, one simulated GPU each) run replicated kernels.
+//!
+//! - a 10-cell notebook whose cells are elected on different replicas as GPUs come and
+//!   go (other kernels' long GPU cells occupy hosts), with every replica's namespace
+//!   digest equal after every cell (ints, strings, lists, dicts, a 10 MiB numpy array,
+//!   a function, a class, objects mutated in place);
+//! - `kill -9` of the executing host (daemon and kernel processes) with a cell in
+//!   flight: that cell gets `ExecutorHostDied` (no hang), the next cell runs on a
+//!   survivor with the state of cells 1–5, and a `nbos kernel-proxy` client whose
+//!   gateway was the dead host reconnects to another host and keeps the kernel;
+//! - 200 cells under random host kills (never two down): every cell ran exactly once
+//!   (a counter with no gap or duplicate, one election winner per cell).
+
+#[path = "common/cluster.rs"]
+mod cluster;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant, SystemTime};
+
+use cluster::{wait_for, Options, TestCluster, NBOS, TOKEN};
+use notebookosd::cli::bench::election::{CellClient, CellRun};
+use notebookosd::gateway::client::GatewayClient;
+use notebookosd::jupyter::{wire, Message, Signer};
+use notebookosd::kernel::connection::ConnectionInfo;
+
+const CELL_TIMEOUT: Duration = Duration::from_secs(90);
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+}
+
+fn start_cluster() -> TestCluster {
+    let c = TestCluster::start(3, Options { fake_gpus: 1, host_ttl: "1s".to_owned(), extra_toml: String::new() });
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(60));
+    c
+}
+
+fn gateway(c: &TestCluster, host: u64) -> GatewayClient {
+    GatewayClient::new(&c.host(host).url, Some(TOKEN.to_owned()))
+}
+
+/// Creates a kernel through `host`'s gateway; returns its id once every replica is ready.
+fn create_kernel(c: &TestCluster, host: u64, gpus: u32) -> String {
+    let (code, model) = c.post(host, "/api/kernels", serde_json::json!({ "name": "python3", "gpus": gpus }));
+    assert_eq!(code, 201, "create: {model}\n{}", c.logs());
+    let replicas = model["replicas"].as_array().expect("replicas in the model");
+    assert_eq!(replicas.len(), 3, "{model}");
+    let hosts: BTreeSet<u64> = replicas.iter().filter_map(|r| r["node_id"].as_u64()).collect();
+    assert_eq!(hosts.len(), 3, "replicas on three distinct hosts: {model}");
+    assert!(replicas.iter().all(|r| r["ready"] == true), "201 only once every replica is ready: {model}");
+    model["id"].as_str().expect("id").to_owned()
+}
+
+fn status_ok(run: &CellRun) -> bool {
+    run.reply.get("status").and_then(|s| s.as_str()) == Some("ok")
+}
+
+/// The host that executed a cell, from its reply.
+fn executor(run: &CellRun) -> u64 {
+    run.reply_metadata["nbos_election"]["node_id"].as_u64().unwrap_or_else(|| panic!("no executor in {run:?}"))
+}
+
+fn revision(run: &CellRun) -> u64 {
+    run.reply_metadata["nbos_election"]["revision"].as_u64().unwrap_or_else(|| panic!("no revision in {run:?}"))
+}
+
+/// Waits until the replicas on every running host applied `rev`, then returns their digests.
+fn digests_after(c: &TestCluster, kernel: &str, rev: u64) -> BTreeMap<u64, String> {
+    let running: Vec<u64> = c.hosts.iter().filter(|h| h.running()).map(|h| h.node_id).collect();
+    wait_for(Duration::from_secs(60), &format!("replicas of {kernel} on {running:?} to apply revision {rev}"), || {
+        running
+            .iter()
+            .all(|&h| {
+                let (code, v) = c.get(h, "/api/v1/cluster/replicas");
+                code == 200
+                    && v.as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|r| r["kernel_id"] == kernel && r["applied_revision"].as_u64().is_some_and(|a| a >= rev))
+            })
+            .then_some(())
+    });
+    running
+        .iter()
+        .map(|&h| {
+            let (code, v) = c.get(h, &format!("/api/v1/cluster/kernels/{kernel}/digest"));
+            assert_eq!(code, 200, "digest on host {h}: {v}");
+            (h, v["digest"].as_str().expect("digest").to_owned())
+        })
+        .collect()
+}
+
+/// The host running `kernel`'s current cell, as the front-end on `front` sees it.
+fn current_executor(c: &TestCluster, front: u64, kernel: &str) -> u64 {
+    wait_for(Duration::from_secs(60), "the gated cell to start", || {
+        let (_, m) = c.get(front, &format!("/api/kernels/{kernel}"));
+        m["execution"]["current_executor_node"].as_u64()
+    })
+}
+
+fn gated(gate: &std::path::Path) -> String {
+    format!("import os, time\nwhile not os.path.exists({:?}):\n    time.sleep(0.01)\nprint('released')", gate.display())
+}
+
+#[test]
+fn ten_cells_move_between_replicas_and_every_replica_keeps_the_same_namespace() {
+    let mut c = start_cluster();
+    let k1 = create_kernel(&c, 1, 1);
+    // Two more kernels whose long GPU cells occupy hosts (one GPU per host).
+    let k2 = create_kernel(&c, 2, 1);
+    let k3 = create_kernel(&c, 3, 1);
+    let gates = tempfile::tempdir().expect("tmp");
+    let cells = [
+        "a = 1\ns = 'hello'",
+        "l = [1, 2, 3]\nd = {'k': [1, 2], 'n': None}",
+        "import numpy as np\narr = np.arange(10 * 1024 * 1024 // 8, dtype=np.float64)",
+        "def f(x):\n    return x * 2 + a",
+        "class Counter:\n    def __init__(self):\n        self.v = 1\n    def bump(self):\n        self.v += 1\nobj = Counter()",
+        "obj.bump()\nl.append(4)",
+        "d['k'].append(3)\na += 1",
+        "arr[0] = 42.0",
+        "s = s + ' world'\nr = f(a)",
+        "print(a, s, l, d, float(arr[0]), r, obj.v)",
+    ];
+    let rt = runtime();
+    let mut executors = Vec::new();
+    rt.block_on(async {
+        let mut client = CellClient::connect(&gateway(&c, 1), &k1).await.expect("connect k1");
+        let mut other2 = CellClient::connect(&gateway(&c, 2), &k2).await.expect("connect k2");
+        let mut other3 = CellClient::connect(&gateway(&c, 3), &k3).await.expect("connect k3");
+        let mut occupied = BTreeSet::new();
+        let mut pending = Vec::new();
+        let mut stopped = None;
+        for (i, code) in cells.iter().enumerate() {
+            let n = i + 1;
+            if n == 4 {
+                // GPUs go: another kernel's long cell takes one host's GPU; if that is not
+                // where k1 last ran, a third kernel takes a second host.
+                let last = *executors.last().expect("ran");
+                let gate = gates.path().join("k2");
+                let (id, t) = other2.send(&gated(&gate)).await.expect("send k2");
+                let h2 = current_executor(&c, 2, &k2);
+                occupied.insert(h2);
+                pending.push((2, id, t, gate));
+                if h2 != last {
+                    let gate = gates.path().join("k3");
+                    let (id, t) = other3.send(&gated(&gate)).await.expect("send k3");
+                    let h3 = current_executor(&c, 3, &k3);
+                    assert_ne!(h3, h2, "one GPU per host: two long cells cannot share a host");
+                    occupied.insert(h3);
+                    pending.push((3, id, t, gate));
+                }
+            }
+            if n == 7 {
+                // GPUs come back.
+                for (k, id, t, gate) in pending.drain(..) {
+                    std::fs::write(&gate, "go").expect("gate");
+                    let run = if k == 2 {
+                        other2.wait(&id, t, CELL_TIMEOUT).await
+                    } else {
+                        other3.wait(&id, t, CELL_TIMEOUT).await
+                    };
+                    let run = run.expect("long cell ends");
+                    assert!(status_ok(&run), "long cell: {run:?}");
+                }
+                occupied.clear();
+                if executors.iter().collect::<BTreeSet<_>>().len() == 1 {
+                    // The contention happened to leave k1's host free: take that host's GPU
+                    // away by stopping it for one cell.
+                    let last = *executors.last().expect("ran");
+                    eprintln!("contention left host {last} free; stopping it for cell 7");
+                    c.stop(last);
+                    c.wait_ready(
+                        &[1, 2, 3].into_iter().filter(|h| *h != last).collect::<Vec<_>>(),
+                        Duration::from_secs(30),
+                    );
+                    stopped = Some(last);
+                }
+            }
+            if n == 8 {
+                if let Some(h) = stopped.take() {
+                    c.restart(h);
+                    c.wait_ready(&[1, 2, 3], Duration::from_secs(60));
+                    wait_for(Duration::from_secs(60), "the restarted host's replica to be ready", || {
+                        let (_, m) = c.get(1, &format!("/api/kernels/{k1}"));
+                        m["replicas"].as_array()?.iter().all(|r| r["ready"] == true).then_some(())
+                    });
+                }
+            }
+            let run = client.run(code, CELL_TIMEOUT).await.expect("cell");
+            assert!(status_ok(&run), "cell {n} failed: {run:?}\n{}", c.logs());
+            let ex = executor(&run);
+            assert!(!occupied.contains(&ex), "cell {n} ran on host {ex}, whose GPU another kernel's cell holds");
+            executors.push(ex);
+            let digests = digests_after(&c, &k1, revision(&run));
+            let distinct: BTreeSet<&String> = digests.values().collect();
+            assert_eq!(distinct.len(), 1, "after cell {n} the replicas differ: {digests:?}");
+            assert!(digests.len() >= 2, "cell {n}: digests from {digests:?}");
+            if n == 10 {
+                assert_eq!(
+                    run.stdout.trim(),
+                    "2 hello world [1, 2, 3, 4] {'k': [1, 2, 3], 'n': None} 42.0 6 2",
+                    "the last cell sees every earlier cell's state"
+                );
+            }
+        }
+    });
+    let distinct: BTreeSet<u64> = executors.iter().copied().collect();
+    assert!(distinct.len() >= 2, "cells were elected on one host only: {executors:?}");
+    eprintln!("executors of the 10 cells: {executors:?}");
+}
+
+/// A Jupyter client of `nbos kernel-proxy` over ZMQ (shell + iopub), as nbclient would be.
+struct ProxyClient {
+    child: std::process::Child,
+    signer: Signer,
+    shell: zeromq::DealerSocket,
+    iopub: zeromq::SubSocket,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for ProxyClient {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl ProxyClient {
+    async fn start(kernel: &str, gateways: &[String], token_file: &std::path::Path) -> Self {
+        use zeromq::Socket;
+        let dir = tempfile::tempdir().expect("tmp");
+        let conn = ConnectionInfo::new_loopback("python3").expect("ports");
+        let file = dir.path().join("kernel.json");
+        conn.write(&file).expect("connection file");
+        let log = std::fs::File::create(dir.path().join("proxy.log")).expect("log");
+        let child = std::process::Command::new(NBOS)
+            .args(["kernel-proxy", "-f"])
+            .arg(&file)
+            .args(["--kernel-id", kernel, "--gateway", &gateways.join(","), "--token-file"])
+            .arg(token_file)
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn kernel-proxy");
+        let mut shell = zeromq::DealerSocket::new();
+        let mut iopub = zeromq::SubSocket::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // The proxy binds once it is up.
+        loop {
+            if shell.connect(&conn.endpoint(conn.shell_port)).await.is_ok() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "kernel-proxy did not bind");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        iopub.connect(&conn.endpoint(conn.iopub_port)).await.expect("iopub");
+        iopub.subscribe("").await.expect("subscribe");
+        Self { child, signer: Signer::new(conn.key.as_bytes()), shell, iopub, _dir: dir }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("proxy.log")).unwrap_or_default()
+    }
+
+    async fn send(&mut self, code: &str) -> String {
+        use zeromq::SocketSend;
+        let msg = Message::new(
+            "execute_request",
+            "proxy-test",
+            &uuid::Uuid::new_v4().to_string(),
+            SystemTime::now(),
+            None,
+            &serde_json::json!({ "code": code, "silent": false, "store_history": true }),
+        );
+        let id = msg.header().expect("header").msg_id;
+        let frames = wire::serialize(&[], &msg, &self.signer);
+        self.shell.send(zeromq::ZmqMessage::try_from(frames).expect("frames")).await.expect("send");
+        id
+    }
+
+    /// Runs a cell; (reply content, stdout). Output that misses the subscription (slow
+    /// joiner) only shows as a missing stdout, never as a hang.
+    async fn run(&mut self, code: &str, timeout: Duration) -> (serde_json::Value, String) {
+        use zeromq::SocketRecv;
+        let id = self.send(code).await;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let (mut reply, mut idle, mut out) = (None, false, String::new());
+        while reply.is_none() || !idle {
+            tokio::select! {
+                m = self.shell.recv() => {
+                    let (_, msg) = wire::parse(m.expect("shell").into_vec(), &self.signer).expect("signed reply");
+                    if parent(&msg) == id {
+                        reply = Some(msg.content_json().expect("content"));
+                    }
+                }
+                m = self.iopub.recv() => {
+                    let (_, msg) = wire::parse(m.expect("iopub").into_vec(), &self.signer).expect("signed iopub");
+                    if parent(&msg) != id { continue }
+                    let c = msg.content_json().expect("content");
+                    match msg.header().expect("h").msg_type.as_str() {
+                        "stream" => out.push_str(c["text"].as_str().unwrap_or_default()),
+                        "status" => idle |= c["execution_state"] == "idle",
+                        _ => {}
+                    }
+                }
+                () = tokio::time::sleep_until(deadline) => panic!("cell {code:?} through the proxy: no reply in {timeout:?}\n{}", self.log()),
+            }
+        }
+        (reply.unwrap_or_default(), out)
+    }
+}
+
+fn parent(msg: &Message) -> String {
+    let v: serde_json::Value = serde_json::from_slice(&msg.parent_header).unwrap_or_default();
+    v["msg_id"].as_str().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn killing_the_executing_host_fails_over_with_state_and_no_hang() {
+    let mut c = start_cluster();
+    let k = create_kernel(&c, 1, 1);
+    let rt = runtime();
+    rt.block_on(async {
+        let mut client = CellClient::connect(&gateway(&c, 1), &k).await.expect("connect");
+        let mut last = 0;
+        for n in 1..=5 {
+            let run = client.run(&format!("x{n} = {n}\nprint('cell', {n})"), CELL_TIMEOUT).await.expect("cell");
+            assert!(status_ok(&run), "cell {n}: {run:?}");
+            last = executor(&run);
+            digests_after(&c, &k, revision(&run));
+        }
+        let dead = last;
+        let survivors: Vec<u64> = [1, 2, 3].into_iter().filter(|h| *h != dead).collect();
+        // A client on a surviving gateway and a kernel-proxy client whose gateway is the
+        // executing host (then the survivors).
+        let mut watcher = CellClient::connect(&gateway(&c, survivors[0]), &k).await.expect("connect survivor");
+        let urls: Vec<String> =
+            std::iter::once(dead).chain(survivors.iter().copied()).map(|h| c.host(h).url.clone()).collect();
+        let mut proxy = ProxyClient::start(&k, &urls, &c.dir().join("token")).await;
+        // Slow joiner: wait until the proxy's IOPub reaches us.
+        wait_ready_output(&mut proxy).await;
+
+        // A cell in flight on the executing host when it dies.
+        let gate = c.dir().join("never");
+        let (inflight, t) = watcher.send(&gated(&gate)).await.expect("send");
+        assert_eq!(current_executor(&c, survivors[0], &k), dead, "the previous executor takes the cell");
+        c.kill(dead);
+        let run = watcher.wait(&inflight, t, Duration::from_secs(30)).await.expect("the in-flight cell is answered");
+        assert_eq!(run.reply["status"], "error", "{run:?}");
+        assert_eq!(run.reply["ename"], "ExecutorHostDied", "{run:?}");
+        assert!(run.reply["evalue"].as_str().unwrap_or_default().contains(&format!("node {dead}")), "{run:?}");
+
+        // Cell 6 runs on a survivor with all state from cells 1-5.
+        let run = watcher.run("print(x1 + x2 + x3 + x4 + x5)", CELL_TIMEOUT).await.expect("cell 6");
+        assert!(status_ok(&run), "cell 6: {run:?}\n{}", c.logs());
+        assert_eq!(run.stdout.trim(), "15");
+        assert!(survivors.contains(&executor(&run)), "cell 6 ran on {}", executor(&run));
+        let digests = digests_after(&c, &k, revision(&run));
+        assert_eq!(digests.values().collect::<BTreeSet<_>>().len(), 1, "{digests:?}");
+
+        // The proxy's gateway died: it reconnected to a survivor and keeps the kernel.
+        let (reply, out) = proxy.run("x6 = x5 + 1\nprint(x6)", CELL_TIMEOUT).await;
+        assert_eq!(reply["status"], "ok", "{reply}\n{}", proxy.log());
+        assert_eq!(out.trim(), "6");
+        assert!(proxy.log().contains("reconnected"), "{}", proxy.log());
+        let (code, model) = c.get(survivors[1], &format!("/api/kernels/{k}"));
+        assert_eq!(code, 200, "the kernel is still there: {model}");
+    });
+}
+
+/// Runs `print('ready')` through the proxy until its output is seen (the SUB socket is
+/// subscribed), with a deadline.
+async fn wait_ready_output(proxy: &mut ProxyClient) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (reply, out) = proxy.run("print('ready')", CELL_TIMEOUT).await;
+        assert_eq!(reply["status"], "ok", "{reply}\n{}", proxy.log());
+        if out.trim() == "ready" {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no IOPub through the proxy\n{}", proxy.log());
+    }
+}
+
+#[test]
+fn two_hundred_cells_under_random_host_kills_run_exactly_once_each() {
+    let mut c = start_cluster();
+    let k = create_kernel(&c, 1, 1);
+    let rt = runtime();
+    // A deterministic "random" kill schedule: (after cell, host).
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut seen: Vec<(u64, u64)> = Vec::new(); // (counter, executor)
+    let mut cell_ids = Vec::new();
+    rt.block_on(async {
+        let mut front = 1;
+        let mut client = CellClient::connect(&gateway(&c, front), &k).await.expect("connect");
+        let run = client.run("counter = 0", CELL_TIMEOUT).await.expect("init");
+        assert!(status_ok(&run), "{run:?}");
+        let mut last = executor(&run);
+        let mut down: Option<(u64, usize)> = None;
+        for n in 1..=200usize {
+            if let Some((h, since)) = down {
+                if n >= since + 5 {
+                    c.restart(h);
+                    c.wait_ready(&[1, 2, 3], Duration::from_secs(60));
+                    wait_for(Duration::from_secs(60), "the restarted replica to be ready", || {
+                        let (_, m) = c.get(front, &format!("/api/kernels/{k}"));
+                        m["replicas"].as_array()?.iter().all(|r| r["ready"] == true).then_some(())
+                    });
+                    down = None;
+                }
+            } else if n % 25 == 0 {
+                // Every other kill takes the executing host; the others a random host.
+                let victim = if n % 50 == 25 { last } else { 1 + next() % 3 };
+                c.kill(victim);
+                down = Some((victim, n));
+                if victim == front {
+                    // This client's gateway died with it: reconnect to a live host.
+                    front = [1, 2, 3].into_iter().find(|h| *h != victim).expect("a live host");
+                    client = CellClient::connect(&gateway(&c, front), &k).await.expect("reconnect");
+                }
+            }
+            let (id, t) = client
+                .send("counter += 1\nimport os\nprint(counter, os.environ.get('NBOS_REPLICA'))")
+                .await
+                .expect("send");
+            let run = client.wait(&id, t, CELL_TIMEOUT).await.expect("cell");
+            assert!(status_ok(&run), "cell {n}: {run:?}\n{}", c.logs());
+            let counter: u64 = run
+                .stdout
+                .split_whitespace()
+                .next()
+                .and_then(|w| w.parse().ok())
+                .unwrap_or_else(|| panic!("cell {n} printed {:?}", run.stdout));
+            last = executor(&run);
+            seen.push((counter, last));
+            cell_ids.push(id);
+        }
+    });
+    let counters: Vec<u64> = seen.iter().map(|(n, _)| *n).collect();
+    assert_eq!(counters, (1..=200).collect::<Vec<u64>>(), "every cell ran exactly once, in order");
+    let executors: BTreeSet<u64> = seen.iter().map(|(_, e)| *e).collect();
+    assert!(executors.len() >= 2, "the kills moved execution: {executors:?}");
+    // The kernel's election record: one committed winner for every cell sent.
+    let host = [1, 2, 3].into_iter().find(|h| c.host(*h).running()).expect("a running host");
+    let (code, v) = c.get(host, &format!("/api/v1/cluster/kernels/{k}/elections"));
+    assert_eq!(code, 200, "{v}");
+    let winners: BTreeMap<String, u64> = v["cells"]
+        .as_array()
+        .expect("cells")
+        .iter()
+        .filter(|r| !r["record"]["winner"].is_null())
+        .map(|r| (r["cell"].as_str().expect("cell").to_owned(), r["record"]["winner"].as_u64().expect("winner")))
+        .collect();
+    for id in &cell_ids {
+        assert!(winners.contains_key(id), "cell {id} has no committed winner");
+    }
+}
