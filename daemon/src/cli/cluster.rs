@@ -97,7 +97,7 @@ fn status(client: &Client) -> anyhow::Result<ClusterStatus> {
 fn join(client: &Client, args: &JoinArgs) -> anyhow::Result<()> {
     let me = status(client)?;
     if is_member(&me) {
-        println!("host {} is already a member of the cluster (meta leader {:?})", me.node_id, me.meta_leader);
+        println!("host {} is already a member of the cluster", me.node_id);
         return Ok(());
     }
     let member = client.with_url(&args.member);
@@ -110,7 +110,11 @@ fn join(client: &Client, args: &JoinArgs) -> anyhow::Result<()> {
     loop {
         let s = status(client)?;
         if is_member(&s) {
-            println!("host {} joined: up, meta leader {:?}", s.node_id, s.meta_leader);
+            println!(
+                "host {} joined: up, meta leader {}",
+                s.node_id,
+                s.meta_leader.map_or_else(|| "none".to_owned(), |l| l.to_string())
+            );
             return Ok(());
         }
         anyhow::ensure!(
