@@ -142,7 +142,7 @@ mod sync {
 
     use notebookosd::cluster::objects::Objects;
     use notebookosd::cluster::replica_host::{Handled, ReplicaHost};
-    use notebookosd::cluster::state_sync::{namespace_digest, SyncConfig};
+    use notebookosd::cluster::state_sync::{self, namespace_digest, SyncConfig};
     use notebookosd::jupyter::{Channel, Message};
     use notebookosd::kernel::binding::{Binder, LogOnlyLeases};
     use notebookosd::kernel::hub::{ClientId, Outgoing};
@@ -296,6 +296,21 @@ mod sync {
         assert_eq!(out.trim(), "[1, 2, 3, 4] [1, 2, 3] 7 6 15 -1.0 10485760 numpy False");
         assert_same_namespace(&hosts, revision, "check").await;
 
+        // Inline payloads stay under the group's budget: past it they spill to the object store.
+        let before = std::fs::read_dir(objects.join("objects")).expect("objects dir").count();
+        let blobs = "for i in range(12):\n    globals()[f'blob{i}'] = bytes([i]) * (900 * 1024)";
+        let (_, revision, _) = run_cell(&mut hosts, 0, blobs).await;
+        assert_same_namespace(&hosts, revision, "blobs").await;
+        let spilled = std::fs::read_dir(objects.join("objects")).expect("objects dir").count() - before;
+        assert!(spilled >= 3, "only {spilled} of 12 x 900 KiB values spilled past the 8 MiB inline budget");
+        for h in &hosts {
+            let inline = h.host.replica(KERNEL).expect("replica").applier.inline_bytes_excluding(&Default::default());
+            assert!(inline <= state_sync::GROUP_INLINE_BUDGET, "inline total {inline} over the budget");
+            assert!(inline >= 6 * 900 * 1024, "inline total {inline}: small values did not go through the log");
+        }
+        let (_, revision, _) = run_cell(&mut hosts, 2, "for i in range(12):\n    del globals()[f'blob{i}']").await;
+        assert_same_namespace(&hosts, revision, "blobs deleted").await;
+
         // An unpicklable value is named in a warning on the cell, not silently dropped.
         let (_, revision, warning) = run_cell(&mut hosts, 1, "import threading\nlock = threading.Lock()").await;
         assert!(warning.contains("lock") && warning.contains("pickle"), "no warning naming `lock`: {warning:?}");
@@ -336,7 +351,7 @@ mod sync {
         assert_same_namespace(&hosts, latest, "after the fresh replica caught up").await;
         let (content, _, out) = run_cell(&mut hosts, 1, "print(c.v + xs[-1], arr[5])").await;
         assert_eq!(out.trim(), "11 -1.0");
-        assert_eq!(content["execution_count"], 10, "the fresh replica continues the execution count");
+        assert_eq!(content["execution_count"], 12, "the fresh replica continues the execution count");
         let status = hosts[1].host.replicas().await;
         assert_eq!(status.len(), 1);
         assert_eq!((status[0].role.as_str(), status[0].lag_revisions), ("executor", 0), "{status:?}");
@@ -373,6 +388,10 @@ mod supervised {
         host: Arc<ReplicaHost>,
         kernels: Arc<Kernels>,
         supervisor: tokio::task::JoinHandle<()>,
+    }
+
+    fn pick(nodes: &[Node], id: u64) -> &Node {
+        nodes.iter().find(|n| n.id == id).expect("node")
     }
 
     async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(what: &str, mut f: impl FnMut() -> F) -> T {
@@ -412,16 +431,28 @@ mod supervised {
             Arc::new(move || Box::pin(async move { LoadRecord { node_id: id, ..Default::default() } }));
         let cluster = Cluster::new(settings, store.clone(), probe);
         cluster.start();
+        let (host, kernels, supervisor) = start_replica_side(stores, id, &cluster, dir, 0);
+        Node { id, cluster, host, kernels, supervisor }
+    }
+
+    /// The replica side of a host (what a daemon restart rebuilds): registry, replica host, supervisor.
+    fn start_replica_side(
+        stores: &Stores,
+        id: u64,
+        cluster: &Arc<Cluster>,
+        dir: &std::path::Path,
+        generation: u32,
+    ) -> (Arc<ReplicaHost>, Arc<Kernels>, tokio::task::JoinHandle<()>) {
         let metrics = Arc::new(Metrics::new());
         let binder = Binder::new(0, Duration::from_secs(60), 1.0, Arc::new(LogOnlyLeases), metrics.clone());
-        let kdir = dir.join(format!("host-{id}"));
+        let kdir = dir.join(format!("host-{id}-{generation}"));
         let kernels = Arc::new(Kernels::new(python(), kdir.join("kernels"), Vec::new(), metrics, binder, 0));
         let mut sync = SyncConfig::new(kdir.join("sync"));
         sync.kernel_timeout = WAIT;
         let objects = Objects::open(None, &dir.join("objects")).expect("objects");
-        let host = Arc::new(ReplicaHost::new(id, store, kernels.clone(), objects, sync));
+        let host = Arc::new(ReplicaHost::new(id, stores.node(id).clone(), kernels.clone(), objects, sync));
         let supervisor = Supervisor::start(cluster.clone(), host.clone());
-        Node { id, cluster, host, kernels, supervisor }
+        (host, kernels, supervisor)
     }
 
     /// Runs `code` as the won cell of `node` (round 0, designated lead); returns its stdout.
@@ -476,12 +507,14 @@ mod supervised {
         let dir = tempfile::tempdir().expect("tmp");
         let seeds: BTreeMap<u64, std::net::SocketAddr> =
             stores.ids().into_iter().map(|id| (id, stores.node(id).config().listen)).collect();
-        let nodes: Vec<Node> = stores.ids().into_iter().map(|id| start_node(&stores, id, &seeds, dir.path())).collect();
-        let node = |id: u64| nodes.iter().find(|n| n.id == id).expect("node");
-        wait_for("every host registered", || async { (node(1).cluster.hosts().await.ok()?.len() == 4).then_some(()) })
-            .await;
-        let leader = wait_for("a meta leader", || async { node(1).cluster.meta_leader().await }).await;
-        let record: KernelRecord = node(leader)
+        let mut nodes: Vec<Node> =
+            stores.ids().into_iter().map(|id| start_node(&stores, id, &seeds, dir.path())).collect();
+        wait_for("every host registered", || async {
+            (pick(&nodes, 1).cluster.hosts().await.ok()?.len() == 4).then_some(())
+        })
+        .await;
+        let leader = wait_for("a meta leader", || async { pick(&nodes, 1).cluster.meta_leader().await }).await;
+        let record: KernelRecord = pick(&nodes, leader)
             .cluster
             .create_kernel_here(KernelSpec { name: "python3".into(), ..Default::default() })
             .await
@@ -490,23 +523,43 @@ mod supervised {
         let placed: Vec<u64> = record.replicas.iter().map(|r| r.node_id).collect();
         assert_eq!(placed.len(), 3);
         wait_for("three ready replicas", || async {
-            (node(1).cluster.ready_hosts(&id).await.ok()?.len() == 3).then_some(())
+            (pick(&nodes, 1).cluster.ready_hosts(&id).await.ok()?.len() == 3).then_some(())
         })
         .await;
         for n in &placed {
-            assert!(node(*n).kernels.get(&id).await.is_some(), "no local replica on host {n}");
+            assert!(pick(&nodes, *n).kernels.get(&id).await.is_some(), "no local replica on host {n}");
         }
         let spare = stores.ids().into_iter().find(|n| !placed.contains(n)).expect("a spare host");
-        assert!(node(spare).kernels.get(&id).await.is_none(), "a replica on the host without placement");
+        assert!(pick(&nodes, spare).kernels.get(&id).await.is_none(), "a replica on the host without placement");
 
         let first = placed[0];
-        run_on(node(first), &id, "v = 41\nclass K:\n    w = 1").await;
+        run_on(pick(&nodes, first), &id, "v = 41\nclass K:\n    w = 1").await;
+
+        // A daemon restart on a replica host: its replica comes back and catches up from the group.
+        let restarted = placed[1];
+        let digest_before =
+            namespace_digest(&pick(&nodes, first).kernels.get(&id).await.expect("k"), WAIT).await.expect("digest");
+        {
+            let n = nodes.iter_mut().find(|n| n.id == restarted).expect("node");
+            n.supervisor.abort();
+            n.kernels.shutdown_all().await;
+            n.host.detach(&id);
+            (n.host, n.kernels, n.supervisor) = start_replica_side(&stores, restarted, &n.cluster, dir.path(), 1);
+        }
+        let again = wait_for("the restarted host's replica", || async {
+            let r = pick(&nodes, restarted).host.replica(&id)?;
+            (r.applier.catch_ups() >= 1 && r.applier.applied() > 0).then_some(())
+        })
+        .await;
+        let _: () = again;
+        let k = pick(&nodes, restarted).kernels.get(&id).await.expect("restarted replica");
+        assert_eq!(namespace_digest(&k, WAIT).await.expect("digest"), digest_before, "restarted replica differs");
 
         // A replica host that does not lead the meta group dies.
         let dead = *placed.iter().find(|n| **n != leader && **n != first).expect("a non-leader replica host");
-        node(dead).supervisor.abort();
-        node(dead).cluster.shutdown().await;
-        node(dead).kernels.shutdown_all().await;
+        pick(&nodes, dead).supervisor.abort();
+        pick(&nodes, dead).cluster.shutdown().await;
+        pick(&nodes, dead).kernels.shutdown_all().await;
         for other in stores.ids().into_iter().filter(|o| *o != dead) {
             stores.node(other).set_peer_blocked(dead, true);
             stores.node(dead).set_peer_blocked(other, true);
@@ -514,13 +567,13 @@ mod supervised {
 
         // The meta leader re-places it on the spare host, which joins the group and catches up.
         let replaced = wait_for("re-placement on the spare host", || async {
-            let r = node(leader).cluster.kernel(&id).await.ok()??;
+            let r = pick(&nodes, leader).cluster.kernel(&id).await.ok()??;
             r.replicas.iter().any(|x| x.node_id == spare).then_some(r)
         })
         .await;
         assert!(replaced.replicas.iter().all(|x| x.node_id != dead));
         wait_for("the spare host's replica ready", || async {
-            node(leader).cluster.ready_hosts(&id).await.ok()?.contains(&spare).then_some(())
+            pick(&nodes, leader).cluster.ready_hosts(&id).await.ok()?.contains(&spare).then_some(())
         })
         .await;
         let voters = wait_for("group voters follow the record", || async {
@@ -532,14 +585,14 @@ mod supervised {
         .await;
         assert_eq!(voters.len(), 3, "{voters:?}");
 
-        let a = namespace_digest(&node(first).kernels.get(&id).await.expect("k"), WAIT).await.expect("digest");
-        let b = namespace_digest(&node(spare).kernels.get(&id).await.expect("k"), WAIT).await.expect("digest");
+        let a = namespace_digest(&pick(&nodes, first).kernels.get(&id).await.expect("k"), WAIT).await.expect("digest");
+        let b = namespace_digest(&pick(&nodes, spare).kernels.get(&id).await.expect("k"), WAIT).await.expect("digest");
         assert_eq!(a, b, "the replacement replica's namespace differs");
-        let out = run_on(node(spare), &id, "print(v + K.w)").await;
+        let out = run_on(pick(&nodes, spare), &id, "print(v + K.w)").await;
         assert_eq!(out.trim(), "42");
 
         // Deleting the kernel stops every replica and its group.
-        node(leader).cluster.delete_kernel(&id).await.expect("delete");
+        pick(&nodes, leader).cluster.delete_kernel(&id).await.expect("delete");
         for n in nodes.iter().filter(|n| n.id != dead) {
             wait_for("replica stopped", || async { n.kernels.get(&id).await.is_none().then_some(()) }).await;
             let groups = wait_for("group destroyed", || async {

@@ -15,6 +15,9 @@ use raft_store::Kv;
 
 use super::records::{decode, encode, keys, ElectionRecord};
 
+/// Prefix of yield notes (`yield/{cell}/{round:010}/{replica:04}`), removed with the cell's commit.
+pub const YIELD_PREFIX: &str = "yield/";
+
 /// How often an outcome-unknown swap (timeout, leadership change) is retried.
 const UNKNOWN_OUTCOME_RETRIES: u32 = 5;
 
@@ -195,7 +198,7 @@ pub async fn propose(
 /// Notes that `replica` yielded `round` of `cell` without proposing (best effort: the
 /// record is for operators and the bench, the front-end does not wait for it).
 pub async fn note_yield(kv: &Kv, cell: &str, round: u32, replica: u32) {
-    let key = format!("yield/{cell}/{round:010}/{replica:04}");
+    let key = format!("{YIELD_PREFIX}{cell}/{round:010}/{replica:04}");
     if let Err(e) = kv.put(key.as_bytes(), b"1".to_vec()).await {
         tracing::debug!(cell, round, replica, error = %e, "yield note not written");
     }

@@ -276,6 +276,9 @@ pub async fn export_and_commit(
         node_id: me.node_id,
     };
     txn = txn.and_then(TxnOp::put(keys::NS_CELL.as_bytes().to_vec(), records::encode(&marker)));
+    // The cell is decided and done: its yield notes go (its `elect/` record stays, it is what
+    // keeps a late proposal from winning the cell again).
+    txn = txn.and_then(TxnOp::delete_prefix(format!("{}{cell}/", super::election::YIELD_PREFIX).into_bytes()));
     let resp = kv.txn(txn).await.context("committing the cell's namespace to the kernel group")?;
     out.revision = resp.revision;
     tracing::debug!(
