@@ -80,6 +80,20 @@ pub enum Request {
         /// New value.
         value: String,
     },
+    /// Atomic transaction: if every compare holds apply `success`, else `failure`.
+    Txn {
+        /// Group.
+        group: u64,
+        /// Conditions.
+        #[serde(default)]
+        compares: Vec<TxnCompare>,
+        /// Operations when every compare holds.
+        #[serde(default)]
+        success: Vec<TxnStep>,
+        /// Operations otherwise.
+        #[serde(default)]
+        failure: Vec<TxnStep>,
+    },
     /// Prefix range (linearizable unless `stale`).
     Range {
         /// Group.
@@ -161,6 +175,7 @@ impl Request {
             | Request::Get { group, .. }
             | Request::Delete { group, .. }
             | Request::Cas { group, .. }
+            | Request::Txn { group, .. }
             | Request::Range { group, .. }
             | Request::Status { group }
             | Request::JoinGroup { group }
@@ -168,6 +183,77 @@ impl Request {
             | Request::TransferLeader { group, .. } => Some(*group),
             Request::Routed { request } => request.group(),
             _ => None,
+        }
+    }
+}
+
+/// A transaction condition in the client API.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "is", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TxnCompare {
+    /// The key exists with this value.
+    Equals {
+        /// Key.
+        key: String,
+        /// Value.
+        value: String,
+    },
+    /// The key does not exist.
+    Absent {
+        /// Key.
+        key: String,
+    },
+    /// The key exists.
+    Present {
+        /// Key.
+        key: String,
+    },
+}
+
+/// A transaction operation in the client API.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TxnStep {
+    /// Set a key.
+    Put {
+        /// Key.
+        key: String,
+        /// Value.
+        value: String,
+        /// Lease to attach it to.
+        #[serde(default)]
+        lease: Option<u64>,
+    },
+    /// Remove a key.
+    Delete {
+        /// Key.
+        key: String,
+    },
+    /// Remove every key under a prefix.
+    DeletePrefix {
+        /// Prefix.
+        prefix: String,
+    },
+}
+
+impl From<TxnCompare> for crate::state_machine::Compare {
+    fn from(c: TxnCompare) -> Self {
+        match c {
+            TxnCompare::Equals { key, value } => crate::state_machine::Compare::value_equals(key, value),
+            TxnCompare::Absent { key } => crate::state_machine::Compare::absent(key),
+            TxnCompare::Present { key } => crate::state_machine::Compare::present(key),
+        }
+    }
+}
+
+impl From<TxnStep> for crate::state_machine::TxnOp {
+    fn from(s: TxnStep) -> Self {
+        match s {
+            TxnStep::Put { key, value, lease } => {
+                crate::state_machine::TxnOp::Put { key: key.into_bytes(), value: value.into_bytes(), lease }
+            }
+            TxnStep::Delete { key } => crate::state_machine::TxnOp::delete(key),
+            TxnStep::DeletePrefix { prefix } => crate::state_machine::TxnOp::delete_prefix(prefix),
         }
     }
 }
@@ -281,6 +367,15 @@ async fn handle(store: &RaftStore, req: Request, forward: bool) -> Result<Value,
         Request::Cas { group, key, expected, value } => {
             let out = kv(group).cas(key, expected.map(String::into_bytes), value).await?;
             json!({ "succeeded": out.succeeded, "previous": out.previous.map(|p| text(&p)) })
+        }
+        Request::Txn { group, compares, success, failure } => {
+            let txn = crate::state_machine::Txn {
+                compares: compares.into_iter().map(Into::into).collect(),
+                success: success.into_iter().map(Into::into).collect(),
+                failure: failure.into_iter().map(Into::into).collect(),
+            };
+            let r = kv(group).txn(txn).await?;
+            json!({ "succeeded": r.succeeded, "revision": r.revision, "results": serde_json::to_value(&r.results).unwrap_or(Value::Null) })
         }
         Request::Range { group, prefix, limit, stale } => {
             let kv = kv(group);

@@ -188,6 +188,9 @@ async fn client_api_refuses_bad_requests_and_keeps_serving() {
     assert!(garbage.contains("bad_request") && garbage.contains("cannot parse"), "{garbage}");
     let unknown = raw(client_listen, b"{\"op\":\"explode\"}\n").await;
     assert!(unknown.contains("bad_request"), "{unknown}");
+    let bad_txn =
+        raw(client_listen, b"{\"op\":\"txn\",\"group\":1,\"compares\":[{\"is\":\"bigger\",\"key\":\"k\"}]}\n").await;
+    assert!(bad_txn.contains("bad_request") && bad_txn.contains("bigger"), "{bad_txn}");
     let mut long = vec![b'x'; MAX_REQUEST_BYTES + 10];
     long.push(b'\n');
     let too_long = raw(client_listen, &long).await;
@@ -211,6 +214,18 @@ async fn client_api_refuses_bad_requests_and_keeps_serving() {
         assert_eq!(r.error_kind(), Some("not_leader"), "{r:?}");
         assert!(Instant::now() < deadline, "no leader");
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A transaction through the client API: the compare fails the second time.
+    for expect in [true, false] {
+        let txn = Request::Txn {
+            group: 1,
+            compares: vec![raft_store::service::TxnCompare::Absent { key: "t".into() }],
+            success: vec![raft_store::service::TxnStep::Put { key: "t".into(), value: "1".into(), lease: None }],
+            failure: vec![],
+        };
+        let r = client.call(&txn, Duration::from_secs(5)).await.expect("answer");
+        assert!(r.ok, "{r:?}");
+        assert_eq!(r.result["succeeded"].as_bool(), Some(expect), "{r:?}");
     }
     node.abort();
 }

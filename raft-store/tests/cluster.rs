@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use common::linearizability::{check, Event, Op};
 use common::{assert_all_present, election_timeout, Cluster, Opts, Writers, CLUSTER_LOCK};
-use raft_store::service::Request;
+use raft_store::service::{Request, TxnCompare, TxnStep};
 use raft_store::MembershipChange;
 
 const G: u64 = 1;
@@ -413,19 +413,29 @@ async fn any_node_serves_linearizably_through_forwarding_under_leader_kill_9() {
         tasks.push(tokio::spawn(async move {
             let mut history = Vec::new();
             let mut per_node = std::collections::BTreeMap::<u64, u64>::new();
-            for i in 0..240u64 {
+            for i in 0..280u64 {
                 let v = format!("{w}-{i}");
-                let (op, req) = match i % 3 {
+                let last_read = history.iter().rev().find_map(|e: &Event| match &e.op {
+                    Op::Read(Some(x)) => Some(x.clone()),
+                    _ => None,
+                });
+                let (op, req) = match i % 4 {
                     0 => (Op::Write(v.clone()), Request::Put { group: G, key: "reg".into(), value: v }),
                     1 => (Op::Read(None), Request::Get { group: G, key: "reg".into(), stale: false }),
+                    2 => (
+                        Op::Cas { expected: last_read.clone(), new: v.clone(), ok: None },
+                        Request::Cas { group: G, key: "reg".into(), expected: last_read, value: v },
+                    ),
                     _ => {
-                        let expected = history.iter().rev().find_map(|e: &Event| match &e.op {
-                            Op::Read(Some(x)) => Some(x.clone()),
-                            _ => None,
-                        });
+                        // A transaction used as a compare-and-set (its failure branch is empty).
+                        let compare = match &last_read {
+                            Some(x) => TxnCompare::Equals { key: "reg".into(), value: x.clone() },
+                            None => TxnCompare::Absent { key: "reg".into() },
+                        };
+                        let put = TxnStep::Put { key: "reg".into(), value: v.clone(), lease: None };
                         (
-                            Op::Cas { expected: expected.clone(), new: v.clone(), ok: None },
-                            Request::Cas { group: G, key: "reg".into(), expected, value: v },
+                            Op::Cas { expected: last_read, new: v, ok: None },
+                            Request::Txn { group: G, compares: vec![compare], success: vec![put], failure: vec![] },
                         )
                     }
                 };
