@@ -356,6 +356,16 @@ mod sync {
         assert_eq!(status.len(), 1);
         assert_eq!((status[0].role.as_str(), status[0].lag_revisions), ("executor", 0), "{status:?}");
 
+        // A restart of every replica empties the namespace; the group forgets it too.
+        for h in &hosts {
+            h.kernel.restart().await.expect("restart");
+        }
+        let revision = hosts[2].host.reset_namespace(KERNEL).await.expect("reset");
+        assert_same_namespace(&hosts, revision, "after restart").await;
+        let (content, _, out) = run_cell(&mut hosts, 0, "print('xs' in dir(), 'arr' in dir())").await;
+        assert_eq!(out.trim(), "False False");
+        assert_eq!(content["execution_count"], 1, "a restarted kernel counts cells from 1");
+
         for h in &hosts {
             h.kernels.shutdown_all().await;
         }

@@ -394,6 +394,16 @@ impl ReplicaHost {
         kernel.hub.release(client, Channel::Shell, reply, SystemTime::now());
     }
 
+    /// After every replica of `kernel_id` restarted: empties the group's namespace (see
+    /// [`state_sync::reset_namespace`]). Call once, from the host that ran the restart, with a
+    /// local replica of the kernel. Returns the revision the replicas converge to.
+    pub async fn reset_namespace(&self, kernel_id: &str) -> anyhow::Result<u64> {
+        let local = self
+            .replica(kernel_id)
+            .ok_or_else(|| anyhow::anyhow!("host {} has no replica of kernel {kernel_id}", self.node_id))?;
+        state_sync::reset_namespace(&self.store.kv(local.group), self.node_id).await
+    }
+
     /// The replicas hosted here (`GET /api/v1/cluster/replicas`).
     pub async fn replicas(&self) -> Vec<ReplicaStatus> {
         let all: Vec<Arc<LocalReplica>> = self.lock().values().cloned().collect();

@@ -293,6 +293,21 @@ pub async fn export_and_commit(
     Ok(out)
 }
 
+/// Empties the group's namespace after the kernel's replicas were restarted (a restart
+/// means an empty namespace): one transaction deletes every `ns/` entry and puts an
+/// `ns-cell` with execution count 0, so followers unbind everything, the next cell is
+/// number 1, and a replica that catches up later does not bring back the old state.
+/// Returns the revision.
+pub async fn reset_namespace(kv: &Kv, node_id: u64) -> anyhow::Result<u64> {
+    let marker = NsCell { cell: format!("restart-{}", uuid::Uuid::new_v4()), execution_count: 0, replica: 0, node_id };
+    let txn = Txn::new()
+        .and_then(TxnOp::delete_prefix(keys::NS.as_bytes().to_vec()))
+        .and_then(TxnOp::put(keys::NS_CELL.as_bytes().to_vec(), records::encode(&marker)));
+    let resp = kv.txn(txn).await.context("resetting the kernel group's namespace")?;
+    tracing::info!(group = kv.group(), revision = resp.revision, "kernel group namespace reset (restart)");
+    Ok(resp.revision)
+}
+
 /// What the applier shares with its users.
 #[derive(Debug, Default)]
 struct Shared {
