@@ -464,3 +464,120 @@ fn two_hundred_cells_under_random_host_kills_run_exactly_once_each() {
         assert!(winners.contains_key(id), "cell {id} has no committed winner");
     }
 }
+
+#[test]
+fn cells_wait_for_gpus_and_say_so_interrupts_reach_the_executor_and_bad_requests_are_refused() {
+    let c = start_cluster();
+    // Bad input, in cluster mode, through any host.
+    let (code, v) = c.post(2, "/api/kernels", serde_json::json!({ "name": "no-such-spec" }));
+    assert_eq!(code, 404, "{v}");
+    assert!(v["message"].as_str().unwrap_or_default().contains("no-such-spec"), "{v}");
+    let (code, v) = c.post(2, "/api/kernels", serde_json::json!({ "name": "python3", "gpus": 1000 }));
+    assert_eq!(code, 400, "{v}");
+    let (code, v) = c.get(3, "/api/kernels/00000000-0000-4000-8000-000000000000");
+    assert_eq!(code, 404, "{v}");
+    let (code, v) = c.delete(3, "/api/kernels/00000000-0000-4000-8000-000000000000");
+    assert_eq!(code, 404, "{v}");
+
+    let k1 = create_kernel(&c, 1, 1);
+    let k2 = create_kernel(&c, 2, 1);
+    let k3 = create_kernel(&c, 3, 1);
+    // One GPU per host, ratio 3: a fourth GPU kernel cannot be placed, and says why.
+    let (code, v) = c.post(1, "/api/kernels", serde_json::json!({ "name": "python3", "gpus": 1 }));
+    assert_eq!(code, 409, "{v}");
+    assert!(v["message"].as_str().unwrap_or_default().contains("cannot place"), "{v}");
+    // Every host lists every kernel with its replicas.
+    for h in 1..=3 {
+        let (code, list) = c.get(h, "/api/kernels");
+        assert_eq!(code, 200);
+        let ids: BTreeSet<&str> = list.as_array().expect("list").iter().filter_map(|m| m["id"].as_str()).collect();
+        assert_eq!(ids, [k1.as_str(), k2.as_str(), k3.as_str()].into_iter().collect(), "host {h}: {list}");
+    }
+    // The internal replica socket needs the token (no capability access).
+    let (code, _) = {
+        let r = ureq::get(&format!("{}/api/kernels/{k1}/channels?replica=local", c.host(1).url))
+            .set("Connection", "Upgrade")
+            .set("Upgrade", "websocket")
+            .set("Sec-WebSocket-Version", "13")
+            .set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+            .call();
+        match r {
+            Ok(r) => (r.status(), ()),
+            Err(ureq::Error::Status(code, _)) => (code, ()),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(code, 401);
+
+    let gates = tempfile::tempdir().expect("tmp");
+    let rt = runtime();
+    rt.block_on(async {
+        // Hosts fill up: k2 and k3 hold two GPUs, k1's first client holds the third.
+        let mut b = CellClient::connect(&gateway(&c, 2), &k2).await.expect("k2");
+        let mut d = CellClient::connect(&gateway(&c, 3), &k3).await.expect("k3");
+        let mut x = CellClient::connect(&gateway(&c, 1), &k1).await.expect("k1 on host 1");
+        let mut y = CellClient::connect(&gateway(&c, 2), &k1).await.expect("k1 on host 2");
+        let mut held = Vec::new();
+        for (client, front, kernel, name) in [(&mut b, 2, &k2, "b"), (&mut d, 3, &k3, "d"), (&mut x, 1, &k1, "x")] {
+            let gate = gates.path().join(name);
+            let (id, t) = client.send(&gated(&gate)).await.expect("send");
+            current_executor(&c, front, kernel);
+            held.push((id, t, gate));
+        }
+        // A second client of k1, through another gateway: no host can commit a GPU now.
+        let (waiting, t) = y.send("print('finally')").await.expect("send");
+        let stderr = wait_for_stderr(&mut y, &waiting, "waiting for 1 GPU").await;
+        assert!(stderr.contains("GPU"), "{stderr}");
+        // Interrupt through a host that is not the executor's: k1's long cell stops.
+        let (code, v) = c.post(3, &format!("/api/kernels/{k1}/interrupt"), serde_json::json!({}));
+        assert_eq!(code, 204, "{v}");
+        let (id, sent, _) = held.pop().expect("x");
+        let run = x.wait(&id, sent, CELL_TIMEOUT).await.expect("interrupted cell answers");
+        assert_eq!(run.reply["status"], "error", "{run:?}");
+        assert_eq!(run.reply["ename"], "KeyboardInterrupt", "{run:?}");
+        // A GPU comes back: the waiting cell runs.
+        let (id, sent, gate) = held.pop().expect("d");
+        std::fs::write(&gate, "go").expect("gate");
+        d.wait(&id, sent, CELL_TIMEOUT).await.expect("k3 cell ends");
+        let run = y.wait(&waiting, t, CELL_TIMEOUT).await.expect("the waiting cell runs");
+        assert!(status_ok(&run), "{run:?}");
+        assert_eq!(run.stdout.trim(), "finally");
+        let (id, sent, gate) = held.pop().expect("b");
+        std::fs::write(&gate, "go").expect("gate");
+        b.wait(&id, sent, CELL_TIMEOUT).await.expect("k2 cell ends");
+    });
+    // The model shows the replicas and the last executor; the metrics count the rounds.
+    let (code, m) = c.get(2, &format!("/api/kernels/{k1}"));
+    assert_eq!(code, 200, "{m}");
+    assert_eq!(m["replicas"].as_array().map(Vec::len), Some(3), "{m}");
+    assert_eq!(m["replicas"].as_array().expect("r").iter().filter(|r| r["role"] == "executor").count(), 1, "{m}");
+    let metrics =
+        ureq::get(&format!("{}/metrics", c.host(2).url)).call().expect("metrics").into_string().expect("text");
+    let rounds = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("notebookos_election_rounds_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .expect("notebookos_election_rounds_total");
+    assert!(rounds >= 2.0, "the waiting cell took more than one round: {rounds}");
+    assert!(metrics.contains("notebookos_election_latency_seconds_count"), "{metrics}");
+    // Delete through the meta store, from any host: gone everywhere.
+    let (code, v) = c.delete(3, &format!("/api/kernels/{k1}"));
+    assert_eq!(code, 204, "{v}");
+    for h in 1..=3 {
+        wait_for(Duration::from_secs(30), "the deleted kernel to vanish", || {
+            (c.get(h, &format!("/api/kernels/{k1}")).0 == 404).then_some(())
+        });
+    }
+}
+
+/// Reads `id`'s messages until a stderr stream containing `needle` arrives; returns it.
+async fn wait_for_stderr(client: &mut CellClient, id: &str, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = client.next_stderr(id, Duration::from_secs(30)).await.expect("stderr");
+        if text.contains(needle) {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "no {needle:?} on stderr");
+    }
+}

@@ -99,9 +99,9 @@ fn cluster_error(e: ClusterError) -> ApiError {
         ClusterError::Store(raft_store::Error::NotLeader { .. }) => StatusCode::SERVICE_UNAVAILABLE,
         ClusterError::Store(e) if e.outcome_unknown() => StatusCode::GATEWAY_TIMEOUT,
         ClusterError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        // No room for three replicas within the subscription ratio: retry later.
-        ClusterError::Placement(_) => StatusCode::SERVICE_UNAVAILABLE,
-        ClusterError::Conflict(_) => StatusCode::CONFLICT,
+        // No room for the replicas within the subscription ratio (the meta leader's
+        // answer when forwarded is the same 409).
+        ClusterError::Placement(_) | ClusterError::Conflict(_) => StatusCode::CONFLICT,
         ClusterError::NoSuchKernel(_) => StatusCode::NOT_FOUND,
         ClusterError::BadRequest(_) => StatusCode::BAD_REQUEST,
         ClusterError::Remote { status, .. } => StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY),

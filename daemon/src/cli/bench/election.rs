@@ -193,7 +193,7 @@ impl LocalCluster {
             let hdir = dir.path().join(format!("h{}", i + 1));
             std::fs::create_dir_all(&hdir)?;
             let gpu = if cfg.fake_gpus > 0 {
-                format!("[gpu]\ndriver = \"fake\"\nfake_gpus = {}\nidle_release = \"2s\"\n", cfg.fake_gpus)
+                format!("[gpu]\ndriver = \"fake\"\nfake_gpus = {}\n[observer]\nmode = \"procfs\"\n", cfg.fake_gpus)
             } else {
                 String::new()
             };
@@ -451,6 +451,28 @@ impl CellClient {
             }
         }
         Ok(run)
+    }
+
+    /// Reads until a `stderr` stream message of cell `id` arrives; returns its text
+    /// (the cell's other messages read meanwhile are dropped).
+    pub async fn next_stderr(&mut self, id: &str, timeout: Duration) -> anyhow::Result<String> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let frame = tokio::time::timeout_at(deadline, self.socket.next())
+                .await
+                .with_context(|| format!("cell {id}: no stderr within {timeout:?}"))?
+                .context("the gateway closed the WebSocket")??;
+            let WsFrame::Binary(b) = frame else { continue };
+            let (ch, m) = ws::from_v1_binary(&b)?;
+            let parent: serde_json::Value = serde_json::from_slice(&m.parent_header).unwrap_or_default();
+            if ch != Channel::Iopub || parent.get("msg_id").and_then(|v| v.as_str()) != Some(id) {
+                continue;
+            }
+            let content = m.content_json().unwrap_or_default();
+            if m.header()?.msg_type == "stream" && content.get("name").and_then(|n| n.as_str()) == Some("stderr") {
+                return Ok(content.get("text").and_then(|t| t.as_str()).unwrap_or_default().to_owned());
+            }
+        }
     }
 
     /// Runs a cell to its end.
