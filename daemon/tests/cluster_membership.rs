@@ -5,6 +5,9 @@
 
 #[path = "common/cluster.rs"]
 mod cluster;
+#[allow(dead_code, reason = "the kernel-group tests' store harness; this file uses part of it")]
+#[path = "common/group_store.rs"]
+mod group_store;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -187,5 +190,140 @@ impl KillOnDrop {
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// In-process: three raft stores with a `Cluster` handle each (no daemons), for what needs a
+/// network partition (the raft transport's partition seam) and the kernel watch.
+mod in_process {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::group_store::Stores;
+    use notebookosd::cluster::records::LoadRecord;
+    use notebookosd::cluster::{Cluster, ClusterSettings, KernelEvent, KernelSpec};
+
+    const TTL: Duration = Duration::from_millis(800);
+    const WAIT: Duration = Duration::from_secs(20);
+
+    fn clusters(stores: &Stores) -> Vec<Arc<Cluster>> {
+        let seeds: BTreeMap<u64, std::net::SocketAddr> =
+            stores.ids().into_iter().map(|id| (id, stores.node(id).config().listen)).collect();
+        stores
+            .ids()
+            .into_iter()
+            .map(|id| {
+                let store = stores.node(id).clone();
+                let settings = ClusterSettings {
+                    node_id: id,
+                    name: format!("host-{id}"),
+                    gateway_url: format!("http://127.0.0.1:{}", 9 + id),
+                    raft_addr: store.config().listen,
+                    seeds: seeds.clone(),
+                    host_ttl: TTL,
+                    replicas: 3,
+                    subscription_ratio: 3.0,
+                    sync_inline_max_bytes: 1 << 20,
+                    object_store: String::new(),
+                    token: None,
+                    gpus: Vec::new(),
+                    memory_bytes: 0,
+                };
+                let probe: notebookosd::cluster::meta::LoadProbe =
+                    Arc::new(move || Box::pin(async move { LoadRecord { node_id: id, ..Default::default() } }));
+                let c = Cluster::new(settings, store, probe);
+                c.start();
+                c
+            })
+            .collect()
+    }
+
+    async fn up(c: &Cluster) -> Vec<u64> {
+        c.hosts().await.map(|h| h.iter().map(|h| h.node_id).collect()).unwrap_or_default()
+    }
+
+    async fn wait_until<F, Fut>(what: &str, mut f: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = Instant::now() + WAIT;
+        while !f().await {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn leader(cs: &[Arc<Cluster>]) -> Arc<Cluster> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            for c in cs {
+                if c.meta_leader().await == Some(c.node_id()) {
+                    return c.clone();
+                }
+            }
+            assert!(Instant::now() < deadline, "no meta leader");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_partitioned_host_is_down_then_registers_again_and_watchers_follow_kernels() {
+        let stores = Stores::open_with(3, |c| c.tick_interval = Duration::from_millis(20));
+        let cs = clusters(&stores);
+        for c in &cs {
+            wait_until("every host to see 3 hosts up", || async { up(c).await == [1, 2, 3] }).await;
+        }
+
+        // A watcher on every host sees a new kernel, then its deletion.
+        let mut watch = cs[2].watch_kernels().await.expect("watch");
+        let lead = leader(&cs).await;
+        let k = lead.create_kernel(KernelSpec { name: "python3".into(), ..Default::default() }).await.expect("create");
+        let mut nodes: Vec<u64> = k.replicas.iter().map(|r| r.node_id).collect();
+        nodes.sort_unstable();
+        assert_eq!(nodes, vec![1, 2, 3]);
+        let ev = tokio::time::timeout(WAIT, watch.recv()).await.expect("watch event").expect("open");
+        assert_eq!(ev, KernelEvent::Put(k.clone()));
+        // A kernel id is placed once.
+        let again = lead
+            .create_kernel(KernelSpec { id: Some(k.id.clone()), name: "python3".into(), ..Default::default() })
+            .await
+            .expect_err("duplicate id");
+        assert!(again.to_string().contains("already exists"), "{again}");
+
+        // Cut one follower off for longer than the TTL: the others see it down, its lease is
+        // gone; once healed it grants a new lease and registers again by itself.
+        let cut = cs.iter().find(|c| c.node_id() != lead.node_id()).expect("a follower").clone();
+        let old_lease = cut.host_lease().expect("registered");
+        for c in &cs {
+            if c.node_id() != cut.node_id() {
+                c.store().set_peer_blocked(cut.node_id(), true);
+                cut.store().set_peer_blocked(c.node_id(), true);
+            }
+        }
+        let others: Vec<u64> = (1..=3).filter(|&id| id != cut.node_id()).collect();
+        wait_until("the others to see the cut host down", || async { up(&lead).await == others }).await;
+        // Past the re-placement delay too: with no fourth host the replica stays where it is.
+        tokio::time::sleep(TTL * 2).await;
+        let still = lead.kernel(&k.id).await.expect("read").expect("kernel");
+        assert_eq!(still.replicas, k.replicas, "no host could take the replica, so nothing moved");
+        for c in &cs {
+            c.store().set_peer_blocked(cut.node_id(), false);
+            cut.store().set_peer_blocked(c.node_id(), false);
+        }
+        wait_until("the healed host to be up again", || async {
+            up(&lead).await == [1, 2, 3] && cut.host_lease().is_some()
+        })
+        .await;
+        let new_lease = cut.host_lease().expect("registered again");
+        assert_ne!(new_lease, old_lease, "the lost lease was re-granted");
+
+        assert!(lead.delete_kernel(&k.id).await.expect("delete"));
+        let ev = tokio::time::timeout(WAIT, watch.recv()).await.expect("watch event").expect("open");
+        assert_eq!(ev, KernelEvent::Delete(k.id.clone()));
+        for c in &cs {
+            c.shutdown().await;
+        }
     }
 }
