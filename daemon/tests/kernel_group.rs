@@ -565,6 +565,19 @@ mod supervised {
         let k = pick(&nodes, restarted).kernels.get(&id).await.expect("restarted replica");
         assert_eq!(namespace_digest(&k, WAIT).await.expect("digest"), digest_before, "restarted replica differs");
 
+        // Its kernel process is killed: the supervisor starts a new one, which catches up.
+        let old_pid = k.pids()[0];
+        // SAFETY: kill(2) on a kernel process this test started.
+        unsafe { libc::kill(i32::try_from(old_pid).expect("pid"), libc::SIGKILL) };
+        let k = wait_for("a new kernel after the old one died", || async {
+            let k = pick(&nodes, restarted).kernels.get(&id).await?;
+            let r = pick(&nodes, restarted).host.replica(&id)?;
+            let fresh = k.pids().first().is_some_and(|p| *p != old_pid);
+            (fresh && r.applier.catch_ups() >= 1 && r.applier.applied() > 0).then_some(k)
+        })
+        .await;
+        assert_eq!(namespace_digest(&k, WAIT).await.expect("digest"), digest_before, "re-created replica differs");
+
         // A replica host that does not lead the meta group dies.
         let dead = *placed.iter().find(|n| **n != leader && **n != first).expect("a non-leader replica host");
         pick(&nodes, dead).supervisor.abort();

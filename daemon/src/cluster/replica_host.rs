@@ -259,7 +259,9 @@ impl ReplicaHost {
             tokio::spawn(async move { election::note_yield(&kv, &cell, round, replica).await });
             return Handled::Handled;
         }
-        let decision = if let Some(why) = local.applier.broken() {
+        let decision = if kernel.hub.activity().execution_state == "dead" {
+            Decision::Yield { reason: format!("replica {} on host {} is dead", local.replica, self.node_id) }
+        } else if let Some(why) = local.applier.broken() {
             Decision::Yield { reason: format!("replica {} cannot follow the namespace: {why}", local.replica) }
         } else if self.kernels.binder().can_commit_now(&kernel.id, kernel.gpus) {
             Decision::Lead

@@ -38,7 +38,7 @@ pub const GROUP_INLINE_BUDGET: u64 = 8 << 20;
 const WATCH_PREFIX: &str = "ns";
 /// Magic and version of an `ns/` value.
 const NS_MAGIC: &[u8; 4] = b"NBS1";
-/// Attempts at applying one cell before the replica is declared diverged.
+/// Failed attempts at applying one cell before the replica is shown broken (it keeps trying).
 const APPLY_ATTEMPTS: u32 = 3;
 
 /// Namespace sync settings (from `[cluster]`).
@@ -279,8 +279,8 @@ pub async fn export_and_commit(
     // The cell is decided and done: its yield notes go (its `elect/` record stays, it is what
     // keeps a late proposal from winning the cell again).
     txn = txn.and_then(TxnOp::delete_prefix(format!("{}{cell}/", super::election::YIELD_PREFIX).into_bytes()));
-    let resp = kv.txn(txn).await.context("committing the cell's namespace to the kernel group")?;
-    out.revision = resp.revision;
+    out.revision =
+        commit_once(kv, txn, &marker).await.context("committing the cell's namespace to the kernel group")?;
     tracing::debug!(
         cell,
         revision = out.revision,
@@ -291,6 +291,32 @@ pub async fn export_and_commit(
         "namespace committed"
     );
     Ok(out)
+}
+
+/// Commits `txn` (which puts `marker` as `ns-cell`), retrying when the outcome is unknown
+/// (leader change, timeout) unless the marker shows it was applied: a cell's namespace is
+/// committed once. Returns the transaction's revision.
+async fn commit_once(kv: &Kv, txn: Txn, marker: &NsCell) -> Result<u64, raft_store::Error> {
+    const ATTEMPTS: u32 = 5;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match kv.txn(txn.clone()).await {
+            Ok(resp) => return Ok(resp.revision),
+            Err(e) if e.outcome_unknown() && attempt < ATTEMPTS => {
+                tracing::debug!(cell = %marker.cell, attempt, error = %e, "namespace commit outcome unknown; checking");
+                tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
+                match kv.get(keys::NS_CELL.as_bytes()).await {
+                    Ok(Some(kv)) if records::decode::<NsCell>(&kv.key, &kv.value).ok().as_ref() == Some(marker) => {
+                        return Ok(kv.mod_revision)
+                    }
+                    // Not applied (or not known yet): propose again.
+                    Ok(_) | Err(_) => {}
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Empties the group's namespace after the kernel's replicas were restarted (a restart
@@ -313,7 +339,7 @@ pub async fn reset_namespace(kv: &Kv, node_id: u64) -> anyhow::Result<u64> {
 struct Shared {
     /// Inline payload bytes per name, as of the applied revision.
     inline: BTreeMap<String, u64>,
-    /// Set when a cell could not be applied: the replica's namespace is behind for good.
+    /// Set while a cell cannot be applied: the replica's namespace is behind.
     broken: Option<String>,
     /// Catch-ups done (start, snapshot, compaction).
     catch_ups: u64,
@@ -397,12 +423,23 @@ impl Applier {
     /// Waits until the namespace reflects the group's latest synchronised cell
     /// (linearizable read of `ns-cell`); returns its revision.
     pub async fn catch_up(&self, timeout: Duration) -> anyhow::Result<u64> {
-        let latest = tokio::time::timeout(timeout, self.kv.get(keys::NS_CELL.as_bytes()))
-            .await
-            .map_err(|_| anyhow::anyhow!("reading ns-cell timed out after {timeout:?}"))?
-            .context("reading the group's last synchronised cell")?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let latest = loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match tokio::time::timeout(left, self.kv.get(keys::NS_CELL.as_bytes())).await {
+                Ok(Ok(latest)) => break latest,
+                // A leader change or election in progress: ask again until the deadline.
+                Ok(Err(e)) if tokio::time::Instant::now() + Duration::from_millis(100) < deadline => {
+                    tracing::debug!(group = self.kv.group(), error = %e, "reading ns-cell failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Ok(Err(e)) => return Err(anyhow::Error::new(e).context("reading the group's last synchronised cell")),
+                Err(_) => anyhow::bail!("reading ns-cell timed out after {timeout:?}"),
+            }
+        };
         let revision = latest.map_or(0, |kv| kv.mod_revision);
-        self.wait_applied(revision, timeout).await?;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        self.wait_applied(revision, left).await?;
         Ok(revision)
     }
 }
@@ -437,10 +474,6 @@ impl Run {
             match self.follow().await {
                 Ok(()) => backoff = Duration::from_millis(50),
                 Err(e) => {
-                    if self.lock().broken.is_some() {
-                        tracing::error!(group = self.kv.group(), kernel = %self.kernel.id, error = format!("{e:#}"), "namespace applier stopped");
-                        return;
-                    }
                     tracing::debug!(group = self.kv.group(), error = format!("{e:#}"), "namespace applier retrying");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(2));
@@ -525,28 +558,27 @@ impl Run {
         let own =
             !full && batch.cell.as_ref().is_some_and(|c| c.replica == self.me.replica && c.node_id == self.me.node_id);
         if !own {
-            let mut attempt = 0;
+            let mut attempt = 0u32;
             loop {
                 attempt += 1;
                 match self.apply_in_kernel(&batch).await {
                     Ok(()) => break,
-                    Err(e) if attempt < APPLY_ATTEMPTS => {
-                        tracing::warn!(
-                            group = self.kv.group(),
-                            revision,
-                            attempt,
-                            error = format!("{e:#}"),
-                            "applying a cell failed; retrying"
-                        );
-                        tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
-                    }
                     Err(e) => {
                         let why = format!("cell at revision {revision} could not be applied: {e:#}");
-                        self.lock().broken = Some(why.clone());
-                        self.applied.send_modify(|_| {}); // wake waiters: they see `broken`
-                        anyhow::bail!(why);
+                        tracing::warn!(group = self.kv.group(), kernel = %self.kernel.id, attempt, "{why}; retrying");
+                        if attempt >= APPLY_ATTEMPTS {
+                            // Refuse LEAD and fail waiters fast while it lasts; keep trying (a
+                            // store or kernel that comes back heals the replica).
+                            self.lock().broken = Some(why);
+                            self.applied.send_modify(|_| {});
+                        }
+                        let pause = Duration::from_millis(200).saturating_mul(attempt).min(Duration::from_secs(10));
+                        tokio::time::sleep(pause).await;
                     }
                 }
+            }
+            if self.lock().broken.take().is_some() {
+                tracing::info!(group = self.kv.group(), kernel = %self.kernel.id, revision, "namespace applier recovered");
             }
         }
         {

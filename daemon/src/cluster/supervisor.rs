@@ -140,11 +140,28 @@ impl Supervisor {
         }
     }
 
-    /// Retries replicas that failed to start and keeps the led groups' voters right.
+    /// Retries replicas that failed to start, restarts replicas whose kernel died, and
+    /// keeps the led groups' voters right.
     async fn reconcile_all(&mut self) {
         let records: Vec<KernelRecord> = self.records.values().cloned().collect();
         let me = self.cluster.node_id();
         for record in records {
+            if self.running.contains_key(&record.id) {
+                let dead = match self.host.kernels().get(&record.id).await {
+                    Some(k) => k.hub.activity().execution_state == "dead",
+                    None => true,
+                };
+                if dead {
+                    // The group replica stays: the new kernel catches up from it.
+                    tracing::warn!(kernel = %record.id, "the local replica's kernel is gone; starting a new one");
+                    if let Some(t) = self.readying.remove(&record.id) {
+                        t.abort();
+                    }
+                    self.running.remove(&record.id);
+                    self.host.detach(&record.id);
+                    self.host.kernels().remove(&record.id).await;
+                }
+            }
             if !self.running.contains_key(&record.id) {
                 if let Some(r) = record.replicas.iter().find(|r| r.node_id == me).cloned() {
                     if let Err(e) = self.start_replica(&record, &r).await {
@@ -200,9 +217,6 @@ impl Supervisor {
                     }
                     Err(e) => {
                         tracing::warn!(kernel = %id, error = format!("{e:#}"), "replica not caught up yet");
-                        if local.applier.broken().is_some() {
-                            return;
-                        }
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }
                 }

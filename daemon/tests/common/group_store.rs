@@ -29,7 +29,7 @@ impl Stores {
                 TransportSecurity::Plaintext,
             );
             cfg.peers = (1..=n).filter(|o| *o != id).map(|o| (o, addrs[(o - 1) as usize])).collect();
-            cfg.tick_interval = Duration::from_millis(20);
+            cfg.tick_interval = Duration::from_millis(50);
             adjust(&mut cfg);
             configs.push(cfg);
         }
