@@ -49,6 +49,11 @@ pub struct Args {
     /// Device memory held while measuring eviction and restore, MiB.
     #[arg(long, default_value_t = 256)]
     pub evict_mib: u64,
+    /// Write every lease-acquire sample (no checkpoint) to this file as
+    /// `<start CLOCK_MONOTONIC ns> <duration ns>` lines, to line slow ones up with a
+    /// scheduler trace (`perf sched record -k mono`).
+    #[arg(long)]
+    pub acquire_trace: Option<PathBuf>,
 }
 
 /// The figures.
@@ -238,16 +243,34 @@ fn revoke_and_wait(server: &LeaseServer, pid: u32) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Revoke, wait for the release, then time a blocked gated call until it returns (µs).
-fn acquire_cycles(server: &LeaseServer, pid: u32, rounds: u32, call: impl Fn() -> u32) -> anyhow::Result<Vec<f64>> {
+/// CLOCK_MONOTONIC in ns (what `perf ... -k mono` stamps its events with).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid output pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
+}
+
+/// Revoke, wait for the release, then time a blocked gated call until it returns:
+/// (start ns, duration ns) per round.
+fn acquire_cycles(
+    server: &LeaseServer,
+    pid: u32,
+    rounds: u32,
+    call: impl Fn() -> u32,
+) -> anyhow::Result<Vec<(u64, u64)>> {
     let mut out = Vec::with_capacity(rounds as usize);
     for _ in 0..rounds {
         revoke_and_wait(server, pid)?;
-        let t = Instant::now();
+        let t = monotonic_ns();
         check("cuCtxSynchronize", call())?;
-        out.push(t.elapsed().as_secs_f64() * 1e6);
+        out.push((t, monotonic_ns().saturating_sub(t)));
     }
     Ok(out)
+}
+
+fn micros(samples: &[(u64, u64)]) -> Vec<f64> {
+    samples.iter().map(|(_, d)| *d as f64 / 1e3).collect()
 }
 
 /// Runs the benchmark.
@@ -429,9 +452,15 @@ fn measure(args: &Args) -> anyhow::Result<Report> {
     // the lease is granted again.
     let sync = || unsafe { s_sync() };
     server.set_checkpointing(false);
-    let mut acquire = acquire_cycles(&server, pid, args.acquire_rounds, sync)?;
+    let samples = acquire_cycles(&server, pid, args.acquire_rounds, sync)?;
+    if let Some(path) = &args.acquire_trace {
+        let text: String = samples.iter().map(|(t, d)| format!("{t} {d}\n")).collect();
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    let mut acquire = micros(&samples);
     server.set_checkpointing(true);
-    let mut acquire_restore = if fake { acquire_cycles(&server, pid, args.acquire_rounds, sync)? } else { Vec::new() };
+    let mut acquire_restore =
+        if fake { micros(&acquire_cycles(&server, pid, args.acquire_rounds, sync)?) } else { Vec::new() };
 
     let (mut evict_gib_s, mut restore_gib_s) = (None, None);
     if fake {
