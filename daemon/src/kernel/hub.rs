@@ -2,7 +2,7 @@
 //! asked, IOPub to every client, and whatever arrives while no client is
 //! connected is kept (bounded) and replayed to the next one.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::SystemTime;
 
@@ -45,7 +45,9 @@ struct Inner {
     /// When each execute_request reached the daemon (for the interactivity delay).
     submitted: HashMap<String, std::time::Instant>,
     /// The daemon's own silent requests: their IOPub reaches no client and changes no state.
-    silent: HashSet<String>,
+    /// Forgotten once both the reply and the `idle` status came (they travel on different
+    /// sockets, so either may come first): (reply seen, idle seen).
+    silent: HashMap<String, (bool, bool)>,
     /// Replies the daemon holds back from the client (the replica host commits the
     /// cell's namespace first), by request msg_id.
     held: HashMap<String, oneshot::Sender<Message>>,
@@ -141,7 +143,7 @@ impl Hub {
             // Ids whose idle never came (a killed kernel): forget them rather than grow.
             g.silent.clear();
         }
-        g.silent.insert(msg_id.to_owned());
+        g.silent.insert(msg_id.to_owned(), (false, false));
         g.pending.insert(msg_id.to_owned(), ReplyTo::Internal(tx));
         rx
     }
@@ -217,15 +219,18 @@ impl Hub {
         let parent_id = parent_msg_id(&msg);
         if let Some(pid) = &parent_id {
             let mut g = self.lock();
-            if g.silent.contains(pid) {
+            if let Some(&(reply_seen, idle_seen)) = g.silent.get(pid) {
+                let (mut reply_seen, mut idle_seen) = (reply_seen, idle_seen);
                 if channel == Channel::Iopub {
-                    if status_of(&msg).as_deref() == Some("idle") {
-                        g.silent.remove(pid);
-                    }
-                    return;
-                }
-                if let Some(ReplyTo::Internal(tx)) = g.pending.remove(pid) {
+                    idle_seen |= status_of(&msg).as_deref() == Some("idle");
+                } else if let Some(ReplyTo::Internal(tx)) = g.pending.remove(pid) {
                     let _ = tx.send(msg);
+                    reply_seen = true;
+                }
+                if reply_seen && idle_seen {
+                    g.silent.remove(pid);
+                } else {
+                    g.silent.insert(pid.clone(), (reply_seen, idle_seen));
                 }
                 return;
             }
@@ -394,9 +399,16 @@ mod tests {
         assert_eq!(rx.try_recv().expect("reply").header().expect("h").msg_id, "r");
         assert!(ra.try_recv().is_err(), "a client saw the daemon's silent request");
         assert_eq!(hub.activity().execution_state, "idle");
-        // After its idle status the id is forgotten: a later message with that parent is ordinary.
+        // After its reply and idle status the id is forgotten: a later message with that parent is ordinary.
         hub.deliver(Channel::Iopub, msg("late", "stream", Some("sync"), "{}"), t);
         assert_eq!(ra.try_recv().expect("ordinary").1.header().expect("h").msg_id, "late");
+
+        // The idle status may overtake the reply (another socket): the reply still comes back.
+        let mut rx = hub.expect_silent_reply("sync2");
+        hub.deliver(Channel::Iopub, msg("i2", "status", Some("sync2"), r#"{"execution_state":"idle"}"#), t);
+        hub.deliver(Channel::Shell, msg("r2", "execute_reply", Some("sync2"), r#"{"status":"ok"}"#), t);
+        assert_eq!(rx.try_recv().expect("reply").header().expect("h").msg_id, "r2");
+        assert!(ra.try_recv().is_err(), "a client saw the daemon's silent request");
     }
 
     #[test]
