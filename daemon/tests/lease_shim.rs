@@ -496,6 +496,36 @@ fn a_process_not_registered_with_the_host_is_refused() {
 }
 
 #[test]
+fn a_process_whose_host_went_away_gets_an_error_code_not_a_signal() {
+    // A host that dies between leases (here: a hand-written one that closes its socket).
+    let host = Host::start(1, 64, Duration::from_secs(60));
+    let sock = host.dir.path().join("mortal-host.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
+    let sock_env = sock.to_str().expect("utf-8 path");
+    let mut p =
+        host.spawn_full(&host.client, &["phases", "1024"], "k-orphan", 1, false, &[("NBOS_LEASE_SOCKET", sock_env)]);
+    let (mut s, _) = listener.accept().expect("accept");
+    s.set_read_timeout(Some(WAIT)).expect("timeout");
+    assert!(matches!(read_message(&mut s), Ok(Message::Register { .. })));
+    let registered = Message::Registered { device_count: 1, activity_interval_ms: 0, memory_limit_bytes: 0 };
+    write_message(&mut s, &registered).expect("send");
+    assert!(matches!(read_message(&mut s), Ok(Message::Request { .. })));
+    let gpu = notebookosd::lease::server::uuid_bytes(&fake_gpu_uuid(0)).expect("uuid");
+    write_message(&mut s, &Message::Grant { lease: 1, gpus: vec![gpu] }).expect("send");
+    p.expect("READY");
+    write_message(&mut s, &Message::Revoke { lease: 1 }).expect("send");
+    assert!(matches!(read_message(&mut s), Ok(Message::Released { lease: 1 })));
+    drop(s);
+    drop(listener);
+    // The next gated call asks the vanished host for a lease.
+    p.send("go");
+    let (code, lines) = p.wait();
+    assert_eq!(code, 1, "an error code through CHECK, not death by SIGPIPE (code -1): {lines:?}");
+    let failed = lines.iter().find(|l| l.starts_with("FAILED")).expect("the call after the host left fails");
+    assert!(failed.contains(" = 999 ") || failed.contains(" = 800 "), "CUDA_ERROR_UNKNOWN/NOT_PERMITTED: {failed}");
+}
+
+#[test]
 fn a_registered_process_claiming_another_kernel_or_pid_is_refused() {
     let host = Host::start(1, 64, Duration::from_secs(60));
     // SAFETY: getuid cannot fail.
