@@ -464,6 +464,16 @@ impl Config {
                 }
             }
         }
+        if c.raft_listen.ip().is_unspecified() && !seeds.iter().any(|s| s.node_id == c.node_id) {
+            return Err(invalid(
+                "cluster.raft_listen",
+                format!(
+                    "{} cannot be handed to the cluster by `nbos cluster join`: a host outside cluster.seeds \
+                     must listen on the address the other hosts reach it at",
+                    c.raft_listen
+                ),
+            ));
+        }
         if c.tls.is_none() && !c.raft_listen.ip().is_loopback() {
             return Err(invalid(
                 "cluster.tls",
@@ -678,6 +688,13 @@ mod tests {
                 "cluster.raft_listen",
             ),
             (format!("{CLUSTER}{seeds}seed = []\n"), "cluster.seed"),
+            (
+                format!(
+                    "[cluster]\nenabled = true\nnode_id = 4\nraft_listen = \"0.0.0.0:7004\"\n{seeds}\
+                     tls = {{ ca_cert = \"/ca.pem\", cert = \"/c.pem\", key = \"/k.pem\" }}\n"
+                ),
+                "cluster.raft_listen",
+            ),
         ] {
             let err = Config::parse(&text, "t.toml").expect_err(&text);
             assert!(err.to_string().contains(field), "{text}: {err}");

@@ -132,6 +132,24 @@ fn hosts_form_a_cluster_fail_rejoin_join_and_leave() {
 }
 
 #[test]
+fn a_host_without_a_quorum_serves_and_says_not_ready() {
+    let mut c = TestCluster::create(3, Options { fake_gpus: 0, ..Options::default() });
+    c.restart(1);
+    // Up and serving, but the meta group has no leader: not ready, not registered.
+    let (code, _) = c.get(1, "/healthz");
+    assert_eq!(code, 200);
+    let s = c.status(1).expect("status");
+    assert_eq!((s["ready"].clone(), s["registered"].clone()), (json!(false), json!(false)), "{s}");
+    let (ok, table, _) = c.nbos(1, &["cluster", "status"]);
+    assert!(ok && table.contains("meta leader none (not ready)"), "{table}");
+    let (code, body) = c.post(1, "/api/v1/cluster/kernels", json!({ "name": "python3" }));
+    assert_eq!(code, 503, "{body}");
+    // A second seed makes a quorum of the three.
+    c.restart(2);
+    c.wait_ready(&[1, 2], Duration::from_secs(30));
+}
+
+#[test]
 fn single_host_commands_say_the_cluster_is_off_and_bad_cluster_config_names_the_key() {
     let dir = tempfile::tempdir().expect("tmp");
     for (toml, key) in [

@@ -83,6 +83,18 @@ impl TestCluster {
     /// Starts `seeds` hosts (node ids `1..=seeds`, all founding voters) and waits until each
     /// serves HTTP (not until the cluster is ready: see [`TestCluster::wait_ready`]).
     pub fn start(seeds: u64, options: Options) -> TestCluster {
+        let mut c = Self::create(seeds, options);
+        for id in 1..=seeds {
+            c.spawn(id);
+        }
+        for id in 1..=seeds {
+            c.wait_http(id);
+        }
+        c
+    }
+
+    /// Configures `seeds` founding hosts without starting any ([`TestCluster::restart`] starts one).
+    pub fn create(seeds: u64, options: Options) -> TestCluster {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join("token"), format!("{TOKEN}\n")).expect("token");
         std::fs::create_dir_all(dir.path().join("objects")).expect("objects dir");
@@ -92,12 +104,6 @@ impl TestCluster {
         let mut c = TestCluster { hosts: Vec::new(), options, seeds: seed_list, dir };
         for (addr, id) in addrs.into_iter().zip(1u64..) {
             c.create_host(id, addr);
-        }
-        for id in 1..=seeds {
-            c.spawn(id);
-        }
-        for id in 1..=seeds {
-            c.wait_http(id);
         }
         c
     }
@@ -202,7 +208,7 @@ impl TestCluster {
         }
     }
 
-    /// Starts a stopped host again with the same state directory and configuration.
+    /// Starts a stopped (or never started) host with its state directory and configuration.
     pub fn restart(&mut self, node_id: u64) {
         self.spawn(node_id);
         self.wait_http(node_id);
