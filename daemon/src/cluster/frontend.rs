@@ -23,7 +23,7 @@ use futures_util::{SinkExt, StreamExt};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use raft_store::Kv;
+use raft_store::{Kv, RaftStore};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message as WsFrame;
@@ -127,6 +127,8 @@ impl MetricsRegistry {
 /// What every front-end kernel of this host shares.
 struct Shared {
     meta: Kv,
+    /// This host's raft store, to read a kernel group's last executor when this host is a member.
+    store: Option<RaftStore>,
     token: Option<String>,
     metrics: FrontendMetrics,
     /// Bumped on every `hosts/` or `load/` change.
@@ -163,6 +165,15 @@ impl Shared {
         }
     }
 
+    /// The replica (and host) that executed the kernel's last synchronised cell, from the
+    /// kernel group's `ns-cell` (local state; `None` when this host is not a member).
+    async fn group_last_executor(&self, group: u64) -> Option<(u32, u64)> {
+        let out = self.store.as_ref()?.kv(group).get_stale(keys::NS_CELL.as_bytes()).await.ok()?;
+        let kv = out.kvs.first()?;
+        let cell: super::state_sync::NsCell = decode(&kv.key, &kv.value).ok()?;
+        Some((cell.replica, cell.node_id))
+    }
+
     async fn kernel(&self, id: &str) -> Option<KernelRecord> {
         let key = keys::kernel(id);
         let out = self.meta.get_stale(key.as_bytes()).await.ok()?;
@@ -186,14 +197,15 @@ impl Drop for Frontends {
 }
 
 impl Frontends {
-    /// Front-ends reading the cluster from `meta` (the meta group's [`Kv`]) and
-    /// authenticating to other hosts with `token` (the cluster's API token).
-    pub fn new(meta: Kv, token: Option<String>, metrics: FrontendMetrics) -> Arc<Self> {
+    /// Front-ends reading the cluster from `meta` (the meta group's [`Kv`]) and, where this
+    /// host is a member of a kernel's group, the group from `store`; authenticating to
+    /// other hosts with `token` (the cluster's API token).
+    pub fn new(meta: Kv, store: Option<RaftStore>, token: Option<String>, metrics: FrontendMetrics) -> Arc<Self> {
         let (tx, rx) = watch::channel(0u64);
         let watcher = tokio::spawn(watch_hosts_and_loads(meta.clone(), tx));
         Arc::new(Self {
             registry: MetricsRegistry::new(&metrics),
-            shared: Arc::new(Shared { meta, token, metrics, changes: rx }),
+            shared: Arc::new(Shared { meta, store, token, metrics, changes: rx }),
             kernels: Mutex::new(HashMap::new()),
             watcher,
         })
@@ -811,7 +823,11 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
         for r in &record.replicas {
             k.ensure_link(r.node_id);
         }
-        let previous = k.state().last_executor.map(|(r, _)| r);
+        // The kernel's last executor whichever front-end sent its cell (the group's record),
+        // else the last one this front-end saw.
+        let last = k.shared.group_last_executor(record.group).await;
+        let last = last.or(k.state().last_executor);
+        let previous = last.map(|(r, _)| r);
         let live: HashSet<u32> = cands.iter().filter(|c| c.live).map(|c| c.replica).collect();
         if !yielded.is_empty() && live.iter().all(|r| yielded.contains(r)) {
             // Every live replica said it cannot: the cell waits for GPUs.
@@ -842,7 +858,7 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
             continue;
         };
         let lead_node = cands.iter().find(|c| c.replica == plan.lead).map_or(0, |c| c.node_id);
-        if let (Some(p), Some(prev_node)) = (previous, k.state().last_executor.map(|(_, n)| n)) {
+        if let Some((p, prev_node)) = last {
             if round == 0 && p != plan.lead && !cands.iter().any(|c| c.replica == p && c.live) {
                 tracing::info!(kernel = %k.id, cell = %cell.msg_id, from = prev_node, to = lead_node, "failing over to another replica");
                 k.shared.metrics.cells_failed_over_total.inc();

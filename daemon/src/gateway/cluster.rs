@@ -53,7 +53,12 @@ pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// Cluster mode for a node: front-ends over `cluster`'s meta group, `replicas` for the
 /// `?replica=local` side, `token` for calls to other hosts. What `node.rs` calls.
 pub fn enable(router: Router, cluster: Arc<Cluster>, replicas: Arc<ReplicaHost>, token: Option<String>) -> Router {
-    let frontends = Frontends::new(cluster.meta().clone(), token.clone(), FrontendMetrics::default());
+    let frontends = Frontends::new(
+        cluster.meta().clone(),
+        Some(cluster.store().clone()),
+        token.clone(),
+        FrontendMetrics::default(),
+    );
     let mode = ClusterMode { cluster, replicas, frontends, ready_timeout: DEFAULT_READY_TIMEOUT, token };
     with_cluster(router, Arc::new(mode))
 }
