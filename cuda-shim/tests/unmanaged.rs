@@ -26,7 +26,8 @@ fn setup() -> Setup {
     std::fs::copy(built("libnbos_cuda_shim.so"), shim_dir.join("libcuda.so.1")).expect("copy");
     let client = dir.path().join("driver_client");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/driver_client.c");
-    let out = Command::new("cc").args(["-O1", "-o"]).arg(&client).arg(src).arg("-ldl").output().expect("cc");
+    let out =
+        Command::new("cc").args(["-O1", "-pthread", "-o"]).arg(&client).arg(src).arg("-ldl").output().expect("cc");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let state = dir.path().join("fake-state");
     Setup { _dir: dir, shim_dir, client, state }

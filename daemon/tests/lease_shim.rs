@@ -171,7 +171,7 @@ impl Host {
         let fake = real.clone().unwrap_or_else(|| built("libfake_cuda.so"));
         let client = dir.path().join("driver_client");
         let out = Command::new("cc")
-            .args(["-O1", "-Wall", "-o"])
+            .args(["-O1", "-Wall", "-pthread", "-o"])
             .arg(&client)
             .arg(programs().join("driver_client.c"))
             .arg("-ldl")
@@ -405,6 +405,30 @@ fn a_gated_call_blocks_without_a_lease_and_proceeds_when_granted() {
     let (code, lines) = p.wait();
     assert_eq!(code, 0, "{lines:?}");
     assert_eq!(host.metrics.grants.get(), 1);
+}
+
+#[test]
+fn threads_racing_without_a_lease_share_one_request_and_all_proceed() {
+    let host = Host::start(1, 64, Duration::from_secs(60));
+    let mut p = host.spawn(&["threads", "8"], "k-threads", 1);
+    p.expect("LOADED");
+    let pid = p.pid();
+    host.wait_state(pid, LeaseState::Bound);
+    host.server.revoke(pid);
+    host.wait_state(pid, LeaseState::Unbound);
+    host.server.set_paused(true);
+    p.send("go");
+    host.wait_state(pid, LeaseState::Requested);
+    assert!(!p.has_printed("THREAD"), "computed without a lease: {:?}", p.seen);
+    host.server.set_paused(false);
+    let mut sums: Vec<String> = (0..8).map(|_| p.expect("THREAD")).collect();
+    sums.sort();
+    let want: Vec<String> = (0..8).map(|i| format!("THREAD {i} {:.1}", f64::from((i + 1) * 256))).collect();
+    assert_eq!(sums, want);
+    assert_eq!(p.expect("JOINED"), "JOINED 8");
+    let (code, lines) = p.wait();
+    assert_eq!(code, 0, "{lines:?}");
+    assert_eq!(host.metrics.grants.get(), 2, "one grant at start, one for all eight threads");
 }
 
 #[test]

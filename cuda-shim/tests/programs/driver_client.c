@@ -10,10 +10,13 @@
  *   turns V ROUNDS MIB    alloc MIB MiB; per round fill V+r, check sum, idle 300 ms
  *   fork                  parent and forked child each compute on their own memory
  *   launches N            N leased cuLaunchKernel calls in a row
+ *   threads N             N threads race for the lease with their first driver calls;
+ *                         each then computes on its own buffer (THREAD lines)
  *   limits BYTES          each device allocation entry point against the host's limit
  *                         of BYTES: over it, half of it, the rest, free (LIMIT lines)
  * Every line printed is flushed; exit status 0 means every check passed. */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -269,6 +272,42 @@ static int launches(long n) {
     return 0;
 }
 
+/* One racing thread: its first gated call (retaining the primary context) waits for
+ * the lease like every other thread's; then it computes on its own buffer. */
+static void *racer(void *arg) {
+    long i = (long)arg;
+    CUdevice dev;
+    CUcontext ctx;
+    CHECK(pDeviceGet(&dev, 0));
+    CHECK(pRetain(&ctx, dev));
+    CHECK(pSetCurrent(ctx));
+    CUdeviceptr x;
+    CHECK(pAlloc(&x, 256 * 4));
+    fill(x, (float)(i + 1), 256);
+    printf("THREAD %ld %.1f\n", i, sum(x, 256));
+    fflush(stdout);
+    CHECK(pFree(x));
+    return NULL;
+}
+
+static int threads(int n) {
+    CHECK(pInit(0));
+    /* The module's functions are needed by every thread: load them first (this takes the
+     * lease), then give it back by asking the host through stdin. */
+    setup_context();
+    printf("LOADED\n");
+    fflush(stdout);
+    char line[64];
+    if (!fgets(line, sizeof line, stdin)) return 4;
+    pthread_t t[64];
+    if (n > 64) n = 64;
+    for (long i = 0; i < n; i++) pthread_create(&t[i], NULL, racer, (void *)i);
+    for (int i = 0; i < n; i++) pthread_join(t[i], NULL);
+    printf("JOINED %d\n", n);
+    fflush(stdout);
+    return 0;
+}
+
 /* CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: resolves the _ptsz variants. */
 #define PTDS 2ULL
 
@@ -381,6 +420,7 @@ int main(int argc, char **argv) {
     if (argc > 4 && !strcmp(argv[1], "turns")) return turns(atof(argv[2]), atoi(argv[3]), atoi(argv[4]));
     if (argc > 1 && !strcmp(argv[1], "fork")) return forked();
     if (argc > 2 && !strcmp(argv[1], "launches")) return launches(atol(argv[2]));
+    if (argc > 2 && !strcmp(argv[1], "threads")) return threads(atoi(argv[2]));
     if (argc > 2 && !strcmp(argv[1], "limits")) return limits(strtoull(argv[2], NULL, 10));
     fprintf(stderr, "usage: driver_client basic|phases N|turns V ROUNDS MIB|fork\n");
     return 64;
