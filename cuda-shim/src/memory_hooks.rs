@@ -1,7 +1,7 @@
 //! Hand-written exports for device memory: every allocation entry point is held to the
 //! host's limit ([`crate::memory_limit`]), every matching free gives its bytes back, and
 //! `cuMemGetInfo_v2` reports the lease's view (total = the limit, free = what is left of
-//! it). `build.rs` skips generating a pass-through for every `pub unsafe extern "C" fn`
+//! it), as does `cuDeviceTotalMem_v2`. `build.rs` skips generating a pass-through for every `pub unsafe extern "C" fn`
 //! defined here, as for `hooks.rs`.
 //!
 //! Counted: `cuMemAlloc_v2`, `cuMemAllocPitch_v2` (pitch × height, as the driver laid it
@@ -16,7 +16,7 @@ use std::ffi::{c_uint, c_void};
 
 use crate::abi::{self, CUresult};
 use crate::driver;
-use crate::gate::gated;
+use crate::gate::{gated, ungated};
 use crate::memory_limit::{self, Key};
 
 /// Runs the allocation `call` of `bytes` under the limit: refused with
@@ -64,6 +64,27 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
                 *free = fr;
                 *total = to;
             }
+        }
+        r
+    })
+}
+
+/// `cuDeviceTotalMem_v2`: with a limit, no more than the limit (frameworks size their
+/// caches from it). A device query: answered without a lease.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: i32) -> CUresult {
+    if bytes.is_null() {
+        return abi::INVALID_VALUE;
+    }
+    ungated(|lease| {
+        type F = unsafe extern "C" fn(*mut usize, i32) -> CUresult;
+        let Some(f) = driver::by_name::<F>(c"cuDeviceTotalMem_v2") else { return abi::NOT_FOUND };
+        let mut total = 0usize;
+        // SAFETY: real entry point; output is a local, the device mapped to the lease's GPU.
+        let r = unsafe { f(&mut total, lease.physical(dev)) };
+        if r == abi::SUCCESS {
+            // SAFETY: checked non-null.
+            unsafe { *bytes = memory_limit::limit().map_or(total, |l| total.min(l)) };
         }
         r
     })

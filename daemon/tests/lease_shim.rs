@@ -344,6 +344,7 @@ fn every_device_allocation_entry_point_is_held_to_the_hosts_limit() {
     let (code, lines) = p.wait();
     assert_eq!(code, 0, "{lines:?}");
     assert!(lines.contains(&format!("MEMINFO {LIMIT} {LIMIT}")), "cuMemGetInfo reports the lease's view: {lines:?}");
+    assert!(lines.contains(&format!("TOTALMEM {LIMIT}")), "so does cuDeviceTotalMem: {lines:?}");
     let entry_points = [
         "cuMemAlloc",
         "cuMemAllocPitch",

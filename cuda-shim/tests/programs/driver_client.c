@@ -384,6 +384,10 @@ static int limits(size_t limit) {
     size_t mfree = 0, mtotal = 0;
     CHECK(pMemGetInfo(&mfree, &mtotal));
     printf("MEMINFO %zu %zu\n", mfree, mtotal);
+    size_t device_total = 0;
+    CUresult (*total_mem)(size_t *, CUdevice) = resolve("cuDeviceTotalMem");
+    CHECK(total_mem(&device_total, 0));
+    printf("TOTALMEM %zu\n", device_total);
     void *pool = NULL;
     CUresult (*get_pool)(void **, CUdevice) = resolve("cuDeviceGetDefaultMemPool");
     CHECK(get_pool(&pool, 0));
