@@ -352,9 +352,18 @@ mod sync {
         let (content, _, out) = run_cell(&mut hosts, 1, "print(c.v + xs[-1], arr[5])").await;
         assert_eq!(out.trim(), "11 -1.0");
         assert_eq!(content["execution_count"], 12, "the fresh replica continues the execution count");
-        let status = hosts[1].host.replicas().await;
-        assert_eq!(status.len(), 1);
-        assert_eq!((status[0].role.as_str(), status[0].lag_revisions), ("executor", 0), "{status:?}");
+        // Its own commit reaches its applier a moment after the reply: lag drops to 0.
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let status = hosts[1].host.replicas().await;
+            assert_eq!(status.len(), 1);
+            assert_eq!(status[0].role, "executor", "{status:?}");
+            if status[0].lag_revisions == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the executor's replica stays behind: {status:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
 
         // A restart of every replica empties the namespace; the group forgets it too.
         for h in &hosts {
@@ -466,7 +475,7 @@ mod supervised {
     }
 
     /// Runs `code` as the won cell of `node` (round 0, designated lead); returns its stdout.
-    async fn run_on(node: &Node, kernel_id: &str, code: &str) -> String {
+    async fn run_on(node: &Node, kernel_id: &str, code: &str) -> (String, u64) {
         let kernel = node.kernels.get(kernel_id).await.expect("local replica");
         let (client, mut rx, _) = kernel.hub.connect();
         let cell = uuid::Uuid::new_v4().to_string();
@@ -500,7 +509,7 @@ mod supervised {
                 assert_eq!(meta["nbos_election"]["outcome"], "executed", "{meta} {c}");
                 assert_eq!(c["status"], "ok", "{c}");
                 kernel.hub.disconnect(client);
-                return out;
+                return (out, meta["nbos_election"]["revision"].as_u64().expect("revision"));
             }
         }
     }
@@ -543,7 +552,7 @@ mod supervised {
         assert!(pick(&nodes, spare).kernels.get(&id).await.is_none(), "a replica on the host without placement");
 
         let first = placed[0];
-        run_on(pick(&nodes, first), &id, "v = 41\nclass K:\n    w = 1").await;
+        let (_, rev) = run_on(pick(&nodes, first), &id, "v = 41\nclass K:\n    w = 1").await;
 
         // A daemon restart on a replica host: its replica comes back and catches up from the group.
         let restarted = placed[1];
@@ -558,7 +567,7 @@ mod supervised {
         }
         let again = wait_for("the restarted host's replica", || async {
             let r = pick(&nodes, restarted).host.replica(&id)?;
-            (r.applier.catch_ups() >= 1 && r.applier.applied() > 0).then_some(())
+            (r.applier.catch_ups() >= 1 && r.applier.applied() >= rev).then_some(())
         })
         .await;
         let _: () = again;
@@ -573,7 +582,7 @@ mod supervised {
             let k = pick(&nodes, restarted).kernels.get(&id).await?;
             let r = pick(&nodes, restarted).host.replica(&id)?;
             let fresh = k.pids().first().is_some_and(|p| *p != old_pid);
-            (fresh && r.applier.catch_ups() >= 1 && r.applier.applied() > 0).then_some(k)
+            (fresh && r.applier.catch_ups() >= 1 && r.applier.applied() >= rev).then_some(k)
         })
         .await;
         assert_eq!(namespace_digest(&k, WAIT).await.expect("digest"), digest_before, "re-created replica differs");
@@ -611,7 +620,7 @@ mod supervised {
         let a = namespace_digest(&pick(&nodes, first).kernels.get(&id).await.expect("k"), WAIT).await.expect("digest");
         let b = namespace_digest(&pick(&nodes, spare).kernels.get(&id).await.expect("k"), WAIT).await.expect("digest");
         assert_eq!(a, b, "the replacement replica's namespace differs");
-        let out = run_on(pick(&nodes, spare), &id, "print(v + K.w)").await;
+        let (out, _) = run_on(pick(&nodes, spare), &id, "print(v + K.w)").await;
         assert_eq!(out.trim(), "42");
 
         // Deleting the kernel stops every replica and its group.
