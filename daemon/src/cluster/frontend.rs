@@ -868,7 +868,11 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
         if let Some(c) = k.state().current.as_mut() {
             c.round = round;
         }
-        tracing::debug!(kernel = %k.id, cell = %cell.msg_id, round, lead = plan.lead, "election round");
+        tracing::debug!(
+            kernel = %k.id, cell = %cell.msg_id, round, lead = plan.lead,
+            since_submit_us = u64::try_from(cell.submitted.elapsed().as_micros()).unwrap_or(u64::MAX),
+            "election round"
+        );
         for c in cands.iter().filter(|c| c.live) {
             let msg = with_election(&cell.request, &cell.msg_id, round, c.replica == plan.lead, expected.as_ref());
             k.send_to(c.node_id, Channel::Shell, msg);

@@ -50,6 +50,12 @@ pub struct Args {
     /// Size of the numpy array in the large-object sync cell, MiB.
     #[arg(long, default_value_t = 64)]
     pub large_mib: usize,
+    /// Keep the hosts' directories (configs, daemon logs) and print where they are.
+    #[arg(long)]
+    pub keep_logs: bool,
+    /// Log filter of the daemons (written to each host's `daemon.log`).
+    #[arg(long, default_value = "warn")]
+    pub log_level: String,
 }
 
 /// Results.
@@ -111,7 +117,8 @@ pub struct LocalCluster {
     /// File holding the token.
     pub token_file: PathBuf,
     daemon: PathBuf,
-    _dir: tempfile::TempDir,
+    dir: Option<tempfile::TempDir>,
+    keep: bool,
 }
 
 impl Drop for LocalCluster {
@@ -125,6 +132,11 @@ impl Drop for LocalCluster {
                 }
                 kill_group(&c);
                 let _ = c.wait();
+            }
+        }
+        if self.keep {
+            if let Some(d) = self.dir.take() {
+                eprintln!("nbos: the hosts' directories are kept in {}", d.keep().display());
             }
         }
     }
@@ -165,6 +177,8 @@ pub struct LocalClusterConfig {
     pub daemon: PathBuf,
     /// Log filter of the daemons.
     pub log_level: String,
+    /// Keep the hosts' directories when the cluster stops.
+    pub keep: bool,
 }
 
 impl LocalCluster {
@@ -223,7 +237,7 @@ impl LocalCluster {
                 child: None,
             });
         }
-        let mut cluster = Self { hosts, token, token_file, daemon: cfg.daemon.clone(), _dir: dir };
+        let mut cluster = Self { hosts, token, token_file, daemon: cfg.daemon.clone(), dir: Some(dir), keep: cfg.keep };
         for i in 0..cfg.hosts {
             cluster.spawn(i)?;
         }
@@ -336,7 +350,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         fake_gpus: args.fake_gpus,
         host_ttl: Duration::from_secs(3),
         daemon: exe.with_file_name("notebookosd"),
-        log_level: "warn".to_owned(),
+        log_level: args.log_level.clone(),
+        keep: args.keep_logs,
     };
     let cluster = LocalCluster::start(&cfg)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
