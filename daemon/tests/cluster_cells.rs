@@ -581,3 +581,31 @@ async fn wait_for_stderr(client: &mut CellClient, id: &str, needle: &str) -> Str
         assert!(Instant::now() < deadline, "no {needle:?} on stderr");
     }
 }
+
+#[test]
+fn bench_election_prints_one_json_object_with_the_promised_keys() {
+    let python = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    let out = std::process::Command::new(NBOS)
+        .args(["bench", "election", "--json", "--cells", "10", "--warmup", "1", "--small-objects", "200"])
+        .args(["--large-mib", "2", "--python"])
+        .arg(&python)
+        .output()
+        .expect("run nbos bench election");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "one JSON object: {stdout}");
+    let v: serde_json::Value = serde_json::from_str(lines[0]).expect("json");
+    for key in ["election_p50_ms", "election_p99_ms", "sync_small_mib_s", "sync_large_mib_s"] {
+        let x = v[key].as_f64().unwrap_or_else(|| panic!("{key} missing in {v}"));
+        assert!(x.is_finite() && x > 0.0, "{key} = {x}");
+    }
+    assert!(v["election_p99_ms"].as_f64() >= v["election_p50_ms"].as_f64(), "{v}");
+    assert_eq!(v["sync_large_bytes"], 2 * 1024 * 1024, "{v}");
+    let bad = std::process::Command::new(NBOS)
+        .args(["bench", "election", "--json", "--cells", "3"])
+        .output()
+        .expect("run nbos bench election");
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--cells must be at least 10"));
+}
