@@ -141,6 +141,7 @@ mod sync {
     use std::time::{Duration, Instant, SystemTime};
 
     use notebookosd::cluster::objects::Objects;
+    use notebookosd::cluster::records::keys;
     use notebookosd::cluster::replica_host::{Handled, ReplicaHost};
     use notebookosd::cluster::state_sync::{self, namespace_digest, SyncConfig};
     use notebookosd::jupyter::{Channel, Message};
@@ -172,6 +173,7 @@ mod sync {
         let kernels = Arc::new(Kernels::new(python(), dir.join("kernels"), Vec::new(), metrics, binder, 0));
         let mut sync = SyncConfig::new(dir.join("sync"));
         sync.kernel_timeout = WAIT;
+        sync.elect_history = 4;
         let objects = Objects::open(None, objects).expect("objects");
         let host = Arc::new(ReplicaHost::new(node, stores.node(node).clone(), kernels.clone(), objects, sync));
         let (kernel, client, rx) = start_replica(&kernels, &host, node).await;
@@ -295,6 +297,11 @@ mod sync {
         let (_, revision, out) = run_cell(&mut hosts, 2, check).await;
         assert_eq!(out.trim(), "[1, 2, 3, 4] [1, 2, 3] 7 6 15 -1.0 10485760 numpy False");
         assert_same_namespace(&hosts, revision, "check").await;
+
+        // Election records stay bounded: after 6 cells the oldest one's is gone (history 4 + last).
+        let kv = hosts[0].host.store().kv(GROUP);
+        let elect = kv.range(keys::ELECT.as_bytes(), 0).await.expect("range elect/");
+        assert_eq!(elect.len(), 5, "election records of 6 cells with a history of 4: {elect:?}");
 
         // Inline payloads stay under the group's budget: past it they spill to the object store.
         let before = std::fs::read_dir(objects.join("objects")).expect("objects dir").count();

@@ -360,10 +360,8 @@ impl ReplicaHost {
         };
         let me = Proposer { replica: local.replica, node_id: self.node_id };
         let kv = self.store.kv(local.group);
-        let exported = state_sync::export_and_commit(&kernel, &kv, &self.objects, &self.sync, &cell, me, |touched| {
-            local.applier.inline_bytes_excluding(touched)
-        })
-        .await;
+        let exported =
+            state_sync::export_and_commit(&kernel, &kv, &self.objects, &self.sync, &cell, me, &local.applier).await;
         let revision = match exported {
             Ok(x) => {
                 if !x.unpicklable.is_empty() {
@@ -403,7 +401,7 @@ impl ReplicaHost {
         let local = self
             .replica(kernel_id)
             .ok_or_else(|| anyhow::anyhow!("host {} has no replica of kernel {kernel_id}", self.node_id))?;
-        state_sync::reset_namespace(&self.store.kv(local.group), self.node_id).await
+        state_sync::reset_namespace(&self.store.kv(local.group), self.node_id, local.applier.last_cell().as_ref()).await
     }
 
     /// The replicas hosted here (`GET /api/v1/cluster/replicas`).

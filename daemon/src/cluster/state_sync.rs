@@ -36,6 +36,8 @@ use crate::kernel::Kernel;
 pub const GROUP_INLINE_BUDGET: u64 = 8 << 20;
 /// Prefix the applier watches: `ns/` entries and the `ns-cell` marker.
 const WATCH_PREFIX: &str = "ns";
+/// Cell id prefix of the marker a namespace reset puts.
+const RESET_PREFIX: &str = "restart-";
 /// Magic and version of an `ns/` value.
 const NS_MAGIC: &[u8; 4] = b"NBS1";
 /// Failed attempts at applying one cell before the replica is shown broken (it keeps trying).
@@ -50,12 +52,16 @@ pub struct SyncConfig {
     pub work_dir: PathBuf,
     /// How long one export or apply may take in the kernel.
     pub kernel_timeout: Duration,
+    /// Election records kept per kernel group (the most recent cells'); older ones are
+    /// deleted with each cell's commit. A late proposal can only concern a recent cell:
+    /// the front-end sends one kernel's cells in order over one connection per host.
+    pub elect_history: usize,
 }
 
 impl SyncConfig {
-    /// Defaults: 1 MiB inline, 10 minutes per export/apply.
+    /// Defaults: 1 MiB inline, 10 minutes per export/apply, 256 election records.
     pub fn new(work_dir: PathBuf) -> Self {
-        Self { inline_max_bytes: 1 << 20, work_dir, kernel_timeout: Duration::from_secs(600) }
+        Self { inline_max_bytes: 1 << 20, work_dir, kernel_timeout: Duration::from_secs(600), elect_history: 256 }
     }
 }
 
@@ -152,6 +158,26 @@ pub struct NsCell {
     pub replica: u32,
     /// Its host.
     pub node_id: u64,
+    /// Cells synchronised before this one, oldest first (at most `elect_history`): their
+    /// `elect/` records are kept; the cell that falls out of this list has its record
+    /// deleted in the same transaction, so a group's election records stay bounded.
+    #[serde(default)]
+    pub recent: Vec<String>,
+}
+
+impl NsCell {
+    /// The marker after `previous` for `cell`, and the cells whose election records go.
+    fn next(previous: Option<&NsCell>, history: usize, cell: NsCell) -> (NsCell, Vec<String>) {
+        let mut recent = previous.map(|p| p.recent.clone()).unwrap_or_default();
+        if let Some(p) = previous {
+            if !p.cell.starts_with(RESET_PREFIX) {
+                recent.push(p.cell.clone());
+            }
+        }
+        let drop = recent.len().saturating_sub(history);
+        let dropped: Vec<String> = recent.drain(..drop).collect();
+        (NsCell { recent, ..cell }, dropped)
+    }
 }
 
 /// What an export committed.
@@ -200,8 +226,8 @@ fn scratch_dir(cfg: &SyncConfig, what: &str) -> anyhow::Result<tempfile::TempDir
 }
 
 /// Exports what the last cell changed in `kernel`'s namespace and commits it to the
-/// kernel group as one transaction. `inline_in_use` is the group's inline total of the
-/// names *not* touched by this export (see [`Applier::inline_bytes_excluding`]).
+/// kernel group as one transaction. `applier` is the local replica's (caught up): it
+/// knows the group's inline total and last synchronised cell.
 pub async fn export_and_commit(
     kernel: &Kernel,
     kv: &Kv,
@@ -209,7 +235,7 @@ pub async fn export_and_commit(
     cfg: &SyncConfig,
     cell: &str,
     me: Proposer,
-    inline_in_use: impl FnOnce(&BTreeSet<String>) -> u64,
+    applier: &Applier,
 ) -> anyhow::Result<Exported> {
     let dir = scratch_dir(cfg, "export-")?;
     call_sync(kernel, &format!("export_cell({})", py_str(&dir.path().display().to_string())), cfg.kernel_timeout)
@@ -229,7 +255,7 @@ pub async fn export_and_commit(
         .chain(manifest.deleted.iter().cloned())
         .chain(manifest.unpicklable.iter().map(|u| u.name.clone()))
         .collect();
-    let mut budget = GROUP_INLINE_BUDGET.saturating_sub(inline_in_use(&touched));
+    let mut budget = GROUP_INLINE_BUDGET.saturating_sub(applier.inline_bytes_excluding(&touched));
     let mut entries = manifest.set.clone();
     // Small first: the most names fit inline; the big ones spill.
     entries.sort_by_key(|e| e.size);
@@ -269,12 +295,17 @@ pub async fn export_and_commit(
         txn = txn.and_then(TxnOp::delete(keys::ns(name).into_bytes()));
         out.deleted += 1;
     }
-    let marker = NsCell {
+    let this = NsCell {
         cell: cell.to_owned(),
         execution_count: manifest.execution_count,
         replica: me.replica,
         node_id: me.node_id,
+        recent: Vec::new(),
     };
+    let (marker, forgotten) = NsCell::next(applier.last_cell().as_ref(), cfg.elect_history, this);
+    for old in &forgotten {
+        txn = txn.and_then(TxnOp::delete(keys::elect(old).into_bytes()));
+    }
     txn = txn.and_then(TxnOp::put(keys::NS_CELL.as_bytes().to_vec(), records::encode(&marker)));
     // The cell is decided and done: its yield notes go (its `elect/` record stays, it is what
     // keeps a late proposal from winning the cell again).
@@ -324,8 +355,16 @@ async fn commit_once(kv: &Kv, txn: Txn, marker: &NsCell) -> Result<u64, raft_sto
 /// `ns-cell` with execution count 0, so followers unbind everything, the next cell is
 /// number 1, and a replica that catches up later does not bring back the old state.
 /// Returns the revision.
-pub async fn reset_namespace(kv: &Kv, node_id: u64) -> anyhow::Result<u64> {
-    let marker = NsCell { cell: format!("restart-{}", uuid::Uuid::new_v4()), execution_count: 0, replica: 0, node_id };
+pub async fn reset_namespace(kv: &Kv, node_id: u64, previous: Option<&NsCell>) -> anyhow::Result<u64> {
+    let marker = NsCell {
+        cell: format!("{RESET_PREFIX}{}", uuid::Uuid::new_v4()),
+        execution_count: 0,
+        replica: 0,
+        node_id,
+        recent: Vec::new(),
+    };
+    // The election history carries over (no record is dropped here).
+    let (marker, _) = NsCell::next(previous, usize::MAX, marker);
     let txn = Txn::new()
         .and_then(TxnOp::delete_prefix(keys::NS.as_bytes().to_vec()))
         .and_then(TxnOp::put(keys::NS_CELL.as_bytes().to_vec(), records::encode(&marker)));
@@ -343,6 +382,8 @@ struct Shared {
     broken: Option<String>,
     /// Catch-ups done (start, snapshot, compaction).
     catch_ups: u64,
+    /// The last synchronised cell as of the applied revision.
+    last_cell: Option<NsCell>,
 }
 
 /// The follower side of one local replica: applies committed cells to its kernel.
@@ -392,6 +433,11 @@ impl Applier {
     /// How many whole-namespace catch-ups ran.
     pub fn catch_ups(&self) -> u64 {
         self.lock().catch_ups
+    }
+
+    /// The group's last synchronised cell as of [`Applier::applied`].
+    pub fn last_cell(&self) -> Option<NsCell> {
+        self.lock().last_cell.clone()
     }
 
     /// The group's inline payload total, leaving out `names`.
@@ -589,6 +635,9 @@ impl Run {
             for (name, v) in &batch.puts {
                 g.inline.insert(name.clone(), v.inline_bytes());
             }
+            if batch.cell.is_some() {
+                g.last_cell.clone_from(&batch.cell);
+            }
         }
         self.applied.send_replace(revision);
         tracing::debug!(group = self.kv.group(), revision, own, full, names = batch.puts.len(), "namespace applied");
@@ -680,6 +729,22 @@ mod tests {
         let mut truncated = v.encode();
         truncated.truncate(8);
         assert!(NsValue::decode(b"ns/x", &truncated).is_err());
+    }
+
+    #[test]
+    fn election_history_is_bounded_and_resets_keep_it() {
+        let cell = |id: &str| NsCell { cell: id.into(), execution_count: 1, replica: 1, node_id: 1, recent: vec![] };
+        let (m1, gone) = NsCell::next(None, 2, cell("a"));
+        assert!(m1.recent.is_empty() && gone.is_empty());
+        let (m2, _) = NsCell::next(Some(&m1), 2, cell("b"));
+        let (m3, gone) = NsCell::next(Some(&m2), 2, cell("c"));
+        assert_eq!((m3.recent.clone(), gone), (vec!["a".to_owned(), "b".to_owned()], vec![]));
+        let (m4, gone) = NsCell::next(Some(&m3), 2, cell("d"));
+        assert_eq!((m4.recent.clone(), gone), (vec!["b".to_owned(), "c".to_owned()], vec!["a".to_owned()]));
+        let (reset, gone) = NsCell::next(Some(&m4), usize::MAX, cell("restart-x"));
+        assert_eq!((reset.recent.len(), gone.len()), (3, 0));
+        let (after, _) = NsCell::next(Some(&reset), 2, cell("e"));
+        assert_eq!(after.recent, vec!["c".to_owned(), "d".to_owned()], "a reset marker is no cell");
     }
 
     #[test]
