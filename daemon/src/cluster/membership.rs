@@ -16,8 +16,10 @@ use raft_store::{Error as StoreError, WatchEventKind};
 use super::meta::{Cluster, PeerRecord, PEERS};
 use super::records::{self, keys, HostRecord};
 
-/// How often the load is compared with the last published one.
-const LOAD_EVERY: Duration = Duration::from_secs(1);
+/// How often the load is compared with the last published one (written only when it
+/// changed: two writes per cell at most). Front-ends pre-select executors from it, so a GPU
+/// freed by a finished cell should show within a round trip or so.
+const LOAD_EVERY: Duration = Duration::from_millis(100);
 
 /// This host's record, as it heartbeats it.
 pub fn host_record(cluster: &Cluster) -> HostRecord {
@@ -75,7 +77,7 @@ async fn is_member(cluster: &Cluster) -> bool {
 pub(super) async fn heartbeat(cluster: Arc<Cluster>) {
     let ttl = cluster.settings().host_ttl;
     let renew_every = ttl / 3;
-    let tick = renew_every.min(LOAD_EVERY).max(Duration::from_millis(50));
+    let tick = renew_every.min(LOAD_EVERY);
     let mut last_renewal = Instant::now();
     let mut failures = 0u32;
     loop {
