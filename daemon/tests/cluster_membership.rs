@@ -25,6 +25,19 @@ fn replica_nodes(record: &Value) -> Vec<u64> {
     v
 }
 
+/// `nbos kernels --json` replica rows of one kernel, as seen through host `via`.
+fn replica_rows(c: &TestCluster, via: u64, kernel: &str) -> Vec<Value> {
+    let (ok, out, _) = c.nbos(via, &["kernels", "--json"]);
+    if !ok {
+        return Vec::new();
+    }
+    let v: Value = serde_json::from_str(&out).unwrap_or_default();
+    v["replicas"]
+        .as_array()
+        .map(|rows| rows.iter().filter(|r| r["kernel_id"] == kernel).cloned().collect())
+        .unwrap_or_default()
+}
+
 #[test]
 fn hosts_form_a_cluster_fail_rejoin_join_and_leave() {
     let ttl = Duration::from_secs(1);
@@ -92,6 +105,16 @@ fn hosts_form_a_cluster_fail_rejoin_join_and_leave() {
     assert_eq!(code, 201, "{kernel}");
     assert_eq!(replica_nodes(&kernel), vec![1, 2, 3], "{kernel}");
     let id = kernel["id"].as_str().expect("id").to_owned();
+    // `nbos kernels` shows its replicas: host, role and lag once each host runs its replica.
+    let rows = wait_for(Duration::from_secs(90), "nbos kernels to show the three replicas running", || {
+        let rows = replica_rows(&c, 1, &id);
+        let running = rows.len() == 3 && rows.iter().all(|r| r["role"] == "follower" && r["lag"] == 0);
+        running.then_some(rows)
+    });
+    let hosts: Vec<&str> = rows.iter().filter_map(|r| r["host"].as_str()).collect();
+    assert_eq!(hosts, vec!["host1", "host2", "host3"], "{rows:?}");
+    let (ok, table, _) = c.nbos(2, &["kernels"]);
+    assert!(ok && table.lines().filter(|l| l.contains(&id) && l.contains("follower")).count() == 3, "{table}");
     // The next kernel goes to the least subscribed hosts: 4 first.
     let (code, second) = c.post(1, "/api/v1/cluster/kernels", json!({ "name": "python3", "gpus": 1 }));
     assert_eq!(code, 201, "{second}");
@@ -106,6 +129,11 @@ fn hosts_form_a_cluster_fail_rejoin_join_and_leave() {
         let (code, r) = c.get(1, &format!("/api/v1/cluster/kernels/{id}"));
         (code == 200 && replica_nodes(&r) == [1, 2, 4]).then_some(r)
     });
+    let rows = wait_for(Duration::from_secs(90), "the replacement replica on host 4 to run", || {
+        let rows = replica_rows(&c, 1, &id);
+        rows.iter().any(|r| r["node_id"] == 4 && r["role"] == "follower").then_some(rows)
+    });
+    assert!(!rows.iter().any(|r| r["node_id"] == 3), "{rows:?}");
     let numbers: Vec<u64> =
         record["replicas"].as_array().expect("replicas").iter().filter_map(|r| r["replica"].as_u64()).collect();
     assert!(numbers.contains(&4), "the new replica gets a new number: {record}");
