@@ -178,6 +178,17 @@ fn a_host_without_a_quorum_serves_and_says_not_ready() {
 }
 
 #[test]
+fn hosts_form_a_cluster_over_mutual_tls() {
+    let c = TestCluster::start(3, Options { fake_gpus: 0, tls: true, ..Options::default() });
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(30));
+    let log = c.host(1).log();
+    assert!(!log.contains("PLAINTEXT"), "the raft transport must use the configured TLS:\n{log}");
+    let (code, k) = c.post(2, "/api/v1/cluster/kernels", json!({ "name": "python3", "gpus": 0 }));
+    assert_eq!(code, 201, "{k}");
+    assert_eq!(replica_nodes(&k), vec![1, 2, 3], "{k}");
+}
+
+#[test]
 fn single_host_commands_say_the_cluster_is_off_and_bad_cluster_config_names_the_key() {
     let dir = tempfile::tempdir().expect("tmp");
     for (toml, key) in [

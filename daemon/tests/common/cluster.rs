@@ -29,11 +29,13 @@ pub struct Options {
     pub host_ttl: String,
     /// More TOML appended to every host's config (whole sections).
     pub extra_toml: String,
+    /// Mutual TLS on the raft transport (a test PKI for node ids 1..=8), else plaintext.
+    pub tls: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { fake_gpus: 1, host_ttl: "1s".to_owned(), extra_toml: String::new() }
+        Self { fake_gpus: 1, host_ttl: "1s".to_owned(), extra_toml: String::new(), tls: false }
     }
 }
 
@@ -98,6 +100,9 @@ impl TestCluster {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join("token"), format!("{TOKEN}\n")).expect("token");
         std::fs::create_dir_all(dir.path().join("objects")).expect("objects dir");
+        if options.tls {
+            raft_store::generate_cluster_pki(&dir.path().join("pki"), &(1..=8).collect::<Vec<u64>>()).expect("pki");
+        }
         let addrs: Vec<SocketAddr> =
             (0..seeds).map(|_| raft_store::service::free_loopback_addr().expect("free port")).collect();
         let seed_list = addrs.iter().zip(1u64..).map(|(a, id)| format!("{id}={a}")).collect();
@@ -130,12 +135,18 @@ impl TestCluster {
             "[gpu]\ndriver = \"none\"\n".to_owned()
         };
         let seeds = self.seeds.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ");
+        let tls = if self.options.tls {
+            let files = raft_store::NodeTlsFiles::in_dir(&self.dir.path().join("pki"), node_id);
+            format!("tls = {{ ca_cert = {:?}, cert = {:?}, key = {:?} }}\n", files.ca_cert, files.cert, files.key)
+        } else {
+            String::new()
+        };
         let text = format!(
             "[node]\nname = \"host{node_id}\"\nstate_dir = {state:?}\nruntime_dir = {run:?}\n\
              [http]\nlisten = \"127.0.0.1:0\"\ntoken_file = {token:?}\n\
              {gpu}[kernel]\npython = {python:?}\n\
              [cluster]\nenabled = true\nnode_id = {node_id}\nraft_listen = \"{raft_addr}\"\nseeds = [{seeds}]\n\
-             host_ttl = \"{ttl}\"\nobject_store = \"file://{objects}\"\n{extra}",
+             host_ttl = \"{ttl}\"\nobject_store = \"file://{objects}\"\n{tls}{extra}",
             state = dir.join("state"),
             run = dir.join("run"),
             token = self.dir.path().join("token"),
