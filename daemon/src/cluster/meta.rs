@@ -714,12 +714,30 @@ impl Cluster {
     }
 
     /// This host leaves the cluster: its replicas are re-placed on other hosts, then it is
-    /// removed from the meta group and its heartbeat stops. Refused (and nothing is removed)
-    /// when a replica cannot be re-placed.
+    /// removed from the meta group and its heartbeat stops. Refused, with nothing changed,
+    /// when a replica cannot be re-placed (checked before anything moves; should the leader
+    /// still find no host for one, the moves already made stay and the host stays a member).
     pub async fn leave(&self) -> Result<LeaveReport> {
         let me = self.settings.node_id;
         let mine: Vec<KernelRecord> =
             self.kernels().await?.into_iter().filter(|k| k.replicas.iter().any(|r| r.node_id == me)).collect();
+        // Check first that every replica has somewhere to go (this host's view; the leader
+        // decides each move for real), so that a refusal leaves everything where it was.
+        let mut hosts: Vec<HostLoad> = self.host_loads().await?.into_iter().filter(|h| h.node_id != me).collect();
+        for k in &mine {
+            let exclude: Vec<u64> = k.replicas.iter().map(|r| r.node_id).collect();
+            let Some(to) = placement::replace(&hosts, k.gpus, self.settings.subscription_ratio, &exclude) else {
+                return Err(ClusterError::Conflict(format!(
+                    "host {me} cannot leave: no other live host can take its replica of kernel {} \
+                     (every live host already holds it or has no room); nothing was changed",
+                    k.id
+                )));
+            };
+            if let Some(h) = hosts.iter_mut().find(|h| h.node_id == to) {
+                h.subscribed_gpus = h.subscribed_gpus.saturating_add(k.gpus);
+                h.replicas = h.replicas.saturating_add(1);
+            }
+        }
         let mut moved = Vec::new();
         for k in &mine {
             match self.replace_replica(&k.id, me).await? {
