@@ -560,6 +560,22 @@ fn cells_wait_for_gpus_and_say_so_interrupts_reach_the_executor_and_bad_requests
         .expect("notebookos_election_rounds_total");
     assert!(rounds >= 2.0, "the waiting cell took more than one round: {rounds}");
     assert!(metrics.contains("notebookos_election_latency_seconds_count"), "{metrics}");
+    // Restart through any host restarts every replica (fresh processes) and the kernel
+    // keeps serving cells.
+    let pids_before: Vec<serde_json::Value> =
+        (1..=3).map(|h| c.get(h, &format!("/api/kernels/{k2}?replica=local")).1["pids"].clone()).collect();
+    let (code, v) = c.post(1, &format!("/api/kernels/{k2}/restart"), serde_json::json!({}));
+    assert_eq!(code, 200, "{v}");
+    for (h, before) in (1..=3).zip(&pids_before) {
+        let (_, m) = c.get(h, &format!("/api/kernels/{k2}?replica=local"));
+        assert_ne!(&m["pids"], before, "host {h}'s replica was not restarted: {m}");
+    }
+    rt.block_on(async {
+        let mut b = CellClient::connect(&gateway(&c, 2), &k2).await.expect("k2 after restart");
+        let run = b.run("print(1 + 1)", CELL_TIMEOUT).await.expect("cell after restart");
+        assert!(status_ok(&run), "{run:?}");
+        assert_eq!(run.stdout.trim(), "2");
+    });
     // Delete through the meta store, from any host: gone everywhere.
     let (code, v) = c.delete(3, &format!("/api/kernels/{k1}"));
     assert_eq!(code, 204, "{v}");
