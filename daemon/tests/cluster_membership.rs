@@ -179,7 +179,7 @@ fn a_host_without_a_quorum_serves_and_says_not_ready() {
 
 #[test]
 fn hosts_form_a_cluster_over_mutual_tls() {
-    let c = TestCluster::start(3, Options { fake_gpus: 0, tls: true, ..Options::default() });
+    let c = TestCluster::start_tls(3, Options { fake_gpus: 0, ..Options::default() });
     c.wait_ready(&[1, 2, 3], Duration::from_secs(30));
     let log = c.host(1).log();
     assert!(!log.contains("PLAINTEXT"), "the raft transport must use the configured TLS:\n{log}");

@@ -29,13 +29,11 @@ pub struct Options {
     pub host_ttl: String,
     /// More TOML appended to every host's config (whole sections).
     pub extra_toml: String,
-    /// Mutual TLS on the raft transport (a test PKI for node ids 1..=8), else plaintext.
-    pub tls: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { fake_gpus: 1, host_ttl: "1s".to_owned(), extra_toml: String::new(), tls: false }
+        Self { fake_gpus: 1, host_ttl: "1s".to_owned(), extra_toml: String::new() }
     }
 }
 
@@ -77,6 +75,8 @@ impl Host {
 pub struct TestCluster {
     pub hosts: Vec<Host>,
     pub options: Options,
+    /// Mutual TLS on the raft transport (a test PKI for node ids 1..=8), else plaintext.
+    tls: bool,
     seeds: Vec<String>,
     dir: tempfile::TempDir,
 }
@@ -95,18 +95,34 @@ impl TestCluster {
         c
     }
 
+    /// Like [`TestCluster::start`], with mutual TLS on the raft transport (`cluster.tls`).
+    pub fn start_tls(seeds: u64, options: Options) -> TestCluster {
+        let mut c = Self::configure(seeds, options, true);
+        for id in 1..=seeds {
+            c.spawn(id);
+        }
+        for id in 1..=seeds {
+            c.wait_http(id);
+        }
+        c
+    }
+
     /// Configures `seeds` founding hosts without starting any ([`TestCluster::restart`] starts one).
     pub fn create(seeds: u64, options: Options) -> TestCluster {
+        Self::configure(seeds, options, false)
+    }
+
+    fn configure(seeds: u64, options: Options, tls: bool) -> TestCluster {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join("token"), format!("{TOKEN}\n")).expect("token");
         std::fs::create_dir_all(dir.path().join("objects")).expect("objects dir");
-        if options.tls {
+        if tls {
             raft_store::generate_cluster_pki(&dir.path().join("pki"), &(1..=8).collect::<Vec<u64>>()).expect("pki");
         }
         let addrs: Vec<SocketAddr> =
             (0..seeds).map(|_| raft_store::service::free_loopback_addr().expect("free port")).collect();
         let seed_list = addrs.iter().zip(1u64..).map(|(a, id)| format!("{id}={a}")).collect();
-        let mut c = TestCluster { hosts: Vec::new(), options, seeds: seed_list, dir };
+        let mut c = TestCluster { hosts: Vec::new(), options, tls, seeds: seed_list, dir };
         for (addr, id) in addrs.into_iter().zip(1u64..) {
             c.create_host(id, addr);
         }
@@ -135,7 +151,7 @@ impl TestCluster {
             "[gpu]\ndriver = \"none\"\n".to_owned()
         };
         let seeds = self.seeds.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ");
-        let tls = if self.options.tls {
+        let tls = if self.tls {
             let files = raft_store::NodeTlsFiles::in_dir(&self.dir.path().join("pki"), node_id);
             format!("tls = {{ ca_cert = {:?}, cert = {:?}, key = {:?} }}\n", files.ca_cert, files.cert, files.key)
         } else {
