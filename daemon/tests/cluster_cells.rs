@@ -265,19 +265,34 @@ impl ProxyClient {
     }
 
     async fn send(&mut self, code: &str) -> String {
+        let content = serde_json::json!({ "code": code, "silent": false, "store_history": true });
+        self.request("execute_request", &content).await
+    }
+
+    async fn request(&mut self, msg_type: &str, content: &serde_json::Value) -> String {
         use zeromq::SocketSend;
-        let msg = Message::new(
-            "execute_request",
-            "proxy-test",
-            &uuid::Uuid::new_v4().to_string(),
-            SystemTime::now(),
-            None,
-            &serde_json::json!({ "code": code, "silent": false, "store_history": true }),
-        );
+        let msg =
+            Message::new(msg_type, "proxy-test", &uuid::Uuid::new_v4().to_string(), SystemTime::now(), None, content);
         let id = msg.header().expect("header").msg_id;
         let frames = wire::serialize(&[], &msg, &self.signer);
         self.shell.send(zeromq::ZmqMessage::try_from(frames).expect("frames")).await.expect("send");
         id
+    }
+
+    /// `kernel_info_request` → the reply's content (what every Jupyter client sends first).
+    async fn kernel_info(&mut self, timeout: Duration) -> serde_json::Value {
+        use zeromq::SocketRecv;
+        let id = self.request("kernel_info_request", &serde_json::json!({})).await;
+        let wait = async {
+            loop {
+                let m = self.shell.recv().await.expect("shell");
+                let (_, msg) = wire::parse(m.into_vec(), &self.signer).expect("signed reply");
+                if parent(&msg) == id {
+                    return msg.content_json().expect("content");
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait).await.unwrap_or_else(|_| panic!("no kernel_info_reply\n{}", self.log()))
     }
 
     /// Runs a cell; (reply content, stdout). Output that misses the subscription (slow
@@ -339,6 +354,10 @@ fn killing_the_executing_host_fails_over_with_state_and_no_hang() {
         let urls: Vec<String> =
             std::iter::once(dead).chain(survivors.iter().copied()).map(|h| c.host(h).url.clone()).collect();
         let mut proxy = ProxyClient::start(&k, &urls, &c.dir().join("token")).await;
+        // Clients ask kernel_info first, while the gateway's front-end is still opening.
+        let info = proxy.kernel_info(CELL_TIMEOUT).await;
+        assert_eq!(info["status"], "ok", "{info}");
+        assert_eq!(info["language_info"]["name"], "python", "{info}");
         // Slow joiner: wait until the proxy's IOPub reaches us.
         wait_ready_output(&mut proxy).await;
 
@@ -359,6 +378,22 @@ fn killing_the_executing_host_fails_over_with_state_and_no_hang() {
         assert!(survivors.contains(&executor(&run)), "cell 6 ran on {}", executor(&run));
         let digests = digests_after(&c, &k, revision(&run));
         assert_eq!(digests.values().collect::<BTreeSet<_>>().len(), 1, "{digests:?}");
+
+        // The survivor's front-end counted both.
+        let metrics = ureq::get(&format!("{}/metrics", c.host(survivors[0]).url))
+            .call()
+            .expect("metrics")
+            .into_string()
+            .expect("text");
+        let value = |name: &str| {
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("{name} missing"))
+        };
+        assert!(value("notebookos_cells_executor_died_total") >= 1.0);
+        assert!(value("notebookos_cells_failed_over_total") >= 1.0);
 
         // The proxy's gateway died: it reconnected to a survivor and keeps the kernel.
         let (reply, out) = proxy.run("x6 = x5 + 1\nprint(x6)", CELL_TIMEOUT).await;

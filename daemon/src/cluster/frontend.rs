@@ -507,24 +507,43 @@ impl FrontendKernel {
                     self.send_to(node, channel, msg);
                 }
             }
-            _ => {
-                let node = self.pick_any_node();
-                match node {
-                    Some(node) => {
-                        self.state().route(&h.msg_id, node);
-                        if !self.send_to(node, channel, msg.clone()) {
-                            self.answer_error(&msg, "NoReplicaReachable", "the replica host went away; retry");
+            _ => match self.pick_any_node() {
+                Some(node) => self.send_request(node, channel, msg, &h.msg_id),
+                None => {
+                    // Just opened (links connecting) or every replica host is down: wait
+                    // for one, as a cell would, then answer with an error.
+                    let (weak, msg_id) = (Arc::downgrade(self), h.msg_id);
+                    tokio::spawn(async move {
+                        let deadline = Instant::now() + NO_REPLICA_TIMEOUT;
+                        loop {
+                            let Some(k) = weak.upgrade() else { return };
+                            if let Some(node) = k.pick_any_node() {
+                                k.send_request(node, channel, msg, &msg_id);
+                                return;
+                            }
+                            if Instant::now() >= deadline {
+                                k.answer_error(
+                                    &msg,
+                                    "NoReplicaReachable",
+                                    "no replica host of this kernel is reachable from this gateway",
+                                );
+                                return;
+                            }
+                            drop(k);
+                            tokio::time::sleep(Duration::from_millis(20)).await;
                         }
-                    }
-                    None => self.answer_error(
-                        &msg,
-                        "NoReplicaReachable",
-                        "no replica host of this kernel is reachable from this gateway right now",
-                    ),
+                    });
                 }
-            }
+            },
         }
         Ok(())
+    }
+
+    fn send_request(&self, node: u64, channel: Channel, msg: Message, msg_id: &str) {
+        self.state().route(msg_id, node);
+        if !self.send_to(node, channel, msg.clone()) {
+            self.answer_error(&msg, "NoReplicaReachable", "the replica host went away; retry");
+        }
     }
 
     /// A client's `shutdown_request` is about the whole kernel, not one replica: the
