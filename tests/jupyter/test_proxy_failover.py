@@ -100,12 +100,19 @@ def kernels(d) -> list[dict]:
         return json.loads(r.read())
 
 
+def shell_reply(kc, msg_id: str, timeout: float) -> dict:
+    """The shell reply to `msg_id` (late kernel_info replies of wait_for_ready are skipped)."""
+    while True:
+        reply = kc.get_shell_msg(timeout=timeout)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply
+
+
 def run_cell(kc, code: str, timeout: float = 60) -> tuple[dict, list[str]]:
     """Executes `code`; returns the reply content and the stdout texts of the cell."""
     msg_id = kc.execute(code)
     out: list[str] = []
-    reply = kc.get_shell_msg(timeout=timeout)
-    assert reply["parent_header"]["msg_id"] == msg_id
+    reply = shell_reply(kc, msg_id, timeout)
     while True:
         m = kc.get_iopub_msg(timeout=timeout)
         if m["parent_header"].get("msg_id") != msg_id:
@@ -176,8 +183,7 @@ def test_proxy_reconnects_to_the_next_gateway_and_keeps_the_kernel(tmp_path: Pat
         )
         a = Forwarder((host, int(port)), port=a.port)
         b.stop()
-        reply = kc.get_shell_msg(timeout=60)
-        assert reply["parent_header"]["msg_id"] == msg_id
+        reply = shell_reply(kc, msg_id, 60)
         assert reply["content"]["status"] == "error"
         assert reply["content"]["ename"] == "GatewayConnectionLost"
         gate.write_text("go")

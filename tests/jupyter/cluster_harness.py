@@ -1,0 +1,139 @@
+"""Three notebookosd processes forming one cluster on loopback, for the Jupyter client
+tests of issue 7. Each host has its own state and runtime directories, HTTP and raft
+ports, one simulated GPU and its own process group (so `kill()` takes its kernel
+processes down with it, like a host losing power); they share a token and a
+large-object directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+from nbos_harness import bin_dir, wait_for
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    def __init__(self, hosts: int = 3) -> None:
+        self.bins = bin_dir()
+        self.nbos = str(self.bins / "nbos")
+        self.dir = Path(tempfile.mkdtemp(prefix="nbos-cluster-test-"))
+        self.token = secrets.token_hex(24)
+        self.token_file = self.dir / "token"
+        self.token_file.write_text(self.token + "\n")
+        self.token_file.chmod(0o600)
+        objects = self.dir / "objects"
+        objects.mkdir()
+        raft = [free_port() for _ in range(hosts)]
+        http = [free_port() for _ in range(hosts)]
+        seeds = ", ".join(f'"{i + 1}=127.0.0.1:{p}"' for i, p in enumerate(raft))
+        self.urls = [f"http://127.0.0.1:{p}" for p in http]
+        self.configs = []
+        self.procs: list[subprocess.Popen | None] = []
+        for i in range(hosts):
+            d = self.dir / f"h{i + 1}"
+            d.mkdir()
+            config = d / "notebookosd.toml"
+            config.write_text(
+                f"""
+[node]
+name = "h{i + 1}"
+state_dir = "{d / 'state'}"
+runtime_dir = "{d / 'run'}"
+[http]
+listen = "127.0.0.1:{http[i]}"
+token_file = "{self.token_file}"
+[kernel]
+python = "{sys.executable}"
+[gpu]
+driver = "fake"
+fake_gpus = 1
+[observer]
+mode = "procfs"
+[cluster]
+enabled = true
+node_id = {i + 1}
+raft_listen = "127.0.0.1:{raft[i]}"
+seeds = [{seeds}]
+host_ttl = "1s"
+object_store = "file://{objects}"
+[log]
+format = "text"
+"""
+            )
+            self.configs.append(config)
+            self.procs.append(None)
+        for i in range(hosts):
+            self.start(i)
+        self.wait_ready()
+
+    def start(self, i: int) -> None:
+        log = open(self.dir / f"h{i + 1}" / "daemon.log", "ab")
+        self.procs[i] = subprocess.Popen(
+            [str(self.bins / "notebookosd"), "--config", str(self.configs[i])],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
+        )
+
+    def kill(self, i: int) -> None:
+        """kill -9 of the host's daemon and every process of its group (its kernels)."""
+        p = self.procs[i]
+        if p is not None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            self.procs[i] = None
+
+    def get(self, i: int, path: str):
+        req = urllib.request.Request(self.urls[i] + path, headers={"Authorization": f"token {self.token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return json.loads(r.read())
+        except OSError:
+            return None
+
+    def wait_ready(self) -> None:
+        running = [i for i, p in enumerate(self.procs) if p is not None]
+
+        def ready():
+            for i in running:
+                s = self.get(i, "/api/v1/cluster/status")
+                if not s or not s.get("ready"):
+                    return False
+                up = {m["node_id"] for m in s.get("members", []) if m.get("up")}
+                if not {j + 1 for j in running} <= up:
+                    return False
+            return True
+
+        wait_for(ready, 60, "the cluster to be ready")
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- h{i + 1} ---\n" + (self.dir / f"h{i + 1}" / "daemon.log").read_text()[-3000:]
+            for i in range(len(self.procs))
+        )
+
+    def stop(self) -> None:
+        for i, p in enumerate(self.procs):
+            if p is None:
+                continue
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+            self.procs[i] = None
