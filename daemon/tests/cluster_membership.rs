@@ -212,6 +212,18 @@ fn single_host_commands_say_the_cluster_is_off_and_bad_cluster_config_names_the_
         assert!(err.contains(key), "{toml}: expected `{key}` in: {err}");
     }
 
+    // The --dev cluster flags go through the same checks.
+    let dev = |args: &[&str]| {
+        let out = Command::new(NOTEBOOKOSD).args(["--dev", "--check-config"]).args(args).output().expect("run");
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+    };
+    let (code, text) = dev(&["--cluster-node-id", "2", "--seeds", "1=127.0.0.1:7001,2=127.0.0.1:7002"]);
+    assert_eq!(code, Some(0), "{text}");
+    let (code, text) = dev(&["--cluster-node-id", "1", "--seeds", "1=10.0.0.1:7001"]);
+    assert!(code == Some(2) && text.contains("cluster.tls"), "{text}");
+    let (code, text) = dev(&["--cluster-node-id", "1"]);
+    assert!(code == Some(2) && text.contains("--seeds"), "{text}");
+
     // A single host (no [cluster]) serves no cluster API; `nbos cluster status` says so.
     let out = Command::new(NOTEBOOKOSD)
         .args(["--dev", "--listen", "127.0.0.1:0", "--state-dir"])
