@@ -57,6 +57,8 @@ pub struct Supervisor {
     pending_membership: HashMap<String, (KernelRecord, std::time::Instant)>,
     /// Catch-up-then-ready tasks, by kernel.
     readying: HashMap<String, JoinHandle<()>>,
+    /// Replicas that failed to start: when to try again, and how many failures in a row.
+    retry: HashMap<String, (Instant, u32)>,
 }
 
 impl Supervisor {
@@ -69,6 +71,7 @@ impl Supervisor {
             records: HashMap::new(),
             readying: HashMap::new(),
             pending_membership: HashMap::new(),
+            retry: HashMap::new(),
         };
         tokio::spawn(async move { sup.run().await })
     }
@@ -134,6 +137,8 @@ impl Supervisor {
 
     async fn on_delete(&mut self, id: &str) {
         self.records.remove(id);
+        self.retry.remove(id);
+        self.pending_membership.remove(id);
         if self.running.contains_key(id) {
             tracing::info!(kernel = %id, "kernel deleted; stopping the local replica");
             self.stop_replica(id).await;
@@ -163,6 +168,9 @@ impl Supervisor {
                 }
             }
             if !self.running.contains_key(&record.id) {
+                if self.retry.get(&record.id).is_some_and(|(at, _)| Instant::now() < *at) {
+                    continue;
+                }
                 if let Some(r) = record.replicas.iter().find(|r| r.node_id == me).cloned() {
                     if let Err(e) = self.start_replica(&record, &r).await {
                         tracing::warn!(kernel = %record.id, error = format!("{e:#}"), "local replica still not started");
@@ -174,7 +182,20 @@ impl Supervisor {
         }
     }
 
+    /// Starts the local replica; after a failure the next attempt waits (1 s doubling to 1 min).
     async fn start_replica(&mut self, record: &KernelRecord, r: &ReplicaRecord) -> anyhow::Result<()> {
+        let started = self.try_start_replica(record, r).await;
+        if started.is_ok() {
+            self.retry.remove(&record.id);
+        } else {
+            let failures = self.retry.get(&record.id).map_or(0, |(_, n)| *n) + 1;
+            let wait = Duration::from_secs(1 << failures.min(6)).min(Duration::from_secs(60));
+            self.retry.insert(record.id.clone(), (Instant::now() + wait, failures));
+        }
+        started
+    }
+
+    async fn try_start_replica(&mut self, record: &KernelRecord, r: &ReplicaRecord) -> anyhow::Result<()> {
         let store = self.cluster.store();
         let kernels = self.host.kernels().clone();
         // The group first: a replacement must host its (empty) group replica before the
