@@ -221,9 +221,10 @@ pub fn acquire() -> Result<(), CUresult> {
 /// A free GPU is granted within tens of µs; a thread that slept must then be scheduled
 /// again, and on a busy host that means behind whatever else runs there (traced on the
 /// 2-core dev VM while other builds ran: the grant written 20 µs after the request, the
-/// woken thread running 0.4–4.5 ms later). Polling instead costs at most this much CPU
-/// per lease acquisition, when the host makes the process wait.
-const GRANT_POLL: Duration = Duration::from_micros(200);
+/// woken thread running 0.4–4.5 ms later). Polling longer competes for the CPU with the
+/// host when it has work to do (a restore): 50 µs beat 100 and 200 µs on both the plain
+/// and the restoring acquire (`cuda-shim/README.md`).
+const GRANT_POLL: Duration = Duration::from_micros(50);
 
 /// Returns once `r` has a frame to read, or `budget` has passed (then `read` blocks).
 fn poll_readable(r: &ReadHalf, budget: Duration) {
