@@ -143,6 +143,9 @@ fn hosts_form_a_cluster_fail_rejoin_join_and_leave() {
     assert!(!ok, "leave should be refused: {out}");
     assert!(err.contains("cannot leave") && err.contains(&id) && err.contains("nothing was changed"), "{err}");
     assert!(c.up_seen_by(1).contains(&4));
+    let (code, body) = c.post(four, "/api/v1/cluster/leave", json!({ "phase": "remove" }));
+    assert_eq!(code, 409, "a host holding a replica is not removed: {body}");
+    assert!(body["message"].as_str().unwrap_or_default().contains("still holds a replica"), "{body}");
 
     // With host 3 back, host 4 leaves: its replica moves to host 3 and it is no longer a member.
     c.restart(3);

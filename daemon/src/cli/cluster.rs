@@ -46,6 +46,12 @@ pub struct LeaveArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// How long to wait for the moved replicas to be ready before leaving the meta group.
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// Leave without waiting for the moved replicas to be ready.
+    #[arg(long)]
+    pub no_wait: bool,
 }
 
 const STATUS: &str = "/api/v1/cluster/status";
@@ -64,22 +70,7 @@ pub fn run(target: &Target, cmd: ClusterCmd) -> anyhow::Result<()> {
             Ok(())
         }
         ClusterCmd::Join(a) => join(&client, &a),
-        ClusterCmd::Leave(a) => {
-            status(&client)?;
-            let report: LeaveReport = client.post_json("/api/v1/cluster/leave", &serde_json::json!({}))?;
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                for (kernel, to) in &report.moved {
-                    println!("kernel {kernel}: replica moved to host {to}");
-                }
-                println!(
-                    "host {} left the cluster (meta voters now {:?}); stop its daemon now",
-                    report.node_id, report.membership.voters
-                );
-            }
-            Ok(())
-        }
+        ClusterCmd::Leave(a) => leave(&client, &a),
     }
 }
 
@@ -92,6 +83,54 @@ fn status(client: &Client) -> anyhow::Result<ClusterStatus> {
             e
         }
     })
+}
+
+/// Drains this host (its replicas move), waits until each moved replica is ready on its new
+/// host, then leaves the meta group.
+fn leave(client: &Client, args: &LeaveArgs) -> anyhow::Result<()> {
+    #[derive(serde::Deserialize)]
+    struct Drained {
+        node_id: u64,
+        moved: Vec<(String, u64)>,
+    }
+    status(client)?;
+    let drained: Drained = client.post_json("/api/v1/cluster/leave", &serde_json::json!({ "phase": "drain" }))?;
+    for (kernel, to) in &drained.moved {
+        if !args.json {
+            println!("kernel {kernel}: replica moved to host {to}");
+        }
+    }
+    if !args.no_wait {
+        let deadline = Instant::now() + args.timeout;
+        for (kernel, to) in &drained.moved {
+            loop {
+                let ready: Vec<u64> = client.get_json(&format!("/api/v1/cluster/kernels/{kernel}/ready"))?;
+                if ready.contains(to) {
+                    break;
+                }
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "the replica of kernel {kernel} on host {to} is not ready after {}; host {} is still a member \
+                     (its replicas have moved): run `nbos cluster leave` again, or with --no-wait",
+                    humantime::format_duration(args.timeout),
+                    drained.node_id
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+    let mut report: LeaveReport =
+        client.post_json("/api/v1/cluster/leave", &serde_json::json!({ "phase": "remove" }))?;
+    report.moved = drained.moved;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "host {} left the cluster (meta voters now {:?}); stop its daemon now",
+            report.node_id, report.membership.voters
+        );
+    }
+    Ok(())
 }
 
 fn join(client: &Client, args: &JoinArgs) -> anyhow::Result<()> {

@@ -10,9 +10,10 @@
 //! | `GET /api/v1/cluster/kernels/{id}` | one record |
 //! | `DELETE /api/v1/cluster/kernels/{id}` | delete the record (meta leader) |
 //! | `POST /api/v1/cluster/kernels/{id}/replace` | `{"node_id": n}` → re-placed record or `null` (meta leader) |
+//! | `GET /api/v1/cluster/kernels/{id}/ready` | node ids whose replica of the kernel is ready |
 //! | `POST /api/v1/cluster/members` | [`PeerRecord`] → add a host to the meta group (meta leader) |
 //! | `DELETE /api/v1/cluster/members/{id}` | remove a host from the meta group (meta leader) |
-//! | `POST /api/v1/cluster/leave` | this host leaves ([`LeaveReport`]) |
+//! | `POST /api/v1/cluster/leave` | this host leaves ([`LeaveReport`]); `{"phase": "drain"}` only moves its replicas, `{"phase": "remove"}` only leaves the meta group |
 
 use std::sync::Arc;
 
@@ -41,6 +42,7 @@ pub fn router(cluster: Arc<Cluster>) -> Router {
         .route("/api/v1/cluster/kernels", get(list_kernels).post(create_kernel))
         .route("/api/v1/cluster/kernels/{id}", get(get_kernel).delete(delete_kernel))
         .route("/api/v1/cluster/kernels/{id}/replace", post(replace_replica))
+        .route("/api/v1/cluster/kernels/{id}/ready", get(ready_hosts))
         .route("/api/v1/cluster/members", post(add_member))
         .route("/api/v1/cluster/members/{id}", axum::routing::delete(remove_member))
         .route("/api/v1/cluster/leave", post(leave))
@@ -174,6 +176,29 @@ async fn remove_member(
     Ok(Json(m).into_response())
 }
 
-async fn leave(State(c): State<Arc<Cluster>>) -> Result<Response, ApiError> {
-    Ok(Json(c.leave().await?).into_response())
+/// Body of `POST /api/v1/cluster/leave`: `{}` does both phases; `nbos cluster leave`
+/// drains, waits for the moved replicas to be ready, then removes.
+#[derive(Debug, Default, serde::Deserialize)]
+struct LeaveBody {
+    #[serde(default)]
+    phase: Option<String>,
+}
+
+async fn leave(State(c): State<Arc<Cluster>>, body: Option<Json<LeaveBody>>) -> Result<Response, ApiError> {
+    let body = body.map(|Json(b)| b).unwrap_or_default();
+    match body.phase.as_deref() {
+        None => Ok(Json(c.leave().await?).into_response()),
+        Some("drain") => {
+            let moved = c.drain().await?;
+            Ok(Json(serde_json::json!({ "node_id": c.node_id(), "moved": moved })).into_response())
+        }
+        Some("remove") => Ok(Json(c.remove_self().await?).into_response()),
+        Some(other) => {
+            Err(ClusterError::BadRequest(format!("unknown leave phase {other:?} (drain, remove, or none)")).into())
+        }
+    }
+}
+
+async fn ready_hosts(State(c): State<Arc<Cluster>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    Ok(Json(c.ready_hosts(&id).await?).into_response())
 }

@@ -713,11 +713,19 @@ impl Cluster {
         Ok(m)
     }
 
-    /// This host leaves the cluster: its replicas are re-placed on other hosts, then it is
-    /// removed from the meta group and its heartbeat stops. Refused, with nothing changed,
-    /// when a replica cannot be re-placed (checked before anything moves; should the leader
-    /// still find no host for one, the moves already made stay and the host stays a member).
+    /// This host leaves the cluster: [`Cluster::drain`], then [`Cluster::remove_self`].
     pub async fn leave(&self) -> Result<LeaveReport> {
+        let moved = self.drain().await?;
+        let mut report = self.remove_self().await?;
+        report.moved = moved;
+        Ok(report)
+    }
+
+    /// Moves every replica on this host to another host (the meta leader re-places each).
+    /// Refused, with nothing changed, when a replica cannot be re-placed (checked before
+    /// anything moves; should the leader still find no host for one, the moves already made
+    /// stay). The host stays a member. Returns (kernel, new host) per moved replica.
+    pub async fn drain(&self) -> Result<Vec<(String, u64)>> {
         let me = self.settings.node_id;
         let mine: Vec<KernelRecord> =
             self.kernels().await?.into_iter().filter(|k| k.replicas.iter().any(|r| r.node_id == me)).collect();
@@ -752,13 +760,25 @@ impl Cluster {
                 }
                 None => {
                     return Err(ClusterError::Conflict(format!(
-                        "host {me} cannot leave: no other live host can take its replica of kernel {} \
-                         (every live host already holds it or has no room); still a member{}",
-                        k.id,
-                        if moved.is_empty() { String::new() } else { format!("; replicas already moved: {moved:?}") }
+                        "host {me} cannot leave: no live host took its replica of kernel {}; still a member \
+                         (replicas already moved: {moved:?})",
+                        k.id
                     )));
                 }
             }
+        }
+        Ok(moved)
+    }
+
+    /// Removes this host from the meta group and stops its heartbeat. Refused while a
+    /// kernel record still places a replica here ([`Cluster::drain`] first).
+    pub async fn remove_self(&self) -> Result<LeaveReport> {
+        let me = self.settings.node_id;
+        if let Some(k) = self.kernels().await?.iter().find(|k| k.replicas.iter().any(|r| r.node_id == me)) {
+            return Err(ClusterError::Conflict(format!(
+                "host {me} still holds a replica of kernel {}: drain it first (nbos cluster leave does)",
+                k.id
+            )));
         }
         let membership = self.remove_member(me).await?;
         let lease = self.state.lock().ok().and_then(|mut s| {
@@ -770,7 +790,7 @@ impl Cluster {
                 tracing::debug!(error = %e, "could not revoke the host lease after leaving");
             }
         }
-        Ok(LeaveReport { node_id: me, moved, membership })
+        Ok(LeaveReport { node_id: me, moved: Vec::new(), membership })
     }
 
     /// The cluster as this host sees it.
