@@ -238,6 +238,15 @@ impl Frontends {
         }
     }
 
+    /// The replica that executed `record`'s last cell: from the kernel group when this
+    /// host is a member, else as this host's front-end saw it.
+    pub async fn last_executor(&self, record: &KernelRecord) -> Option<(u32, u64)> {
+        match self.shared.group_last_executor(record.group).await {
+            Some(x) => Some(x),
+            None => self.get(&record.id).and_then(|f| f.state().last_executor),
+        }
+    }
+
     /// The live hosts (for the gateway's models and internal calls).
     pub async fn hosts(&self) -> HashMap<u64, HostRecord> {
         self.shared.hosts().await

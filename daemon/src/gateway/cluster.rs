@@ -121,7 +121,7 @@ impl ClusterMode {
         let ready = self.cluster.ready_hosts(&record.id).await.unwrap_or_default();
         let front = self.frontends.get(&record.id);
         let execution = front.as_ref().map(|f| f.execution());
-        let executor = execution.as_ref().and_then(|e| e.last_executor_replica);
+        let executor = self.frontends.last_executor(record).await.map(|(replica, _)| replica);
         let replicas = record
             .replicas
             .iter()
