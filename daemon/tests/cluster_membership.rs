@@ -59,10 +59,12 @@ fn hosts_form_a_cluster_fail_rejoin_join_and_leave() {
     let (ok, table, _) = c.nbos(1, &["cluster", "status"]);
     assert!(ok && table.contains("3 of 3 host(s) up"), "{table}");
 
-    // kill -9 host 3: the others see it down within a few TTLs (lease expiry on the leader).
+    // kill -9 host 3: the others see it down within a few TTLs (lease expiry on the leader;
+    // when host 3 led the meta group, an election first, and the new leader restarts the TTL).
+    // The deadlines are generous for a loaded 2-core CI machine; the time taken is printed.
     c.kill(3);
     let killed = Instant::now();
-    wait_for(ttl * 6, "hosts 1 and 2 to see host 3 down", || {
+    wait_for(ttl * 10, "hosts 1 and 2 to see host 3 down", || {
         (c.up_seen_by(1) == [1, 2] && c.up_seen_by(2) == [1, 2]).then_some(())
     });
     eprintln!("host 3 seen down {:?} after kill -9 (host_ttl {ttl:?})", killed.elapsed());
@@ -125,7 +127,7 @@ fn hosts_form_a_cluster_fail_rejoin_join_and_leave() {
     // Host 3 dies for good: after its lease lapses and another TTL, the meta leader moves
     // its replica to host 4, the only live host not holding the kernel.
     c.kill(3);
-    let record = wait_for(ttl * 12, "the replica of host 3 to be re-placed", || {
+    let record = wait_for(ttl * 20, "the replica of host 3 to be re-placed", || {
         let (code, r) = c.get(1, &format!("/api/v1/cluster/kernels/{id}"));
         (code == 200 && replica_nodes(&r) == [1, 2, 4]).then_some(r)
     });
@@ -155,7 +157,7 @@ fn hosts_form_a_cluster_fail_rejoin_join_and_leave() {
     assert!(out.contains(&format!("kernel {id}: replica moved to host 3")), "{out}");
     let (_, r) = c.get(1, &format!("/api/v1/cluster/kernels/{id}"));
     assert_eq!(replica_nodes(&r), vec![1, 2, 3], "{r}");
-    wait_for(ttl * 6, "host 4 to be gone from the cluster", || {
+    wait_for(ttl * 10, "host 4 to be gone from the cluster", || {
         let s = c.status(1)?;
         let gone = !s["members"].as_array()?.iter().any(|m| m["node_id"] == 4);
         gone.then_some(())
