@@ -395,7 +395,15 @@ fn killing_the_executing_host_fails_over_with_state_and_no_hang() {
         assert!(value("notebookos_cells_executor_died_total") >= 1.0);
         assert!(value("notebookos_cells_failed_over_total") >= 1.0);
 
-        // The proxy's gateway died: it reconnected to a survivor and keeps the kernel.
+        // The proxy's gateway died: it reconnects to a survivor on its own (besides the
+        // watcher, a second client appears there) and keeps the kernel.
+        wait_for(Duration::from_secs(60), "the proxy to reconnect to a survivor", || {
+            let clients: u64 = survivors
+                .iter()
+                .map(|h| c.get(*h, &format!("/api/kernels/{k}")).1["connections"].as_u64().unwrap_or(0))
+                .sum();
+            (clients >= 2).then_some(())
+        });
         let (reply, out) = proxy.run("x6 = x5 + 1\nprint(x6)", CELL_TIMEOUT).await;
         assert_eq!(reply["status"], "ok", "{reply}\n{}", proxy.log());
         assert_eq!(out.trim(), "6");

@@ -83,6 +83,12 @@ def test_a_jupyter_client_keeps_its_kernel_when_its_gateway_host_dies(cluster: C
 
         # The proxy's gateway is host 1: it dies with its kernel replica.
         cluster.kill(0)
+        # The proxy reconnects on its own (a surviving gateway's front-end gets its client).
+        wait_for(
+            lambda: any((cluster.get(i, f"/api/kernels/{kernel_id}") or {}).get("connections", 0) >= 1 for i in (1, 2)),
+            60,
+            "the proxy to reconnect to a surviving gateway",
+        )
         reply, meta, out = run_cell(kc, "print(x1 + x2 + x3)")
         assert reply["status"] == "ok", (reply, cluster.logs())
         assert out.strip() == "6"

@@ -165,6 +165,9 @@ def test_proxy_reconnects_to_the_next_gateway_and_keeps_the_kernel(tmp_path: Pat
 
         # Gateway A dies between cells: the next cell runs on the same kernel through B.
         a.stop()
+        # The proxy notices the loss and reconnects through B on its own, not only when
+        # the client next sends something.
+        wait_for(lambda: len(b.conns) >= 2, 60, "the proxy to reconnect through gateway B")
         reply, out = run_cell(kc, "x += 1\nprint(x)")
         assert reply["status"] == "ok", reply
         assert "".join(out).strip() == "42"

@@ -201,6 +201,8 @@ async fn proxy(conn: ConnectionInfo, gateways: Vec<GatewayClient>, args: Args) -
     // Which client identities asked which request, to route the replies.
     let mut routes: HashMap<String, Route> = HashMap::new();
     let mut abandoned = Abandoned::default();
+    // Messages the lost socket refused to take: never delivered, so sent again after reconnecting.
+    let mut unsent: Vec<(Channel, Message)> = Vec::new();
     let mut shutdown_requested: Option<String> = None;
 
     use tokio::signal::unix::{signal, SignalKind};
@@ -261,8 +263,23 @@ async fn proxy(conn: ConnectionInfo, gateways: Vec<GatewayClient>, args: Args) -
             guard.current = idx;
             (ws_tx, ws_rx) = socket.split();
             tracing::info!(kernel = %kernel_id, gateway = %gateways[current].url, "reconnected");
+            // Requests that reached the lost socket may or may not have run: answered as
+            // abandoned. Those it refused never left: sent again on the new socket.
+            let resend: HashMap<String, Route> = unsent
+                .iter()
+                .filter_map(|(_, m)| m.header().ok())
+                .filter_map(|h| routes.remove_entry(&h.msg_id))
+                .collect();
             routers.abandon_in_flight(&mut routes, &mut abandoned, &signer, &kernel_id).await;
+            routes.extend(resend);
             routers.publish_status("idle", None, &signer, &kernel_id).await;
+            for (channel, msg) in std::mem::take(&mut unsent) {
+                let frame = ws::to_v1_binary(channel, &msg);
+                if let Err(e) = ws_tx.send(WsFrame::Binary(frame.into())).await {
+                    tracing::warn!(error = %e, "sending to the gateway failed again");
+                    unsent.push((channel, msg));
+                }
+            }
             continue;
         }
         let Some((channel, received)) = from_client else { continue };
@@ -283,9 +300,10 @@ async fn proxy(conn: ConnectionInfo, gateways: Vec<GatewayClient>, args: Args) -
                 }
                 let frame = ws::to_v1_binary(channel, &msg);
                 if let Err(e) = ws_tx.send(WsFrame::Binary(frame.into())).await {
-                    // The read side sees the loss too and reconnects; this request is in
-                    // `routes`, so it is answered as abandoned then.
-                    tracing::warn!(error = %e, "sending to the gateway failed");
+                    // The read side sees the loss too and reconnects; the message goes out
+                    // again on the new socket.
+                    tracing::warn!(error = %e, "sending to the gateway failed; sent again after reconnecting");
+                    unsent.push((channel, msg));
                 }
             }
             Err(e) => {
