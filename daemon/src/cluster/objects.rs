@@ -129,14 +129,21 @@ impl Objects {
     /// Stores `data`; returns its sha256. An object already present is not rewritten.
     pub async fn put(&self, data: Bytes) -> Result<String, ObjectError> {
         let sha256 = sha256_hex(&data);
-        let path = Self::path(&sha256);
+        self.put_hashed(data, &sha256).await?;
+        Ok(sha256)
+    }
+
+    /// Stores `data` whose sha256 the caller just computed (saves hashing it twice).
+    pub async fn put_hashed(&self, data: Bytes, sha256: &str) -> Result<(), ObjectError> {
+        valid_name(sha256)?;
+        let path = Self::path(sha256);
         match self.store.head(&path).await {
-            Ok(meta) if meta.size == data.len() as u64 => return Ok(sha256),
+            Ok(meta) if meta.size == data.len() as u64 => return Ok(()),
             Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => return Err(self.backend(e)),
         }
         self.store.put(&path, data.into()).await.map_err(|e| self.backend(e))?;
-        Ok(sha256)
+        Ok(())
     }
 
     /// Reads object `sha256`, checking its content against its name.
@@ -150,7 +157,9 @@ impl Objects {
             Err(e) => return Err(self.backend(e)),
         };
         let data = got.bytes().await.map_err(|e| self.backend(e))?;
-        let actual = sha256_hex(&data);
+        // Hashing a large object takes a while: off the async workers.
+        let hashed = data.clone();
+        let actual = tokio::task::spawn_blocking(move || sha256_hex(&hashed)).await.unwrap_or_default();
         if actual != sha256 {
             return Err(ObjectError::Corrupt { sha256: sha256.to_owned(), store: self.name.clone(), actual });
         }

@@ -264,15 +264,31 @@ pub async fn export_and_commit(
     for e in &entries {
         check_name(&e.name)?;
         check_file(&e.file)?;
-        let path = dir.path().join(&e.file);
-        let data = tokio::fs::read(&path).await.with_context(|| format!("reading payload {}", path.display()))?;
-        anyhow::ensure!(
-            data.len() as u64 == e.size && sha256_hex(&data) == e.sha256,
-            "payload of {} does not match its manifest entry (size {} vs {}, or sha256)",
-            e.name,
-            data.len(),
-            e.size
-        );
+    }
+    // All payloads read and checked in one blocking task (thousands of small files are common).
+    let payloads = {
+        let (dir, entries) = (dir.path().to_path_buf(), entries.clone());
+        tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<Vec<u8>>> {
+            entries
+                .iter()
+                .map(|e| {
+                    let path = dir.join(&e.file);
+                    let data = std::fs::read(&path).with_context(|| format!("reading payload {}", path.display()))?;
+                    anyhow::ensure!(
+                        data.len() as u64 == e.size && sha256_hex(&data) == e.sha256,
+                        "payload of {} does not match its manifest entry (size {} vs {}, or sha256)",
+                        e.name,
+                        data.len(),
+                        e.size
+                    );
+                    Ok(data)
+                })
+                .collect()
+        })
+        .await
+        .context("reading the export's payloads")??
+    };
+    for (e, data) in entries.iter().zip(payloads) {
         let size = data.len() as u64;
         let payload = if size <= cfg.inline_max_bytes && size <= budget {
             budget -= size;
@@ -280,8 +296,7 @@ pub async fn export_and_commit(
             Payload::Inline(data)
         } else {
             // Written (and durable in the store) before the pointer is committed.
-            let sha = objects.put(Bytes::from(data)).await.with_context(|| format!("storing {}", e.name))?;
-            anyhow::ensure!(sha == e.sha256, "object store named {} {sha}, expected {}", e.name, e.sha256);
+            objects.put_hashed(Bytes::from(data), &e.sha256).await.with_context(|| format!("storing {}", e.name))?;
             out.object_bytes += size;
             Payload::Object
         };
@@ -647,16 +662,19 @@ impl Run {
     async fn apply_in_kernel(&self, batch: &Batch) -> anyhow::Result<()> {
         let dir = scratch_dir(&self.cfg, "apply-")?;
         let mut set = Vec::with_capacity(batch.puts.len());
+        let mut files: Vec<(String, Bytes, Option<String>)> = Vec::with_capacity(batch.puts.len());
         for (i, (name, v)) in batch.puts.iter().enumerate() {
-            let data = match &v.payload {
-                Payload::Inline(b) => Bytes::from(b.clone()),
-                Payload::Object => {
-                    self.objects.get(&v.sha256).await.with_context(|| format!("fetching the payload of {name}"))?
-                }
-            };
-            anyhow::ensure!(sha256_hex(&data) == v.sha256, "payload of {name} does not match its sha256");
             let file = format!("{i}.bin");
-            tokio::fs::write(dir.path().join(&file), &data).await.context("writing a payload file")?;
+            match &v.payload {
+                // Checked against its sha256 below, with the writes.
+                Payload::Inline(b) => files.push((file.clone(), Bytes::from(b.clone()), Some(v.sha256.clone()))),
+                // `Objects::get` checks the content against its name.
+                Payload::Object => {
+                    let data =
+                        self.objects.get(&v.sha256).await.with_context(|| format!("fetching the payload of {name}"))?;
+                    files.push((file.clone(), data, None));
+                }
+            }
             set.push(ManifestEntry {
                 name: name.clone(),
                 kind: v.kind.clone(),
@@ -665,6 +683,18 @@ impl Run {
                 sha256: v.sha256.clone(),
             });
         }
+        let target = dir.path().to_path_buf();
+        tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+            for (file, data, sha) in files {
+                if let Some(sha) = sha {
+                    anyhow::ensure!(sha256_hex(&data) == sha, "inline payload {file} does not match its sha256");
+                }
+                std::fs::write(target.join(&file), &data).context("writing a payload file")?;
+            }
+            Ok(())
+        })
+        .await
+        .context("writing the payloads")??;
         let manifest = Manifest {
             version: 1,
             execution_count: batch.cell.as_ref().map_or(0, |c| c.execution_count),
