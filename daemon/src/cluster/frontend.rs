@@ -231,6 +231,18 @@ impl Frontends {
         self.lock().get(id).cloned()
     }
 
+    /// Closes the front-ends of kernels not in `ids` (deleted through another host).
+    pub fn retain(&self, ids: &HashSet<&str>) {
+        let gone: Vec<Arc<FrontendKernel>> = {
+            let mut g = self.lock();
+            let ids_gone: Vec<String> = g.keys().filter(|k| !ids.contains(k.as_str())).cloned().collect();
+            ids_gone.iter().filter_map(|id| g.remove(id)).collect()
+        };
+        for k in gone {
+            k.close();
+        }
+    }
+
     /// Closes a kernel's front-end (kernel deleted): its clients and links go.
     pub fn close(&self, id: &str) {
         if let Some(k) = self.lock().remove(id) {

@@ -163,7 +163,13 @@ impl ClusterMode {
     }
 
     async fn record(&self, id: &str) -> Result<KernelRecord, ApiError> {
-        self.cluster.kernel(id).await.map_err(cluster_error)?.ok_or_else(|| ApiError::no_kernel(id))
+        match self.cluster.kernel(id).await.map_err(cluster_error)? {
+            Some(r) => Ok(r),
+            None => {
+                self.frontends.close(id);
+                Err(ApiError::no_kernel(id))
+            }
+        }
     }
 
     /// The gateway URLs of `record`'s live replica hosts, by node id.
@@ -251,6 +257,8 @@ pub async fn create(mode: &ClusterMode, req: CreateKernel, gpus: Option<u32>) ->
 /// `GET /api/kernels` in cluster mode.
 pub async fn list(mode: &ClusterMode) -> Result<Response, ApiError> {
     let records = mode.cluster.kernels().await.map_err(cluster_error)?;
+    // Front-ends of kernels deleted through other hosts go now.
+    mode.frontends.retain(&records.iter().map(|r| r.id.as_str()).collect());
     let mut out = Vec::with_capacity(records.len());
     for r in &records {
         out.push(mode.model(r).await);
