@@ -318,6 +318,25 @@ mod sync {
         let (_, revision, _) = run_cell(&mut hosts, 2, "for i in range(12):\n    del globals()[f'blob{i}']").await;
         assert_same_namespace(&hosts, revision, "blobs deleted").await;
 
+        // A cell with more changes than a watch buffers (1,024 events) reaches every replica by
+        // catch-up instead: still applied in order, deletes included.
+        let catch_ups: Vec<u64> =
+            hosts.iter().map(|h| h.host.replica(KERNEL).expect("replica").applier.catch_ups()).collect();
+        let (_, revision, _) = run_cell(&mut hosts, 1, "for i in range(1500):\n    globals()[f'n{i}'] = i").await;
+        assert_same_namespace(&hosts, revision, "1500 names").await;
+        let (_, revision, out) = run_cell(
+            &mut hosts,
+            2,
+            "print(sum(globals()[f'n{i}'] for i in range(1500)))\nfor i in range(1500):\n    del globals()[f'n{i}']",
+        )
+        .await;
+        assert_eq!(out.trim(), "1124250");
+        assert_same_namespace(&hosts, revision, "1500 names deleted").await;
+        for (h, before) in hosts.iter().zip(catch_ups) {
+            let now = h.host.replica(KERNEL).expect("replica").applier.catch_ups();
+            assert!(now > before, "node {}: the big cells did not go through catch-up", h.node);
+        }
+
         // An unpicklable value is named in a warning on the cell, not silently dropped.
         let (_, revision, warning) = run_cell(&mut hosts, 1, "import threading\nlock = threading.Lock()").await;
         assert!(warning.contains("lock") && warning.contains("pickle"), "no warning naming `lock`: {warning:?}");
@@ -358,7 +377,7 @@ mod sync {
         assert_same_namespace(&hosts, latest, "after the fresh replica caught up").await;
         let (content, _, out) = run_cell(&mut hosts, 1, "print(c.v + xs[-1], arr[5])").await;
         assert_eq!(out.trim(), "11 -1.0");
-        assert_eq!(content["execution_count"], 12, "the fresh replica continues the execution count");
+        assert_eq!(content["execution_count"], 14, "the fresh replica continues the execution count");
         // Its own commit reaches its applier a moment after the reply: lag drops to 0.
         let deadline = Instant::now() + WAIT;
         loop {

@@ -522,6 +522,8 @@ struct Batch {
     puts: BTreeMap<String, NsValue>,
     deletes: BTreeSet<String>,
     cell: Option<NsCell>,
+    /// A catch-up's whole inline map (names → inline bytes), replacing the applier's.
+    inline: Option<BTreeMap<String, u64>>,
 }
 
 impl Run {
@@ -594,23 +596,47 @@ impl Run {
     /// Applies the whole local namespace as one batch; returns its revision.
     async fn catch_up_batch(&self) -> anyhow::Result<u64> {
         let out = self.kv.range_stale(WATCH_PREFIX.as_bytes(), 0).await.context("reading the namespace")?;
+        // What the kernel already reflects is not applied again: only entries changed after
+        // it, less the latest cell when this replica executed it (a cell with more changes
+        // than a watch buffers always ends here, on its executor too).
+        let before = *self.applied.borrow();
+        let mut cell_rev = 0;
         let mut b = Batch::default();
         for kv in &out.kvs {
-            if let Some(rest) = kv.key.strip_prefix(keys::NS.as_bytes()) {
-                b.puts.insert(String::from_utf8_lossy(rest).into_owned(), NsValue::decode(&kv.key, &kv.value)?);
-            } else if kv.key == keys::NS_CELL.as_bytes() {
+            if kv.key == keys::NS_CELL.as_bytes() {
                 b.cell = Some(records::decode(&kv.key, &kv.value)?);
+                cell_rev = kv.mod_revision;
+            }
+        }
+        let own_latest = b.cell.as_ref().is_some_and(|c| c.replica == self.me.replica && c.node_id == self.me.node_id);
+        let mut present = BTreeMap::new();
+        for kv in &out.kvs {
+            let Some(rest) = kv.key.strip_prefix(keys::NS.as_bytes()) else { continue };
+            let name = String::from_utf8_lossy(rest).into_owned();
+            let value = NsValue::decode(&kv.key, &kv.value)?;
+            present.insert(name.clone(), value.inline_bytes());
+            let already = kv.mod_revision <= before || (own_latest && kv.mod_revision == cell_rev);
+            if !already {
+                b.puts.insert(name, value);
             }
         }
         // Names this replica holds that the group no longer has.
         let known: BTreeSet<String> = self.lock().inline.keys().cloned().collect();
-        b.deletes = known.into_iter().filter(|n| !b.puts.contains_key(n)).collect();
-        let revision = out.applied_index.max(*self.applied.borrow());
+        b.deletes = known.into_iter().filter(|n| !present.contains_key(n)).collect();
+        let revision = out.applied_index.max(before);
+        let cell_is_new = cell_rev > before && !own_latest;
         self.lock().catch_ups += 1;
-        if b.puts.is_empty() && b.deletes.is_empty() && b.cell.is_none() {
+        if b.puts.is_empty() && b.deletes.is_empty() && !cell_is_new {
+            let mut g = self.lock();
+            g.inline = present;
+            if b.cell.is_some() {
+                g.last_cell = b.cell;
+            }
+            drop(g);
             self.applied.send_replace(revision);
             return Ok(revision);
         }
+        b.inline = Some(present);
         self.apply(b, revision, true).await?;
         Ok(revision)
     }
@@ -649,6 +675,9 @@ impl Run {
             }
             for (name, v) in &batch.puts {
                 g.inline.insert(name.clone(), v.inline_bytes());
+            }
+            if let Some(all) = batch.inline {
+                g.inline = all;
             }
             if batch.cell.is_some() {
                 g.last_cell.clone_from(&batch.cell);
