@@ -795,7 +795,24 @@ impl Cluster {
 
     /// The cluster as this host sees it.
     pub async fn status(&self) -> Result<ClusterStatus> {
-        let st = self.store.status(META_GROUP).await?;
+        let st = match self.store.status(META_GROUP).await {
+            Ok(st) => st,
+            // Still opening the meta group (the first moments after start): not ready, no members.
+            Err(raft_store::Error::GroupNotFound(_)) => raft_store::GroupStatus {
+                group: META_GROUP,
+                node: self.settings.node_id,
+                role: "none".to_owned(),
+                leader: None,
+                term: 0,
+                commit: 0,
+                applied: 0,
+                last_index: 0,
+                snapshot_index: 0,
+                membership: Membership::default(),
+                hibernating: false,
+            },
+            Err(e) => return Err(e.into()),
+        };
         let hosts = self.hosts().await.unwrap_or_default();
         let loads = self.loads().await.unwrap_or_default();
         let kernels = self.kernels().await.map(|k| k.len()).unwrap_or(0);
