@@ -548,7 +548,7 @@ mod supervised {
         // A snapshot after every applied entry: a joining replica can only be sent a snapshot
         // whose membership includes it (raft refuses others), and the store takes snapshots
         // only every `snapshot_interval` entries (see the report on raft-store).
-        let stores = Stores::open_with(4, |c| c.snapshot_interval = 1);
+        let stores = Stores::open(4);
         let dir = tempfile::tempdir().expect("tmp");
         let seeds: BTreeMap<u64, std::net::SocketAddr> =
             stores.ids().into_iter().map(|id| (id, stores.node(id).config().listen)).collect();

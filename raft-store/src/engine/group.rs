@@ -555,7 +555,12 @@ impl Group {
     /// Takes a state-machine snapshot and compacts the log when enough entries were applied.
     pub(crate) fn maybe_compact(&mut self, interval: u64, batch: &mut LogBatch) -> Result<bool> {
         let snap_index = self.raw.store().snapshot_metadata().index;
-        if interval == 0 || self.applied < snap_index + interval {
+        // A member refuses a snapshot whose membership lacks it (raft's `restore`), and a node
+        // added to a group always needs one (the log starts after the initial snapshot): so
+        // after a membership change, snapshot at once, or an idle group never catches it up.
+        let conf = self.raw.raft.prs().conf().to_conf_state();
+        let members_changed = !same_members(self.raw.store().snapshot_metadata().get_conf_state(), &conf);
+        if interval == 0 || self.applied <= snap_index || (self.applied < snap_index + interval && !members_changed) {
             return Ok(false);
         }
         let term = self.raw.raft.raft_log.term(self.applied)?;
@@ -573,4 +578,17 @@ impl Group {
         store.compact_to_snapshot(&snap, batch)?;
         Ok(true)
     }
+}
+
+/// Whether two membership configurations have the same members in the same roles.
+fn same_members(a: &raft::eraftpb::ConfState, b: &raft::eraftpb::ConfState) -> bool {
+    let sorted = |v: &[u64]| {
+        let mut v = v.to_vec();
+        v.sort_unstable();
+        v
+    };
+    sorted(a.get_voters()) == sorted(b.get_voters())
+        && sorted(a.get_learners()) == sorted(b.get_learners())
+        && sorted(a.get_voters_outgoing()) == sorted(b.get_voters_outgoing())
+        && sorted(a.get_learners_next()) == sorted(b.get_learners_next())
 }
