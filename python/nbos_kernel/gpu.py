@@ -18,7 +18,7 @@ import ctypes
 import os
 from dataclasses import dataclass
 
-__all__ = ["CudaError", "Device", "Buffer", "open_device", "train"]
+__all__ = ["CudaError", "Device", "Buffer", "open_device", "train", "train_step"]
 
 _P = ctypes.c_void_p
 _U64 = ctypes.c_uint64
@@ -54,6 +54,14 @@ class Buffer:
         self.device._check("cuMemcpyDtoH", self.device._dtoh(ctypes.cast(out, _P), self.ptr, self.n * 4))
         return list(out)
 
+    def to_numpy(self):
+        """The buffer's values as a new numpy float32 array (needs numpy)."""
+        import numpy as np
+
+        out = np.empty(self.n, dtype=np.float32)
+        self.device._check("cuMemcpyDtoH", self.device._dtoh(_P(out.ctypes.data), self.ptr, self.n * 4))
+        return out
+
     def free(self) -> None:
         if self.ptr.value:
             self.device._check("cuMemFree", self.device._free(self.ptr))
@@ -81,6 +89,7 @@ class Device:
         self._alloc = self._fn("cuMemAlloc", ctypes.POINTER(_U64), ctypes.c_size_t)
         self._free = self._fn("cuMemFree", _U64)
         self._dtoh = self._fn("cuMemcpyDtoH", _P, _U64, ctypes.c_size_t)
+        self._htod = self._fn("cuMemcpyHtoD", _U64, _P, ctypes.c_size_t)
         self._load_data = self._fn("cuModuleLoadData", ctypes.POINTER(_P), ctypes.c_char_p)
         self._get_function = self._fn("cuModuleGetFunction", ctypes.POINTER(_P), _P, ctypes.c_char_p)
         self._launch = self._fn("cuLaunchKernel", _P, *([ctypes.c_uint] * 7), _P, ctypes.POINTER(_P), _P)
@@ -139,6 +148,19 @@ class Device:
         self._run("fill_f32", buf.ptr, ctypes.c_float(value), _U64(n))
         return buf
 
+    def upload(self, values) -> Buffer:
+        """Copies a float32 array (numpy, or anything with a float32 buffer) to the device."""
+        view = memoryview(values).cast("B")
+        if view.nbytes % 4:
+            raise ValueError(f"upload of {view.nbytes} bytes: not a whole number of float32 values")
+        n = view.nbytes // 4
+        host = (ctypes.c_char * view.nbytes).from_buffer_copy(view)
+        ptr = _U64()
+        self._check("cuMemAlloc", self._alloc(ctypes.byref(ptr), view.nbytes))
+        buf = Buffer(self, ptr, n)
+        self._check("cuMemcpyHtoD", self._htod(buf.ptr, ctypes.cast(host, _P), view.nbytes))
+        return buf
+
     def axpy(self, y: Buffer, x: Buffer, a: float) -> None:
         """``y += a * x`` on the device."""
         if x.n != y.n:
@@ -174,4 +196,28 @@ def train(steps: int = 100, n: int = 1 << 16, lr: float = 0.01, device: Device |
         return dev.sum(w)
     finally:
         w.free()
+        g.free()
+
+
+_device: Device | None = None
+
+
+def train_step(w, steps: int = 100, lr: float = 0.01):
+    """One "epoch" on weights kept in host memory (a numpy float32 array): copy them to
+    the GPU, run ``steps`` updates ``w += lr * 1``, copy them back. Returns the new
+    array. Weights that live in host memory between cells are what NotebookOS
+    synchronises to a kernel's other replicas, so the next cell may run on any of them.
+    The device is opened once per process (it is process state, not user state)."""
+    global _device
+    if _device is None:
+        _device = open_device()
+    dev = _device
+    wb = dev.upload(w)
+    g = dev.buffer(wb.n, 1.0)
+    try:
+        for _ in range(steps):
+            dev.axpy(wb, g, lr)
+        return wb.to_numpy()
+    finally:
+        wb.free()
         g.free()

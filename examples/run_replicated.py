@@ -1,0 +1,221 @@
+"""Runs a notebook in several replicated NotebookOS kernels at once on a local cluster
+(each kernel is three replicas on three hosts), shows which host executed each cell,
+checks that every replica holds the same namespace, then kills the host that ran a
+kernel's last cell (`kill -9` of its daemon and its kernel processes) and shows the
+kernel carry on from a survivor with all its state, and the restarted host catch up.
+
+    python examples/run_replicated.py --urls http://127.0.0.1:8881,... --nbos target/debug/nbos \
+        --pidfiles .nbos/demo/h1/pid,... --restart "scripts/demo.sh restart-host {i}"
+
+The client is jupyter_client (what nbclient and papermill use) through the
+`nbos kernel-proxy` kernelspec, given every host's gateway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def get(url: str):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return json.loads(r.read())
+    except OSError:
+        return None
+
+
+def wait_for(what: str, cond, timeout: float):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.2)
+    raise SystemExit(f"demo: timed out waiting for {what}")
+
+
+def run_cell(kc, code: str, timeout: float) -> dict:
+    """Executes `code`; returns status, stdout, stderr and the executor's host."""
+    msg_id = kc.execute(code)
+    reply = kc.get_shell_msg(timeout=timeout)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=timeout)
+    out, err = [], []
+    while True:
+        m = kc.get_iopub_msg(timeout=timeout)
+        if m["parent_header"].get("msg_id") != msg_id:
+            continue
+        if m["msg_type"] == "stream":
+            (out if m["content"]["name"] == "stdout" else err).append(m["content"]["text"])
+        if m["msg_type"] == "error":
+            err.append(f"{m['content']['ename']}: {m['content']['evalue']}")
+        if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+            break
+    election = reply["metadata"].get("nbos_election", {})
+    return {
+        "status": reply["content"]["status"],
+        "out": "".join(out).strip(),
+        "err": "".join(err).strip(),
+        "host": election.get("node_id"),
+    }
+
+
+def digests(urls: list[str], kernel_id: str) -> dict[int, str]:
+    """Namespace digest of each replica, by host."""
+    out = {}
+    for u in urls:
+        d = get(f"{u}/api/v1/cluster/kernels/{kernel_id}/digest")
+        if d:
+            out[d["node_id"]] = d["digest"]
+    return out
+
+
+def metric_sum(urls: list[str], name: str) -> float:
+    total = 0.0
+    for u in urls:
+        try:
+            with urllib.request.urlopen(u + "/metrics", timeout=10) as r:
+                text = r.read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--urls", required=True, help="every host's base URL, comma separated")
+    ap.add_argument("--nbos", required=True, help="path of the nbos CLI")
+    ap.add_argument("--pidfiles", required=True, help="each host's daemon pid file (process group leader), comma separated")
+    ap.add_argument("--restart", required=True, help="command that restarts host {i} (1-based)")
+    ap.add_argument("--notebook", default=str(HERE / "train_replicated.ipynb"))
+    ap.add_argument("--kernels", type=int, default=3)
+    ap.add_argument("--timeout", type=int, default=120, help="seconds one cell may take")
+    args = ap.parse_args()
+    urls = args.urls.split(",")
+    pidfiles = args.pidfiles.split(",")
+
+    import nbformat
+    from jupyter_client.manager import KernelManager
+
+    jupyter_path = Path(tempfile.mkdtemp(prefix="nbos-demo-kernels-"))
+    subprocess.run(
+        [args.nbos, "install-kernelspec", "--name", "notebookos-demo-cluster", "--gpus", "1",
+         "--kernels-dir", str(jupyter_path / "kernels"), "--gateway", ",".join(urls)],
+        check=True,
+        capture_output=True,
+    )
+    os.environ.setdefault("NBOS_LOG", "warn")
+    os.environ["JUPYTER_PATH"] = str(jupyter_path) + os.pathsep + os.environ.get("JUPYTER_PATH", "")
+    cells = [c.source for c in nbformat.read(args.notebook, as_version=4).cells if c.cell_type == "code"]
+
+    kernels: list[tuple[KernelManager, object]] = []
+    for _ in range(args.kernels):
+        km = KernelManager(kernel_name="notebookos-demo-cluster")
+        km.start_kernel()
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=120)
+        kernels.append((km, kc))
+    listed = get(urls[0] + "/api/kernels") or []
+    ids = [k["id"] for k in sorted(listed, key=lambda k: k.get("last_activity", ""))]
+    for k in listed:
+        hosts = ", ".join(f"replica {r['replica']} on host {r['node_id']}" for r in k.get("replicas", []))
+        print(f"kernel {k['id'][:8]}: {hosts}")
+
+    results: dict[int, list[dict]] = {}
+    failed: list[str] = []
+    bound_before = sum((get(u + "/api/v1/gpus") or {}).get("gpu_seconds_bound", 0.0) for u in urls)
+
+    def run(i: int) -> None:
+        _, kc = kernels[i]
+        rows = []
+        for code in cells:
+            r = run_cell(kc, code, args.timeout)
+            rows.append(r)
+            if r["status"] != "ok":
+                failed.append(f"notebook {i}: {r['err']}")
+                break
+        results[i] = rows
+
+    print(f"\n== {Path(args.notebook).name} in {args.kernels} replicated kernels at once, 1 simulated GPU per host")
+    started = time.monotonic()
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(kernels))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - started
+    for i in sorted(results):
+        hosts = " ".join(str(r["host"]) for r in results[i])
+        epochs = [r["out"] for r in results[i] if r["out"].startswith("epoch")]
+        print(f"notebook {i}: cells ran on hosts [{hosts}]; " + "; ".join(epochs))
+    for f in failed:
+        print("FAILED:", f)
+
+    print("\n== every replica holds the same namespace (nbos_kernel.namespace_digest on each host)")
+    for kid in ids:
+        d = digests(urls, kid)
+        same = len(set(d.values())) == 1 and len(d) == len(urls)
+        print(f"kernel {kid[:8]}: " + ", ".join(f"host {h} {v[:12]}" for h, v in sorted(d.items())) + ("  equal" if same else "  DIFFERENT"))
+        if not same:
+            failed.append(f"kernel {kid}: replicas differ")
+
+    # Failover: the host that ran kernel 0's last cell dies with its kernel processes.
+    km0, kc0 = kernels[0]
+    victim = results[0][-1]["host"] if results.get(0) else None
+    if victim:
+        pid = int(Path(pidfiles[victim - 1]).read_text())
+        print(f"\n== kill -9 host {victim} (daemon pid {pid} and its kernels), which ran kernel 0's last cell")
+        os.killpg(pid, signal.SIGKILL)
+        r = run_cell(kc0, "print(f'{len(losses)} epochs so far; sum of weights {float(w.sum()):.1f}')", args.timeout)
+        print(f"next cell ran on host {r['host']}: {r['out'] or r['err']}")
+        r2 = run_cell(kc0, cells[-1], args.timeout)
+        print(f"and trained on host {r2['host']}: {r2['out'] or r2['err']}")
+        if r["status"] != "ok" or r2["status"] != "ok" or r["host"] == victim:
+            failed.append("failover: the kernel did not carry on from a survivor")
+        print(f"\n== restart host {victim} with its state directory: its replica comes back and catches up")
+        subprocess.run(args.restart.format(i=victim), shell=True, check=True)
+        kid0 = next((k for k in ids if k), None)
+        try:
+            wait_for("the restarted replica to catch up", lambda: len(set(digests(urls, kid0).values())) == 1
+                     and len(digests(urls, kid0)) == len(urls), 120)
+            d = digests(urls, kid0)
+            print(f"kernel {kid0[:8]}: " + ", ".join(f"host {h} {v[:12]}" for h, v in sorted(d.items())) + "  equal")
+        except SystemExit as e:
+            failed.append(str(e))
+
+    bound = sum((get(u + "/api/v1/gpus") or {}).get("gpu_seconds_bound", 0.0) for u in urls) - bound_before
+    n_cells = sum(len(r) for r in results.values())
+    elections = metric_sum(urls, "notebookos_election_latency_seconds_count")
+    election_s = metric_sum(urls, "notebookos_election_latency_seconds_sum")
+    print("\n== report")
+    print(f"cells run: {n_cells} in {wall:.1f} s by {len(kernels)} kernels x 3 replicas on {len(urls)} hosts")
+    print(f"executing hosts per notebook: " + "; ".join(
+        f"{i}: {sorted({r['host'] for r in rows})}" for i, rows in sorted(results.items())))
+    print(f"GPU-seconds bound (all hosts, cells only): {bound:.1f}")
+    if elections:
+        print(f"executor election (gateway -> execution starts): mean {1000 * election_s / elections:.1f} ms over {int(elections)} elections")
+
+    for km, kc in kernels:
+        kc.stop_channels()
+        km.shutdown_kernel(now=False)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
