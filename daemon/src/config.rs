@@ -525,6 +525,15 @@ impl Config {
                 format!("must be an http:// or https:// URL, got {:?}", c.advertise_url),
             ));
         }
+        if c.object_store.is_empty() && c.replicas > 1 {
+            return Err(invalid(
+                "cluster.object_store",
+                "must be set when kernels have several replicas: every replica host reads the large objects \
+                 an executor wrote, so use s3://bucket[/prefix] or a directory every host mounts \
+                 (file:///mnt/shared/...), not a directory of this host only"
+                    .to_owned(),
+            ));
+        }
         if !c.object_store.is_empty() {
             let ok = c
                 .object_store
@@ -652,13 +661,19 @@ mod tests {
     #[test]
     fn cluster_section_is_off_by_default_and_accepts_a_loopback_dev_cluster() {
         assert!(!Config::default().cluster.enabled);
-        let text = format!("{CLUSTER}seeds = [\"1=127.0.0.1:7001\", \"2=127.0.0.1:7002\", \"3=127.0.0.1:7003\"]\n");
+        let seed_text = "seeds = [\"1=127.0.0.1:7001\", \"2=127.0.0.1:7002\", \"3=127.0.0.1:7003\"]\n";
+        let text = format!("{CLUSTER}{seed_text}object_store = \"file:///srv/objects\"\n");
         let c = Config::parse(&text, "t.toml").expect("valid cluster config");
         let seeds = c.cluster.seed_list().expect("seeds");
         assert_eq!(seeds.iter().map(|s| s.node_id).collect::<Vec<_>>(), vec![1, 2, 3]);
         assert_eq!(c.cluster.host_ttl, Duration::from_secs(3));
         assert_eq!(c.cluster.replicas, 3);
-        assert_eq!(c.object_store_url(), "file:///var/lib/notebookos/objects");
+        assert_eq!(c.object_store_url(), "file:///srv/objects");
+        // Several replicas need a store every host reads; one replica may use the host's own.
+        let err = Config::parse(&format!("{CLUSTER}{seed_text}"), "t.toml").expect_err("no object store");
+        assert!(err.to_string().contains("cluster.object_store"), "{err}");
+        let single = Config::parse(&format!("{CLUSTER}{seed_text}replicas = 1\n"), "t.toml").expect("one replica");
+        assert_eq!(single.object_store_url(), "file:///var/lib/notebookos/objects");
     }
 
     #[test]

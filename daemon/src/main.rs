@@ -49,6 +49,12 @@ struct Args {
     #[arg(long, value_name = "DURATION", requires = "cluster_node_id", value_parser = humantime::parse_duration)]
     host_ttl: Option<std::time::Duration>,
 
+    /// With --cluster-node-id: the large-object store every host of the dev cluster shares
+    /// (cluster.object_store). Default: `file://$TMPDIR/notebookos-dev-objects`, safe to share
+    /// between dev clusters because objects are immutable and named by their sha256.
+    #[arg(long, value_name = "URL", requires = "cluster_node_id")]
+    object_store: Option<String>,
+
     /// Validate the configuration and exit.
     #[arg(long)]
     check_config: bool,
@@ -124,6 +130,12 @@ fn load(args: &Args) -> anyhow::Result<(Config, RunOptions)> {
         if let Some(ttl) = args.host_ttl {
             config.cluster.host_ttl = ttl;
         }
+        config.cluster.object_store = match &args.object_store {
+            Some(url) => url.clone(),
+            // Every replica host must read what an executor wrote: one directory for all
+            // the dev hosts on this machine, not one per state directory.
+            None => format!("file://{}", std::env::temp_dir().join("notebookos-dev-objects").display()),
+        };
     }
     config.validate("--dev")?;
     Ok((config, RunOptions { dev: true, remove_on_exit }))
