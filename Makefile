@@ -1,5 +1,5 @@
 # NotebookOS-rs — the two commands a newcomer needs:
-#   make demo   the main job: start notebookosd in dev mode and show what it does
+#   make demo   the main job: a 3-host NotebookOS cluster on this machine, replicated kernels at work
 #   make test   every test of the workspace (Rust and Python)
 # Both install what they need first (scripts/install-deps.sh, idempotent).
 

@@ -1,74 +1,98 @@
 #!/usr/bin/env bash
-# `make demo` / `make demo-stop`: run notebookosd in dev mode (loopback, simulated GPUs)
-# and show what it does. The daemon is left running for you to explore.
+# `make demo` / `make demo-stop`: a three-host NotebookOS cluster on this machine (three
+# notebookosd processes on loopback, one SIMULATED GPU each from the fake-cuda test
+# double), three replicated kernels training in turns, a host killed and restarted.
+# The cluster is left running for you to explore.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 target_dir=${CARGO_TARGET_DIR:-target}
 bin="$target_dir/debug"
-demo_dir=.nbos/demo
-pidfile=$demo_dir/notebookosd.pid
-listen=${NBOS_DEMO_LISTEN:-127.0.0.1:8888}
+demo_dir=$PWD/.nbos/demo
 python=${NBOS_PYTHON:-.venv/bin/python}
+http_base=${NBOS_DEMO_HTTP_BASE:-8880}   # host i listens on 127.0.0.1:(base + i)
+raft_base=${NBOS_DEMO_RAFT_BASE:-7100}
+hosts=3
+seeds=$(for i in $(seq $hosts); do printf '%s=127.0.0.1:%s,' "$i" $((raft_base + i)); done)
+seeds=${seeds%,}
+
+url() { echo "http://127.0.0.1:$((http_base + $1))"; }
+pidfile() { echo "$demo_dir/h$1/pid"; }
+alive() { [ -f "$(pidfile "$1")" ] && kill -0 "$(cat "$(pidfile "$1")")" 2>/dev/null; }
+
+start_host() {
+  local i=$1
+  mkdir -p "$demo_dir/h$i"
+  # setsid: each host is its own process group, so "kill the host" takes its kernels too.
+  setsid "$bin/notebookosd" --dev --state-dir "$demo_dir/h$i" --listen "127.0.0.1:$((http_base + i))" \
+    --fake-gpus 1 --cluster-node-id "$i" --seeds "$seeds" --host-ttl 1s \
+    --object-store "file://$demo_dir/objects" \
+    >"$demo_dir/h$i/out" 2>>"$demo_dir/h$i/log" </dev/null &
+  echo $! > "$(pidfile "$i")"
+  disown  # killed on purpose later: no "Killed" job notice from this shell
+}
+
+wait_up() {
+  for _ in $(seq 300); do
+    if "$bin/nbos" --url "$(url 1)" cluster status --json 2>/dev/null |
+      "$python" -c 'import json,sys; s=json.load(sys.stdin); sys.exit(0 if s.get("ready") and sum(1 for m in s["members"] if m.get("up")) == int(sys.argv[1]) else 1)' "$1" 2>/dev/null; then
+      return 0
+    fi
+    sleep 0.2
+  done
+  echo "demo: the cluster did not come up in 60 s; logs: $demo_dir/h*/log"
+  exit 1
+}
 
 stop() {
-  if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-    kill -TERM "$(cat "$pidfile")"
-    for _ in $(seq 50); do kill -0 "$(cat "$pidfile")" 2>/dev/null || break; sleep 0.1; done
-    echo "demo: notebookosd stopped"
-  else
-    echo "demo: no demo daemon running"
-  fi
-  rm -f "$pidfile"
+  local any=""
+  for i in $(seq $hosts); do
+    if alive "$i"; then
+      kill -TERM "$(cat "$(pidfile "$i")")"
+      any=1
+    fi
+  done
+  for i in $(seq $hosts); do
+    for _ in $(seq 100); do alive "$i" || break; sleep 0.1; done
+    if alive "$i"; then kill -KILL -- "-$(cat "$(pidfile "$i")")" 2>/dev/null || true; fi
+    rm -f "$(pidfile "$i")"
+  done
+  if [ -n "$any" ]; then echo "demo: cluster stopped"; else echo "demo: no demo cluster running"; fi
 }
 
 start() {
-  mkdir -p "$demo_dir"
   for lib in libnbos_cuda_shim.so libfake_cuda.so; do
     [ -f "$bin/$lib" ] || { echo "demo: $bin/$lib is missing; run cargo build --workspace first"; exit 1; }
   done
-  if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-    echo "demo: restarting the running demo daemon"
-    stop
-  fi
-  : > "$demo_dir/notebookosd.out"
-  "$bin/notebookosd" --dev --state-dir "$PWD/$demo_dir/state" --listen "$listen" --fake-gpus 2 \
-    >"$demo_dir/notebookosd.out" 2>"$demo_dir/notebookosd.log" &
-  echo $! > "$pidfile"
-  url=""
-  for _ in $(seq 100); do
-    url=$(grep -o 'listening on http://[^ ]*' "$demo_dir/notebookosd.out" 2>/dev/null | sed 's/listening on //' || true)
-    [ -n "$url" ] && break
-    kill -0 "$(cat "$pidfile")" 2>/dev/null || { echo "demo: notebookosd exited:"; cat "$demo_dir/notebookosd.log"; exit 1; }
-    sleep 0.1
-  done
-  [ -n "$url" ] || { echo "demo: notebookosd did not come up in 10 s; log: $demo_dir/notebookosd.log"; exit 1; }
-  export NBOS_URL=$url
-  echo "== notebookosd --dev is up (2 SIMULATED GPUs from the fake-cuda test double)"
-  cat "$demo_dir/notebookosd.out"
+  stop >/dev/null
+  # A fresh cluster each time: the demo's state is not worth keeping.
+  rm -rf "$demo_dir"
+  mkdir -p "$demo_dir/objects"
+  for i in $(seq $hosts); do start_host "$i"; done
+  wait_up $hosts
+  echo "== three notebookosd hosts on loopback, 1 SIMULATED GPU each (fake-cuda test double)"
+  "$bin/nbos" --url "$(url 1)" cluster status
   echo
-  echo "== nbos status"
-  "$bin/nbos" status
+  urls=$(for i in $(seq $hosts); do printf '%s,' "$(url "$i")"; done)
+  pids=$(for i in $(seq $hosts); do printf '%s,' "$(pidfile "$i")"; done)
+  "$python" examples/run_replicated.py --urls "${urls%,}" --nbos "$bin/nbos" --pidfiles "${pids%,}" \
+    --restart "$0 restart-host {i}" --kernels 3
   echo
-  echo "== health"
-  curl -fsS "$url/healthz"
-  echo
-  echo
-  # Three kernels train in turns on the two simulated GPUs, each holding a GPU
-  # only while a cell runs (kernels run under the CUDA shim, leases from the daemon).
-  "$python" examples/run_in_turns.py --url "$url" --nbos "$bin/nbos" --kernels 3
-  echo
-  echo "== GPU metrics"
-  curl -fsS "$url/metrics" | grep -E '^notebookos_(gpus|lease_grants|lease_revocations|gpu_evict|gpu_restored|observer_mode|cells_total|subscription)' || true
-  echo
-  echo "The daemon keeps running (pid $(cat "$pidfile"), log $demo_dir/notebookosd.log)."
-  echo "Try:   $python -m jupyter lab --gateway-url=$url"
-  echo "       NBOS_URL=$url $bin/nbos kernels"
+  echo "The cluster keeps running (logs: $demo_dir/h*/log). Any host's gateway serves any kernel:"
+  echo "Try:   $python -m jupyter lab --gateway-url=$(url 1)"
+  echo "       $bin/nbos --url $(url 2) cluster status"
   echo "Stop:  make demo-stop"
 }
 
 case "${1:-start}" in
   start) start ;;
   stop) stop ;;
-  *) echo "usage: $0 start|stop" >&2; exit 2 ;;
+  restart-host)
+    i=${2:?restart-host needs a host number}
+    alive "$i" && { echo "demo: host $i is running"; exit 1; }
+    start_host "$i"
+    wait_up $hosts
+    echo "demo: host $i restarted with its state directory"
+    ;;
+  *) echo "usage: $0 start|stop|restart-host N" >&2; exit 2 ;;
 esac

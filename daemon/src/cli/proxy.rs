@@ -528,8 +528,9 @@ impl Drop for DeleteOnDrop {
         let n = self.gateways.len();
         for step in 0..n {
             let g = &self.gateways[(self.current + step) % n];
-            match g.delete_kernel(&self.id) {
-                Ok(()) => return,
+            // Already gone is fine: a client's shutdown_request deletes a replicated kernel itself.
+            match g.delete_kernel_if_exists(&self.id) {
+                Ok(_) => return,
                 Err(e) => {
                     tracing::warn!(kernel = %self.id, gateway = %g.url, error = format!("{e:#}"), "could not delete the remote kernel");
                 }

@@ -78,13 +78,16 @@ impl GatewayClient {
             Some(b) => req.send_json(b),
             None => req.call(),
         };
-        match res {
-            Ok(r) => Ok(r),
-            Err(ureq::Error::Status(401, _)) => anyhow::bail!("{what}: the gateway refused the token (401)"),
-            Err(ureq::Error::Status(code, r)) => {
-                anyhow::bail!("{what}: HTTP {code}: {}", r.into_string().unwrap_or_default().trim())
+        res.map_err(|e| Self::error(&what, e))
+    }
+
+    fn error(what: &str, e: ureq::Error) -> anyhow::Error {
+        match e {
+            ureq::Error::Status(401, _) => anyhow::anyhow!("{what}: the gateway refused the token (401)"),
+            ureq::Error::Status(code, r) => {
+                anyhow::anyhow!("{what}: HTTP {code}: {}", r.into_string().unwrap_or_default().trim())
             }
-            Err(e) => Err(anyhow::anyhow!(e)).with_context(|| format!("{what}: cannot reach the gateway")),
+            e => anyhow::anyhow!(e).context(format!("{what}: cannot reach the gateway")),
         }
     }
 
@@ -105,6 +108,17 @@ impl GatewayClient {
     /// `DELETE /api/kernels/{id}` (blocking).
     pub fn delete_kernel(&self, id: &str) -> anyhow::Result<()> {
         self.call(self.request("DELETE", &format!("/api/kernels/{id}")), None).map(drop)
+    }
+
+    /// `DELETE /api/kernels/{id}` (blocking); `Ok(false)` when the kernel was already gone.
+    pub fn delete_kernel_if_exists(&self, id: &str) -> anyhow::Result<bool> {
+        let req = self.request("DELETE", &format!("/api/kernels/{id}"));
+        let what = format!("DELETE {}", req.url());
+        match req.call() {
+            Ok(_) => Ok(true),
+            Err(ureq::Error::Status(404, _)) => Ok(false),
+            Err(e) => Err(Self::error(&what, e)),
+        }
     }
 
     /// `POST /api/kernels/{id}/interrupt` (blocking).

@@ -302,6 +302,11 @@ pub async fn interrupt(mode: &ClusterMode, id: &str) -> Result<StatusCode, ApiEr
     }
     if errors.is_empty() {
         Ok(StatusCode::NO_CONTENT)
+    } else if executing.is_none() {
+        // No cell runs: there was nothing to interrupt on a replica that is away (its host
+        // down, or the replica being re-created), so that is not the client's failure.
+        tracing::debug!(kernel = %id, errors = %errors.join("; "), "idle kernel: interrupt skipped unreachable replicas");
+        Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError { status: StatusCode::BAD_GATEWAY, message: format!("interrupt failed: {}", errors.join("; ")) })
     }
