@@ -195,9 +195,21 @@ pub async fn propose(
     }
 }
 
+/// How long a replica told to yield waits before noting it: the designee's swap goes
+/// first, and a cell decided by then needs no note.
+pub const YIELD_NOTE_DELAY: Duration = Duration::from_millis(100);
+
 /// Notes that `replica` yielded `round` of `cell` without proposing (best effort: the
-/// record is for operators and the bench, the front-end does not wait for it).
+/// record is for operators and the bench, the front-end does not wait for it). Written
+/// [`YIELD_NOTE_DELAY`] later and only while the cell has no winner here: a note is not a
+/// write on the elected cell's path, and none is left behind after the commit that removes
+/// the cell's notes.
 pub async fn note_yield(kv: &Kv, cell: &str, round: u32, replica: u32) {
+    tokio::time::sleep(YIELD_NOTE_DELAY).await;
+    let decided = kv.get_stale(keys::elect(cell).into_bytes()).await.ok().and_then(|o| o.kvs.into_iter().next());
+    if decided.is_some_and(|kv| decode_record(cell, &kv.value).is_ok_and(|r| r.winner.is_some())) {
+        return;
+    }
     let key = format!("{YIELD_PREFIX}{cell}/{round:010}/{replica:04}");
     if let Err(e) = kv.put(key.as_bytes(), b"1".to_vec()).await {
         tracing::debug!(cell, round, replica, error = %e, "yield note not written");

@@ -45,6 +45,8 @@ const MAX_ROUTED: usize = 4096;
 /// Reconnect backoff of an internal WebSocket.
 const LINK_BACKOFF_MIN: Duration = Duration::from_millis(50);
 const LINK_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Longest a cached `hosts/` + `load/` read serves pre-selection without a change seen.
+const META_CACHE_MAX_AGE: Duration = Duration::from_secs(1);
 
 /// Metrics of the front-end.
 #[derive(Debug, Clone)]
@@ -133,16 +135,45 @@ struct Shared {
     metrics: FrontendMetrics,
     /// Bumped on every `hosts/` or `load/` change.
     changes: watch::Receiver<u64>,
+    /// `hosts/` and `load/` as last read, with the `changes` count they were read at.
+    cache: Mutex<Option<MetaCache>>,
+}
+
+/// The meta records a cell's pre-selection reads, kept between changes: reading them from
+/// the store queues behind the raft engine's log writes, on every cell's path.
+#[derive(Clone)]
+struct MetaCache {
+    changes: u64,
+    read_at: Instant,
+    hosts: HashMap<u64, HostRecord>,
+    loads: HashMap<u64, LoadRecord>,
 }
 
 impl Shared {
-    /// Live hosts by node id (local meta state: a host whose lease expired is gone).
-    async fn hosts(&self) -> HashMap<u64, HostRecord> {
-        self.range::<HostRecord>(keys::HOSTS).await.into_iter().map(|h| (h.node_id, h)).collect()
+    /// Live hosts and their loads (local meta state: a host whose lease expired is gone),
+    /// from the cache while no `hosts/` or `load/` change was seen (and at most
+    /// [`META_CACHE_MAX_AGE`] old, in case the watch is down).
+    async fn hosts_and_loads(&self) -> (HashMap<u64, HostRecord>, HashMap<u64, LoadRecord>) {
+        let changes = *self.changes.borrow();
+        {
+            let cache = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(c) = cache.as_ref().filter(|c| c.changes == changes && c.read_at.elapsed() < META_CACHE_MAX_AGE)
+            {
+                return (c.hosts.clone(), c.loads.clone());
+            }
+        }
+        let hosts: HashMap<u64, HostRecord> =
+            self.range::<HostRecord>(keys::HOSTS).await.into_iter().map(|h| (h.node_id, h)).collect();
+        let loads: HashMap<u64, LoadRecord> =
+            self.range::<LoadRecord>(keys::LOAD).await.into_iter().map(|l| (l.node_id, l)).collect();
+        let fresh = MetaCache { changes, read_at: Instant::now(), hosts: hosts.clone(), loads: loads.clone() };
+        *self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(fresh);
+        (hosts, loads)
     }
 
-    async fn loads(&self) -> HashMap<u64, LoadRecord> {
-        self.range::<LoadRecord>(keys::LOAD).await.into_iter().map(|l| (l.node_id, l)).collect()
+    /// Live hosts by node id.
+    async fn hosts(&self) -> HashMap<u64, HostRecord> {
+        self.hosts_and_loads().await.0
     }
 
     async fn range<T: serde::de::DeserializeOwned>(&self, prefix: &str) -> Vec<T> {
@@ -205,7 +236,7 @@ impl Frontends {
         let watcher = tokio::spawn(watch_hosts_and_loads(meta.clone(), tx));
         Arc::new(Self {
             registry: MetricsRegistry::new(&metrics),
-            shared: Arc::new(Shared { meta, store, token, metrics, changes: rx }),
+            shared: Arc::new(Shared { meta, store, token, metrics, changes: rx, cache: Mutex::new(None) }),
             kernels: Mutex::new(HashMap::new()),
             watcher,
         })
@@ -648,6 +679,10 @@ impl FrontendKernel {
             }
         }
         if let Some(t) = started {
+            tracing::debug!(
+                kernel = %self.id, cell = %parent, node,
+                since_submit_us = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX), "cell started"
+            );
             self.shared.metrics.election_latency_seconds.observe(t.elapsed().as_secs_f64());
             let _ = self.events.send(Event::Started { cell: parent.clone() });
         }
@@ -705,8 +740,7 @@ impl FrontendKernel {
             *self.record.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = r.clone();
         }
         let Some(rec) = record.clone() else { return (Vec::new(), None) };
-        let hosts = self.shared.hosts().await;
-        let loads = self.shared.loads().await;
+        let (hosts, loads) = self.shared.hosts_and_loads().await;
         let cands = rec
             .replicas
             .iter()
@@ -868,6 +902,17 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
         let last = k.shared.group_last_executor(record.group).await;
         let last = last.or(k.state().last_executor);
         let previous = last.map(|(r, _)| r);
+        // The kernel's own last cell is over (cells are serialised): GPUs its executor still
+        // holds for it (idle-held, or not yet republished in `load/`, sampled every 100 ms) are
+        // its own to take, so they do not count against the previous executor. Without this
+        // a stale load moves every other cell to another replica (and its group leadership
+        // with it). The replica host's binder decides for real.
+        let mut cands = cands;
+        if let Some(p) = previous {
+            for c in cands.iter_mut().filter(|c| c.replica == p) {
+                c.gpus_idle = c.gpus_idle.saturating_add(record.gpus);
+            }
+        }
         let live: HashSet<u32> = cands.iter().filter(|c| c.live).map(|c| c.replica).collect();
         if !yielded.is_empty() && live.iter().all(|r| yielded.contains(r)) {
             // Every live replica said it cannot: the cell waits for GPUs.
@@ -913,7 +958,10 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
             since_submit_us = u64::try_from(cell.submitted.elapsed().as_micros()).unwrap_or(u64::MAX),
             "election round"
         );
-        for c in cands.iter().filter(|c| c.live) {
+        // The designee first: its swap is on the cell's path, the yield notes are not.
+        let mut live_cands: Vec<&Candidate> = cands.iter().filter(|c| c.live).collect();
+        live_cands.sort_by_key(|c| c.replica != plan.lead);
+        for c in live_cands {
             let msg = with_election(&cell.request, &cell.msg_id, round, c.replica == plan.lead, expected.as_ref());
             k.send_to(c.node_id, Channel::Shell, msg);
         }

@@ -217,7 +217,14 @@ impl ReplicaHost {
     /// Starts following `kernel`'s group as replica `replica` and registers it here.
     pub fn attach(&self, kernel: Arc<Kernel>, replica: u32, group: u64) -> Arc<LocalReplica> {
         let me = Proposer { replica, node_id: self.node_id };
-        let applier = Applier::start(kernel.clone(), self.store.kv(group), self.objects.clone(), self.sync.clone(), me);
+        let applier = Applier::start(
+            kernel.clone(),
+            self.store.clone(),
+            self.store.kv(group),
+            self.objects.clone(),
+            self.sync.clone(),
+            me,
+        );
         let local = Arc::new(LocalReplica::new(kernel.id.clone(), replica, group, applier));
         self.lock().insert(kernel.id.clone(), local.clone());
         local
@@ -283,12 +290,11 @@ impl ReplicaHost {
             took_us = started.elapsed().as_micros() as u64, "election proposal decided"
         );
         match outcome {
-            Outcome::Won(_) => {
+            Outcome::Won(record) => {
                 if local.first_win(&req.cell) {
                     let (host, kernel) = (self.clone(), kernel.clone());
-                    tokio::spawn(
-                        async move { host.run_won(kernel, local, client, msg, header.msg_id, req.cell).await },
-                    );
+                    let won = Won { cell: req.cell, record, started };
+                    tokio::spawn(async move { host.run_won(kernel, local, client, msg, header.msg_id, won).await });
                 }
             }
             other => {
@@ -317,8 +323,9 @@ impl ReplicaHost {
         client: ClientId,
         msg: Message,
         msg_id: String,
-        cell: String,
+        won: Won,
     ) {
+        let Won { cell, record, started } = won;
         let executed = |revision: u64| {
             serde_json::json!({
                 "outcome": "executed",
@@ -327,7 +334,15 @@ impl ReplicaHost {
                 "revision": revision,
             })
         };
-        if let Err(e) = local.applier.catch_up(CATCH_UP_TIMEOUT).await {
+        // The swap committed at some revision R and this node applies entries in order: once
+        // its own state shows the record, every cell committed before R is in its state too, so
+        // the namespace is caught up when the applier reaches the local `ns-cell` (no
+        // linearizable read through the leader on the cell's path).
+        let key = keys::elect(&cell);
+        let elected = |v: &[u8]| super::records::decode::<ElectionRecord>(key.as_bytes(), v).is_ok_and(|r| r == record);
+        let caught_up = local.applier.catch_up_after(key.as_bytes(), elected, CATCH_UP_TIMEOUT).await;
+        let caught_up_us = started.elapsed().as_micros() as u64;
+        if let Err(e) = caught_up {
             tracing::warn!(kernel = %kernel.id, cell, error = format!("{e:#}"), "won a cell but cannot catch up");
             let evalue = format!("replica {} on host {} could not catch up: {e:#}", local.replica, self.node_id);
             let content = serde_json::json!({
@@ -343,6 +358,10 @@ impl ReplicaHost {
             Some(m) => kernel.send_from_client(client, Channel::Shell, m).await,
             None => Ok(()),
         };
+        tracing::debug!(
+            kernel = %kernel.id, cell, caught_up_us, sent_us = started.elapsed().as_micros() as u64,
+            "won cell sent to the kernel (times since the proposal started)"
+        );
         if let Err(e) = forwarded {
             kernel.hub.unhold_reply(&msg_id);
             tracing::warn!(kernel = %kernel.id, cell, error = format!("{e:#}"), "could not start a won cell");
@@ -440,6 +459,13 @@ impl ReplicaHost {
         out.sort_by(|a, b| a.kernel_id.cmp(&b.kernel_id));
         out
     }
+}
+
+/// A cell this replica won: its id, the committed record and when the proposal started.
+struct Won {
+    cell: String,
+    record: ElectionRecord,
+    started: Instant,
 }
 
 /// Resolves when the kernel has no live process (died or shut down).

@@ -22,7 +22,7 @@ use std::time::Duration;
 use anyhow::Context;
 use bytes::Bytes;
 use raft_store::state_machine::{Txn, TxnOp};
-use raft_store::{Kv, WatchEvent, WatchEventKind};
+use raft_store::{Kv, RaftStore, WatchEvent, WatchEventKind};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -422,11 +422,20 @@ impl std::fmt::Debug for Applier {
 }
 
 impl Applier {
-    /// Starts applying the group's namespace to `kernel` (replica `me`).
-    pub fn start(kernel: Arc<Kernel>, kv: Kv, objects: Objects, cfg: SyncConfig, me: Proposer) -> Self {
+    /// Starts applying the group's namespace to `kernel` (replica `me`). `store` is the raft
+    /// store `kv` belongs to: while this node leads the group it hands leadership to the host
+    /// of each cell's executor (see [`Run::follow_executor`]).
+    pub fn start(
+        kernel: Arc<Kernel>,
+        store: RaftStore,
+        kv: Kv,
+        objects: Objects,
+        cfg: SyncConfig,
+        me: Proposer,
+    ) -> Self {
         let (tx, rx) = watch::channel(0u64);
         let shared = Arc::new(Mutex::new(Shared::default()));
-        let run = Run { kernel, kv: kv.clone(), objects, cfg, me, applied: tx, shared: shared.clone() };
+        let run = Run { kernel, store, kv: kv.clone(), objects, cfg, me, applied: tx, shared: shared.clone() };
         let task = tokio::spawn(run.run());
         Self { applied: rx, shared, kv, task }
     }
@@ -503,11 +512,47 @@ impl Applier {
         self.wait_applied(revision, left).await?;
         Ok(revision)
     }
+
+    /// Waits until the namespace reflects every cell committed before a write this host saw
+    /// committed (`key` holding a value `committed` accepts, e.g. the election record a
+    /// replica just won with). No round trip to the leader: once this node's own state
+    /// shows the write, it applied every entry before it, so its `ns-cell` is at least the
+    /// group's latest as of that write, and waiting for the applier to reach it is enough.
+    /// Returns the revision waited for.
+    pub async fn catch_up_after(
+        &self,
+        key: &[u8],
+        committed: impl Fn(&[u8]) -> bool,
+        timeout: Duration,
+    ) -> anyhow::Result<u64> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        // A write answered by a remote leader reaches this node one append later: poll briefly.
+        let mut pause = Duration::from_micros(50);
+        loop {
+            let out = self.kv.get_stale(key.to_vec()).await.context("reading this node's state")?;
+            if out.kvs.first().is_some_and(|kv| committed(&kv.value)) {
+                break;
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() + pause < deadline,
+                "this node did not apply the write to {} within {timeout:?}",
+                String::from_utf8_lossy(key)
+            );
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
+        let latest = self.kv.get_stale(keys::NS_CELL.as_bytes()).await.context("reading ns-cell")?;
+        let revision = latest.kvs.first().map_or(0, |kv| kv.mod_revision);
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        self.wait_applied(revision, left).await?;
+        Ok(revision)
+    }
 }
 
 /// The applier's task.
 struct Run {
     kernel: Arc<Kernel>,
+    store: RaftStore,
     kv: Kv,
     objects: Objects,
     cfg: SyncConfig,
@@ -641,9 +686,33 @@ impl Run {
         Ok(revision)
     }
 
+    /// When this node leads the group and `executor` (the host of a cell's executor) is
+    /// another node, hands leadership to it, off the cell's path: the next cell most often
+    /// runs on the same replica (pre-selection prefers it), and then its election swap and
+    /// namespace commit are proposed locally instead of forwarded to a remote leader.
+    fn follow_executor(&self, executor: u64) {
+        if executor == self.me.node_id {
+            return;
+        }
+        let (store, group, me) = (self.store.clone(), self.kv.group(), self.me.node_id);
+        tokio::spawn(async move {
+            let Ok(status) = store.status(group).await else { return };
+            if status.role != "leader" || status.leader != Some(me) {
+                return;
+            }
+            match store.transfer_leader(group, executor).await {
+                Ok(()) => tracing::debug!(group, to = executor, "kernel group leadership follows the executor"),
+                Err(e) => tracing::debug!(group, to = executor, error = %e, "leadership transfer not started"),
+            }
+        });
+    }
+
     async fn apply(&self, batch: Batch, revision: u64, full: bool) -> anyhow::Result<()> {
         let own =
             !full && batch.cell.as_ref().is_some_and(|c| c.replica == self.me.replica && c.node_id == self.me.node_id);
+        if let Some(c) = batch.cell.as_ref().filter(|_| !full) {
+            self.follow_executor(c.node_id);
+        }
         if !own {
             let mut attempt = 0u32;
             loop {
