@@ -510,7 +510,7 @@ fn two_hundred_cells_under_random_host_kills_run_exactly_once_each() {
 
 #[test]
 fn cells_wait_for_gpus_and_say_so_interrupts_reach_the_executor_and_bad_requests_are_refused() {
-    let c = start_cluster();
+    let mut c = start_cluster();
     // Bad input, in cluster mode, through any host.
     let (code, v) = c.post(2, "/api/kernels", serde_json::json!({ "name": "no-such-spec" }));
     assert_eq!(code, 404, "{v}");
@@ -612,8 +612,15 @@ fn cells_wait_for_gpus_and_say_so_interrupts_reach_the_executor_and_bad_requests
         .expect("notebookos_election_rounds_total");
     assert!(rounds >= 2.0, "the waiting cell took more than one round: {rounds}");
     assert!(metrics.contains("notebookos_election_latency_seconds_count"), "{metrics}");
-    // Restart through any host restarts every replica (fresh processes) and the kernel
-    // keeps serving cells.
+    // A name from before the restart, synchronised to every replica.
+    rt.block_on(async {
+        let mut b = CellClient::connect(&gateway(&c, 2), &k2).await.expect("k2 before restart");
+        let run = b.run("before_restart = 41", CELL_TIMEOUT).await.expect("cell before restart");
+        assert!(status_ok(&run), "{run:?}");
+        digests_after(&c, &k2, revision(&run));
+    });
+    // Restart through any host restarts every replica (fresh processes), the kernel group
+    // forgets the old namespace, and the kernel keeps serving cells.
     let pids_before: Vec<serde_json::Value> =
         (1..=3).map(|h| c.get(h, &format!("/api/kernels/{k2}?replica=local")).1["pids"].clone()).collect();
     let (code, v) = c.post(1, &format!("/api/kernels/{k2}/restart"), serde_json::json!({}));
@@ -624,9 +631,26 @@ fn cells_wait_for_gpus_and_say_so_interrupts_reach_the_executor_and_bad_requests
     }
     rt.block_on(async {
         let mut b = CellClient::connect(&gateway(&c, 2), &k2).await.expect("k2 after restart");
-        let run = b.run("print(1 + 1)", CELL_TIMEOUT).await.expect("cell after restart");
+        let run = b.run("print('before_restart' in globals(), 1 + 1)", CELL_TIMEOUT).await.expect("cell after restart");
         assert!(status_ok(&run), "{run:?}");
-        assert_eq!(run.stdout.trim(), "2");
+        assert_eq!(run.stdout.trim(), "False 2");
+    });
+    // A replica that catches up from the group afterwards (its host restarted, a fresh
+    // replica) does not bring the pre-restart name back: every replica has the same namespace.
+    c.stop(3);
+    c.restart(3);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(60));
+    wait_for(Duration::from_secs(60), "host 3's new replica of k2 to be ready", || {
+        let (_, m) = c.get(1, &format!("/api/kernels/{k2}"));
+        m["replicas"].as_array()?.iter().all(|r| r["ready"] == true).then_some(())
+    });
+    rt.block_on(async {
+        let mut b = CellClient::connect(&gateway(&c, 2), &k2).await.expect("k2 after host 3 came back");
+        let run = b.run("after_restart = 'x'", CELL_TIMEOUT).await.expect("cell after host 3 came back");
+        assert!(status_ok(&run), "{run:?}");
+        let digests = digests_after(&c, &k2, revision(&run));
+        assert_eq!(digests.len(), 3, "{digests:?}");
+        assert_eq!(digests.values().collect::<BTreeSet<_>>().len(), 1, "pre-restart names came back: {digests:?}");
     });
     // Delete through the meta store, from any host: gone everywhere.
     let (code, v) = c.delete(3, &format!("/api/kernels/{k1}"));

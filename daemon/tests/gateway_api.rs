@@ -36,9 +36,13 @@ async fn json_result<S>(rx: &mut S, msg_id: &str) -> (String, Option<String>)
 where
     S: futures_util::Stream<Item = Result<WsFrame, tokio_tungstenite::tungstenite::Error>> + Unpin,
 {
+    // `execute_result` comes on IOPub and may arrive after the shell's `execute_reply`: the
+    // cell is over once both the reply and its `idle` status (same parent) are in.
     let mut value = None;
+    let mut status = None;
+    let mut idle = false;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
+    while status.is_none() || !idle {
         let frame =
             tokio::time::timeout_at(deadline, rx.next()).await.expect("reply in time").expect("open").expect("ok");
         let WsFrame::Text(t) = frame else { continue };
@@ -50,11 +54,16 @@ where
             assert_eq!(v["channel"], "iopub");
             value = v["content"]["data"]["text/plain"].as_str().map(str::to_owned);
         }
+        if v["msg_type"] == "status" && v["content"]["execution_state"] == "idle" {
+            assert_eq!(v["channel"], "iopub");
+            idle = true;
+        }
         if v["msg_type"] == "execute_reply" {
             assert_eq!(v["channel"], "shell");
-            return (v["content"]["status"].as_str().unwrap_or("").to_owned(), value);
+            status = Some(v["content"]["status"].as_str().unwrap_or("").to_owned());
         }
     }
+    (status.unwrap_or_default(), value)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -98,11 +98,31 @@ pub struct ClusterKernelModel {
     pub execution: Option<ExecutionInfo>,
 }
 
+/// Why a store failure is the cluster being unavailable for now (503) rather than a fault,
+/// in words for the client: whether anything may have changed, and what to do.
+fn store_unavailable(e: &raft_store::Error) -> Option<&'static str> {
+    use raft_store::Error as E;
+    match e {
+        E::NotLeader { .. } => Some("no leader of the meta group is known right now; nothing was changed, retry"),
+        E::LeaderUnreachable { .. } => Some("the meta group's leader cannot be reached; nothing was changed, retry"),
+        E::Overloaded => Some("the raft store is overloaded; nothing was changed, retry later"),
+        E::Stopped => Some("this host's raft store is shutting down; use another host"),
+        e if e.outcome_unknown() => Some(
+            "the outcome is unknown (timeout or leader change): the change may or may not have been applied; \
+             check before retrying",
+        ),
+        _ => None,
+    }
+}
+
 fn cluster_error(e: ClusterError) -> ApiError {
+    if let ClusterError::Store(store) = &e {
+        if let Some(reason) = store_unavailable(store) {
+            return ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: format!("{reason} ({e})") };
+        }
+    }
     let status = match &e {
         ClusterError::NotReady(_) | ClusterError::NotLeader { .. } => StatusCode::SERVICE_UNAVAILABLE,
-        ClusterError::Store(raft_store::Error::NotLeader { .. }) => StatusCode::SERVICE_UNAVAILABLE,
-        ClusterError::Store(e) if e.outcome_unknown() => StatusCode::GATEWAY_TIMEOUT,
         ClusterError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
         // No room for the replicas within the subscription ratio (the meta leader's
         // answer when forwarded is the same 409).
@@ -326,7 +346,40 @@ pub async fn restart(mode: &ClusterMode, id: &str) -> Result<Response, ApiError>
             message: format!("restart failed: {}", errors.join("; ")),
         });
     }
+    // Every replica runs a fresh interpreter: the group forgets the old namespace, once, so a
+    // replica that catches up later does not bring pre-restart names back.
+    let me = mode.cluster.node_id();
+    let reset = if urls.contains_key(&me) {
+        mode.replicas.reset_namespace(id).await.map(drop).map_err(|e| format!("{e:#}"))
+    } else {
+        match urls.values().next() {
+            Some(url) => mode.post_local(url, &format!("/api/v1/cluster/kernels/{id}/reset-namespace")).await,
+            None => Err("no replica host is up".to_owned()),
+        }
+    };
+    if let Err(e) = reset {
+        return Err(ApiError {
+            status: StatusCode::BAD_GATEWAY,
+            message: format!("every replica restarted, but the kernel group's namespace was not reset: {e}"),
+        });
+    }
     Ok(Json(mode.model(&record).await).into_response())
+}
+
+/// `POST /api/v1/cluster/kernels/{id}/reset-namespace` (cluster-internal, after a restart of
+/// every replica): this host, which must hold a replica, empties the kernel group's namespace.
+pub async fn reset_namespace(mode: &ClusterMode, id: &str) -> Result<Response, ApiError> {
+    if mode.replicas.replica(id).is_none() {
+        return Err(ApiError::not_found(format!(
+            "no replica of kernel {} on this host",
+            id.chars().take(64).collect::<String>()
+        )));
+    }
+    let revision = mode.replicas.reset_namespace(id).await.map_err(|e| ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        message: format!("resetting the namespace of kernel {id}: {e:#}"),
+    })?;
+    Ok(Json(serde_json::json!({ "kernel_id": id, "revision": revision })).into_response())
 }
 
 /// `GET /api/v1/cluster/kernels/{id}/digest`: the namespace digest of this host's
@@ -369,4 +422,52 @@ pub async fn elections(mode: &ClusterMode, id: &str) -> Result<Response, ApiErro
         cells.push(serde_json::json!({ "cell": cell, "revision": kv.mod_revision, "record": rec }));
     }
     Ok(Json(serde_json::json!({ "kernel_id": id, "cells": cells })).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn store(e: raft_store::Error) -> ApiError {
+        cluster_error(ClusterError::Store(e))
+    }
+
+    #[test]
+    fn store_unavailability_is_503_with_the_reason() {
+        let not_proposed = [
+            raft_store::Error::NotLeader { group: 1, hint: None },
+            raft_store::Error::LeaderUnreachable { group: 1, leader: 2, after: Duration::from_secs(5) },
+            raft_store::Error::Overloaded,
+        ];
+        for e in not_proposed {
+            let shown = e.to_string();
+            let got = store(e);
+            assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE, "{shown}");
+            assert!(got.message.contains("nothing was changed"), "{}", got.message);
+            assert!(got.message.contains(&shown), "the store's own words are kept: {}", got.message);
+        }
+        let unknown = [
+            raft_store::Error::Timeout { group: 1, after: Duration::from_secs(5) },
+            raft_store::Error::LeadershipLost { group: 1 },
+            raft_store::Error::ForwardLost { group: 1, leader: 2, reason: "connection closed" },
+        ];
+        for e in unknown {
+            assert!(e.outcome_unknown());
+            let got = store(e);
+            assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE);
+            assert!(got.message.contains("may or may not have been applied"), "{}", got.message);
+        }
+        assert_eq!(store(raft_store::Error::Stopped).status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[test]
+    fn other_failures_keep_their_status() {
+        assert_eq!(store(raft_store::Error::Corrupt("bad".into())).status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(cluster_error(ClusterError::NoSuchKernel("k".into())).status, StatusCode::NOT_FOUND);
+        assert_eq!(cluster_error(ClusterError::BadRequest("b".into())).status, StatusCode::BAD_REQUEST);
+        let not_ready = cluster_error(ClusterError::NotReady("no quorum".into()));
+        assert_eq!(not_ready.status, StatusCode::SERVICE_UNAVAILABLE);
+    }
 }

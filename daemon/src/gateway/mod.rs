@@ -66,6 +66,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/cluster/replicas", get(cluster_replicas))
         .route("/api/v1/cluster/kernels/{id}/digest", get(cluster_digest))
         .route("/api/v1/cluster/kernels/{id}/elections", get(cluster_elections))
+        .route("/api/v1/cluster/kernels/{id}/reset-namespace", post(cluster_reset_namespace))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_token));
     // The channels WebSocket checks the token itself (see `channels` for why).
     let ws = Router::new().route("/api/kernels/{id}/channels", get(channels::channels));
@@ -92,6 +93,14 @@ async fn cluster_digest(mode: Option<cluster::Mode>, Path(id): Path<String>) -> 
 async fn cluster_elections(mode: Option<cluster::Mode>, Path(id): Path<String>) -> Result<Response, error::ApiError> {
     let mode = mode.ok_or_else(not_in_cluster_mode)?;
     cluster::elections(&mode, &id).await
+}
+
+async fn cluster_reset_namespace(
+    mode: Option<cluster::Mode>,
+    Path(id): Path<String>,
+) -> Result<Response, error::ApiError> {
+    let mode = mode.ok_or_else(not_in_cluster_mode)?;
+    cluster::reset_namespace(&mode, &id).await
 }
 
 fn not_in_cluster_mode() -> error::ApiError {
