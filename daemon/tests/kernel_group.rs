@@ -319,11 +319,22 @@ mod sync {
         assert_same_namespace(&hosts, revision, "blobs deleted").await;
 
         // A cell with more changes than a watch buffers (1,024 events) reaches every replica by
-        // catch-up instead: still applied in order, deletes included.
+        // catch-up instead: still applied in order, deletes included. The followers are kept
+        // busy applying a slow value (its unpickling sleeps) while the big cell commits, so
+        // their watches overflow whatever the machine's speed.
         let catch_ups: Vec<u64> =
             hosts.iter().map(|h| h.host.replica(KERNEL).expect("replica").applier.catch_ups()).collect();
+        let slow =
+            "class Slow:\n    def __setstate__(self, state):\n        import time\n        time.sleep(1.5)\n        \
+                    self.__dict__.update(state)\nslow = Slow()\nslow.v = 1";
+        run_cell(&mut hosts, 1, slow).await;
         let (_, revision, _) = run_cell(&mut hosts, 1, "for i in range(1500):\n    globals()[f'n{i}'] = i").await;
         assert_same_namespace(&hosts, revision, "1500 names").await;
+        let followers: Vec<usize> = vec![0, 2];
+        for i in &followers {
+            let now = hosts[*i].host.replica(KERNEL).expect("replica").applier.catch_ups();
+            assert!(now > catch_ups[*i], "node {}: the big cell did not go through catch-up", hosts[*i].node);
+        }
         let (_, revision, out) = run_cell(
             &mut hosts,
             2,
@@ -332,10 +343,8 @@ mod sync {
         .await;
         assert_eq!(out.trim(), "1124250");
         assert_same_namespace(&hosts, revision, "1500 names deleted").await;
-        for (h, before) in hosts.iter().zip(catch_ups) {
-            let now = h.host.replica(KERNEL).expect("replica").applier.catch_ups();
-            assert!(now > before, "node {}: the big cells did not go through catch-up", h.node);
-        }
+        let (_, revision, _) = run_cell(&mut hosts, 2, "del slow, Slow").await;
+        assert_same_namespace(&hosts, revision, "slow deleted").await;
 
         // An unpicklable value is named in a warning on the cell, not silently dropped.
         let (_, revision, warning) = run_cell(&mut hosts, 1, "import threading\nlock = threading.Lock()").await;
@@ -377,7 +386,7 @@ mod sync {
         assert_same_namespace(&hosts, latest, "after the fresh replica caught up").await;
         let (content, _, out) = run_cell(&mut hosts, 1, "print(c.v + xs[-1], arr[5])").await;
         assert_eq!(out.trim(), "11 -1.0");
-        assert_eq!(content["execution_count"], 14, "the fresh replica continues the execution count");
+        assert_eq!(content["execution_count"], 16, "the fresh replica continues the execution count");
         // Its own commit reaches its applier a moment after the reply: lag drops to 0.
         let deadline = Instant::now() + WAIT;
         loop {

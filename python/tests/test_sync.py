@@ -97,7 +97,13 @@ def test_a_cell_round_trips_into_another_namespace(tmp_path):
     assert manifest["version"] == 1 and manifest["execution_count"] == 1
     kinds = {e["name"]: e["kind"] for e in manifest["set"]}
     assert kinds["np"] == "module" and kinds["j"] == "module" and kinds["arr"] == "pickle"
-    assert (tmp_path / "1" / next(e["file"] for e in manifest["set"] if e["name"] == "np")).read_text() == "numpy"
+    np_entry = next(e for e in manifest["set"] if e["name"] == "np")
+    pack = (tmp_path / "1" / np_entry["file"]).read_bytes()
+    assert pack[np_entry["offset"] : np_entry["offset"] + np_entry["size"]] == b"numpy"
+    # Every payload is in the one pack file, back to back (the unpicklable lock left nothing).
+    assert {e["file"] for e in manifest["set"]} == {"payloads.pack"}
+    assert sum(e["size"] for e in manifest["set"]) == len(pack)
+    assert sorted(p.name for p in (tmp_path / "1").iterdir()) == ["manifest.json", "payloads.pack"]
 
     got = b.apply(tmp_path / "1")
     assert got["failed"] == [] and got["execution_count"] == 1
@@ -229,8 +235,11 @@ def test_a_payload_that_fails_on_apply_is_reported_and_the_others_applied(tmp_pa
     b.ns.update(x="stale x", y="stale y")
     out = a.export(tmp_path / "1")
     manifest = json.loads((tmp_path / "1" / "manifest.json").read_text())
-    x_file = next(e["file"] for e in manifest["set"] if e["name"] == "x")
-    (tmp_path / "1" / x_file).write_bytes(b"corrupted")
+    # x as a whole-file payload (the other accepted shape) whose size is wrong.
+    x_entry = next(e for e in manifest["set"] if e["name"] == "x")
+    del x_entry["offset"]
+    x_entry["file"] = "x.pickle"
+    (tmp_path / "1" / "x.pickle").write_bytes(b"corrupted")
     manifest["set"].append({"name": "m", "kind": "module", "file": "m.module", "size": 11, "sha256": ""})
     (tmp_path / "1" / "m.module").write_text("no_such_mod")
     import hashlib
@@ -505,3 +514,34 @@ def test_dataclasses_enums_namedtuples_slots_and_subclasses_round_trip(tmp_path)
     assert [s["failed"] for s in got["steps"]] == [[], []]
     assert [s["digest"] for s in got["steps"]] == [first, a.digest()]
     assert got["check"] == [True, True, True, "base 1", "Child", 1, 3, 2, [5], "base 2"]
+
+
+def test_a_corrupted_or_short_packed_payload_is_reported_and_the_others_applied(tmp_path):
+    a, b = Replica(), Replica()
+    a.run("x = [1, 2]\ny = 'why'\nz = 3")
+    a.export(tmp_path / "1")
+    manifest = json.loads((tmp_path / "1" / "manifest.json").read_text())
+    entries = {e["name"]: e for e in manifest["set"]}
+    pack = bytearray((tmp_path / "1" / "payloads.pack").read_bytes())
+    pack[entries["x"]["offset"]] ^= 0xFF
+    (tmp_path / "1" / "payloads.pack").write_bytes(bytes(pack))
+    entries["z"]["offset"] = len(pack) - 1  # runs past the end of the pack
+    (tmp_path / "1" / "manifest.json").write_text(json.dumps(manifest))
+    b.ns.update(x="stale x", z="stale z")
+    got = b.apply(tmp_path / "1")
+    assert got["set"] == ["y"]
+    failed = {f["name"]: f["error"] for f in got["failed"]}
+    assert set(failed) == {"x", "z"}
+    assert "sha256" in failed["x"] and "bytes" in failed["z"]
+    assert "x" not in b.ns and "z" not in b.ns and b.ns["y"] == "why"
+
+
+def test_a_negative_offset_is_a_manifest_error(tmp_path):
+    a, b = Replica(), Replica()
+    a.run("x = 1")
+    a.export(tmp_path / "1")
+    manifest = json.loads((tmp_path / "1" / "manifest.json").read_text())
+    manifest["set"][0]["offset"] = -1
+    (tmp_path / "1" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(sync.ManifestError, match="offset"):
+        b.apply(tmp_path / "1")

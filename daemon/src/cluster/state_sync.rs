@@ -40,6 +40,8 @@ const WATCH_PREFIX: &str = "ns";
 const RESET_PREFIX: &str = "restart-";
 /// Magic and version of an `ns/` value.
 const NS_MAGIC: &[u8; 4] = b"NBS1";
+/// The payload pack of a follower's manifest directory.
+const APPLY_PACK: &str = "payloads.pack";
 /// Failed attempts at applying one cell before the replica is shown broken (it keeps trying).
 const APPLY_ATTEMPTS: u32 = 3;
 
@@ -74,6 +76,9 @@ pub struct ManifestEntry {
     pub kind: String,
     /// Payload file in the manifest directory.
     pub file: String,
+    /// Where the payload starts in `file` (a pack of many payloads); absent: the whole file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
     /// Payload size in bytes.
     pub size: u64,
     /// Payload sha256 (hex).
@@ -265,15 +270,41 @@ pub async fn export_and_commit(
         check_name(&e.name)?;
         check_file(&e.file)?;
     }
-    // All payloads read and checked in one blocking task (thousands of small files are common).
+    // All payloads read and checked in one blocking task (a cell setting thousands of small
+    // values is common: they come in one pack file, read once).
     let payloads = {
         let (dir, entries) = (dir.path().to_path_buf(), entries.clone());
         tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<Vec<u8>>> {
+            let mut packs: BTreeMap<String, Vec<u8>> = BTreeMap::new();
             entries
                 .iter()
                 .map(|e| {
                     let path = dir.join(&e.file);
-                    let data = std::fs::read(&path).with_context(|| format!("reading payload {}", path.display()))?;
+                    let data = match e.offset {
+                        None => std::fs::read(&path).with_context(|| format!("reading payload {}", path.display()))?,
+                        Some(offset) => {
+                            if !packs.contains_key(&e.file) {
+                                let pack = std::fs::read(&path)
+                                    .with_context(|| format!("reading payload pack {}", path.display()))?;
+                                packs.insert(e.file.clone(), pack);
+                            }
+                            let pack = &packs[&e.file];
+                            let range = usize::try_from(offset)
+                                .ok()
+                                .and_then(|start| Some(start..start.checked_add(usize::try_from(e.size).ok()?)?))
+                                .filter(|r| r.end <= pack.len())
+                                .with_context(|| {
+                                    format!(
+                                        "payload of {} ({} bytes at {offset}) lies outside {} ({} bytes)",
+                                        e.name,
+                                        e.size,
+                                        path.display(),
+                                        pack.len()
+                                    )
+                                })?;
+                            pack[range].to_vec()
+                        }
+                    };
                     anyhow::ensure!(
                         data.len() as u64 == e.size && sha256_hex(&data) == e.sha256,
                         "payload of {} does not match its manifest entry (size {} vs {}, or sha256)",
@@ -760,35 +791,48 @@ impl Run {
     async fn apply_in_kernel(&self, batch: &Batch) -> anyhow::Result<()> {
         let dir = scratch_dir(&self.cfg, "apply-")?;
         let mut set = Vec::with_capacity(batch.puts.len());
-        let mut files: Vec<(String, Bytes, Option<String>)> = Vec::with_capacity(batch.puts.len());
-        for (i, (name, v)) in batch.puts.iter().enumerate() {
-            let file = format!("{i}.bin");
-            match &v.payload {
+        let mut payloads: Vec<(String, Bytes, Option<String>)> = Vec::with_capacity(batch.puts.len());
+        // Every payload goes into one pack file (creating a file per small value would cost
+        // more than applying it).
+        let mut offset = 0u64;
+        for (name, v) in &batch.puts {
+            let data = match &v.payload {
                 // Checked against its sha256 below, with the writes.
-                Payload::Inline(b) => files.push((file.clone(), Bytes::from(b.clone()), Some(v.sha256.clone()))),
+                Payload::Inline(b) => {
+                    payloads.push((name.clone(), Bytes::from(b.clone()), Some(v.sha256.clone())));
+                    b.len() as u64
+                }
                 // `Objects::get` checks the content against its name.
                 Payload::Object => {
                     let data =
                         self.objects.get(&v.sha256).await.with_context(|| format!("fetching the payload of {name}"))?;
-                    files.push((file.clone(), data, None));
+                    let n = data.len() as u64;
+                    payloads.push((name.clone(), data, None));
+                    n
                 }
-            }
+            };
             set.push(ManifestEntry {
                 name: name.clone(),
                 kind: v.kind.clone(),
-                file,
-                size: v.size,
+                file: APPLY_PACK.to_owned(),
+                offset: Some(offset),
+                size: data,
                 sha256: v.sha256.clone(),
             });
+            offset += data;
         }
-        let target = dir.path().to_path_buf();
+        let target = dir.path().join(APPLY_PACK);
         tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-            for (file, data, sha) in files {
+            use std::io::Write;
+            let file = std::fs::File::create(&target).context("creating the payload pack")?;
+            let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+            for (name, data, sha) in payloads {
                 if let Some(sha) = sha {
-                    anyhow::ensure!(sha256_hex(&data) == sha, "inline payload {file} does not match its sha256");
+                    anyhow::ensure!(sha256_hex(&data) == sha, "inline payload of {name} does not match its sha256");
                 }
-                std::fs::write(target.join(&file), &data).context("writing a payload file")?;
+                out.write_all(&data).context("writing the payload pack")?;
             }
+            out.flush().context("writing the payload pack")?;
             Ok(())
         })
         .await

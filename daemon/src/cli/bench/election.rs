@@ -5,9 +5,13 @@
 //! - election latency: the client's `execute_request` sent to a gateway → the elected
 //!   replica starts the cell (its first IOPub, `status: busy`, reaches the client),
 //!   p50/p99 over `--cells` trivial cells;
-//! - state-sync throughput, small objects (many ints and strings) and one large numpy
-//!   array: payload bytes / (the cell's code finished → every replica applied the
-//!   cell's namespace, from each host's `GET /api/v1/cluster/replicas`).
+//! - state-sync throughput, small objects and one large numpy array: payload bytes /
+//!   (the cell's code finished → every replica applied the cell's namespace, from each
+//!   host's `GET /api/v1/cluster/replicas`). The time covers the executor's export, the
+//!   commit to the kernel's group and every follower's apply. The small case is one cell
+//!   that binds `--small-objects` new globals (half ints, half short strings, about 20
+//!   pickled bytes each: a notebook's loop that fills globals, or many small results),
+//!   so it measures the per-name cost; `sync_small_objects_per_s` says it in names.
 //!
 //! [`LocalCluster`] is also what the multi-host tests start.
 
@@ -69,6 +73,10 @@ pub struct ElectionBench {
     pub sync_small_mib_s: f64,
     /// Large-object sync throughput, MiB/s.
     pub sync_large_mib_s: f64,
+    /// Small-object sync throughput, names per second.
+    pub sync_small_objects_per_s: f64,
+    /// Names the small-object cell binds.
+    pub sync_small_objects: usize,
     /// Payload of the small-object cell, bytes (pickled sizes).
     pub sync_small_bytes: u64,
     /// Seconds from the small cell's end to every replica applied.
@@ -365,8 +373,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             result.election_p50_ms, result.election_p99_ms
         );
         println!(
-            "  state sync, small objects: {:.1} MiB/s ({} bytes in {:.3} s)",
-            result.sync_small_mib_s, result.sync_small_bytes, result.sync_small_s
+            "  state sync, small objects: {:.1} MiB/s, {:.0} names/s ({} names, {} bytes in {:.3} s)",
+            result.sync_small_mib_s,
+            result.sync_small_objects_per_s,
+            result.sync_small_objects,
+            result.sync_small_bytes,
+            result.sync_small_s
         );
         println!(
             "  state sync, large object:  {:.1} MiB/s ({} bytes in {:.3} s)",
@@ -560,6 +572,7 @@ async fn bench(cluster: &LocalCluster, args: &Args) -> anyhow::Result<ElectionBe
          print(sum(len(_p.dumps(globals()[k], 5)) for k in list(globals()) if k.startswith('small_')))",
         n = args.small_objects / 2
     );
+    let small_names = args.small_objects / 2 * 2;
     let (small_bytes, small_s) = sync_cell(cluster, &mut client, &id, &small_code, timeout).await?;
     let large_code = format!(
         "import numpy as np\nlarge = np.random.default_rng(7).integers(0, 255, size={n}, dtype=np.uint8)\nprint(large.nbytes)",
@@ -575,6 +588,8 @@ async fn bench(cluster: &LocalCluster, args: &Args) -> anyhow::Result<ElectionBe
         election_p99_ms: round3(percentile(&mut latencies, 99.0)),
         sync_small_mib_s: round3(mib(small_bytes, small_s)),
         sync_large_mib_s: round3(mib(large_bytes, large_s)),
+        sync_small_objects_per_s: round3(small_names as f64 / small_s.max(1e-9)),
+        sync_small_objects: small_names,
         sync_small_bytes: small_bytes,
         sync_small_s: round3(small_s),
         sync_large_bytes: large_bytes,
