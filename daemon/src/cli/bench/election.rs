@@ -24,6 +24,7 @@ use anyhow::Context;
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message as WsFrame;
 
+use super::stats::{percentile, round3};
 use crate::gateway::client::{ChannelsSocket, GatewayClient};
 use crate::jupyter::{ws, Channel, Message};
 
@@ -620,26 +621,6 @@ async fn sync_cell(
     let revision = executed_revision(&run).context("the reply carries no synchronised revision")?;
     wait_applied(cluster, id, revision, timeout).await?;
     Ok((bytes, end.elapsed().as_secs_f64()))
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
-}
-
-/// Nearest-rank percentile.
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss,
-        reason = "small counts"
-    )]
-    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
-    v[rank.clamp(1, v.len()) - 1]
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ pub mod election;
 pub mod observe;
 pub mod raft;
 pub mod shim;
+mod stats;
 
 /// Which benchmark to run.
 #[derive(Debug, clap::Subcommand)]
