@@ -90,6 +90,12 @@ async fn every_call_works_from_each_follower() {
     let leader = nodes.leader(Duration::from_secs(20)).await;
     let followers: Vec<u64> = nodes.stores.keys().copied().filter(|&n| n != leader).collect();
     for &f in &followers {
+        // A follower names the leader once it has heard from it (the first heartbeat).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !nodes.stores[&f].status(G).await.is_ok_and(|st| st.leader == Some(leader)) {
+            assert!(Instant::now() < deadline, "follower {f} never learned leader {leader}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let kv = nodes.kv(f);
         let k = format!("f{f}");
         // Without forwarding a follower refuses and names the leader, as before.
