@@ -28,6 +28,8 @@ pub const MAX_LEASE_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 const ENTRY_OVERHEAD: usize = 4096;
 /// Events buffered per watch before a slow watcher is cut off.
 const WATCH_BUFFER: usize = 1024;
+/// The least time left for which `route` starts another attempt after a pause.
+const MIN_ATTEMPT: Duration = Duration::from_millis(20);
 
 struct Inner {
     cfg: StoreConfig,
@@ -362,6 +364,11 @@ impl Kv {
                 next => {
                     // A remote refusal or no known leader: give the election (or the hint) a moment.
                     tokio::time::sleep(pause.min(forward::remaining(deadline))).await;
+                    // Too little time left for another attempt to be answered: report why the
+                    // last one failed, not a timeout of an attempt that never had a chance.
+                    if forward::remaining(deadline) < MIN_ATTEMPT {
+                        return Err(error);
+                    }
                     target = next;
                 }
             }
