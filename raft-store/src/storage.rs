@@ -148,16 +148,21 @@ impl GroupStorage {
         Ok(())
     }
 
-    pub(crate) fn set_hard_state(&mut self, hs: HardState, batch: &mut LogBatch) -> Result<()> {
+    /// Records a new hard state. Returns whether it must be fsynced before messages that
+    /// depend on it go out: a new term or vote must (raft's safety rests on them surviving a
+    /// crash); a commit index alone need not, since losing it only makes the group learn it
+    /// again from the leader (the entries it covers are already durable).
+    pub(crate) fn set_hard_state(&mut self, hs: HardState, batch: &mut LogBatch) -> Result<bool> {
+        let durable = hs.term != self.hard_state.term || hs.vote != self.hard_state.vote;
         put(batch, meta_region(self.group), KEY_HARD_STATE, &hs)?;
         self.hard_state = hs;
-        Ok(())
+        Ok(durable)
     }
 
     pub(crate) fn set_commit(&mut self, commit: u64, batch: &mut LogBatch) -> Result<()> {
         let mut hs = self.hard_state.clone();
         hs.commit = hs.commit.max(commit);
-        self.set_hard_state(hs, batch)
+        self.set_hard_state(hs, batch).map(|_| ())
     }
 
     /// Installs a snapshot received from the leader: the whole log is replaced.

@@ -11,6 +11,7 @@ use crate::config::StoreConfig;
 use crate::engine::request::{
     Control, GroupRequest, GroupStatus, Inbound, Membership, MembershipChange, Query, ReadOutput,
 };
+use crate::engine::view::Views;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::forward::wire::{ForwardOp, ForwardReply, ForwardRequest, WireError};
@@ -36,6 +37,8 @@ struct Inner {
     control: crossbeam_channel::Sender<Control>,
     transport: Transport,
     forwarder: Arc<Forwarder>,
+    /// Applied state of every local group: stale reads are served from it on the caller's thread.
+    views: Views,
     metrics: Arc<Metrics>,
     registry: Mutex<Registry>,
     engine_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -98,11 +101,12 @@ impl RaftStore {
             .map_err(|e| Error::io("start transport runtime", e))?;
         let (control_tx, control_rx) = crossbeam_channel::bounded(INBOX_DEPTH);
         let (inbound_tx, inbound_rx) = crossbeam_channel::bounded::<Inbound>(INBOX_DEPTH);
+        let views = Views::default();
         let forwarder = Arc::new(Forwarder::new(control_tx.clone(), cfg.max_frame_bytes, metrics.clone()));
         let started = (|| {
             let transport =
                 Transport::start(&cfg, metrics.clone(), inbound_tx, forwarder.clone(), runtime.handle().clone())?;
-            let engine = Engine::open(cfg.clone(), log, transport.clone(), metrics.clone())?;
+            let engine = Engine::open(cfg.clone(), log, transport.clone(), views.clone(), metrics.clone())?;
             let thread = std::thread::Builder::new()
                 .name(format!("raft-engine-{}", cfg.node_id))
                 .spawn(move || {
@@ -131,6 +135,7 @@ impl RaftStore {
                 control: control_tx,
                 transport,
                 forwarder,
+                views,
                 metrics,
                 registry: Mutex::new(registry),
                 engine_thread: Mutex::new(Some(thread)),
@@ -312,7 +317,7 @@ impl Kv {
 
     async fn read(&self, query: Query, linearizable: bool) -> Result<ReadOutput> {
         if !linearizable {
-            return self.store.group_call(self.group, |reply| GroupRequest::Read { query, linearizable, reply }).await;
+            return self.store.inner.views.read(self.group, &query);
         }
         match self.route(ForwardOp::Read(query)).await? {
             ForwardReply::Read(out) => Ok(out),

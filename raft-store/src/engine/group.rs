@@ -10,6 +10,7 @@ use raft_engine::LogBatch;
 use tokio::sync::{mpsc, oneshot};
 
 use super::request::{GroupStatus, Membership, MembershipChange, Query, ReadOutput};
+use super::view::{Applied, SharedApplied};
 use crate::error::{Error, Result};
 use crate::state_machine::command::Proposal;
 use crate::state_machine::{Command, CommandOutput, KvState, WatchEvent};
@@ -36,7 +37,8 @@ pub(crate) struct Group {
     pub id: u64,
     pub node_id: u64,
     pub raw: RawNode<GroupStorage>,
-    pub sm: KvState,
+    /// The applied state machine, shared with stale readers ([`SharedApplied`]).
+    pub state: SharedApplied,
     applied: u64,
     next_request_id: u64,
     proposals: HashMap<u64, oneshot::Sender<Result<CommandOutput>>>,
@@ -108,7 +110,7 @@ impl Group {
             id,
             node_id,
             raw,
-            sm,
+            state: SharedApplied::new(sm, applied),
             applied,
             // Random start: ids of a previous incarnation replayed from the log never match ours.
             next_request_id: rand::random::<u64>() >> 1,
@@ -237,11 +239,7 @@ impl Group {
     }
 
     fn serve(&self, query: &Query, stale: bool) -> ReadOutput {
-        let kvs = match query {
-            Query::Get { key } => self.sm.get(key).into_iter().collect(),
-            Query::Range { prefix, limit } => self.sm.range(prefix, *limit),
-        };
-        ReadOutput { kvs, applied_index: self.applied, stale }
+        self.state.read().serve(query, stale)
     }
 
     pub(crate) fn on_read_states(&mut self, states: Vec<ReadState>) {
@@ -334,7 +332,7 @@ impl Group {
             let _ = reply.send(Err(self.not_leader()));
             return;
         }
-        let ttl = self.sm.leases().find(|(l, _)| *l == id).map(|(_, ttl)| ttl);
+        let ttl = self.state.read().sm.leases().find(|(l, _)| *l == id).map(|(_, ttl)| ttl);
         match ttl {
             Some(ttl) if !self.leases_revoking.contains(&id) => {
                 self.lease_deadlines.insert(id, lease_deadline(Instant::now(), ttl));
@@ -445,7 +443,7 @@ impl Group {
         if !was_leader && role == StateRole::Leader {
             // A new leader gives every lease a full TTL from now (it cannot know the old clock).
             let now = Instant::now();
-            self.lease_deadlines = self.sm.leases().map(|(id, ttl)| (id, lease_deadline(now, ttl))).collect();
+            self.lease_deadlines = self.state.read().sm.leases().map(|(id, ttl)| (id, lease_deadline(now, ttl))).collect();
         }
         effects
     }
@@ -465,8 +463,8 @@ impl Group {
     pub(crate) fn restore(&mut self, snap: &Snapshot) -> Result<()> {
         let sm = KvState::from_bytes(snap.get_data())
             .map_err(|e| Error::Corrupt(format!("snapshot of group {}: {e}", self.id)))?;
-        self.sm = sm;
         self.applied = snap.get_metadata().index;
+        *self.state.write() = Applied { sm, index: self.applied };
         self.history.clear();
         self.history_floor = self.applied;
         // Watchers cannot be told what changed across a snapshot: close them; they re-watch.
@@ -485,6 +483,7 @@ impl Group {
                 EntryType::EntryConfChangeV2 | EntryType::EntryConfChange => self.apply_conf_change(&e)?,
             }
             self.applied = e.index;
+            self.state.write().index = e.index;
         }
         self.serve_waiting_reads();
         Ok(())
@@ -502,7 +501,11 @@ impl Group {
             _ => None,
         };
         let mut events = Vec::new();
-        let out = self.sm.apply(e.index, proposal.command, &mut events);
+        let out = {
+            let mut state = self.state.write();
+            state.index = e.index;
+            state.sm.apply(e.index, proposal.command, &mut events)
+        };
         if let Some((id, ttl)) = lease_change {
             match ttl {
                 Some(ttl) if self.raw.raft.state == StateRole::Leader => {
@@ -565,7 +568,7 @@ impl Group {
         }
         let term = self.raw.raft.raft_log.term(self.applied)?;
         let mut snap = Snapshot::default();
-        snap.set_data(self.sm.to_bytes().map_err(|e| Error::Corrupt(format!("encode snapshot: {e}")))?.into());
+        snap.set_data(self.state.read().sm.to_bytes().map_err(|e| Error::Corrupt(format!("encode snapshot: {e}")))?.into());
         let meta = snap.mut_metadata();
         meta.index = self.applied;
         meta.term = term;

@@ -2,12 +2,14 @@
 //!
 //! Each iteration: take what arrived (raft messages, client requests), tick, then for every group
 //! with a `Ready`: send its messages, apply committed entries, and put its entries and hard state
-//! into ONE shared `LogBatch`; write that batch with one fsync; then send the messages that had to
+//! into ONE shared `LogBatch`; write that batch with one fsync (none when it holds only commit
+//! indexes and compactions); then send the messages that had to
 //! wait for persistence and advance. Idle groups hibernate (stop ticking) and are woken by traffic,
 //! by a request, or when the node liveness tracker says their leader went quiet.
 
 pub mod group;
 pub mod request;
+pub mod view;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -21,6 +23,7 @@ use tokio::sync::oneshot;
 
 use self::group::Group;
 use self::request::{Control, GroupRequest, Inbound};
+use self::view::Views;
 use crate::config::StoreConfig;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -37,6 +40,8 @@ pub(crate) struct Engine {
     groups: HashMap<u64, Group>,
     dirty: HashSet<u64>,
     transport: Transport,
+    /// Every group's applied state, for stale reads that do not go through this loop.
+    views: Views,
     metrics: Arc<Metrics>,
     logger: slog::Logger,
     /// Writes produced after this iteration's batch (compactions); go out with the next one.
@@ -66,6 +71,7 @@ impl Engine {
         cfg: StoreConfig,
         log: Arc<LogEngine>,
         transport: Transport,
+        views: Views,
         metrics: Arc<Metrics>,
     ) -> Result<Self> {
         let logger = slog::Logger::root(crate::logging::TracingDrain, slog::o!());
@@ -75,6 +81,7 @@ impl Engine {
             groups: HashMap::new(),
             dirty: HashSet::new(),
             transport,
+            views,
             metrics,
             logger,
             deferred: LogBatch::default(),
@@ -83,6 +90,7 @@ impl Engine {
         for gid in storage::stored_groups(&engine.log) {
             match engine.load_group(gid) {
                 Ok(g) => {
+                    engine.views.insert(gid, g.state.clone());
                     engine.groups.insert(gid, g);
                     engine.dirty.insert(gid);
                 }
@@ -127,7 +135,9 @@ impl Engine {
         self.write(&mut batch, true)?;
         let applied = store.snapshot_metadata().index;
         let raw = RawNode::new(&raft_config(&self.cfg, applied), store, &self.logger)?;
-        self.groups.insert(gid, Group::new(gid, self.cfg.node_id, raw, KvState::default(), applied));
+        let g = Group::new(gid, self.cfg.node_id, raw, KvState::default(), applied);
+        self.views.insert(gid, g.state.clone());
+        self.groups.insert(gid, g);
         self.dirty.insert(gid);
         self.metrics.groups.inc();
         Ok(())
@@ -137,6 +147,7 @@ impl Engine {
         if self.groups.remove(&gid).is_none() {
             return Err(Error::GroupNotFound(gid));
         }
+        self.views.remove(gid);
         let mut batch = LogBatch::default();
         GroupStorage::destroy(gid, &mut batch);
         self.write(&mut batch, true)?;
@@ -350,6 +361,11 @@ impl Engine {
             batch.merge(&mut self.deferred).map_err(|e| Error::Corrupt(format!("merge log batch: {e}")))?;
         }
         let mut readies = Vec::new();
+        // Whether this batch holds anything that must be durable before the messages waiting on
+        // it are sent (entries, a snapshot, a new term or vote). A batch of commit indexes and
+        // compactions alone is written without fsync: it becomes durable with the next synced
+        // batch (the log is one sequential file), and losing it in a crash is safe.
+        let mut must_sync = false;
         let dirty: Vec<u64> = self.dirty.drain().collect();
         let mut broken = Vec::new();
         for gid in dirty {
@@ -377,6 +393,7 @@ impl Engine {
                     continue;
                 }
                 g.raw.mut_store().install_snapshot(&snap, &mut batch)?;
+                must_sync = true;
                 self.metrics.snapshots_installed.inc();
             }
             if let Err(e) = g.apply(rd.take_committed_entries()) {
@@ -384,9 +401,10 @@ impl Engine {
                 broken.push(gid);
                 continue;
             }
+            must_sync |= !rd.entries().is_empty();
             g.raw.mut_store().append(rd.entries(), &mut batch)?;
             if let Some(hs) = rd.hs() {
-                g.raw.mut_store().set_hard_state(hs.clone(), &mut batch)?;
+                must_sync |= g.raw.mut_store().set_hard_state(hs.clone(), &mut batch)?;
             }
             if !rd.read_states().is_empty() {
                 g.on_read_states(rd.take_read_states());
@@ -394,10 +412,11 @@ impl Engine {
             readies.push((gid, g, rd));
         }
         for gid in broken {
+            self.views.remove(gid);
             self.metrics.groups.dec();
             tracing::error!(group = gid, "raft group disabled after an unrecoverable error");
         }
-        self.write(&mut batch, true)?;
+        self.write(&mut batch, must_sync)?;
         for (gid, mut g, mut rd) in readies {
             self.send(gid, rd.take_persisted_messages(), &mut g);
             let mut light = g.raw.advance(rd);
@@ -408,6 +427,7 @@ impl Engine {
             self.send(gid, light.take_messages(), &mut g);
             if let Err(e) = g.apply(light.take_committed_entries()) {
                 tracing::error!(group = gid, error = %e, "cannot apply entries; group stopped on this node");
+                self.views.remove(gid);
                 self.metrics.groups.dec();
                 continue;
             }
