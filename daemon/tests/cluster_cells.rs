@@ -688,11 +688,15 @@ fn bench_election_prints_one_json_object_with_the_promised_keys() {
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 1, "one JSON object: {stdout}");
     let v: serde_json::Value = serde_json::from_str(lines[0]).expect("json");
-    for key in ["election_p50_ms", "election_p99_ms", "sync_small_mib_s", "sync_large_mib_s"] {
+    for key in
+        ["election_p50_ms", "election_p99_ms", "first_output_p50_ms", "sync_small_mib_s", "sync_large_mib_s"]
+    {
         let x = v[key].as_f64().unwrap_or_else(|| panic!("{key} missing in {v}"));
         assert!(x.is_finite() && x > 0.0, "{key} = {x}");
     }
     assert!(v["election_p99_ms"].as_f64() >= v["election_p50_ms"].as_f64(), "{v}");
+    // The election ends when the cell is handed to the kernel, before its first output.
+    assert!(v["first_output_p50_ms"].as_f64() > v["election_p50_ms"].as_f64(), "{v}");
     assert_eq!(v["sync_large_bytes"], 2 * 1024 * 1024, "{v}");
     let bad = std::process::Command::new(NBOS)
         .args(["bench", "election", "--json", "--cells", "3"])

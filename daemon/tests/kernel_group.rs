@@ -276,11 +276,14 @@ mod sync {
             hosts.push(start_host(&stores, node, &dir.path().join(format!("host-{node}")), &objects).await);
         }
 
-        let cells: [(usize, &str); 5] = [
+        // Cell 5 changes no names: the followers apply it without running their kernels,
+        // and replica 2 still numbers cell 6 after it.
+        let cells: [(usize, &str); 6] = [
             (0, "a = 1\ns = 'hello'\nxs = [1, 2, 3]\nd = {'k': [1, 2], 'n': None}\ngone = 0"),
             (1, "import numpy as np\narr = np.arange(10 * 1024 * 1024 // 8, dtype=np.float64)"),
             (2, "def f(x):\n    return x * a + len(s)\nclass C:\n    def __init__(self):\n        self.v = f(2)\nc = C()"),
             (0, "xs.append(4)\nd['k'].append(3)\narr[5] = -1.0\ndel gone"),
+            (0, "print(a)"),
             (1, "t = f(10)"),
         ];
         for (n, (designee, code)) in cells.iter().enumerate() {
@@ -386,7 +389,7 @@ mod sync {
         assert_same_namespace(&hosts, latest, "after the fresh replica caught up").await;
         let (content, _, out) = run_cell(&mut hosts, 1, "print(c.v + xs[-1], arr[5])").await;
         assert_eq!(out.trim(), "11 -1.0");
-        assert_eq!(content["execution_count"], 16, "the fresh replica continues the execution count");
+        assert_eq!(content["execution_count"], 17, "the fresh replica continues the execution count");
         // Its own commit reaches its applier and local state a moment after the reply: lag drops
         // to 0 and the replica reports itself as the executor.
         let deadline = Instant::now() + WAIT;

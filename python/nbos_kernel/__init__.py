@@ -15,6 +15,7 @@ from .sync import (
     namespace_digests,
     namespace_report,
     restore_export,
+    set_execution_count,
 )
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "namespace_digests",
     "namespace_report",
     "restore_export",
+    "set_execution_count",
 ]
 __version__ = "0.1.0"
 

@@ -54,6 +54,7 @@ __all__ = [
     "mark_changed",
     "namespace_digest",
     "restore_export",
+    "set_execution_count",
     "namespace_digests",
     "namespace_report",
 ]
@@ -405,6 +406,22 @@ def apply_cell(
     if shell is not None:
         shell.execution_count = count + 1
     return SyncResult(execution_count=count, set=applied, deleted=removed, failed=failed)
+
+
+def set_execution_count(execution_count: int) -> int:
+    """Sets the shell's counter so that its next cell is ``execution_count + 1``.
+
+    A follower whose cells changed no names gets only this, when it is about to execute
+    (the daemon does not run the kernel for a cell that carries nothing). Returns the
+    count set.
+    """
+    count = int(execution_count)
+    if count < 0:
+        raise ValueError(f"execution_count must be non-negative, not {count}")
+    _, _, shell = _context(None, None)
+    if shell is not None:
+        shell.execution_count = count + 1
+    return count
 
 
 def restore_export(

@@ -435,6 +435,11 @@ def test_two_ipykernels_converge_through_export_and_apply(tmp_path):
         # A name the user marks goes into the next export though its value is unchanged.
         assert _cell(a, "__import__('nbos_kernel').mark_changed('n')") == 4
         assert _internal(a, f"__import__('nbos_kernel').export_cell({str(tmp_path / '3')!r})")["set"] == ["n"]
+        # A cell that changed no names reaches a follower as its count alone.
+        assert _internal(b, "__import__('nbos_kernel').set_execution_count(9)") == 9
+        assert _cell(b, "pass") == 10
+        with pytest.raises(AssertionError, match="non-negative"):
+            _internal(b, "__import__('nbos_kernel').set_execution_count(-1)")
     finally:
         for kc in clients:
             kc.stop_channels()

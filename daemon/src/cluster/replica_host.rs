@@ -362,6 +362,8 @@ impl ReplicaHost {
             kernel = %kernel.id, cell, caught_up_us, sent_us = started.elapsed().as_micros() as u64,
             "won cell sent to the kernel (times since the proposal started)"
         );
+        // When the cell went to the kernel: the end of its election (the bench measures to here).
+        let dispatched = SystemTime::now();
         if let Err(e) = forwarded {
             kernel.hub.unhold_reply(&msg_id);
             tracing::warn!(kernel = %kernel.id, cell, error = format!("{e:#}"), "could not start a won cell");
@@ -409,6 +411,7 @@ impl ReplicaHost {
             meta = serde_json::json!({});
         }
         meta["nbos_election"] = executed(revision);
+        meta["nbos_election"]["dispatched_unix_us"] = serde_json::json!(unix_us(dispatched));
         reply.metadata = bytes::Bytes::from(meta.to_string());
         kernel.hub.release(client, Channel::Shell, reply, SystemTime::now());
     }
@@ -477,4 +480,9 @@ async fn wait_dead(kernel: &Kernel) {
             return;
         }
     }
+}
+
+/// Microseconds since the Unix epoch (0 for a clock before it).
+fn unix_us(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }

@@ -430,6 +430,9 @@ struct Shared {
     catch_ups: u64,
     /// The last synchronised cell as of the applied revision.
     last_cell: Option<NsCell>,
+    /// A cell that changed no names was applied without running the kernel: its execution
+    /// count is set only when this replica is about to execute ([`Applier::settle_count`]).
+    count_pending: Option<u64>,
 }
 
 /// The follower side of one local replica: applies committed cells to its kernel.
@@ -437,6 +440,8 @@ pub struct Applier {
     applied: watch::Receiver<u64>,
     shared: Arc<Mutex<Shared>>,
     kv: Kv,
+    kernel: Arc<Kernel>,
+    kernel_timeout: Duration,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -466,9 +471,11 @@ impl Applier {
     ) -> Self {
         let (tx, rx) = watch::channel(0u64);
         let shared = Arc::new(Mutex::new(Shared::default()));
-        let run = Run { kernel, store, kv: kv.clone(), objects, cfg, me, applied: tx, shared: shared.clone() };
+        let kernel_timeout = cfg.kernel_timeout;
+        let run =
+            Run { kernel: kernel.clone(), store, kv: kv.clone(), objects, cfg, me, applied: tx, shared: shared.clone() };
         let task = tokio::spawn(run.run());
-        Self { applied: rx, shared, kv, task }
+        Self { applied: rx, shared, kv, kernel, kernel_timeout, task }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
@@ -541,7 +548,16 @@ impl Applier {
         let revision = latest.map_or(0, |kv| kv.mod_revision);
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         self.wait_applied(revision, left).await?;
+        self.settle_count().await?;
         Ok(revision)
+    }
+
+    /// Sets the kernel's execution counter if cells that changed no names were applied
+    /// without it (so the next cell here is numbered after the group's last one).
+    pub async fn settle_count(&self) -> anyhow::Result<()> {
+        let Some(count) = self.lock().count_pending.take() else { return Ok(()) };
+        let set = call_sync(&self.kernel, &format!("set_execution_count({count})"), self.kernel_timeout).await;
+        set.map(|_| ()).context("setting the kernel's execution count")
     }
 
     /// Waits until the namespace reflects every cell committed before a write this host saw
@@ -576,6 +592,7 @@ impl Applier {
         let revision = latest.kvs.first().map_or(0, |kv| kv.mod_revision);
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         self.wait_applied(revision, left).await?;
+        self.settle_count().await?;
         Ok(revision)
     }
 }
@@ -744,7 +761,13 @@ impl Run {
         if let Some(c) = batch.cell.as_ref().filter(|_| !full) {
             self.follow_executor(c.node_id);
         }
-        if !own {
+        // A cell that changed no names carries only its execution count: not worth running
+        // the kernel for (it would compete for CPU with the next cell's election); the count
+        // is set when this replica is about to execute.
+        let count_only = !own && !full && batch.puts.is_empty() && batch.deletes.is_empty();
+        if count_only {
+            self.lock().count_pending = batch.cell.as_ref().map(|c| c.execution_count);
+        } else if !own {
             let mut attempt = 0u32;
             loop {
                 attempt += 1;
@@ -781,6 +804,10 @@ impl Run {
             }
             if batch.cell.is_some() {
                 g.last_cell.clone_from(&batch.cell);
+            }
+            if !count_only {
+                // The kernel ran this cell's apply (which sets the count), or executed it.
+                g.count_pending = None;
             }
         }
         self.applied.send_replace(revision);
