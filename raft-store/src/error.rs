@@ -65,6 +65,16 @@ pub enum Error {
     /// The group already exists on this node.
     #[error("group {0} already exists on this node")]
     GroupExists(u64),
+    /// This node's replica of the group hit a broken invariant (the raft library panicked,
+    /// e.g. its log was lost while the group still counted it as a member) and was stopped
+    /// here; the node's other groups go on. Destroy it and join again to repair.
+    #[error("group {group} is stopped on this node: {reason}")]
+    GroupFailed {
+        /// The group.
+        group: u64,
+        /// What broke.
+        reason: String,
+    },
     /// A watch asked for history that is no longer kept.
     #[error("revision {requested} is compacted; the oldest watchable revision is {oldest}")]
     Compacted {
@@ -136,6 +146,7 @@ impl Error {
             Error::Remote { .. } => "remote",
             Error::GroupNotFound(_) => "group_not_found",
             Error::GroupExists(_) => "group_exists",
+            Error::GroupFailed { .. } => "group_failed",
             Error::Compacted { .. } => "compacted",
             Error::LeaseNotFound(_) => "lease_not_found",
             Error::ConfChange(_) => "conf_change",
@@ -157,8 +168,8 @@ impl Error {
         match self {
             Error::Timeout { .. } | Error::LeadershipLost { .. } | Error::ForwardLost { .. } | Error::Stopped => true,
             // An error this node cannot interpret: assume the worst, except for a leader that
-            // does not host the group (it proposed nothing).
-            Error::Remote { kind, .. } => kind != "group_not_found",
+            // does not host the group or stopped it (it proposed nothing).
+            Error::Remote { kind, .. } => kind != "group_not_found" && kind != "group_failed",
             _ => false,
         }
     }

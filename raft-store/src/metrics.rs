@@ -54,6 +54,8 @@ pub struct Metrics {
     pub groups: Gauge,
     /// Groups hibernating.
     pub groups_hibernating: Gauge,
+    /// Groups stopped on this node after a broken invariant (the raft library panicked).
+    pub groups_failed: Counter,
     /// Leader changes observed.
     pub leader_changes: Counter,
     /// Open connections to peer nodes (one per peer).
@@ -82,6 +84,7 @@ impl Default for Metrics {
             compactions: Counter::default(),
             groups: Gauge::default(),
             groups_hibernating: Gauge::default(),
+            groups_failed: Counter::default(),
             leader_changes: Counter::default(),
             peer_connections: Gauge::default(),
             forwarded: Family::default(),
@@ -110,6 +113,11 @@ impl Metrics {
         r.register("compactions", "State-machine snapshots taken and log compactions", self.compactions.clone());
         r.register("groups", "Raft groups hosted", self.groups.clone());
         r.register("groups_hibernating", "Raft groups hibernating", self.groups_hibernating.clone());
+        r.register(
+            "groups_failed",
+            "Raft groups stopped on this node after a broken invariant (the node's other groups go on)",
+            self.groups_failed.clone(),
+        );
         r.register("leader_changes", "Leader changes observed", self.leader_changes.clone());
         r.register("peer_connections", "Open connections to peer nodes", self.peer_connections.clone());
         r.register("forwarded_requests", "Requests forwarded to a group's leader", self.forwarded.clone());

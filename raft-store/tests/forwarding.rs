@@ -6,7 +6,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use raft_store::{Compare, Error, Kv, NodeTlsFiles, RaftStore, StoreConfig, Txn, TxnOp, TxnOpResult, WatchEventKind};
+use raft_store::{
+    Compare, Error, Kv, MembershipChange, NodeTlsFiles, RaftStore, StoreConfig, Txn, TxnOp, TxnOpResult, WatchEventKind,
+};
 
 const G: u64 = 1;
 
@@ -288,4 +290,63 @@ async fn oversized_requests_and_answers_get_a_clear_error_and_change_nothing() {
     assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("frame cap")), "{e}");
     assert_eq!(kv.range("r/", 4).await.expect("a limited range fits").len(), 4);
     assert_eq!(nodes.kv(leader).range("r/", 0).await.expect("at the leader").len(), 12);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_lost_its_log_stops_that_group_only_and_is_repaired_by_rejoining() {
+    let nodes = Nodes::start(3, Duration::from_secs(5)).await;
+    let leader = nodes.leader(Duration::from_secs(20)).await;
+    let f = nodes.stores.keys().copied().find(|&n| n != leader).expect("follower");
+    for i in 0..20 {
+        nodes.kv(leader).put(format!("k{i:02}"), format!("{i}")).await.expect("put");
+    }
+    // Another group on the same node, which must keep working.
+    let store = &nodes.stores[&f];
+    store.create_group(2, &[f]).await.expect("create group 2");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store.kv(2).put("mine", "1").await.is_err() {
+        assert!(Instant::now() < deadline, "group 2 never took a write");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The member's log of G is lost while the group still counts it as caught up (a wiped
+    // disk, a node id reused): raft asserts on the leader's next heartbeat. That must stop G on
+    // this node, not the process.
+    store.destroy_group(G).await.expect("destroy");
+    store.join_group(G).await.expect("join with an empty log");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let reason = loop {
+        match store.status(G).await {
+            Err(Error::GroupFailed { group, reason }) => {
+                assert_eq!(group, G);
+                break reason;
+            }
+            other => assert!(Instant::now() < deadline, "group {G} not stopped on node {f}: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(reason.contains("panicked"), "{reason}");
+    let e = store.kv(G).put("x", "y").await.expect_err("a stopped group refuses calls");
+    assert!(matches!(e, Error::GroupFailed { .. }) && !e.outcome_unknown(), "{e:?}");
+    assert_eq!(store.metrics().groups_failed.get(), 1, "{}", store.metrics_text());
+    // The node and its other group go on; the other members keep the group available.
+    store.kv(2).put("mine", "2").await.expect("group 2 still works");
+    assert_eq!(value(store.kv(2).get("mine").await.expect("get")), Some("2".into()));
+    nodes.kv(leader).put("after", "1").await.expect("the other two members still commit");
+    assert!(matches!(store.create_group(G, &[f]).await, Err(Error::GroupExists(G))));
+
+    // Repair: out of the group, destroyed here, joined again; it catches up.
+    nodes.stores[&leader].change_membership(G, &[MembershipChange::Remove(f)]).await.expect("remove");
+    store.destroy_group(G).await.expect("destroy the stopped group");
+    store.join_group(G).await.expect("join again");
+    nodes.stores[&leader].change_membership(G, &[MembershipChange::AddVoter(f)]).await.expect("add back");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = store.kv(G).get_stale("after").await.ok().and_then(|o| o.kvs.into_iter().next());
+        if got.is_some_and(|kv| kv.value == b"1") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the rejoined member never caught up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(value(store.kv(G).get("k07").await.expect("linearizable get")), Some("7".into()));
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 use raft::eraftpb::{ConfState, Message, MessageType};
-use raft::{RawNode, StateRole};
+use raft::{RawNode, Ready, StateRole};
 use raft_engine::LogBatch;
 use tokio::sync::oneshot;
 
@@ -42,6 +42,8 @@ pub(crate) struct Engine {
     transport: Transport,
     /// Every group's applied state, for stale reads that do not go through this loop.
     views: Views,
+    /// Groups stopped on this node after a broken invariant, and why.
+    failed: HashMap<u64, String>,
     metrics: Arc<Metrics>,
     logger: slog::Logger,
     /// Writes produced after this iteration's batch (compactions); go out with the next one.
@@ -82,6 +84,7 @@ impl Engine {
             dirty: HashSet::new(),
             transport,
             views,
+            failed: HashMap::new(),
             metrics,
             logger,
             deferred: LogBatch::default(),
@@ -114,7 +117,7 @@ impl Engine {
     }
 
     fn create_group(&mut self, gid: u64, voters: Vec<u64>, join: bool) -> Result<()> {
-        if self.groups.contains_key(&gid) {
+        if self.groups.contains_key(&gid) || self.failed.contains_key(&gid) {
             return Err(Error::GroupExists(gid));
         }
         if gid == 0 || gid > u64::MAX / 2 - 1 {
@@ -144,14 +147,19 @@ impl Engine {
     }
 
     fn destroy_group(&mut self, gid: u64) -> Result<()> {
-        if self.groups.remove(&gid).is_none() {
+        let was_failed = self.failed.remove(&gid).is_some();
+        let was_live = self.groups.remove(&gid).is_some();
+        if !was_live && !was_failed {
             return Err(Error::GroupNotFound(gid));
         }
         self.views.remove(gid);
+        self.dirty.remove(&gid);
         let mut batch = LogBatch::default();
         GroupStorage::destroy(gid, &mut batch);
         self.write(&mut batch, true)?;
-        self.metrics.groups.dec();
+        if was_live {
+            self.metrics.groups.dec();
+        }
         Ok(())
     }
 
@@ -253,6 +261,10 @@ impl Engine {
     }
 
     fn on_group_request(&mut self, gid: u64, req: GroupRequest) {
+        if let Some(reason) = self.failed.get(&gid) {
+            fail_request(req, Error::GroupFailed { group: gid, reason: reason.clone() });
+            return;
+        }
         let Some(g) = self.groups.get_mut(&gid) else {
             fail_request(req, Error::GroupNotFound(gid));
             return;
@@ -260,10 +272,11 @@ impl Engine {
         if !matches!(req, GroupRequest::Status { .. }) {
             g.wake();
         }
-        match req {
+        let metrics = &self.metrics;
+        let handled = guard(|| match req {
             GroupRequest::Propose { cmd, reply } => {
                 g.propose(cmd, reply);
-                self.metrics.proposals.inc();
+                metrics.proposals.inc();
             }
             GroupRequest::Read { query, linearizable, reply } => g.read(query, linearizable, reply),
             GroupRequest::ChangeMembership { changes, reply } => g.change_membership(changes, reply),
@@ -273,13 +286,22 @@ impl Engine {
             GroupRequest::Status { reply } => {
                 let _ = reply.send(Ok(g.status()));
             }
+        });
+        match handled {
+            Ok(()) => {
+                self.dirty.insert(gid);
+            }
+            Err(reason) => self.fail_group(gid, reason),
         }
-        self.dirty.insert(gid);
     }
 
     fn on_inbound(&mut self, m: Inbound) {
         match m {
             Inbound::Raft { group, msg } => {
+                if self.failed.contains_key(&group) {
+                    self.metrics.reject("failed_group");
+                    return;
+                }
                 let Some(g) = self.groups.get_mut(&group) else {
                     self.metrics.reject("unknown_group");
                     tracing::warn!(group, from = msg.from, "raft message for a group this node does not host; dropped");
@@ -290,8 +312,13 @@ impl Engine {
                 if !is_heartbeat {
                     g.wake();
                 }
-                if let Err(e) = g.raw.step(msg) {
-                    tracing::debug!(group, error = %e, "raft step refused a message");
+                match guard(|| g.raw.step(msg)) {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::debug!(group, error = %e, "raft step refused a message"),
+                    Err(reason) => {
+                        self.fail_group(group, reason);
+                        return;
+                    }
                 }
                 self.dirty.insert(group);
             }
@@ -314,6 +341,7 @@ impl Engine {
         // election timeout, so a hibernating group elects within ~2.5 election timeouts.
         let quiet_after = (self.cfg.election_timeout() / 2).max(self.cfg.tick_interval * 3);
         let mut hibernating = 0i64;
+        let mut broken = Vec::new();
         for (gid, g) in self.groups.iter_mut() {
             if g.hibernating {
                 // A hibernating follower wakes when its leader's node goes quiet.
@@ -327,7 +355,10 @@ impl Engine {
                 tracing::debug!(group = gid, leader, "leader's node went quiet; waking group");
                 g.wake();
             }
-            g.raw.tick();
+            if let Err(reason) = guard(|| g.raw.tick()) {
+                broken.push((*gid, reason));
+                continue;
+            }
             g.idle_ticks = g.idle_ticks.saturating_add(1);
             g.expire_leases(now);
             if g.can_hibernate(threshold) {
@@ -336,23 +367,59 @@ impl Engine {
             self.dirty.insert(*gid);
         }
         self.metrics.groups_hibernating.set(hibernating);
+        for (gid, reason) in broken {
+            self.fail_group(gid, reason);
+        }
     }
 
-    fn send(&self, gid: u64, msgs: Vec<Message>, g: &mut Group) {
-        for msg in msgs {
-            let to = msg.to;
-            let is_snapshot = msg.get_msg_type() == MessageType::MsgSnapshot;
-            let sent = self.transport.send(gid, msg);
-            if is_snapshot {
-                let status = if sent { raft::SnapshotStatus::Finish } else { raft::SnapshotStatus::Failure };
-                if sent {
-                    self.metrics.snapshots_sent.inc();
-                }
-                g.raw.report_snapshot(to, status);
-            } else if !sent {
-                g.raw.report_unreachable(to);
+    /// Takes a group's `Ready`: sends what may go before persistence, applies, and adds its
+    /// entries and hard state to `batch`. Returns the ready and whether the batch must be synced.
+    fn prepare(&self, gid: u64, g: &mut Group, batch: &mut LogBatch) -> std::result::Result<(Ready, bool), Prepared> {
+        let mut must_sync = false;
+        let mut rd = g.raw.ready();
+        if let Some(ss) = rd.ss() {
+            let (role, leader) = (ss.raft_state, ss.leader_id);
+            if g.on_soft_state(role, leader).leader_changed {
+                self.metrics.leader_changes.inc();
+            }
+            if role == StateRole::Leader {
+                g.wake();
             }
         }
+        send(&self.transport, &self.metrics, gid, rd.take_messages(), g);
+        if !rd.snapshot().is_empty() {
+            let snap = rd.snapshot().clone();
+            g.restore(&snap).map_err(|e| Prepared::Broken(format!("cannot install snapshot: {e}")))?;
+            g.raw.mut_store().install_snapshot(&snap, batch).map_err(Prepared::Log)?;
+            must_sync = true;
+            self.metrics.snapshots_installed.inc();
+        }
+        g.apply(rd.take_committed_entries()).map_err(|e| Prepared::Broken(format!("cannot apply entries: {e}")))?;
+        must_sync |= !rd.entries().is_empty();
+        g.raw.mut_store().append(rd.entries(), batch).map_err(Prepared::Log)?;
+        if let Some(hs) = rd.hs() {
+            must_sync |= g.raw.mut_store().set_hard_state(hs.clone(), batch).map_err(Prepared::Log)?;
+        }
+        if !rd.read_states().is_empty() {
+            g.on_read_states(rd.take_read_states());
+        }
+        Ok((rd, must_sync))
+    }
+
+    /// Stops `gid` on this node after a broken invariant; the node's other groups go on.
+    /// Requests to it fail with [`Error::GroupFailed`] until it is destroyed.
+    fn fail_group(&mut self, gid: u64, reason: String) {
+        self.dirty.remove(&gid);
+        self.views.remove(gid);
+        if self.groups.remove(&gid).is_some() {
+            self.metrics.groups.dec();
+        }
+        self.metrics.groups_failed.inc();
+        tracing::error!(
+            group = gid, %reason,
+            "raft group stopped on this node; the node's other groups go on (destroy the group here and join again to repair)"
+        );
+        self.failed.insert(gid, reason);
     }
 
     fn process_ready(&mut self) -> Result<()> {
@@ -360,87 +427,57 @@ impl Engine {
         if !self.deferred.is_empty() {
             batch.merge(&mut self.deferred).map_err(|e| Error::Corrupt(format!("merge log batch: {e}")))?;
         }
-        let mut readies = Vec::new();
+        let mut readies: Vec<(u64, Group, Ready)> = Vec::new();
         // Whether this batch holds anything that must be durable before the messages waiting on
         // it are sent (entries, a snapshot, a new term or vote). A batch of commit indexes and
         // compactions alone is written without fsync: it becomes durable with the next synced
         // batch (the log is one sequential file), and losing it in a crash is safe.
         let mut must_sync = false;
         let dirty: Vec<u64> = self.dirty.drain().collect();
-        let mut broken = Vec::new();
         for gid in dirty {
             let Some(mut g) = self.groups.remove(&gid) else { continue };
             if !g.raw.has_ready() {
                 self.groups.insert(gid, g);
                 continue;
             }
-            let mut rd = g.raw.ready();
-            if let Some(ss) = rd.ss() {
-                let (role, leader) = (ss.raft_state, ss.leader_id);
-                if g.on_soft_state(role, leader).leader_changed {
-                    self.metrics.leader_changes.inc();
+            match guard(|| self.prepare(gid, &mut g, &mut batch)) {
+                Ok(Ok((rd, sync))) => {
+                    must_sync |= sync;
+                    readies.push((gid, g, rd));
                 }
-                if role == StateRole::Leader {
-                    g.wake();
-                }
+                // The log batch could not be built: fail-stop, as for a failed write.
+                Ok(Err(Prepared::Log(e))) => return Err(e),
+                Ok(Err(Prepared::Broken(reason))) | Err(reason) => self.fail_group(gid, reason),
             }
-            self.send(gid, rd.take_messages(), &mut g);
-            if !rd.snapshot().is_empty() {
-                let snap = rd.snapshot().clone();
-                if let Err(e) = g.restore(&snap) {
-                    tracing::error!(group = gid, error = %e, "cannot install snapshot; group stopped on this node");
-                    broken.push(gid);
-                    continue;
-                }
-                g.raw.mut_store().install_snapshot(&snap, &mut batch)?;
-                must_sync = true;
-                self.metrics.snapshots_installed.inc();
-            }
-            if let Err(e) = g.apply(rd.take_committed_entries()) {
-                tracing::error!(group = gid, error = %e, "cannot apply entries; group stopped on this node");
-                broken.push(gid);
-                continue;
-            }
-            must_sync |= !rd.entries().is_empty();
-            g.raw.mut_store().append(rd.entries(), &mut batch)?;
-            if let Some(hs) = rd.hs() {
-                must_sync |= g.raw.mut_store().set_hard_state(hs.clone(), &mut batch)?;
-            }
-            if !rd.read_states().is_empty() {
-                g.on_read_states(rd.take_read_states());
-            }
-            readies.push((gid, g, rd));
-        }
-        for gid in broken {
-            self.views.remove(gid);
-            self.metrics.groups.dec();
-            tracing::error!(group = gid, "raft group disabled after an unrecoverable error");
         }
         self.write(&mut batch, must_sync)?;
         for (gid, mut g, mut rd) in readies {
-            self.send(gid, rd.take_persisted_messages(), &mut g);
-            let mut light = g.raw.advance(rd);
-            if let Some(commit) = light.commit_index() {
-                // Persisted with the next hard state; losing it in a crash is safe (recomputed).
-                let _ = commit;
+            let (transport, metrics, interval) = (&self.transport, &self.metrics, self.cfg.snapshot_interval);
+            let deferred = &mut self.deferred;
+            let finished = guard(|| -> std::result::Result<bool, String> {
+                send(transport, metrics, gid, rd.take_persisted_messages(), &mut g);
+                let mut light = g.raw.advance(rd);
+                // A commit index in `light` is persisted with the next hard state; losing it in
+                // a crash is safe (recomputed).
+                send(transport, metrics, gid, light.take_messages(), &mut g);
+                g.apply(light.take_committed_entries()).map_err(|e| format!("cannot apply entries: {e}"))?;
+                g.raw.advance_apply();
+                g.issue_deferred_reads();
+                g.maybe_compact(interval, deferred).map_err(|e| format!("cannot compact: {e}"))
+            });
+            match finished {
+                Ok(Ok(compacted)) => {
+                    if compacted {
+                        self.metrics.compactions.inc();
+                        self.dirty.insert(gid);
+                    }
+                    if g.raw.has_ready() {
+                        self.dirty.insert(gid);
+                    }
+                    self.groups.insert(gid, g);
+                }
+                Ok(Err(reason)) | Err(reason) => self.fail_group(gid, reason),
             }
-            self.send(gid, light.take_messages(), &mut g);
-            if let Err(e) = g.apply(light.take_committed_entries()) {
-                tracing::error!(group = gid, error = %e, "cannot apply entries; group stopped on this node");
-                self.views.remove(gid);
-                self.metrics.groups.dec();
-                continue;
-            }
-            g.raw.advance_apply();
-            g.issue_deferred_reads();
-            if g.maybe_compact(self.cfg.snapshot_interval, &mut self.deferred)? {
-                self.metrics.compactions.inc();
-                self.dirty.insert(gid);
-            }
-            if g.raw.has_ready() {
-                self.dirty.insert(gid);
-            }
-            self.groups.insert(gid, g);
         }
         if !self.deferred.is_empty() && self.dirty.is_empty() {
             // A compaction alone needs no fsync of its own: losing it in a crash only means the
@@ -465,5 +502,45 @@ fn fail_request(req: GroupRequest, e: Error) {
         GroupRequest::LeaseKeepAlive { reply, .. } => fail(reply, e),
         GroupRequest::Watch { reply, .. } => fail(reply, e),
         GroupRequest::Status { reply } => fail(reply, e),
+    }
+}
+
+/// Why a group's `Ready` could not be prepared.
+enum Prepared {
+    /// Building the log batch failed: the loop stops (fail-stop).
+    Log(Error),
+    /// The group's own state is unusable: only the group stops.
+    Broken(String),
+}
+
+/// Runs `f`, which works on one group; a panic inside (the raft library asserting an invariant
+/// the group's state broke, e.g. a member whose log was lost) comes back as its message, so that
+/// only that group stops and not the process.
+fn guard<R>(f: impl FnOnce() -> R) -> std::result::Result<R, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
+        let text = p
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".to_owned());
+        format!("the raft library panicked: {text}")
+    })
+}
+
+/// Sends a group's messages; reports unreachable peers and snapshot outcomes to raft.
+fn send(transport: &Transport, metrics: &Metrics, gid: u64, msgs: Vec<Message>, g: &mut Group) {
+    for msg in msgs {
+        let to = msg.to;
+        let is_snapshot = msg.get_msg_type() == MessageType::MsgSnapshot;
+        let sent = transport.send(gid, msg);
+        if is_snapshot {
+            let status = if sent { raft::SnapshotStatus::Finish } else { raft::SnapshotStatus::Failure };
+            if sent {
+                metrics.snapshots_sent.inc();
+            }
+            g.raw.report_snapshot(to, status);
+        } else if !sent {
+            g.raw.report_unreachable(to);
+        }
     }
 }
