@@ -9,6 +9,21 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+/// Appends `registry`'s metrics to an OpenMetrics exposition (before its `# EOF`): for
+/// parts of the daemon that keep their own registry.
+pub fn append_registry(registry: &Registry, exposition: &mut String) {
+    let mut mine = String::new();
+    if let Err(e) = encode(&mut mine, registry) {
+        tracing::error!(error = %e, "encoding metrics failed");
+        return;
+    }
+    let body = mine.strip_suffix("# EOF\n").unwrap_or(&mine);
+    match exposition.rfind("# EOF") {
+        Some(at) => exposition.insert_str(at, body),
+        None => exposition.push_str(body),
+    }
+}
+
 /// Labels of `notebookos_build_info`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {

@@ -209,6 +209,25 @@ fn ten_cells_move_between_replicas_and_every_replica_keeps_the_same_namespace() 
     let distinct: BTreeSet<u64> = executors.iter().copied().collect();
     assert!(distinct.len() >= 2, "cells were elected on one host only: {executors:?}");
     eprintln!("executors of the 10 cells: {executors:?}");
+    // What a platform engineer scrapes: summed over the hosts, the 10 cells were exported,
+    // the 10 MiB array went to the object store, and the followers applied 9 cells with
+    // their kernels and the print-only cell without (twice each: two followers).
+    let mut sums: BTreeMap<String, f64> = BTreeMap::new();
+    for h in 1..=3 {
+        let text =
+            ureq::get(&format!("{}/metrics", c.host(h).url)).call().expect("metrics").into_string().expect("text");
+        for line in text.lines().filter(|l| l.starts_with("notebookos_sync_")) {
+            if let Some((name, v)) = line.rsplit_once(' ') {
+                *sums.entry(name.to_owned()).or_default() += v.parse::<f64>().unwrap_or(0.0);
+            }
+        }
+    }
+    let sum = |name: &str| sums.get(name).copied().unwrap_or_else(|| panic!("{name} missing in {sums:?}"));
+    assert!(sum("notebookos_sync_cells_exported_total") >= 10.0, "{sums:?}");
+    assert!(sum("notebookos_sync_bytes_total{path=\"object_store\"}") >= (10 << 20) as f64, "{sums:?}");
+    assert!(sum("notebookos_sync_cells_applied_total{mode=\"kernel\"}") >= 18.0, "{sums:?}");
+    assert!(sum("notebookos_sync_cells_applied_total{mode=\"count_only\"}") >= 2.0, "{sums:?}");
+    assert!(sum("notebookos_sync_export_seconds_count") >= 10.0, "{sums:?}");
 }
 
 /// A Jupyter client of `nbos kernel-proxy` over ZMQ (shell + iopub), as nbclient would be.
@@ -688,9 +707,7 @@ fn bench_election_prints_one_json_object_with_the_promised_keys() {
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 1, "one JSON object: {stdout}");
     let v: serde_json::Value = serde_json::from_str(lines[0]).expect("json");
-    for key in
-        ["election_p50_ms", "election_p99_ms", "first_output_p50_ms", "sync_small_mib_s", "sync_large_mib_s"]
-    {
+    for key in ["election_p50_ms", "election_p99_ms", "first_output_p50_ms", "sync_small_mib_s", "sync_large_mib_s"] {
         let x = v[key].as_f64().unwrap_or_else(|| panic!("{key} missing in {v}"));
         assert!(x.is_finite() && x > 0.0, "{key} = {x}");
     }

@@ -113,16 +113,7 @@ impl MetricsRegistry {
 
     /// Appends these metrics to an OpenMetrics exposition (before its `# EOF`).
     pub fn append_to(&self, exposition: &mut String) {
-        let mut mine = String::new();
-        if let Err(e) = prometheus_client::encoding::text::encode(&mut mine, &self.registry) {
-            tracing::error!(error = %e, "encoding front-end metrics failed");
-            return;
-        }
-        let body = mine.strip_suffix("# EOF\n").unwrap_or(&mine);
-        match exposition.rfind("# EOF") {
-            Some(at) => exposition.insert_str(at, body),
-            None => exposition.push_str(body),
-        }
+        crate::metrics::append_registry(&self.registry, exposition);
     }
 }
 

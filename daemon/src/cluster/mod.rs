@@ -17,5 +17,6 @@ pub mod records;
 pub mod replica_host;
 pub mod state_sync;
 pub mod supervisor;
+pub mod sync_metrics;
 
 pub use meta::{Cluster, ClusterError, ClusterSettings, ClusterStatus, KernelEvent, KernelSpec};

@@ -30,6 +30,7 @@ use super::election::{self, Decision, Outcome, Proposer};
 use super::objects::Objects;
 use super::records::{keys, ElectionRecord};
 use super::state_sync::{self, Applier, NsCell, SyncConfig};
+use super::sync_metrics::{PathLabels, SideLabels, SyncMetrics};
 use crate::jupyter::{Channel, Message};
 use crate::kernel::hub::ClientId;
 use crate::kernel::{Kernel, Kernels};
@@ -145,6 +146,7 @@ pub struct ReplicaHost {
     kernels: Arc<Kernels>,
     objects: Objects,
     sync: SyncConfig,
+    sync_metrics: SyncMetrics,
     replicas: Mutex<HashMap<String, Arc<LocalReplica>>>,
 }
 
@@ -182,7 +184,13 @@ pub fn election_request(msg: &Message) -> Option<Result<ElectionRequest, String>
 impl ReplicaHost {
     /// The replica host of node `node_id`.
     pub fn new(node_id: u64, store: RaftStore, kernels: Arc<Kernels>, objects: Objects, sync: SyncConfig) -> Self {
-        Self { node_id, store, kernels, objects, sync, replicas: Mutex::new(HashMap::new()) }
+        let sync_metrics = SyncMetrics::default();
+        Self { node_id, store, kernels, objects, sync, sync_metrics, replicas: Mutex::new(HashMap::new()) }
+    }
+
+    /// Namespace sync metrics of this host.
+    pub fn sync_metrics(&self) -> &SyncMetrics {
+        &self.sync_metrics
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<LocalReplica>>> {
@@ -224,6 +232,7 @@ impl ReplicaHost {
             self.objects.clone(),
             self.sync.clone(),
             me,
+            self.sync_metrics.clone(),
         );
         let local = Arc::new(LocalReplica::new(kernel.id.clone(), replica, group, applier));
         self.lock().insert(kernel.id.clone(), local.clone());
@@ -381,10 +390,17 @@ impl ReplicaHost {
         };
         let me = Proposer { replica: local.replica, node_id: self.node_id };
         let kv = self.store.kv(local.group);
+        let export_started = Instant::now();
         let exported =
             state_sync::export_and_commit(&kernel, &kv, &self.objects, &self.sync, &cell, me, &local.applier).await;
+        let m = &self.sync_metrics;
+        m.export_seconds.observe(export_started.elapsed().as_secs_f64());
         let revision = match exported {
             Ok(x) => {
+                m.cells_exported.inc();
+                m.bytes.get_or_create(&PathLabels { path: "log" }).inc_by(x.inline_bytes);
+                m.bytes.get_or_create(&PathLabels { path: "object_store" }).inc_by(x.object_bytes);
+                m.unpicklable_names.inc_by(x.unpicklable.len() as u64);
                 if !x.unpicklable.is_empty() {
                     let names: Vec<String> =
                         x.unpicklable.iter().map(|u| format!("  {}: {}", u.name, u.error)).collect();
@@ -397,6 +413,7 @@ impl ReplicaHost {
                 x.revision
             }
             Err(e) => {
+                m.failures.get_or_create(&SideLabels { side: "export" }).inc();
                 tracing::error!(kernel = %kernel.id, cell, error = format!("{e:#}"), "namespace sync failed");
                 let text = format!(
                     "[NotebookOS] this cell's namespace changes were NOT synchronised to the other replicas: {e:#}\n"

@@ -29,6 +29,7 @@ use tokio::sync::watch;
 use super::election::Proposer;
 use super::objects::{sha256_hex, Objects};
 use super::records::{self, keys};
+use super::sync_metrics::{ApplyLabels, SideLabels, SyncMetrics};
 use crate::kernel::Kernel;
 
 /// Total inline payload bytes a kernel group may hold: its snapshot travels as one
@@ -468,12 +469,22 @@ impl Applier {
         objects: Objects,
         cfg: SyncConfig,
         me: Proposer,
+        metrics: SyncMetrics,
     ) -> Self {
         let (tx, rx) = watch::channel(0u64);
         let shared = Arc::new(Mutex::new(Shared::default()));
         let kernel_timeout = cfg.kernel_timeout;
-        let run =
-            Run { kernel: kernel.clone(), store, kv: kv.clone(), objects, cfg, me, applied: tx, shared: shared.clone() };
+        let run = Run {
+            kernel: kernel.clone(),
+            store,
+            kv: kv.clone(),
+            objects,
+            cfg,
+            me,
+            metrics,
+            applied: tx,
+            shared: shared.clone(),
+        };
         let task = tokio::spawn(run.run());
         Self { applied: rx, shared, kv, kernel, kernel_timeout, task }
     }
@@ -605,6 +616,7 @@ struct Run {
     objects: Objects,
     cfg: SyncConfig,
     me: Proposer,
+    metrics: SyncMetrics,
     applied: watch::Sender<u64>,
     shared: Arc<Mutex<Shared>>,
 }
@@ -767,13 +779,20 @@ impl Run {
         let count_only = !own && !full && batch.puts.is_empty() && batch.deletes.is_empty();
         if count_only {
             self.lock().count_pending = batch.cell.as_ref().map(|c| c.execution_count);
+            self.metrics.cells_applied.get_or_create(&ApplyLabels { mode: "count_only" }).inc();
         } else if !own {
             let mut attempt = 0u32;
             loop {
                 attempt += 1;
+                let started = std::time::Instant::now();
                 match self.apply_in_kernel(&batch).await {
-                    Ok(()) => break,
+                    Ok(()) => {
+                        self.metrics.apply_seconds.observe(started.elapsed().as_secs_f64());
+                        self.metrics.cells_applied.get_or_create(&ApplyLabels { mode: "kernel" }).inc();
+                        break;
+                    }
                     Err(e) => {
+                        self.metrics.failures.get_or_create(&SideLabels { side: "apply" }).inc();
                         let why = format!("cell at revision {revision} could not be applied: {e:#}");
                         tracing::warn!(group = self.kv.group(), kernel = %self.kernel.id, attempt, "{why}; retrying");
                         if attempt >= APPLY_ATTEMPTS {

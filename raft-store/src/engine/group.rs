@@ -443,7 +443,8 @@ impl Group {
         if !was_leader && role == StateRole::Leader {
             // A new leader gives every lease a full TTL from now (it cannot know the old clock).
             let now = Instant::now();
-            self.lease_deadlines = self.state.read().sm.leases().map(|(id, ttl)| (id, lease_deadline(now, ttl))).collect();
+            self.lease_deadlines =
+                self.state.read().sm.leases().map(|(id, ttl)| (id, lease_deadline(now, ttl))).collect();
         }
         effects
     }
@@ -568,7 +569,9 @@ impl Group {
         }
         let term = self.raw.raft.raft_log.term(self.applied)?;
         let mut snap = Snapshot::default();
-        snap.set_data(self.state.read().sm.to_bytes().map_err(|e| Error::Corrupt(format!("encode snapshot: {e}")))?.into());
+        snap.set_data(
+            self.state.read().sm.to_bytes().map_err(|e| Error::Corrupt(format!("encode snapshot: {e}")))?.into(),
+        );
         let meta = snap.mut_metadata();
         meta.index = self.applied;
         meta.term = term;

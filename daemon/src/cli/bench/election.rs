@@ -592,7 +592,9 @@ async fn bench(cluster: &LocalCluster, args: &Args) -> anyhow::Result<ElectionBe
                 .get("nbos_election")
                 .and_then(|e| e.get("dispatched_unix_us"))
                 .and_then(serde_json::Value::as_u64)
-                .with_context(|| format!("the reply does not say when the cell was dispatched: {}", run.reply_metadata))?;
+                .with_context(|| {
+                    format!("the reply does not say when the cell was dispatched: {}", run.reply_metadata)
+                })?;
             let election = dispatched.saturating_sub(run.sent_unix_us) as f64 / 1e3;
             elections.push(election);
             first_outputs.push(first);
