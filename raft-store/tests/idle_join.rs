@@ -1,4 +1,5 @@
-//! A node added to an idle group (no writes after the add) catches up.
+//! A node added to a group catches up: to an idle group (no writes after the add), and to a
+//! group whose log was compacted before it joined (it can only catch up by snapshot).
 
 use std::time::{Duration, Instant};
 
@@ -6,6 +7,15 @@ use raft_store::{MembershipChange, RaftStore, StoreConfig, TransportSecurity};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_added_to_an_idle_group_catches_up() {
+    join_catches_up(5, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_added_after_the_log_was_compacted_catches_up_by_snapshot() {
+    join_catches_up(300, Some(50)).await;
+}
+
+async fn join_catches_up(writes: usize, snapshot_interval: Option<u64>) {
     let dir = tempfile::tempdir().expect("tmp");
     let addrs: Vec<_> = (0..4).map(|_| raft_store::service::free_loopback_addr().expect("port")).collect();
     let stores: Vec<RaftStore> = (1..=4u64)
@@ -18,6 +28,9 @@ async fn a_node_added_to_an_idle_group_catches_up() {
             );
             c.peers = (1..=4u64).filter(|o| *o != id).map(|o| (o, addrs[o as usize - 1])).collect();
             c.tick_interval = Duration::from_millis(20);
+            if let Some(n) = snapshot_interval {
+                c.snapshot_interval = n;
+            }
             RaftStore::open(c).expect("open")
         })
         .collect();
@@ -38,8 +51,11 @@ async fn a_node_added_to_an_idle_group_catches_up() {
         assert!(Instant::now() < deadline, "no leader");
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    for i in 0..5 {
+    for i in 0..writes {
         leader.kv(7).put(format!("k{i}"), "v").await.expect("put");
+    }
+    if snapshot_interval.is_some() {
+        assert!(leader.metrics().compactions.get() >= 1, "the log was not compacted:\n{}", leader.metrics_text());
     }
     stores[3].join_group(7).await.expect("join");
     let out = leader.kv(7).put("x", "y").await;
@@ -52,7 +68,7 @@ async fn a_node_added_to_an_idle_group_catches_up() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let got = stores[3].kv(7).range_stale("k", 0).await.map(|o| o.kvs.len()).unwrap_or(0);
-        if got == 5 {
+        if got == writes {
             break;
         }
         let st = stores[3].status(7).await;
