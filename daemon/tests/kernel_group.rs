@@ -469,10 +469,14 @@ mod supervised {
         dir: &std::path::Path,
     ) -> Node {
         let store = stores.node(id).clone();
+        // The cluster API (what other hosts forward meta-leader calls to), as the gateway serves it.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the cluster API");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let gateway_url = format!("http://{}", listener.local_addr().expect("addr"));
         let settings = ClusterSettings {
             node_id: id,
             name: format!("host-{id}"),
-            gateway_url: "http://127.0.0.1:9".into(),
+            gateway_url,
             raft_addr: store.config().listen,
             seeds: seeds.clone(),
             host_ttl: Duration::from_millis(800),
@@ -488,6 +492,9 @@ mod supervised {
             Arc::new(move || Box::pin(async move { LoadRecord { node_id: id, ..Default::default() } }));
         let cluster = Cluster::new(settings, store.clone(), probe);
         cluster.start();
+        let api = notebookosd::cluster::http::router(cluster.clone());
+        let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+        tokio::spawn(async move { axum::serve(listener, api).await });
         let (host, kernels, supervisor) = start_replica_side(stores, id, &cluster, dir, 0);
         Node { id, cluster, host, kernels, supervisor }
     }
@@ -672,6 +679,80 @@ mod supervised {
             .await;
             assert!(!groups.contains(&record.group));
         }
+        for n in &nodes {
+            n.supervisor.abort();
+            n.kernels.shutdown_all().await;
+            n.cluster.shutdown().await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_replica_whose_group_failed_on_its_host_is_placed_elsewhere() {
+        let stores = Stores::open(4);
+        let dir = tempfile::tempdir().expect("tmp");
+        let seeds: BTreeMap<u64, std::net::SocketAddr> =
+            stores.ids().into_iter().map(|id| (id, stores.node(id).config().listen)).collect();
+        let nodes: Vec<Node> = stores.ids().into_iter().map(|id| start_node(&stores, id, &seeds, dir.path())).collect();
+        wait_for("every host registered", || async {
+            (pick(&nodes, 1).cluster.hosts().await.ok()?.len() == 4).then_some(())
+        })
+        .await;
+        let leader = wait_for("a meta leader", || async { pick(&nodes, 1).cluster.meta_leader().await }).await;
+        let record: KernelRecord = pick(&nodes, leader)
+            .cluster
+            .create_kernel_here(KernelSpec { name: "python3".into(), ..Default::default() })
+            .await
+            .expect("create kernel");
+        let id = record.id.clone();
+        let placed: Vec<u64> = record.replicas.iter().map(|r| r.node_id).collect();
+        wait_for("three ready replicas", || async {
+            (pick(&nodes, 1).cluster.ready_hosts(&id).await.ok()?.len() == 3).then_some(())
+        })
+        .await;
+        let spare = stores.ids().into_iter().find(|n| !placed.contains(n)).expect("a spare host");
+        let first = placed[0];
+        run_on(pick(&nodes, first), &id, "v = 41").await;
+        // Leadership follows the executor. A follower then loses its log while that leader
+        // still counts it as caught up (a replica that loses its log under a *new* leader is
+        // caught up by snapshot instead, and nothing fails).
+        wait_for("the executor's host leads the group", || async {
+            (stores.node(first).status(record.group).await.ok()?.leader == Some(first)).then_some(())
+        })
+        .await;
+        let broken = *placed.iter().find(|n| **n != first).expect("a follower");
+
+        // Host `broken` loses its log of the group while the group still counts it: raft
+        // asserts there; the store stops that group on that host only.
+        stores.node(broken).destroy_group(record.group).await.expect("destroy");
+        stores.node(broken).join_group(record.group).await.expect("join with an empty log");
+        // The group hibernates while idle; its next cell wakes it, and the leader's heartbeats
+        // reach the broken host.
+        run_on(pick(&nodes, first), &id, "v += 0").await;
+        wait_for("the group stopped on the broken host", || async {
+            matches!(stores.node(broken).status(record.group).await, Err(raft_store::Error::GroupFailed { .. }))
+                .then_some(())
+        })
+        .await;
+
+        // Its supervisor has the replica placed elsewhere; the spare host takes it and catches up.
+        let moved = wait_for("re-placement off the broken host", || async {
+            let r = pick(&nodes, leader).cluster.kernel(&id).await.ok()??;
+            r.replicas.iter().all(|x| x.node_id != broken).then_some(r)
+        })
+        .await;
+        assert!(moved.replicas.iter().any(|x| x.node_id == spare), "{moved:?}");
+        wait_for("the spare host's replica ready", || async {
+            pick(&nodes, leader).cluster.ready_hosts(&id).await.ok()?.contains(&spare).then_some(())
+        })
+        .await;
+        wait_for("the broken host's replica stopped and its group destroyed", || async {
+            let gone = pick(&nodes, broken).kernels.get(&id).await.is_none();
+            let groups = stores.node(broken).groups().await.ok()?;
+            (gone && !groups.contains(&record.group)).then_some(())
+        })
+        .await;
+        let (out, _) = run_on(pick(&nodes, spare), &id, "print(v + 1)").await;
+        assert_eq!(out.trim(), "42");
         for n in &nodes {
             n.supervisor.abort();
             n.kernels.shutdown_all().await;

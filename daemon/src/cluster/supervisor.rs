@@ -11,6 +11,11 @@
 //! destroyed. On daemon restart the watch replays every record, so the replicas placed
 //! here are re-created and catch up from the group (its log survived in the store).
 //!
+//! A local group replica the store stopped after a broken invariant (`GroupFailed`: its
+//! log was lost while the group still counted it) cannot be repaired in place; the
+//! supervisor asks the meta leader to re-place that replica on another host, and the
+//! resulting record stops it here (its group replica destroyed) like any moved replica.
+//!
 //! Which replicas join instead of found: the meta leader numbers a kernel's founding
 //! replicas `1..=n` and a replacement `max + 1` (`Cluster::replace_replica_here`), so a
 //! replica numbered above the record's replica count was placed after the group existed.
@@ -31,6 +36,8 @@ const RECONCILE_EVERY: Duration = Duration::from_millis(500);
 /// How long the group's leader waits after a record changed its hosts before it changes
 /// the voters (see [`Supervisor::reconcile_membership`]).
 const MEMBERSHIP_GRACE: Duration = Duration::from_secs(1);
+/// Pause between re-placement requests for a replica whose group failed here.
+const REPAIR_EVERY: Duration = Duration::from_secs(5);
 /// How long a new replica may take to catch up before the attempt is retried.
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -59,6 +66,8 @@ pub struct Supervisor {
     readying: HashMap<String, JoinHandle<()>>,
     /// Replicas that failed to start: when to try again, and how many failures in a row.
     retry: HashMap<String, (Instant, u32)>,
+    /// Replicas whose group failed here: when to ask for their re-placement again.
+    repairing: HashMap<String, Instant>,
 }
 
 impl Supervisor {
@@ -72,6 +81,7 @@ impl Supervisor {
             readying: HashMap::new(),
             pending_membership: HashMap::new(),
             retry: HashMap::new(),
+            repairing: HashMap::new(),
         };
         tokio::spawn(async move { sup.run().await })
     }
@@ -139,6 +149,7 @@ impl Supervisor {
         self.records.remove(id);
         self.retry.remove(id);
         self.pending_membership.remove(id);
+        self.repairing.remove(id);
         if self.running.contains_key(id) {
             tracing::info!(kernel = %id, "kernel deleted; stopping the local replica");
             self.stop_replica(id).await;
@@ -178,7 +189,35 @@ impl Supervisor {
                 }
                 continue;
             }
+            if let Some(group) = self.running.get(&record.id).map(|r| r.group) {
+                if let Err(raft_store::Error::GroupFailed { reason, .. }) = self.cluster.store().status(group).await {
+                    self.hand_off_failed(&record, &reason).await;
+                    continue;
+                }
+            }
             self.reconcile_membership(&record).await;
+        }
+    }
+
+    /// The local replica's group failed here: asks the meta leader to place the replica
+    /// elsewhere (every [`REPAIR_EVERY`] until it happens; the new record stops it here).
+    async fn hand_off_failed(&mut self, record: &KernelRecord, reason: &str) {
+        if self.repairing.get(&record.id).is_some_and(|at| Instant::now() < *at) {
+            return;
+        }
+        self.repairing.insert(record.id.clone(), Instant::now() + REPAIR_EVERY);
+        let me = self.cluster.node_id();
+        match self.cluster.replace_replica(&record.id, me).await {
+            Ok(Some(new)) if new.replicas.iter().all(|r| r.node_id != me) => {
+                let to: Vec<u64> = new.replicas.iter().map(|r| r.node_id).collect();
+                tracing::warn!(kernel = %record.id, group = record.group, reason, hosts = ?to, "the kernel group failed on this host; its replica was re-placed");
+            }
+            Ok(_) => {
+                tracing::warn!(kernel = %record.id, group = record.group, reason, "the kernel group failed on this host and no other host can take its replica now; retrying");
+            }
+            Err(e) => {
+                tracing::warn!(kernel = %record.id, group = record.group, reason, error = %e, "the kernel group failed on this host; asking for re-placement failed; retrying");
+            }
         }
     }
 
@@ -261,6 +300,7 @@ impl Supervisor {
     }
 
     async fn stop_replica(&mut self, id: &str) {
+        self.repairing.remove(id);
         if let Some(t) = self.readying.remove(id) {
             t.abort();
         }
