@@ -384,6 +384,7 @@ fn killing_the_executing_host_fails_over_with_state_and_no_hang() {
         let gate = c.dir().join("never");
         let (inflight, t) = watcher.send(&gated(&gate)).await.expect("send");
         assert_eq!(current_executor(&c, survivors[0], &k), dead, "the previous executor takes the cell");
+        assert!(!c.kernel_pids(dead).is_empty(), "no kernel processes found for host {dead}");
         c.kill(dead);
         let run = watcher.wait(&inflight, t, Duration::from_secs(30)).await.expect("the in-flight cell is answered");
         assert_eq!(run.reply["status"], "error", "{run:?}");
@@ -392,6 +393,12 @@ fn killing_the_executing_host_fails_over_with_state_and_no_hang() {
 
         // Cell 6 runs on a survivor with all state from cells 1-5.
         let run = watcher.run("print(x1 + x2 + x3 + x4 + x5)", CELL_TIMEOUT).await.expect("cell 6");
+        // The dead daemon's kernels (their own process groups) do not run on as orphans.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !c.kernel_pids(dead).is_empty() {
+            assert!(Instant::now() < deadline, "orphaned kernels of host {dead}: {:?}", c.kernel_pids(dead));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         assert!(status_ok(&run), "cell 6: {run:?}\n{}", c.logs());
         assert_eq!(run.stdout.trim(), "15");
         assert!(survivors.contains(&executor(&run)), "cell 6 ran on {}", executor(&run));

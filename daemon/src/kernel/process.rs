@@ -51,6 +51,11 @@ impl KernelProcess {
             // state export later. A Python without it logs the failed import in
             // kernel.log and runs as a plain ipykernel.
             .arg("--IPKernelApp.extra_extensions=nbos_kernel")
+            // The kernel has a process group of its own (interrupts, kills), so a daemon that
+            // dies by SIGKILL does not take it along: ipykernel's parent poller makes it exit
+            // within a second once its parent is gone, instead of running on as an orphan
+            // (a restarted daemon starts its replicas afresh).
+            .arg(format!("--IPKernelApp.parent_handle={}", std::process::id()))
             .current_dir(&spec.dir)
             .stdin(std::process::Stdio::null())
             .stdout(log)

@@ -227,6 +227,21 @@ impl TestCluster {
         let _ = child.wait();
     }
 
+    /// Pids of the kernel processes a host started (found by their connection files, which
+    /// live under the host's directory), running or orphaned.
+    pub fn kernel_pids(&self, node_id: u64) -> Vec<i32> {
+        let dir = self.host(node_id).dir.display().to_string();
+        let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+        entries
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let cmd = String::from_utf8_lossy(&cmd);
+                cmd.contains("ipykernel_launcher") && cmd.contains(&dir)
+            })
+            .collect()
+    }
+
     /// SIGTERM (graceful stop: the host's lease is revoked, its kernels are stopped).
     pub fn stop(&mut self, node_id: u64) {
         let h = self.host_mut(node_id);
