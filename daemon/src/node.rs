@@ -217,9 +217,9 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
 
     let watchdog = systemd_ready();
 
-    let mut app = gateway::router(state);
+    let mut app = gateway::router(state.clone());
     if let Some(c) = &cluster {
-        app = gateway::cluster::enable(app, c.cluster.clone(), c.replicas.clone(), token.clone());
+        app = gateway::cluster::enable(app, state.clone(), c.cluster.clone(), c.replicas.clone(), token.clone());
         app = app.merge(crate::cluster::http::router(c.cluster.clone()));
     }
     // Small WebSocket frames (a cell's messages) must not wait for Nagle's algorithm.

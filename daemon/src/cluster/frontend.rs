@@ -28,6 +28,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message as WsFrame;
 
+use super::local_link::{LocalLink, LocalReplicas};
 use super::records::{decode, keys, ElectionRecord, HostRecord, KernelRecord, LoadRecord};
 use crate::gateway::client::GatewayClient;
 use crate::jupyter::{ws, Channel, Message};
@@ -128,6 +129,8 @@ struct Shared {
     changes: watch::Receiver<u64>,
     /// `hosts/` and `load/` as last read, with the `changes` count they were read at.
     cache: Mutex<Option<MetaCache>>,
+    /// This host's node id and its replicas, linked in-process (set once the gateway runs).
+    local: std::sync::OnceLock<(u64, Arc<dyn LocalReplicas>)>,
 }
 
 /// The meta records a cell's pre-selection reads, kept between changes: reading them from
@@ -227,7 +230,15 @@ impl Frontends {
         let watcher = tokio::spawn(watch_hosts_and_loads(meta.clone(), tx));
         Arc::new(Self {
             registry: MetricsRegistry::new(&metrics),
-            shared: Arc::new(Shared { meta, store, token, metrics, changes: rx, cache: Mutex::new(None) }),
+            shared: Arc::new(Shared {
+                meta,
+                store,
+                token,
+                metrics,
+                changes: rx,
+                cache: Mutex::new(None),
+                local: std::sync::OnceLock::new(),
+            }),
             kernels: Mutex::new(HashMap::new()),
             watcher,
         })
@@ -235,6 +246,12 @@ impl Frontends {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<FrontendKernel>>> {
         self.kernels.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Links front-ends to node `node_id`'s (this host's) replicas in-process from now on,
+    /// instead of by WebSocket to this host's own gateway. Set once; later calls are ignored.
+    pub fn set_local(&self, node_id: u64, replicas: Arc<dyn LocalReplicas>) {
+        let _ = self.shared.local.set((node_id, replicas));
     }
 
     /// The front-end of `record`'s kernel, opened on first use.
@@ -740,6 +757,7 @@ impl FrontendKernel {
                 node_id: r.node_id,
                 live: hosts.contains_key(&r.node_id) && self.is_connected(r.node_id),
                 gpus_idle: loads.get(&r.node_id).map_or(0, |l| l.gpus_idle),
+                local: self.shared.local.get().is_some_and(|(me, _)| *me == r.node_id),
             })
             .collect();
         (cands, record)
@@ -789,6 +807,33 @@ async fn run_link(
         let Some(k) = kernel.upgrade() else { return };
         let (id, shared, events) = (k.id.clone(), k.shared.clone(), k.events.clone());
         drop(k);
+        if let Some((_, local)) = shared.local.get().filter(|(me, _)| *me == node) {
+            match local.connect(&id).await {
+                Some(link) => {
+                    backoff = LINK_BACKOFF_MIN;
+                    tracing::info!(kernel = %id, node, "replica link connected (in-process)");
+                    while out.try_recv().is_ok() {}
+                    connected.send_replace(true);
+                    let _ = events.send(Event::Link { node, up: true });
+                    let ended = run_local_link(&kernel, node, &id, link, &mut out).await;
+                    connected.send_replace(false);
+                    let _ = events.send(Event::Link { node, up: false });
+                    if ended {
+                        return;
+                    }
+                    tracing::warn!(kernel = %id, node, "replica link lost (in-process)");
+                }
+                None => {
+                    if shared.kernel(&id).await.is_none() {
+                        tracing::info!(kernel = %id, node, "kernel deleted; replica link stops");
+                        return;
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(LINK_BACKOFF_MAX);
+                }
+            }
+            continue;
+        }
         let url = shared.hosts().await.get(&node).map(|h| h.gateway_url.clone());
         let socket = match url {
             Some(url) => {
@@ -850,6 +895,38 @@ async fn run_link(
         connected.send_replace(false);
         let _ = events.send(Event::Link { node, up: false });
     }
+}
+
+/// Carries one in-process link until it breaks (`false`) or the front-end is gone (`true`).
+async fn run_local_link(
+    kernel: &Weak<FrontendKernel>,
+    node: u64,
+    id: &str,
+    link: LocalLink,
+    out: &mut mpsc::UnboundedReceiver<(Channel, Message)>,
+) -> bool {
+    let LocalLink { mut rx, send, close } = link;
+    let ended = loop {
+        tokio::select! {
+            m = out.recv() => {
+                let Some((channel, msg)) = m else { break true };
+                // As the WebSocket handler does: a message the replica refuses is logged, the
+                // link stays.
+                if let Err(e) = send(channel, msg).await {
+                    tracing::warn!(kernel = %id, node, error = format!("{e:#}"), "could not forward a message to the local replica");
+                }
+            }
+            m = rx.recv() => match m {
+                Some((channel, msg)) => match kernel.upgrade() {
+                    Some(k) => k.on_replica_message(node, channel, msg),
+                    None => break true,
+                },
+                None => break false,
+            },
+        }
+    };
+    close();
+    ended
 }
 
 /// Runs the kernel's cells one at a time.

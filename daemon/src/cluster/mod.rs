@@ -10,6 +10,7 @@
 pub mod election;
 pub mod frontend;
 pub mod http;
+pub mod local_link;
 pub mod membership;
 pub mod meta;
 pub mod objects;

@@ -14,11 +14,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json, Router};
+use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
 use super::error::ApiError;
 use super::kernels::CreateKernel;
+use super::AppState;
 use crate::cluster::frontend::{ExecutionInfo, FrontendMetrics, Frontends};
+use crate::cluster::local_link::{LocalLink, LocalReplicas, SendToReplica};
 use crate::cluster::records::KernelRecord;
 use crate::cluster::replica_host::ReplicaHost;
 use crate::cluster::{Cluster, ClusterError, KernelSpec};
@@ -52,15 +55,48 @@ pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Cluster mode for a node: front-ends over `cluster`'s meta group, `replicas` for the
 /// `?replica=local` side, `token` for calls to other hosts. What `node.rs` calls.
-pub fn enable(router: Router, cluster: Arc<Cluster>, replicas: Arc<ReplicaHost>, token: Option<String>) -> Router {
+pub fn enable(
+    router: Router,
+    state: Arc<AppState>,
+    cluster: Arc<Cluster>,
+    replicas: Arc<ReplicaHost>,
+    token: Option<String>,
+) -> Router {
     let frontends = Frontends::new(
         cluster.meta().clone(),
         Some(cluster.store().clone()),
         token.clone(),
         FrontendMetrics::default(),
     );
+    frontends.set_local(cluster.node_id(), Arc::new(GatewayReplicas { state, replicas: replicas.clone() }));
     let mode = ClusterMode { cluster, replicas, frontends, ready_timeout: DEFAULT_READY_TIMEOUT, token };
     with_cluster(router, Arc::new(mode))
+}
+
+/// This host's replicas for its own front-ends: the client connection the
+/// `?replica=local` WebSocket handler makes, in-process.
+struct GatewayReplicas {
+    state: Arc<AppState>,
+    replicas: Arc<ReplicaHost>,
+}
+
+impl LocalReplicas for GatewayReplicas {
+    fn connect(&self, kernel: &str) -> BoxFuture<'static, Option<LocalLink>> {
+        let (state, replicas, id) = (self.state.clone(), self.replicas.clone(), kernel.to_owned());
+        Box::pin(async move {
+            let kernel = state.kernels.get(&id).await?;
+            let (client, rx, _) = kernel.hub.connect();
+            let to_kernel = kernel.clone();
+            let send: SendToReplica = Box::new(move |channel, msg| {
+                let (state, kernel, replicas) = (state.clone(), to_kernel.clone(), replicas.clone());
+                Box::pin(
+                    async move { super::cell::forward(&state, &kernel, Some(&replicas), client, channel, msg).await },
+                )
+            });
+            let close = Box::new(move || kernel.hub.disconnect(client));
+            Some(LocalLink { rx, send, close })
+        })
+    }
 }
 
 /// True when the request's query says `replica=local`.

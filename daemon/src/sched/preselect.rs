@@ -5,7 +5,8 @@
 //!
 //! Rule: the previous executor when its host can commit the cell's GPUs now (its
 //! GPU memory is likely still there), else the replica whose host has the most idle
-//! GPUs (tie: lowest replica number). A replica on a dead or unreachable host is
+//! GPUs (tie: the replica on the front-end's own host, whose cells skip a network hop;
+//! then the lowest replica number). A replica on a dead or unreachable host is
 //! never designated. Replicas that already yielded this cell come last, so a retry
 //! round asks somebody new first.
 
@@ -22,6 +23,8 @@ pub struct Candidate {
     pub live: bool,
     /// GPUs its host could commit now (from `load/`, possibly stale).
     pub gpus_idle: u32,
+    /// Its host is the front-end's own.
+    pub local: bool,
 }
 
 /// The roles of one election round.
@@ -48,8 +51,8 @@ pub fn preselect(candidates: &[Candidate], gpus: u32, previous: Option<u32>, yie
         .map(|c| c.replica)
         .or_else(|| {
             live.values()
-                // Not yet yielded first, then most idle GPUs, then lowest replica number.
-                .min_by_key(|c| (yielded.contains(&c.replica), std::cmp::Reverse(c.gpus_idle), c.replica))
+                // Not yet yielded first, then most idle GPUs, then local, then lowest number.
+                .min_by_key(|c| (yielded.contains(&c.replica), std::cmp::Reverse(c.gpus_idle), !c.local, c.replica))
                 .map(|c| c.replica)
         })?;
     let yielders = live.keys().copied().filter(|r| *r != lead).collect();
@@ -61,7 +64,7 @@ mod tests {
     use super::*;
 
     fn c(replica: u32, live: bool, gpus_idle: u32) -> Candidate {
-        Candidate { replica, node_id: u64::from(replica) * 10, live, gpus_idle }
+        Candidate { replica, node_id: u64::from(replica) * 10, live, gpus_idle, local: false }
     }
 
     #[test]
@@ -111,8 +114,23 @@ mod tests {
 
     #[test]
     fn duplicate_replica_numbers_keep_the_first() {
-        let cs = [c(1, true, 0), Candidate { replica: 1, node_id: 99, live: true, gpus_idle: 5 }, c(2, true, 1)];
+        let cs = [
+            c(1, true, 0),
+            Candidate { replica: 1, node_id: 99, live: true, gpus_idle: 5, local: false },
+            c(2, true, 1),
+        ];
         let r = preselect(&cs, 1, None, &[]).expect("round");
         assert_eq!(r, Round { lead: 2, yielders: vec![1] });
+    }
+
+    #[test]
+    fn ties_go_to_the_front_ends_own_host_but_idle_gpus_and_the_previous_executor_come_first() {
+        let mut cs = [c(1, true, 1), c(2, true, 1), c(3, true, 1)];
+        cs[1].local = true;
+        assert_eq!(preselect(&cs, 1, None, &[]).expect("round").lead, 2);
+        assert_eq!(preselect(&cs, 1, Some(3), &[]).expect("round").lead, 3, "the previous executor stays");
+        cs[0].gpus_idle = 2;
+        assert_eq!(preselect(&cs, 1, None, &[]).expect("round").lead, 1, "more idle GPUs beat locality");
+        assert_eq!(preselect(&cs, 1, None, &[1]).expect("round").lead, 2, "then locality among the rest");
     }
 }
