@@ -559,20 +559,22 @@ mod supervised {
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn supervisors_start_replicas_and_replace_a_lost_one() {
-        if let Ok(filter) = std::env::var("NBOS_TEST_LOG") {
-            let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
-        }
-        // A snapshot after every applied entry: a joining replica can only be sent a snapshot
-        // whose membership includes it (raft refuses others), and the store takes snapshots
-        // only every `snapshot_interval` entries (see the report on raft-store).
+    /// Four hosts (stores, meta group, supervisors) and one kernel placed on three of them,
+    /// every replica ready.
+    struct FourHosts {
+        stores: Stores,
+        dir: tempfile::TempDir,
+        nodes: Vec<Node>,
+        leader: u64,
+        record: KernelRecord,
+    }
+
+    async fn four_hosts_with_a_kernel() -> FourHosts {
         let stores = Stores::open(4);
         let dir = tempfile::tempdir().expect("tmp");
         let seeds: BTreeMap<u64, std::net::SocketAddr> =
             stores.ids().into_iter().map(|id| (id, stores.node(id).config().listen)).collect();
-        let mut nodes: Vec<Node> =
-            stores.ids().into_iter().map(|id| start_node(&stores, id, &seeds, dir.path())).collect();
+        let nodes: Vec<Node> = stores.ids().into_iter().map(|id| start_node(&stores, id, &seeds, dir.path())).collect();
         wait_for("every host registered", || async {
             (pick(&nodes, 1).cluster.hosts().await.ok()?.len() == 4).then_some(())
         })
@@ -583,13 +585,26 @@ mod supervised {
             .create_kernel_here(KernelSpec { name: "python3".into(), ..Default::default() })
             .await
             .expect("create kernel");
+        assert_eq!(record.replicas.len(), 3);
         let id = record.id.clone();
-        let placed: Vec<u64> = record.replicas.iter().map(|r| r.node_id).collect();
-        assert_eq!(placed.len(), 3);
         wait_for("three ready replicas", || async {
             (pick(&nodes, 1).cluster.ready_hosts(&id).await.ok()?.len() == 3).then_some(())
         })
         .await;
+        FourHosts { stores, dir, nodes, leader, record }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn supervisors_start_replicas_and_replace_a_lost_one() {
+        if let Ok(filter) = std::env::var("NBOS_TEST_LOG") {
+            let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+        }
+        // A snapshot after every applied entry: a joining replica can only be sent a snapshot
+        // whose membership includes it (raft refuses others), and the store takes snapshots
+        // only every `snapshot_interval` entries (see the report on raft-store).
+        let FourHosts { stores, dir, mut nodes, leader, record } = four_hosts_with_a_kernel().await;
+        let id = record.id.clone();
+        let placed: Vec<u64> = record.replicas.iter().map(|r| r.node_id).collect();
         for n in &placed {
             assert!(pick(&nodes, *n).kernels.get(&id).await.is_some(), "no local replica on host {n}");
         }
@@ -688,27 +703,9 @@ mod supervised {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_replica_whose_group_failed_on_its_host_is_placed_elsewhere() {
-        let stores = Stores::open(4);
-        let dir = tempfile::tempdir().expect("tmp");
-        let seeds: BTreeMap<u64, std::net::SocketAddr> =
-            stores.ids().into_iter().map(|id| (id, stores.node(id).config().listen)).collect();
-        let nodes: Vec<Node> = stores.ids().into_iter().map(|id| start_node(&stores, id, &seeds, dir.path())).collect();
-        wait_for("every host registered", || async {
-            (pick(&nodes, 1).cluster.hosts().await.ok()?.len() == 4).then_some(())
-        })
-        .await;
-        let leader = wait_for("a meta leader", || async { pick(&nodes, 1).cluster.meta_leader().await }).await;
-        let record: KernelRecord = pick(&nodes, leader)
-            .cluster
-            .create_kernel_here(KernelSpec { name: "python3".into(), ..Default::default() })
-            .await
-            .expect("create kernel");
+        let FourHosts { stores, dir: _dir, nodes, leader, record } = four_hosts_with_a_kernel().await;
         let id = record.id.clone();
         let placed: Vec<u64> = record.replicas.iter().map(|r| r.node_id).collect();
-        wait_for("three ready replicas", || async {
-            (pick(&nodes, 1).cluster.ready_hosts(&id).await.ok()?.len() == 3).then_some(())
-        })
-        .await;
         let spare = stores.ids().into_iter().find(|n| !placed.contains(n)).expect("a spare host");
         let first = placed[0];
         run_on(pick(&nodes, first), &id, "v = 41").await;

@@ -30,7 +30,7 @@ use tokio_tungstenite::tungstenite::Message as WsFrame;
 
 use super::local_link::{LocalLink, LocalReplicas};
 use super::records::{decode, keys, ElectionRecord, HostRecord, KernelRecord, LoadRecord};
-use crate::gateway::client::GatewayClient;
+use crate::gateway::client::{ChannelsSocket, GatewayClient};
 use crate::jupyter::{ws, Channel, Message};
 use crate::kernel::hub::{ClientId, Hub};
 use crate::sched::preselect::{preselect, Candidate};
@@ -795,7 +795,7 @@ fn with_election(request: &Message, cell: &str, round: u32, lead: bool, expected
     Message { metadata: bytes::Bytes::from(meta.to_string()), ..request.clone() }
 }
 
-/// Keeps the internal WebSocket to one replica host up while the kernel lives.
+/// Keeps the link to one replica host up while the kernel lives.
 async fn run_link(
     kernel: Weak<FrontendKernel>,
     node: u64,
@@ -807,49 +807,13 @@ async fn run_link(
         let Some(k) = kernel.upgrade() else { return };
         let (id, shared, events) = (k.id.clone(), k.shared.clone(), k.events.clone());
         drop(k);
-        if let Some((_, local)) = shared.local.get().filter(|(me, _)| *me == node) {
-            match local.connect(&id).await {
-                Some(link) => {
-                    backoff = LINK_BACKOFF_MIN;
-                    tracing::info!(kernel = %id, node, "replica link connected (in-process)");
-                    while out.try_recv().is_ok() {}
-                    connected.send_replace(true);
-                    let _ = events.send(Event::Link { node, up: true });
-                    let ended = run_local_link(&kernel, node, &id, link, &mut out).await;
-                    connected.send_replace(false);
-                    let _ = events.send(Event::Link { node, up: false });
-                    if ended {
-                        return;
-                    }
-                    tracing::warn!(kernel = %id, node, "replica link lost (in-process)");
-                }
-                None => {
-                    if shared.kernel(&id).await.is_none() {
-                        tracing::info!(kernel = %id, node, "kernel deleted; replica link stops");
-                        return;
-                    }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(LINK_BACKOFF_MAX);
-                }
-            }
-            continue;
-        }
-        let url = shared.hosts().await.get(&node).map(|h| h.gateway_url.clone());
-        let socket = match url {
-            Some(url) => {
-                let client = GatewayClient::new(&url, shared.token.clone());
-                match tokio::time::timeout(Duration::from_secs(5), client.connect_local_replica(&id)).await {
-                    Ok(Ok(s)) => Some(s),
-                    Ok(Err(e)) => {
-                        tracing::debug!(kernel = %id, node, error = format!("{e:#}"), "replica link not up yet");
-                        None
-                    }
-                    Err(_) => None,
-                }
-            }
-            None => None,
+        // This host's own replica in-process; another host's through its gateway.
+        let local = shared.local.get().filter(|(me, _)| *me == node).map(|(_, l)| l.clone());
+        let session = match local {
+            Some(local) => local.connect(&id).await.map(Session::Local),
+            None => connect_remote(&shared, node, &id).await.map(|s| Session::Remote(Box::new(s))),
         };
-        let Some(socket) = socket else {
+        let Some(session) = session else {
             if shared.kernel(&id).await.is_none() {
                 tracing::info!(kernel = %id, node, "kernel deleted; replica link stops");
                 return;
@@ -859,41 +823,90 @@ async fn run_link(
             continue;
         };
         backoff = LINK_BACKOFF_MIN;
-        tracing::info!(kernel = %id, node, "replica link connected");
+        let how = session.name();
+        tracing::info!(kernel = %id, node, how, "replica link connected");
         // Whatever was queued for the previous connection belongs to rounds already decided.
         while out.try_recv().is_ok() {}
         connected.send_replace(true);
         let _ = events.send(Event::Link { node, up: true });
-        let (mut tx, mut rx) = socket.split();
-        loop {
-            tokio::select! {
-                m = out.recv() => {
-                    let Some((channel, msg)) = m else { return };
-                    if let Err(e) = tx.send(WsFrame::Binary(ws::to_v1_binary(channel, &msg).into())).await {
-                        tracing::debug!(kernel = %id, node, error = %e, "replica link send failed");
-                        break;
-                    }
-                }
-                f = rx.next() => match f {
-                    Some(Ok(WsFrame::Binary(b))) => match ws::from_v1_binary(&b) {
-                        Ok((channel, msg)) => match kernel.upgrade() {
-                            Some(k) => k.on_replica_message(node, channel, msg),
-                            None => return,
-                        },
-                        Err(e) => tracing::warn!(kernel = %id, node, error = %e, "undecodable message from a replica host"),
-                    },
-                    Some(Ok(WsFrame::Close(_))) | None => break,
-                    Some(Ok(_)) => {}
-                    Some(Err(e)) => {
-                        tracing::debug!(kernel = %id, node, error = %e, "replica link failed");
-                        break;
-                    }
-                },
-            }
+        let gone = match session {
+            Session::Local(link) => run_local_link(&kernel, node, &id, link, &mut out).await,
+            Session::Remote(socket) => run_remote_link(&kernel, node, &id, *socket, &mut out).await,
+        };
+        if gone {
+            return;
         }
-        tracing::warn!(kernel = %id, node, "replica link lost");
+        tracing::warn!(kernel = %id, node, how, "replica link lost");
         connected.send_replace(false);
         let _ = events.send(Event::Link { node, up: false });
+    }
+}
+
+/// One connection of a replica link.
+enum Session {
+    /// This host's replica, in-process.
+    Local(LocalLink),
+    /// Another host's replica, by WebSocket to its gateway (`?replica=local`).
+    Remote(Box<ChannelsSocket>),
+}
+
+impl Session {
+    fn name(&self) -> &'static str {
+        match self {
+            Session::Local(_) => "in-process",
+            Session::Remote(_) => "websocket",
+        }
+    }
+}
+
+/// Opens the internal WebSocket to `node`'s replica of kernel `id` (`None`: not now).
+async fn connect_remote(shared: &Shared, node: u64, id: &str) -> Option<ChannelsSocket> {
+    let url = shared.hosts().await.get(&node).map(|h| h.gateway_url.clone())?;
+    let client = GatewayClient::new(&url, shared.token.clone());
+    match tokio::time::timeout(Duration::from_secs(5), client.connect_local_replica(id)).await {
+        Ok(Ok(s)) => Some(s),
+        Ok(Err(e)) => {
+            tracing::debug!(kernel = %id, node, error = format!("{e:#}"), "replica link not up yet");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// Carries one WebSocket link until it breaks (`false`) or the front-end is gone (`true`).
+async fn run_remote_link(
+    kernel: &Weak<FrontendKernel>,
+    node: u64,
+    id: &str,
+    socket: ChannelsSocket,
+    out: &mut mpsc::UnboundedReceiver<(Channel, Message)>,
+) -> bool {
+    let (mut tx, mut rx) = socket.split();
+    loop {
+        tokio::select! {
+            m = out.recv() => {
+                let Some((channel, msg)) = m else { return true };
+                if let Err(e) = tx.send(WsFrame::Binary(ws::to_v1_binary(channel, &msg).into())).await {
+                    tracing::debug!(kernel = %id, node, error = %e, "replica link send failed");
+                    return false;
+                }
+            }
+            f = rx.next() => match f {
+                Some(Ok(WsFrame::Binary(b))) => match ws::from_v1_binary(&b) {
+                    Ok((channel, msg)) => match kernel.upgrade() {
+                        Some(k) => k.on_replica_message(node, channel, msg),
+                        None => return true,
+                    },
+                    Err(e) => tracing::warn!(kernel = %id, node, error = %e, "undecodable message from a replica host"),
+                },
+                Some(Ok(WsFrame::Close(_))) | None => return false,
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    tracing::debug!(kernel = %id, node, error = %e, "replica link failed");
+                    return false;
+                }
+            },
+        }
     }
 }
 
@@ -906,7 +919,7 @@ async fn run_local_link(
     out: &mut mpsc::UnboundedReceiver<(Channel, Message)>,
 ) -> bool {
     let LocalLink { mut rx, send, close } = link;
-    let ended = loop {
+    let gone = loop {
         tokio::select! {
             m = out.recv() => {
                 let Some((channel, msg)) = m else { break true };
@@ -926,7 +939,7 @@ async fn run_local_link(
         }
     };
     close();
-    ended
+    gone
 }
 
 /// Runs the kernel's cells one at a time.
