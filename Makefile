@@ -12,7 +12,7 @@ export PATH := $(VENV)/bin:$(PATH)
 # Where cargo puts the binaries and libraries the Python tests and the demo run.
 export NBOS_BIN_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/debug
 
-.PHONY: all deps build test test-rust test-python demo demo-stop lint fmt package clean
+.PHONY: all deps build test test-rust test-python check-layers demo demo-stop lint fmt package clean
 
 all: build
 
@@ -22,17 +22,22 @@ deps:
 build: deps
 	$(CARGO) build --workspace --all-targets
 
-test: deps
+test: deps check-layers
 	$(CARGO) build --workspace --all-targets
 	$(MAKE) --no-print-directory test-rust
 	$(MAKE) --no-print-directory test-python
 
+# nextest does not run doctests, so they run after it (`cargo test` alone runs both).
 test-rust:
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
-	  $(CARGO) nextest run --workspace --no-fail-fast; \
+	  $(CARGO) nextest run --workspace --no-fail-fast && $(CARGO) test --workspace --doc; \
 	else \
 	  $(CARGO) test --workspace --no-fail-fast; \
 	fi
+
+# No import circle between the files of a crate (docs/design.md: each layer uses only those below).
+check-layers:
+	python3 scripts/import-cycles.py daemon raft-store cuda-shim
 
 test-python:
 	$(NBOS_PYTHON) -m pytest -q python/tests $(wildcard tests/jupyter)

@@ -9,7 +9,9 @@ cd "$(dirname "$0")/.."
 # clang + libbpf-dev + bpftool: the eBPF programs (C, -target bpf, CO-RE against the kernel's BTF).
 # gcc/libc6-dev: C test programs and crates with C parts. python3-venv: the venv.
 # pkg-config: -sys crates. procps: `ps`/`pkill` used by tests and the demo.
-packages=(clang llvm libbpf-dev bpftool gcc libc6-dev pkg-config python3-venv procps curl)
+# strace: the test that the leased hot path makes no syscalls. systemd: systemd-analyze
+# (unit verification). Tests needing them fail, not skip, in CI (NBOS_REQUIRE_PRIVILEGED=1).
+packages=(clang llvm libbpf-dev bpftool gcc libc6-dev pkg-config python3-venv procps curl strace systemd)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,6 +1,8 @@
 //! The binaries as an operator uses them: config validation, dev mode, `nbos status`,
 //! token auth, unfinished subcommands.
 
+mod required;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -243,7 +245,7 @@ fn nbos_status_without_a_daemon_says_where_it_looked() {
 #[test]
 fn systemd_unit_verifies_against_the_built_daemon() {
     let Ok(analyze) = which("systemd-analyze") else {
-        eprintln!("skipped: systemd-analyze is not installed (Debian package systemd)");
+        required::cannot_run("systemd_unit_verifies", "systemd-analyze is not installed (Debian package systemd)");
         return;
     };
     let unit = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../packaging/notebookosd.service"))

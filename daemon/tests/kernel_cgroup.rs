@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 const LIMIT_MIB: u64 = 1024;
 
 mod common;
+mod required;
 use common::{http, python, start_daemon, Daemon, TOKEN};
 
 /// Why this host cannot run the test, if it cannot.
@@ -53,11 +54,7 @@ fn memory_cgroup_of(pid: u64) -> (String, PathBuf, &'static str) {
 #[test]
 fn kernel_process_tree_runs_in_a_memory_cgroup_removed_on_delete() {
     if let Some(why) = cannot_run() {
-        assert!(
-            std::env::var("NBOS_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
-            "NBOS_REQUIRE_PRIVILEGED=1 but the cgroup test cannot run: {why}"
-        );
-        eprintln!("skipping kernel_cgroup: {why}");
+        required::cannot_run("kernel_cgroup", &why);
         return;
     }
     let d = start();

@@ -1,5 +1,5 @@
 //! The scheduler core driven alone, in virtual time, through every NotebookOS
-//! session template (`../shared/traces/templates/*.json`, 60 s ticks): no GPU is
+//! session template (`traces/templates/*.json` in the repository, 60 s ticks): no GPU is
 //! ever committed twice (the replay keeps an independent ledger), every training
 //! event runs, committed GPU-ticks equal the floor, and bound GPU-ticks stay
 //! within the floor plus the idle-release allowance.
@@ -9,11 +9,11 @@ use std::path::PathBuf;
 use notebookosd::sched::replay::{replay, Report};
 use notebookosd::sched::template::{Template, TICK_MS};
 
-/// Where the templates are: `NBOS_TRACES_DIR`, else `<repo>/../shared/traces/templates`.
+/// Where the templates are: `NBOS_TRACES_DIR`, else `<repo>/traces/templates`.
 fn templates() -> Vec<(String, Template)> {
     let dir = std::env::var_os("NBOS_TRACES_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces/templates"));
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../traces/templates"));
     let mut out = Vec::new();
     let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| {
         panic!("cannot read the workload templates in {} ({e}); set NBOS_TRACES_DIR", dir.display())

@@ -1,4 +1,4 @@
-//! NotebookOS workload templates (`../shared/traces/templates/*.json`, from the
+//! NotebookOS workload templates (`traces/templates/*.json`, from the
 //! NotebookOS workload driver, MIT licence): sessions with training events, in
 //! ticks of 60 s. Only the fields the scheduler needs are read; the rest is ignored.
 
