@@ -164,15 +164,20 @@ fn main() -> Result<(), String> {
         let _ = writeln!(code, "pub unsafe extern \"C\" fn {name}({}) -> {ret} {{", sig.join(", "));
         let _ = writeln!(code, "    type F = unsafe extern \"C\" fn({}) -> {ret};", types.join(", "));
         let _ = writeln!(code, "    crate::gate::{entry}(|{lease}| {{");
+        // A virtual ordinal whose leased GPU the driver does not list answers
+        // CUDA_ERROR_INVALID_DEVICE here, before the driver could run it on another GPU.
         for (p, c) in &params {
             if c == "CUdevice" {
-                let _ = writeln!(code, "        let {p} = {lease}.physical({p});");
+                let _ = writeln!(
+                    code,
+                    "        let {p} = match {lease}.physical({p}) {{ Ok(d) => d, Err(e) => return e }};"
+                );
             }
             if c == "memloc" {
                 // A device location names a virtual ordinal (CU_MEM_LOCATION_TYPE_DEVICE = 1).
                 let _ = writeln!(
                     code,
-                    "        let {p} = crate::abi::MemLocation {{ id: if {p}.kind == 1 {{ {lease}.physical({p}.id) }} else {{ {p}.id }}, ..{p} }};"
+                    "        let {p} = if {p}.kind == 1 {{ match {lease}.physical({p}.id) {{ Ok(d) => crate::abi::MemLocation {{ id: d, ..{p} }}, Err(e) => return e }} }} else {{ {p} }};"
                 );
             }
         }

@@ -11,7 +11,10 @@ cd "$(dirname "$0")/.."
 # pkg-config: -sys crates. procps: `ps`/`pkill` used by tests and the demo.
 # strace: the test that the leased hot path makes no syscalls. systemd: systemd-analyze
 # (unit verification). Tests needing them fail, not skip, in CI (NBOS_REQUIRE_PRIVILEGED=1).
-packages=(clang llvm libbpf-dev bpftool gcc libc6-dev pkg-config python3-venv procps curl strace systemd)
+# protobuf-compiler + libprotobuf-dev: the etcd-client crate's build (protoc, well-known types).
+# etcd-server: `nbos bench raft --etcd` and its test.
+packages=(clang llvm libbpf-dev bpftool gcc libc6-dev pkg-config python3-venv procps curl strace systemd
+  protobuf-compiler libprotobuf-dev etcd-server)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -11,11 +11,16 @@
 //!
 //! Environment (read once per process, never on the hot path), set by the daemon:
 //! `NBOS_LEASE_SOCKET` (the host's socket; unset = unmanaged pass-through),
-//! `NBOS_KERNEL_ID`, `NBOS_REPLICA`.
+//! `NBOS_KERNEL_ID`, `NBOS_REPLICA`, `NBOS_GPU_MEMORY_LIMIT_BYTES` (the kernel's own
+//! device-memory limit; the host's, if smaller, still applies).
+//!
+//! A grant naming a GPU whose UUID the driver does not list leaves that virtual ordinal
+//! [`NOT_VISIBLE`] (calls naming it fail; no other GPU stands in) and is reported to the
+//! host as `GpusNotVisible`.
 
 use std::io::{BufReader, ErrorKind};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use nbos_lease_proto::{read_message, write_message, GpuUuid, Message, ReadError};
@@ -23,7 +28,8 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::abi::{self, CUresult};
 use crate::driver;
-use crate::gate::{LeaseView, CALLS, GATE, MAX_DEVICES, WAITS};
+use crate::lease_view::{LeaseView, CALLS, GATE, MAX_DEVICES, NOT_VISIBLE, WAITS};
+use crate::memory_limit;
 
 /// Where the client stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,9 +61,6 @@ struct Client {
 // Lock order: CLIENT before GATE; nothing holding GATE shared may take CLIENT.
 static CLIENT: Mutex<Client> =
     Mutex::new(Client { phase: Phase::Fresh, writer: None, requested: false, read_half: None, reader_turn: false });
-/// Memory limit of the process the host set, bytes (0: none); an atomic so hooks under
-/// the gate can read it.
-static MEMORY_LIMIT: AtomicU64 = AtomicU64::new(0);
 /// Signalled when a lease is granted, the read side is parked, or the client failed.
 static GRANTED: Condvar = Condvar::new();
 /// Signalled when the read side becomes the lease thread's (or the client failed).
@@ -69,9 +72,26 @@ static READER_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::n
 /// Contexts the process created, synchronised on revoke.
 static CONTEXTS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
-/// Memory limit per GPU the host set (0: none).
-pub fn memory_limit() -> u64 {
-    MEMORY_LIMIT.load(Ordering::Relaxed)
+/// The kernel's own device-memory limit the daemon set for this process
+/// (`NBOS_GPU_MEMORY_LIMIT_BYTES`), bytes; 0 when unset.
+const MEMORY_LIMIT_ENV: &str = "NBOS_GPU_MEMORY_LIMIT_BYTES";
+
+fn own_memory_limit() -> Result<u64, String> {
+    match std::env::var(MEMORY_LIMIT_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(0),
+        Ok(v) if v.trim().is_empty() => Ok(0),
+        // A limit the shim cannot read must not silently become no limit.
+        Ok(v) => v.trim().parse().map_err(|_| format!("{MEMORY_LIMIT_ENV}={v:?} is not a number of bytes")),
+        Err(e) => Err(format!("{MEMORY_LIMIT_ENV}: {e}")),
+    }
+}
+
+/// The tighter of two limits where 0 means none.
+fn tighter(a: u64, b: u64) -> u64 {
+    match (a, b) {
+        (0, x) | (x, 0) => x,
+        (a, b) => a.min(b),
+    }
 }
 
 /// The client's phase (starting it if needed).
@@ -96,7 +116,16 @@ pub fn ensure_started() {
     }
     install_fork_handlers();
     crate::counters::open_for_this_process();
+    let own_limit = match own_memory_limit() {
+        Ok(l) => l,
+        Err(reason) => {
+            eprintln!("nbos-cuda-shim: {reason}; GPU calls are refused");
+            c.phase = Phase::Refused(reason);
+            return;
+        }
+    };
     let Some(path) = std::env::var_os("NBOS_LEASE_SOCKET") else {
+        memory_limit::set_limit(own_limit);
         c.phase = Phase::Unmanaged;
         let mut g = GATE.write();
         g.unmanaged = true;
@@ -129,7 +158,7 @@ pub fn ensure_started() {
             c.writer = Some(stream);
             c.read_half = Some(BufReader::with_capacity(1024, reader));
             c.reader_turn = false;
-            MEMORY_LIMIT.store(memory_limit, Ordering::Relaxed);
+            memory_limit::set_limit(tighter(own_limit, memory_limit));
             let spawned = std::thread::Builder::new().name("nbos-lease".into()).spawn(move || lease_thread(tick));
             if let Err(e) = spawned {
                 fail_locked(&mut c, format!("lease thread: {e}"));
@@ -266,13 +295,36 @@ fn await_grant(r: &mut ReadHalf) -> Result<(), String> {
     }
 }
 
+/// Applies a grant to the gate, then tells the host about any GPU of it that the driver
+/// does not list (calls naming those fail; see [`physical_ordinals`]). Called without
+/// the client lock (the report takes it).
 fn apply_grant(lease: u64, gpus: &[GpuUuid]) {
-    let physical = physical_ordinals(gpus);
-    let mut g = GATE.write();
-    let view: &mut LeaseView = &mut g;
-    view.physical = physical;
-    view.lease = lease;
-    view.bound = true;
+    // The driver's device list is read outside the gate's write lock (its first use
+    // enumerates the driver); the device count is fixed at registration.
+    let count = GATE.read().devices;
+    let (physical, missing) = physical_ordinals(gpus, count);
+    {
+        let mut g = GATE.write();
+        let view: &mut LeaseView = &mut g;
+        view.physical = physical;
+        view.lease = lease;
+        view.bound = true;
+    }
+    if !missing.is_empty() {
+        let names: Vec<String> = missing.iter().map(uuid_text).collect();
+        eprintln!(
+            "nbos-cuda-shim: lease {lease} names GPU(s) {} that this process's driver does not list; \
+             calls on them fail with CUDA_ERROR_INVALID_DEVICE",
+            names.join(", ")
+        );
+        let _ = send(&Message::GpusNotVisible { lease, gpus: missing });
+    }
+}
+
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, as `nvidia-smi -L` prints a UUID.
+fn uuid_text(u: &GpuUuid) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!("GPU-{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
 }
 
 /// The real driver's devices and their UUIDs, enumerated once (GPUs do not change
@@ -312,14 +364,26 @@ fn devices() -> &'static [(i32, [u8; 16])] {
     })
 }
 
-fn physical_ordinals(uuids: &[GpuUuid]) -> [i32; MAX_DEVICES] {
-    let mut out = [-1; MAX_DEVICES];
+/// The physical ordinal of each of the process's `count` virtual ordinals under a
+/// grant of `uuids`, and the granted UUIDs the driver does not list. A virtual ordinal
+/// without a visible GPU (not listed, or the grant named fewer GPUs) is [`NOT_VISIBLE`]:
+/// never the driver's GPU of the same number, which may be another kernel's.
+fn physical_ordinals(uuids: &[GpuUuid], count: usize) -> ([i32; MAX_DEVICES], Vec<GpuUuid>) {
+    ordinals_among(devices(), uuids, count)
+}
+
+/// [`physical_ordinals`] given the driver's `(ordinal, UUID)` list.
+fn ordinals_among(listed: &[(i32, [u8; 16])], uuids: &[GpuUuid], count: usize) -> ([i32; MAX_DEVICES], Vec<GpuUuid>) {
+    let mut out = [NOT_VISIBLE; MAX_DEVICES];
+    let mut missing = Vec::new();
     for (v, want) in uuids.iter().enumerate().take(MAX_DEVICES) {
-        if let Some((dev, _)) = devices().iter().find(|(_, u)| u == want) {
-            out[v] = *dev;
+        match listed.iter().find(|(_, u)| u == want) {
+            Some((dev, _)) => out[v] = *dev,
+            None if v < count => missing.push(*want),
+            None => {}
         }
     }
-    out
+    (out, missing)
 }
 
 /// Stops submissions (exclusive gate), waits for all work of every context, unbinds.
@@ -489,5 +553,32 @@ extern "C" fn child() {
     CONTEXTS.lock().clear();
     crate::counters::forget_after_fork();
     crate::memory_limit::forget_after_fork();
-    *GATE.write() = LeaseView { bound: false, lease: 0, devices: 0, physical: [-1; MAX_DEVICES], unmanaged: false };
+    *GATE.write() = LeaseView::INITIAL;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_granted_gpu_the_driver_does_not_list_is_not_visible_and_reported() {
+        let (a, b, gone) = ([1u8; 16], [2u8; 16], [9u8; 16]);
+        let listed = [(0, a), (1, b)];
+        let (physical, missing) = ordinals_among(&listed, &[b, gone], 2);
+        assert_eq!(physical[..2], [1, NOT_VISIBLE]);
+        assert_eq!(missing, vec![gone]);
+        // A grant naming fewer GPUs than the process sees leaves the rest unusable too.
+        let (physical, missing) = ordinals_among(&listed, &[a], 2);
+        assert_eq!(physical[..2], [0, NOT_VISIBLE]);
+        assert!(missing.is_empty());
+    }
+
+    #[test]
+    fn the_kernels_limit_and_the_hosts_combine_to_the_tighter() {
+        assert_eq!(tighter(0, 0), 0);
+        assert_eq!(tighter(5, 0), 5);
+        assert_eq!(tighter(0, 7), 7);
+        assert_eq!(tighter(5, 7), 5);
+        assert_eq!(uuid_text(&[0xfa; 16]), "GPU-fafafafa-fafa-fafa-fafa-fafafafafafa");
+    }
 }

@@ -2,71 +2,18 @@
 //! revocation takes it exclusively, so a revoke never races a submission.
 //!
 //! Hot path (lease held): one uncontended shared-lock acquire/release, one flag test,
-//! one table load. No allocation, no environment read, no syscall.
+//! one table load. No allocation, no environment read, no syscall. The state behind the
+//! lock is [`crate::lease_view`]; without a lease a call asks [`crate::client`] for one.
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use parking_lot::RwLock;
 
 use crate::abi::{self, CUresult};
 use crate::client;
-
-/// Most virtual devices a process can see.
-pub const MAX_DEVICES: usize = 64;
-
-/// What the gate protects: whether a lease is held and how virtual ordinals map.
-#[derive(Debug, Clone, Copy)]
-pub struct LeaseView {
-    /// A lease is held (always true when the shim runs unmanaged).
-    pub bound: bool,
-    /// The current lease number (0: none yet).
-    pub lease: u64,
-    /// Virtual device count.
-    pub devices: usize,
-    /// Physical ordinal of each virtual ordinal (-1: unknown yet).
-    pub physical: [i32; MAX_DEVICES],
-    /// Unmanaged: no host, ordinals are physical.
-    pub unmanaged: bool,
-}
-
-impl LeaseView {
-    const INITIAL: Self = Self { bound: false, lease: 0, devices: 0, physical: [-1; MAX_DEVICES], unmanaged: false };
-
-    /// Physical ordinal for virtual `v` (an out-of-range ordinal stays invalid).
-    #[inline]
-    pub fn physical(&self, v: i32) -> i32 {
-        if self.unmanaged {
-            return v;
-        }
-        match usize::try_from(v) {
-            Ok(i) if i < self.devices => match self.physical[i] {
-                -1 => v,
-                p => p,
-            },
-            _ => i32::MAX,
-        }
-    }
-
-    /// Virtual ordinal for physical `p`.
-    #[inline]
-    pub fn virtual_of(&self, p: i32) -> i32 {
-        if self.unmanaged {
-            return p;
-        }
-        self.physical[..self.devices].iter().position(|&x| x == p).map_or(p, |v| v as i32)
-    }
-}
-
-/// The gate.
-pub static GATE: RwLock<LeaseView> = RwLock::new(LeaseView::INITIAL);
-
-/// Gated calls made (approximate: a relaxed load + store, not a locked increment, to keep
-/// the hot path free of atomic read-modify-writes; concurrent calls may lose counts).
-pub static CALLS: AtomicU64 = AtomicU64::new(0);
-/// Times a gated call had to wait for a lease.
-pub static WAITS: AtomicU64 = AtomicU64::new(0);
+use crate::lease_view::{LeaseView, CALLS, GATE};
 
 thread_local! {
     /// Depth of gated calls on this thread: a re-entrant call (the real driver calling

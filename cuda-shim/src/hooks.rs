@@ -53,9 +53,13 @@ pub unsafe extern "C" fn cuDeviceGet(device: *mut c_int, ordinal: c_int) -> CUre
     ungated(|lease| {
         type F = unsafe extern "C" fn(*mut c_int, c_int) -> CUresult;
         let Some(f) = driver::by_name::<F>(c"cuDeviceGet") else { return abi::NOT_INITIALIZED };
+        let ordinal = match lease.physical(ordinal) {
+            Ok(p) => p,
+            Err(e) => return e,
+        };
         let mut dev = 0;
         // SAFETY: real entry point; output is a local.
-        let r = unsafe { f(&mut dev, lease.physical(ordinal)) };
+        let r = unsafe { f(&mut dev, ordinal) };
         if r == abi::SUCCESS {
             // SAFETY: checked non-null; the CUdevice handed out is the virtual ordinal.
             unsafe { *device = lease.virtual_of(dev) };
@@ -101,8 +105,12 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut *mut c_void, dev: c_
     gated(|lease| {
         type F = unsafe extern "C" fn(*mut *mut c_void, c_int) -> CUresult;
         let Some(f) = driver::by_name::<F>(c"cuDevicePrimaryCtxRetain") else { return abi::NOT_FOUND };
+        let dev = match lease.physical(dev) {
+            Ok(p) => p,
+            Err(e) => return e,
+        };
         // SAFETY: real entry point, caller's arguments with the device mapped.
-        created(unsafe { f(ctx, lease.physical(dev)) }, ctx)
+        created(unsafe { f(ctx, dev) }, ctx)
     })
 }
 
@@ -115,8 +123,12 @@ pub unsafe extern "C" fn cuCtxCreate_v2(ctx: *mut *mut c_void, flags: c_uint, de
     gated(|lease| {
         type F = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> CUresult;
         let Some(f) = driver::by_name::<F>(c"cuCtxCreate_v2") else { return abi::NOT_FOUND };
+        let dev = match lease.physical(dev) {
+            Ok(p) => p,
+            Err(e) => return e,
+        };
         // SAFETY: real entry point, caller's arguments with the device mapped.
-        created(unsafe { f(ctx, flags, lease.physical(dev)) }, ctx)
+        created(unsafe { f(ctx, flags, dev) }, ctx)
     })
 }
 
@@ -135,8 +147,12 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
     gated(|lease| {
         type F = unsafe extern "C" fn(*mut *mut c_void, *mut c_void, c_int, c_uint, c_int) -> CUresult;
         let Some(f) = driver::by_name::<F>(c"cuCtxCreate_v3") else { return abi::NOT_FOUND };
+        let dev = match lease.physical(dev) {
+            Ok(p) => p,
+            Err(e) => return e,
+        };
         // SAFETY: real entry point, caller's arguments with the device mapped.
-        created(unsafe { f(ctx, params, n, flags, lease.physical(dev)) }, ctx)
+        created(unsafe { f(ctx, params, n, flags, dev) }, ctx)
     })
 }
 
@@ -154,8 +170,12 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
     gated(|lease| {
         type F = unsafe extern "C" fn(*mut *mut c_void, *mut c_void, c_uint, c_int) -> CUresult;
         let Some(f) = driver::by_name::<F>(c"cuCtxCreate_v4") else { return abi::NOT_FOUND };
+        let dev = match lease.physical(dev) {
+            Ok(p) => p,
+            Err(e) => return e,
+        };
         // SAFETY: real entry point, caller's arguments with the device mapped.
-        created(unsafe { f(ctx, params, flags, lease.physical(dev)) }, ctx)
+        created(unsafe { f(ctx, params, flags, dev) }, ctx)
     })
 }
 

@@ -5,7 +5,7 @@
 //!
 //! - generated pass-throughs (`build.rs` from `driver-api.list`) that hold the lease
 //!   gate ([`gate`]) around the real call and map `CUdevice` ordinals between the
-//!   process's virtual device set and the leased physical GPUs;
+//!   process's virtual device set and the leased physical GPUs ([`lease_view`]);
 //! - hand-written hooks ([`hooks`]) for init, device enumeration, context creation,
 //!   and `cuGetProcAddress`/`_v2` ([`proc_address`]); and for device memory
 //!   ([`memory_hooks`]): allocations held to the host's limit ([`memory_limit`]).
@@ -22,6 +22,7 @@ pub mod counters;
 pub mod driver;
 pub mod gate;
 pub mod hooks;
+pub mod lease_view;
 pub mod memory_hooks;
 pub mod memory_limit;
 pub mod proc_address;

@@ -79,9 +79,13 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: i32) -> CUr
     ungated(|lease| {
         type F = unsafe extern "C" fn(*mut usize, i32) -> CUresult;
         let Some(f) = driver::by_name::<F>(c"cuDeviceTotalMem_v2") else { return abi::NOT_FOUND };
+        let dev = match lease.physical(dev) {
+            Ok(p) => p,
+            Err(e) => return e,
+        };
         let mut total = 0usize;
         // SAFETY: real entry point; output is a local, the device mapped to the lease's GPU.
-        let r = unsafe { f(&mut total, lease.physical(dev)) };
+        let r = unsafe { f(&mut total, dev) };
         if r == abi::SUCCESS {
             // SAFETY: checked non-null.
             unsafe { *bytes = memory_limit::limit().map_or(total, |l| total.min(l)) };
@@ -255,7 +259,10 @@ pub unsafe extern "C" fn cuMemCreate(handle: *mut u64, bytes: usize, prop: *cons
     let mut mapped = unsafe { prop.cast::<AllocationProp>().read_unaligned() };
     gated(|lease| {
         if mapped.location_type == LOCATION_DEVICE {
-            mapped.location_id = lease.physical(mapped.location_id);
+            mapped.location_id = match lease.physical(mapped.location_id) {
+                Ok(p) => p,
+                Err(e) => return e,
+            };
         }
         type F = unsafe extern "C" fn(*mut u64, usize, *const c_void, u64) -> CUresult;
         let Some(f) = driver::by_name::<F>(c"cuMemCreate") else { return abi::NOT_FOUND };

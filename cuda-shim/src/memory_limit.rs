@@ -4,14 +4,17 @@
 //! exceed the limit; the matching free gives them back. With no limit (0) nothing is
 //! counted at all.
 //!
+//! The limit is the smaller of the host's (`Registered`) and the kernel's own
+//! (`NBOS_GPU_MEMORY_LIMIT_BYTES`, set by the daemon from the kernel request), stored by
+//! the lease client at start ([`set_limit`]).
+//!
 //! Only touched inside gated calls, so a fork (whose `prepare` handler takes the gate
 //! exclusively) never finds the ledger locked.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-
-use crate::client;
 
 /// What names a live allocation: a device pointer (`cuMemAlloc*`, freed by `cuMemFree*`)
 /// or a physical allocation handle (`cuMemCreate`, freed by `cuMemRelease`).
@@ -31,10 +34,18 @@ struct Ledger {
 
 static LEDGER: Mutex<Ledger> = Mutex::new(Ledger { used: 0, live: None });
 
-/// The limit in bytes, `None` when the host set none.
+/// The limit, bytes (0: none); an atomic so hooks under the gate read it without a lock.
+static LIMIT: AtomicU64 = AtomicU64::new(0);
+
+/// Sets the limit, bytes (0: none). Called by the lease client when it starts.
+pub fn set_limit(bytes: u64) {
+    LIMIT.store(bytes, Ordering::Relaxed);
+}
+
+/// The limit in bytes, `None` when none is set.
 #[inline]
 pub fn limit() -> Option<usize> {
-    match client::memory_limit() {
+    match LIMIT.load(Ordering::Relaxed) {
         0 => None,
         l => Some(usize::try_from(l).unwrap_or(usize::MAX)),
     }

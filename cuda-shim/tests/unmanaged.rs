@@ -34,8 +34,13 @@ fn setup() -> Setup {
 }
 
 fn run(s: &Setup, driver: &Path) -> (bool, String) {
+    run_env(s, driver, &[])
+}
+
+fn run_env(s: &Setup, driver: &Path, env: &[(&str, &str)]) -> (bool, String) {
     let out = Command::new(&s.client)
         .arg("basic")
+        .envs(env.iter().copied())
         .env("LD_LIBRARY_PATH", &s.shim_dir)
         .env("NBOS_CUDA_DRIVER", driver)
         .env_remove("NBOS_LEASE_SOCKET")
@@ -53,6 +58,20 @@ fn without_a_lease_host_the_shim_passes_everything_through() {
     assert!(ok, "{out}");
     assert!(out.contains("COUNT 3\n"), "all physical GPUs visible: {out}");
     assert!(out.contains("SUM 6144.0"), "{out}");
+}
+
+#[test]
+fn the_kernels_own_memory_limit_clamps_allocations_even_without_a_host() {
+    let s = setup();
+    // 10 KiB: the 16 KiB buffer of `basic` does not fit.
+    let (ok, out) = run_env(&s, &built("libfake_cuda.so"), &[("NBOS_GPU_MEMORY_LIMIT_BYTES", "10240")]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("MEMINFO 10240 10240"), "cuMemGetInfo reports the limit: {out}");
+    assert!(out.contains("pAlloc(&x, 4096 * 4) = 2"), "CUDA_ERROR_OUT_OF_MEMORY: {out}");
+    // A limit the shim cannot read is not taken as no limit: GPU calls are refused.
+    let (ok, out) = run_env(&s, &built("libfake_cuda.so"), &[("NBOS_GPU_MEMORY_LIMIT_BYTES", "ten")]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("COUNT 0") && out.contains("FAILED") && !out.contains("SUM"), "no GPU for it: {out}");
 }
 
 #[test]

@@ -18,6 +18,7 @@ use crate::kernel::server_leases::ServerLeases;
 use crate::kernel::shim_env::ShimEnvironment;
 use crate::kernel::Kernels;
 use crate::lease::LeaseServer;
+use crate::link::endpoint::{Endpoint, ENDPOINT_FILE};
 use crate::metrics::{BuildLabels, Metrics};
 
 /// How the node was started, beyond its config.
@@ -29,21 +30,6 @@ pub struct RunOptions {
     pub remove_on_exit: Option<PathBuf>,
 }
 
-/// What a running node tells whoever started it, once it listens.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct Endpoint {
-    /// Base URL of the HTTP API.
-    pub url: String,
-    /// Process id of the daemon.
-    pub pid: u32,
-    /// File holding the API token, if the API needs one.
-    pub token_file: Option<PathBuf>,
-    /// Durable state directory.
-    pub state_dir: PathBuf,
-}
-
-/// Name of the file in `runtime_dir` where a running node describes its endpoint.
-pub const ENDPOINT_FILE: &str = "endpoint.json";
 /// Name of the file in `runtime_dir` holding a generated API token.
 pub const GENERATED_TOKEN_FILE: &str = "api-token";
 
@@ -420,7 +406,7 @@ fn start_leasing(
         // Idle detection follows the shim's activity reports; the scheduler core
         // decides release (its idle_release), the lease table only backs it up.
         policy: Policy { idle_grace: std::time::Duration::from_secs(1), idle_release: config.gpu.idle_release },
-        activity_interval: std::time::Duration::from_millis(500),
+        activity_interval: crate::kernel::shim_env::ACTIVITY_INTERVAL,
         memory_limit_bytes: 0,
     };
     let server =

@@ -20,9 +20,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use cluster::{wait_for, Options, TestCluster, NBOS, TOKEN};
 use notebookosd::cli::bench::election::{CellClient, CellRun};
-use notebookosd::gateway::client::GatewayClient;
 use notebookosd::jupyter::{wire, Message, Signer};
 use notebookosd::kernel::connection::ConnectionInfo;
+use notebookosd::link::client::GatewayClient;
 
 const CELL_TIMEOUT: Duration = Duration::from_secs(90);
 

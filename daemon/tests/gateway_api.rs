@@ -9,8 +9,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
-use notebookosd::gateway::client::GatewayClient;
 use notebookosd::jupyter::{ws, Channel, Message};
+use notebookosd::link::client::GatewayClient;
 use tokio_tungstenite::tungstenite::Message as WsFrame;
 
 mod common;

@@ -137,7 +137,7 @@ async fn exactly_one_replica_wins_each_cell_under_reordering_and_stale_rounds() 
 
 mod sync {
     use std::path::Path;
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant, SystemTime};
 
     use notebookosd::cluster::objects::Objects;
@@ -145,7 +145,7 @@ mod sync {
     use notebookosd::cluster::replica_host::{Handled, ReplicaHost};
     use notebookosd::cluster::state_sync::{self, namespace_digest, SyncConfig};
     use notebookosd::jupyter::{Channel, Message};
-    use notebookosd::kernel::binding::{Binder, LogOnlyLeases};
+    use notebookosd::kernel::binding::{Binder, LeaseControl, LogOnlyLeases};
     use notebookosd::kernel::hub::{ClientId, Outgoing};
     use notebookosd::kernel::{Kernel, Kernels};
     use notebookosd::metrics::Metrics;
@@ -154,6 +154,8 @@ mod sync {
     use super::group_store::{python, Stores};
 
     const KERNEL: &str = "0b7c6c52-4b8e-4f0e-9d3a-6a1f1f0c2a01";
+    /// A second kernel on one host, outside the group, that takes the host's GPU.
+    const OTHER: &str = "5d1e0a8e-8c1b-4a57-9b0e-2f7d9c3e6b02";
     const GROUP: u64 = 2002;
     const WAIT: Duration = Duration::from_secs(60);
 
@@ -168,15 +170,28 @@ mod sync {
     }
 
     async fn start_host(stores: &Stores, node: u64, dir: &Path, objects: &Path) -> Host {
+        start_host_with(stores, node, dir, objects, 0, Arc::new(LogOnlyLeases)).await
+    }
+
+    /// A host with `gpus` GPUs (room for two kernels on each) whose lease server is `leases`;
+    /// its replica of the kernel asks for `gpus` GPUs per cell.
+    async fn start_host_with(
+        stores: &Stores,
+        node: u64,
+        dir: &Path,
+        objects: &Path,
+        gpus: u32,
+        leases: Arc<dyn LeaseControl>,
+    ) -> Host {
         let metrics = Arc::new(Metrics::new());
-        let binder = Binder::new(0, Duration::from_secs(60), 1.0, Arc::new(LogOnlyLeases), metrics.clone());
+        let binder = Binder::new(gpus, Duration::from_secs(60), 2.0, leases, metrics.clone());
         let kernels = Arc::new(Kernels::new(python(), dir.join("kernels"), Vec::new(), metrics, binder, 0));
         let mut sync = SyncConfig::new(dir.join("sync"));
         sync.kernel_timeout = WAIT;
         sync.elect_history = 4;
         let objects = Objects::open(None, objects).expect("objects");
         let host = Arc::new(ReplicaHost::new(node, stores.node(node).clone(), kernels.clone(), objects, sync));
-        let (kernel, client, rx) = start_replica(&kernels, &host, node).await;
+        let (kernel, client, rx) = start_replica_with(&kernels, &host, node, gpus).await;
         Host { node, kernels, host, kernel, client, rx }
     }
 
@@ -185,8 +200,17 @@ mod sync {
         host: &ReplicaHost,
         node: u64,
     ) -> (Arc<Kernel>, ClientId, mpsc::Receiver<Outgoing>) {
+        start_replica_with(kernels, host, node, 0).await
+    }
+
+    async fn start_replica_with(
+        kernels: &Kernels,
+        host: &ReplicaHost,
+        node: u64,
+        gpus: u32,
+    ) -> (Arc<Kernel>, ClientId, mpsc::Receiver<Outgoing>) {
         let replica = u32::try_from(node).expect("small");
-        let kernel = kernels.create_replica(KERNEL, replica, None, Some(0), &[]).await.expect("start replica");
+        let kernel = kernels.create_replica(KERNEL, replica, None, Some(gpus), &[]).await.expect("start replica");
         host.attach(kernel.clone(), replica, GROUP);
         let (client, rx, _) = kernel.hub.connect();
         (kernel, client, rx)
@@ -236,15 +260,36 @@ mod sync {
         }
     }
 
+    fn unix_us(t: SystemTime) -> u64 {
+        u64::try_from(t.duration_since(SystemTime::UNIX_EPOCH).expect("after 1970").as_micros()).expect("u64")
+    }
+
+    /// Checks the reply's stamps of when the cell reached its kernel: written between the
+    /// request and its reply, and for a kernel with GPUs after binding committed them.
+    fn assert_dispatch_stamps(meta: &serde_json::Value, gpus: u32, sent: SystemTime, replied: SystemTime) {
+        let e = &meta["nbos_election"];
+        let dispatched = e["dispatched_unix_us"].as_u64().unwrap_or_else(|| panic!("no dispatch stamp: {meta}"));
+        assert!(unix_us(sent) <= dispatched && dispatched <= unix_us(replied), "{meta}");
+        match e["gpus_bound_unix_us"].as_u64() {
+            Some(bound) => {
+                assert!(gpus > 0, "a kernel without GPUs had them bound: {meta}");
+                assert!(unix_us(sent) <= bound && bound <= dispatched, "{meta}");
+            }
+            None => assert_eq!(gpus, 0, "no GPU binding stamp: {meta}"),
+        }
+    }
+
     /// Runs a cell the way a front-end does: `lead` to the designee, `yield` to the rest.
     async fn run_cell(hosts: &mut [Host], designee: usize, code: &str) -> (serde_json::Value, u64, String) {
         let cell = uuid::Uuid::new_v4().to_string();
+        let sent = SystemTime::now();
         for (i, h) in hosts.iter().enumerate() {
             let role = if i == designee { "lead" } else { "yield" };
             let handled = h.host.handle_execute(&h.kernel, h.client, request(&cell, code, &cell, role)).await;
             assert!(matches!(handled, Handled::Handled), "an election request passed through");
         }
         let (content, meta, streams) = reply_to(&mut hosts[designee], &cell).await;
+        assert_dispatch_stamps(&meta, hosts[designee].kernel.gpus, sent, SystemTime::now());
         let e = &meta["nbos_election"];
         assert_eq!(e["outcome"], "executed", "cell {code:?}: {meta}");
         assert_eq!(e["node_id"], hosts[designee].node);
@@ -412,6 +457,119 @@ mod sync {
         let (content, _, out) = run_cell(&mut hosts, 0, "print('xs' in dir(), 'arr' in dir())").await;
         assert_eq!(out.trim(), "False False");
         assert_eq!(content["execution_count"], 1, "a restarted kernel counts cells from 1");
+
+        for h in &hosts {
+            h.kernels.shutdown_all().await;
+        }
+    }
+
+    /// What a host's lease server was told: when each kernel's GPUs were bound.
+    #[derive(Default)]
+    struct RecordingLeases {
+        bound: Mutex<Vec<(String, SystemTime)>>,
+    }
+
+    impl LeaseControl for RecordingLeases {
+        fn bind(&self, kernel: &str, _pids: &[u32], _gpus: &[u32]) {
+            self.bound.lock().unwrap().push((kernel.to_owned(), SystemTime::now()));
+        }
+        fn revoke(&self, _kernel: &str, _pids: &[u32], _gpus: &[u32], _preempted: bool) {}
+        fn forget(&self, _kernel: &str, _pids: &[u32]) {}
+    }
+
+    /// Reads `h`'s client until a stderr stream of `msg_id` contains `needle`.
+    async fn stream_of(h: &mut Host, msg_id: &str, needle: &str) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (channel, msg) = tokio::time::timeout(left, h.rx.recv())
+                .await
+                .unwrap_or_else(|_| panic!("no {needle:?} for {msg_id} on node {} within {WAIT:?}", h.node))
+                .expect("client queue open");
+            if channel != Channel::Iopub || parent_of(&msg) != msg_id || msg.header().expect("h").msg_type != "stream" {
+                continue;
+            }
+            let text = msg.content_json().expect("content")["text"].as_str().unwrap_or_default().to_owned();
+            if text.contains(needle) {
+                return text;
+            }
+        }
+    }
+
+    fn gated(gate: &Path) -> String {
+        format!("import os, time\nwhile not os.path.exists({:?}):\n    time.sleep(0.01)", gate.display().to_string())
+    }
+
+    /// A won cell of a GPU kernel whose host's only GPU another kernel holds waits for it; the
+    /// reply's `dispatched_unix_us` then lies after that kernel released the GPU and after the
+    /// lease server was told the cell's GPU (when the cell was really written to its kernel).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_won_cell_that_waited_for_its_gpu_is_stamped_when_written_to_its_kernel() {
+        let stores = Stores::open(3);
+        stores.create_group(GROUP).await;
+        let dir = tempfile::tempdir().expect("tmp");
+        let objects = dir.path().join("objects");
+        let leases: Vec<Arc<RecordingLeases>> = (0..3).map(|_| Arc::new(RecordingLeases::default())).collect();
+        let mut hosts = Vec::new();
+        for (node, l) in stores.ids().into_iter().zip(&leases) {
+            let d = dir.path().join(format!("host-{node}"));
+            hosts.push(start_host_with(&stores, node, &d, &objects, 1, l.clone()).await);
+        }
+        // The other kernel on host 0 (not replicated), one GPU per cell too.
+        let other = hosts[0].kernels.create_replica(OTHER, 0, None, Some(1), &[]).await.expect("other kernel");
+        let (other_client, _other_rx, _) = other.hub.connect();
+
+        // Host 1 runs a cell whose value the followers cannot apply until `apply_gate`
+        // exists: host 0's replica stays behind until the test opens it.
+        let apply_gate = dir.path().join("apply-gate");
+        let held = format!(
+            "class Held:\n    def __setstate__(self, state):\n        import os, time\n        \
+             while not os.path.exists({gate:?}):\n            time.sleep(0.01)\n        \
+             self.__dict__.update(state)\nheld = Held()",
+            gate = apply_gate.display().to_string()
+        );
+        run_cell(&mut hosts, 1, &held).await;
+
+        // Host 0 wins the next cell while its GPU is free, then catches up before running it.
+        let cell = uuid::Uuid::new_v4().to_string();
+        let sent = SystemTime::now();
+        for (i, h) in hosts.iter().enumerate() {
+            let role = if i == 0 { "lead" } else { "yield" };
+            let handled = h.host.handle_execute(&h.kernel, h.client, request(&cell, "print('ran')", &cell, role)).await;
+            assert!(matches!(handled, Handled::Handled), "an election request passed through");
+        }
+        // Meanwhile the other kernel takes host 0's GPU until `run_gate` exists.
+        let run_gate = dir.path().join("run-gate");
+        let other_cell = uuid::Uuid::new_v4().to_string();
+        let msg = Message::new(
+            "execute_request",
+            "other-session",
+            &other_cell,
+            SystemTime::now(),
+            None,
+            &serde_json::json!({ "code": gated(&run_gate), "silent": false, "store_history": true, "allow_stdin": false }),
+        );
+        let binder = hosts[0].kernels.binder().clone();
+        assert!(binder.on_client_message(&other, other_client, Channel::Shell, msg).is_none(), "binding took the cell");
+        assert_eq!(binder.snapshot().holders, vec![format!("committed:{OTHER}")]);
+        // Host 0 catches up; its won cell now waits for the GPU, and its client is told so.
+        std::fs::write(&apply_gate, "go").expect("apply gate");
+        let waiting = stream_of(&mut hosts[0], &cell, "waiting for 1 GPU").await;
+        assert!(waiting.contains("position 1"), "{waiting}");
+        let released = SystemTime::now();
+        std::fs::write(&run_gate, "go").expect("run gate");
+
+        let (content, meta, _) = reply_to(&mut hosts[0], &cell).await;
+        assert_eq!(content["status"], "ok", "{content}");
+        assert_eq!(meta["nbos_election"]["node_id"], hosts[0].node, "{meta}");
+        assert_dispatch_stamps(&meta, 1, sent, SystemTime::now());
+        let bound = meta["nbos_election"]["gpus_bound_unix_us"].as_u64().expect("bound");
+        let dispatched = meta["nbos_election"]["dispatched_unix_us"].as_u64().expect("dispatched");
+        assert!(bound >= unix_us(released), "GPU bound before the other kernel let it go: {meta}");
+        // The lease server was told the cell's GPU before the cell was written to the kernel.
+        let told = leases[0].bound.lock().unwrap().iter().filter(|(k, _)| k == KERNEL).map(|(_, t)| *t).max();
+        let told = told.expect("the lease server was never told the kernel's GPU");
+        assert!(unix_us(released) <= unix_us(told) && unix_us(told) <= dispatched, "told {told:?}: {meta}");
 
         for h in &hosts {
             h.kernels.shutdown_all().await;

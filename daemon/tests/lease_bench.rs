@@ -1,5 +1,6 @@
-//! `nbos bench shim --json` runs end to end against the fake-cuda TEST DOUBLE and
-//! reports every figure; bad paths are clear errors. (Figures themselves are only
+//! `nbos bench shim --json` runs end to end against the fake-cuda TEST DOUBLE, with the
+//! shim in a child process as kernels get it, and reports every figure; bad paths are
+//! clear errors. (Figures themselves are only
 //! meaningful from a release build: see the closing notes, not asserted here.)
 
 use std::path::PathBuf;
@@ -39,6 +40,9 @@ fn bench_shim_json_reports_every_figure() {
     }
     assert!(v["lease_acquire_p99_us"].as_f64() >= v["lease_acquire_p50_us"].as_f64());
     assert!(v["evict_gib_s"].as_f64().is_some_and(|x| x > 0.0));
+    // The shim ran as in a kernel process: its counters file saw every launch through it
+    // (10 pairs of 200, plus setup's), none of the direct ones.
+    assert!(v["counted_launches"].as_u64().is_some_and(|n| (2000..4000).contains(&n)), "{v}");
 }
 
 #[test]

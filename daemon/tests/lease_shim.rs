@@ -26,6 +26,8 @@ use notebookosd::lease::table::Policy;
 use notebookosd::lease::{KernelProcess, LeaseServer, LeaseServerConfig, LeaseState, ProcessStatus};
 
 const WAIT: Duration = Duration::from_secs(30);
+/// A GPU UUID no driver lists (neither the test double's nor a real GPU's).
+const UNLISTED_UUID: &str = "GPU-0badc0de-0000-4000-8000-00000000dead";
 /// How long a test program may run in all.
 const EXIT_WAIT: Duration = Duration::from_secs(120);
 
@@ -153,16 +155,28 @@ impl Host {
     }
 
     fn start_limited(gpus: u32, gpu_mib: u64, idle_grace: Duration, memory_limit_bytes: u64) -> Self {
-        Self::start_full(gpus, gpu_mib, idle_grace, memory_limit_bytes, false)
+        Self::start_full(gpus, gpu_mib, idle_grace, memory_limit_bytes, false, false)
+    }
+
+    /// A host whose inventory names, as GPU 0, a UUID the driver does not list.
+    fn start_with_unlisted_gpu(gpus: u32, gpu_mib: u64) -> Self {
+        Self::start_full(gpus, gpu_mib, Duration::from_secs(60), 0, false, true)
     }
 
     /// A host whose GPU control counts evicted/restored bytes through NVML: the test
     /// double's NVML subset (or, on a GPU host, the system's NVML).
     fn start_counting_bytes(gpus: u32, gpu_mib: u64, idle_grace: Duration) -> Self {
-        Self::start_full(gpus, gpu_mib, idle_grace, 0, true)
+        Self::start_full(gpus, gpu_mib, idle_grace, 0, true, false)
     }
 
-    fn start_full(gpus: u32, gpu_mib: u64, idle_grace: Duration, memory_limit_bytes: u64, nvml_bytes: bool) -> Self {
+    fn start_full(
+        gpus: u32,
+        gpu_mib: u64,
+        idle_grace: Duration,
+        memory_limit_bytes: u64,
+        nvml_bytes: bool,
+        unlisted_gpu0: bool,
+    ) -> Self {
         let shared_state = nvml_state_dir();
         let dir = tempfile::tempdir().expect("tempdir");
         let shim_dir = dir.path().join("shim");
@@ -196,6 +210,12 @@ impl Host {
                 })
                 .collect()
         };
+        let mut inventory = inventory;
+        if unlisted_gpu0 {
+            if let Some(g) = inventory.first_mut() {
+                g.uuid = UNLISTED_UUID.to_owned();
+            }
+        }
         let gpus = inventory.len() as u32;
         let metrics = LeaseMetrics::default();
         let api = DriverCheckpoint::load(&fake).expect("fake-cuda checkpoint API");
@@ -380,6 +400,28 @@ fn every_device_allocation_entry_point_is_held_to_the_hosts_limit() {
         pitched.starts_with("PITCHED 2 pitch=") && pitched.ends_with(&format!(" free={LIMIT}")),
         "rows padded past the limit are refused and nothing stays counted: {pitched}"
     );
+}
+
+#[test]
+fn a_granted_gpu_the_driver_does_not_list_fails_the_call_and_the_host_counts_it() {
+    // GPU 0 of the host's inventory is a UUID the driver does not have, and the kernel is
+    // assigned it: the context it asks for must fail, not land on the driver's GPU 0.
+    let host = Host::start_with_unlisted_gpu(2, 64);
+    host.server.assign("k-unlisted", vec![0]);
+    let p = host.spawn(&["basic"], "k-unlisted", 1);
+    let (code, lines) = p.wait();
+    assert_ne!(code, 0, "{lines:?}");
+    assert!(lines.contains(&"COUNT 1".to_owned()), "{lines:?}");
+    let failed = lines.iter().find(|l| l.starts_with("FAILED")).expect("a failed call");
+    assert!(failed.contains("pRetain(&ctx, dev) = 101"), "CUDA_ERROR_INVALID_DEVICE: {failed}");
+    assert!(!lines.iter().any(|l| l.starts_with("SUM")), "computed on a GPU it was not granted: {lines:?}");
+    // The shim told the host; its report is handled after the process may have exited.
+    let deadline = Instant::now() + WAIT;
+    while host.metrics.gpus_not_visible.get() == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(host.metrics.gpus_not_visible.get(), 1);
+    assert_eq!(counter_value(&host.metrics, "notebookos_lease_gpus_not_visible_total"), 1);
 }
 
 #[test]
@@ -700,7 +742,10 @@ fn leased_launches_make_no_syscalls() {
         return;
     }
     let Some(few) = syscalls_for_launches(&host, 100, "k-few") else {
-        required::cannot_run("leased_launches_make_no_syscalls", "/usr/bin/strace is not installed (Debian package strace)");
+        required::cannot_run(
+            "leased_launches_make_no_syscalls",
+            "/usr/bin/strace is not installed (Debian package strace)",
+        );
         return;
     };
     let many = syscalls_for_launches(&host, 20_100, "k-many").expect("strace");

@@ -1,15 +1,17 @@
-//! `cargo bench -p nbos-ebpf --bench observe`: the observer's price on a 100,000-launch loop
-//! through tests/fake-cuda built with the bench (release) profile, printed as the same JSON
-//! object as `nbos bench observe --json`. Under `cargo test --benches` it runs one small round
-//! as a smoke test. The loops call through the CUDA shim (`libnbos_cuda_shim.so`, built as a
-//! dev-dependency; `NBOS_BENCH_NO_SHIM=1` calls the driver directly). `NBOS_BENCH_LIBRARY` picks
-//! another driver library, `NBOS_BENCH_SYNC_EVERY` the launches per synchronisation (default
-//! 100), `NBOS_BENCH_LAUNCHES` the loop length.
+//! `cargo bench -p nbos-ebpf --bench observe`: what the observer adds per launch on the production
+//! path, printed as the same JSON object as `nbos bench observe --json`. A child process
+//! (`nbos-observe-loop`) runs 100,000-launch loops under the real CUDA shim
+//! (`libnbos_cuda_shim.so`, a dev-dependency, `LD_PRELOAD`ed, unmanaged: the lease server is the
+//! daemon's, see `nbos bench observe`) over tests/fake-cuda built with the bench (release)
+//! profile; rounds alternate observed and unobserved loops. Under `cargo test --benches` it runs
+//! one small round as a smoke test. `NBOS_BENCH_LIBRARY` picks another driver library,
+//! `NBOS_BENCH_SYNC_EVERY` the launches per synchronisation (default 100), `NBOS_BENCH_LAUNCHES`
+//! the loop length, `NBOS_BENCH_ROUNDS` the rounds (default 21).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use nbos_ebpf::bench::{run, BenchOptions};
+use nbos_ebpf::bench::{run, BenchOptions, ChildCommand, ShimEnv};
 
 fn beside_bench(name: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
@@ -30,25 +32,42 @@ fn main() -> ExitCode {
         eprintln!("observe bench: libfake_cuda.so not found next to the bench binary; set NBOS_BENCH_LIBRARY");
         return ExitCode::FAILURE;
     };
-    let shim = if std::env::var("NBOS_BENCH_NO_SHIM").as_deref() == Ok("1") {
-        None
-    } else {
-        let Some(shim) = beside_bench("libnbos_cuda_shim.so") else {
-            eprintln!(
-                "observe bench: libnbos_cuda_shim.so not found next to the bench binary; NBOS_BENCH_NO_SHIM=1 skips it"
-            );
+    let Some(shim) = beside_bench("libnbos_cuda_shim.so") else {
+        eprintln!("observe bench: libnbos_cuda_shim.so not found next to the bench binary");
+        return ExitCode::FAILURE;
+    };
+    let scratch = match tempfile::tempdir() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("observe bench: scratch directory: {e}");
             return ExitCode::FAILURE;
-        };
-        Some(shim)
+        }
     };
-    let env = |k: &str, d: u64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
-    let opts = if full {
-        let (launches, sync_every) = (env("NBOS_BENCH_LAUNCHES", 100_000), env("NBOS_BENCH_SYNC_EVERY", 100));
-        BenchOptions { library, shim, launches, sync_every, rounds: 11 }
+    let shim_env = match ShimEnv::unmanaged(&shim, &library, scratch.path()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("observe bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut env = shim_env.env;
+    env.push(("FAKE_CUDA_STATE_DIR".into(), scratch.path().join("fake-cuda").into_os_string()));
+    let var = |k: &str, d: u64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
+    let (launches, sync_every, rounds) = if full {
+        (var("NBOS_BENCH_LAUNCHES", 100_000), var("NBOS_BENCH_SYNC_EVERY", 100), var("NBOS_BENCH_ROUNDS", 21))
     } else {
-        BenchOptions { library, shim, launches: 1_000, sync_every: 100, rounds: 1 }
+        (1_000, 100, 1)
     };
-    match run(&opts) {
+    let opts = BenchOptions {
+        library,
+        child: ChildCommand { program: env!("CARGO_BIN_EXE_nbos-observe-loop").into(), args: Vec::new() },
+        env,
+        counters_dir: shim_env.counters_dir,
+        launches,
+        sync_every,
+        rounds: usize::try_from(rounds).unwrap_or(21),
+    };
+    match run(&opts, &mut |_| Ok(())) {
         Ok(report) => {
             match serde_json::to_string(&report) {
                 Ok(json) => println!("{json}"),

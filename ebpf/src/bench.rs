@@ -1,75 +1,96 @@
-//! The price of observation: a launch-heavy loop through our CUDA shim (optional) and a driver
-//! library, with the observer detached, with uprobes on every entry point, and in the production
-//! design (uprobes on the rarer calls only, launches counted by the shim's counters file),
-//! measured in one run. The uprobes sit on the driver library, so calls made through the shim
-//! hit them exactly as a kernel process's calls do.
+//! The price of observation on the production path, measured in one run.
 //!
-//! The shim does not write the counters file yet: the bench writes it beside each launch the
-//! way the shim is to (`ShimCountersWriter`), so that cost is in the figures.
+//! A child process runs a launch loop under the real CUDA shim (`LD_PRELOAD`, forwarding to the
+//! driver library, writing its counters file in `NBOS_SHIM_COUNTERS_DIR`), with the environment
+//! the caller gives it: the daemon's `nbos bench observe` passes exactly what kernel processes
+//! get (`ShimEnvironment`, and a lease server with the daemon's activity interval);
+//! [`ShimEnv::unmanaged`] builds the same without a lease server, for this crate's bench and tests.
+//! The child is any executable that calls [`child_main`] (`nbos bench observe --child`, this
+//! crate's `nbos-observe-loop`).
+//!
+//! Each round times the same loop twice in that child, once with the observer attached as the
+//! daemon runs it (eBPF: launches read from the shim's counters file, uprobes on the driver
+//! library's copy, memset and synchronise entry points, the exit tracepoint) and once without
+//! any observer, the order alternating between rounds. The figure is the median over rounds of
+//! the paired differences (observed − unobserved, ns per launch): on a shared machine the speed
+//! drifts between rounds, much less within one.
 
-use std::ffi::{c_void, CStr, CString};
+use std::ffi::{c_void, CStr, CString, OsString};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Instant;
 
 use serde::Serialize;
 
 use crate::config::{ModeRequest, ObserverConfig};
-use crate::shim_counters::ShimCountersWriter;
 use crate::{Mode, Observer, ObserverError};
+
+/// The program that runs the child's loop ([`child_main`]).
+#[derive(Clone, Debug)]
+pub struct ChildCommand {
+    /// The executable.
+    pub program: PathBuf,
+    /// Its arguments (e.g. `bench observe --child`).
+    pub args: Vec<OsString>,
+}
 
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct BenchOptions {
-    /// The driver library to call and probe (tests/fake-cuda's `libfake_cuda.so`, or a real
-    /// `libcuda.so.1`).
+    /// The driver library the shim forwards to and the observer probes (tests/fake-cuda's
+    /// `libfake_cuda.so`, or a real `libcuda.so.1`).
     pub library: PathBuf,
-    /// Call through this CUDA shim (`libnbos_cuda_shim.so`, run unmanaged with
-    /// `NBOS_CUDA_DRIVER = library`) instead of calling the driver directly.
-    pub shim: Option<PathBuf>,
+    /// The child that runs the loop.
+    pub child: ChildCommand,
+    /// The child's environment on top of this process's: the shim's (`LD_PRELOAD`,
+    /// `NBOS_CUDA_DRIVER`, `NBOS_SHIM_COUNTERS_DIR`, and `NBOS_LEASE_SOCKET` when a lease server
+    /// runs). `NBOS_LEASE_SOCKET` is removed unless set here.
+    pub env: Vec<(OsString, OsString)>,
+    /// Where the shim writes its counters files (the observer reads them).
+    pub counters_dir: PathBuf,
     /// Launches per timed loop.
     pub launches: u64,
-    /// One `cuCtxSynchronize` every this many launches, as a training loop does.
+    /// One `cuCtxSynchronize` every this many launches, as a training loop does (0: none).
     pub sync_every: u64,
-    /// Rounds of the four loops (see [`run`]); medians over rounds are reported.
+    /// Rounds (pairs of loops); medians over rounds are reported.
     pub rounds: usize,
 }
 
 /// The result, printed as one JSON object by `nbos bench observe --json`.
 #[derive(Clone, Debug, Serialize)]
 pub struct BenchReport {
-    /// `ebpf`, or `procfs` when BPF could not be loaded (then no uprobe figures).
+    /// `ebpf`, or `procfs` when BPF could not be loaded.
     pub mode: Mode,
     /// The driver library probed.
     pub library: PathBuf,
-    /// The shim the loops called through; `null`: straight into the driver.
+    /// The shim the child ran under (its `LD_PRELOAD`).
     pub shim: Option<PathBuf>,
+    /// Whether the child's shim was registered with a lease server (`NBOS_LEASE_SOCKET` set),
+    /// as kernel processes are; `false`: unmanaged pass-through.
+    pub managed: bool,
+    /// Uprobes the observer attached.
+    pub probes: usize,
     /// Launches per timed loop.
     pub launches: u64,
     /// Synchronisations per loop.
     pub syncs: u64,
     /// Rounds measured.
     pub rounds: usize,
-    /// Median ns per launch with no observer and no counting.
-    pub bare_ns_per_launch: f64,
-    /// What the shim's counters-file update adds per launch (paid with or without observer).
-    pub shim_counter_ns_per_launch: f64,
-    /// Median ns per launch with the shim's counting and no observer: the baseline.
-    pub detached_ns_per_launch: f64,
-    /// Median ns per launch with the observer attached in the production design.
-    pub designed_ns_per_launch: f64,
-    /// Added wall time of the attached observer (production design) over the detached
-    /// baseline, percent: the price of observation on a launch-heavy loop.
-    pub launch_loop_overhead_pct: f64,
-    /// Median ns per launch with uprobes on every entry point, launches included.
-    pub all_probes_ns_per_launch: Option<f64>,
-    /// Added cost of one uprobe hit (all-probes minus bare, per probed call).
+    /// Median ns per launch (through the shim, counting) with no observer.
+    pub unobserved_ns_per_launch: f64,
+    /// Median ns per launch with the observer attached.
+    pub observed_ns_per_launch: f64,
+    /// What observation adds per launch: median over rounds of (observed − unobserved).
+    pub added_ns_per_launch: f64,
+    /// The same, percent of the unobserved median.
+    pub added_pct: f64,
+    /// Added ns per probed call (`added_ns_per_launch` / syncs per launch): the uprobe hit,
+    /// `null` without probed calls in the loop or without eBPF.
     pub uprobe_cost_ns: Option<f64>,
-    /// Added wall time with uprobes on every launch, percent of the baseline.
-    pub all_probes_overhead_pct: Option<f64>,
-    /// Launches the observer counted in the last all-probes loop (must equal `launches`).
-    pub all_probes_counted_launches: Option<u64>,
-    /// Launches the observer reported in the last designed loop (from the counters file).
-    pub designed_counted_launches: u64,
+    /// Launches the observer reported for the child over the last observed loop (from the
+    /// shim's counters file; must equal `launches`).
+    pub counted_launches: u64,
 }
 
 /// Errors of the benchmark.
@@ -90,6 +111,14 @@ pub enum BenchError {
         call: &'static str,
         /// Its CUresult.
         code: i32,
+    },
+    /// The child process failed or broke the protocol.
+    #[error("benchmark child {program}: {reason}")]
+    Child {
+        /// The child's executable.
+        program: PathBuf,
+        /// What happened.
+        reason: String,
     },
     /// The observer failed.
     #[error(transparent)]
@@ -114,11 +143,9 @@ type LaunchFn = unsafe extern "C" fn(
 ) -> i32;
 type SyncFn = unsafe extern "C" fn() -> i32;
 
-/// The library, opened with the handful of calls the loop needs.
+/// The library, opened with the handful of calls the loop needs. Never closed: the shim's fork
+/// handlers and driver handle stay live for the life of the process.
 struct Driver {
-    handle: *mut c_void,
-    /// `dlclose` on drop: not for the shim, whose fork handlers and driver handle stay live.
-    close: bool,
     launch: LaunchFn,
     sync: SyncFn,
     function: *mut c_void,
@@ -134,7 +161,7 @@ struct LaunchParams {
 }
 
 impl Driver {
-    fn open(path: &Path, close: bool) -> Result<Self, BenchError> {
+    fn open(path: &Path) -> Result<Self, BenchError> {
         let lib_err = |reason: String| BenchError::Library { path: path.to_owned(), reason };
         let c_path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| lib_err(e.to_string()))?;
         // SAFETY: c_path is a valid NUL-terminated string; dlopen runs the library's
@@ -231,17 +258,11 @@ impl Driver {
         }
         let p = &mut *params;
         p.ptrs = [(&raw mut p.dst).cast(), (&raw mut p.value).cast(), (&raw mut p.n).cast()];
-        Ok(Self { handle, close, launch, sync, function, params })
+        Ok(Self { launch, sync, function, params })
     }
 
-    /// `launches` launches with a sync every `sync_every`, optionally counting each in the
-    /// shim's counters as the shim would; returns the elapsed nanoseconds.
-    fn run_loop(
-        &mut self,
-        launches: u64,
-        sync_every: u64,
-        shim: Option<&ShimCountersWriter>,
-    ) -> Result<u64, BenchError> {
+    /// `launches` launches with a sync every `sync_every`; returns the elapsed nanoseconds.
+    fn run_loop(&mut self, launches: u64, sync_every: u64) -> Result<u64, BenchError> {
         let start = Instant::now();
         for i in 1..=launches {
             // SAFETY: function and params were set up for fill_f32 in `open`; the boxed params
@@ -264,31 +285,15 @@ impl Driver {
             if rc != 0 {
                 return Err(BenchError::Driver { call: "cuLaunchKernel", code: rc });
             }
-            if let Some(s) = shim {
-                s.record_launch();
-            }
             if sync_every > 0 && i % sync_every == 0 {
                 // SAFETY: no arguments; the context was created in `open`.
                 let rc = unsafe { (self.sync)() };
                 if rc != 0 {
                     return Err(BenchError::Driver { call: "cuCtxSynchronize", code: rc });
                 }
-                if let Some(s) = shim {
-                    s.record_sync();
-                }
             }
         }
         Ok(u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX))
-    }
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        if self.close {
-            // SAFETY: handle came from a successful dlopen and is closed once; no function
-            // pointer from it is used after drop.
-            unsafe { libc::dlclose(self.handle) };
-        }
     }
 }
 
@@ -297,127 +302,240 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-/// Runs the benchmark. Each round runs four loops of `launches` launches:
-/// 1. bare: no observer, no counting;
-/// 2. detached: the shim's counting (which the shim does whether or not an observer runs), no observer;
-/// 3. designed: as 2, with the observer attached in the production design (uprobes on the
-///    rarer calls, launches read from the counters file);
-/// 4. all probes: as 1, with uprobes on every entry point, launches included.
-///
-/// Figures are medians over rounds of differences paired within a round (3 - 2, 2 - 1, 4 - 1),
-/// because on a shared machine the speed drifts between rounds.
-pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
-    let BenchOptions { library, shim: shim_lib, launches, sync_every, rounds } = opts.clone();
-    let rounds = rounds.max(1);
-    let launches = launches.max(1);
-    let mut driver = match &shim_lib {
-        None => Driver::open(&library, true)?,
-        Some(shim_path) => {
-            let shim_err = |reason: String| BenchError::Library { path: shim_path.clone(), reason };
-            if std::env::var_os("NBOS_LEASE_SOCKET").is_some() {
-                return Err(shim_err("NBOS_LEASE_SOCKET is set: the bench runs the shim unmanaged, unset it".into()));
-            }
-            if !library.is_absolute() {
-                return Err(BenchError::Library {
-                    path: library.clone(),
-                    reason: "the shim loads the driver by absolute path only".into(),
-                });
-            }
-            // Checked before dlopen so a missing driver is reported by name, not as a CUDA error.
-            std::fs::metadata(&library)
-                .map_err(|e| BenchError::Library { path: library.clone(), reason: e.to_string() })?;
-            // The shim reads NBOS_CUDA_DRIVER when it first loads the driver, on our first call.
-            std::env::set_var("NBOS_CUDA_DRIVER", &library);
-            Driver::open(shim_path, false)?
+/// The loop side, run in the child under the shim. Reads commands on stdin, answers one line
+/// each on stdout: `setup` (open `libcuda.so.1`, i.e. the preloaded shim, set up a context and a
+/// kernel, warm up) → `ok`; `loop N S` (N launches, a sync every S) → elapsed ns; `exit`.
+/// Prints `ready` first, before any driver call, so the parent can register the pid with a
+/// lease server before the shim's first call does. Returns the process exit status.
+pub fn child_main() -> i32 {
+    match child_loop(std::io::stdin().lock(), std::io::stdout().lock()) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("observe bench child: {e}");
+            1
         }
-    };
-    let counters = tempfile_dir()?;
-    let shim = ShimCountersWriter::create(counters.path(), std::process::id())?;
-    // Warm up caches, page tables and the fake's state.
-    driver.run_loop(launches.min(10_000), sync_every, None)?;
+    }
+}
+
+fn child_loop(input: impl BufRead, mut out: impl Write) -> Result<(), BenchError> {
+    writeln!(out, "ready")?;
+    out.flush()?;
+    let mut driver = None;
+    for line in input.lines() {
+        let line = line?;
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let answer = match words.as_slice() {
+            ["setup"] => {
+                // What cudart does: dlopen by soname, which finds the preloaded shim.
+                let mut d = Driver::open(Path::new("libcuda.so.1"))?;
+                d.run_loop(10_000, 100)?;
+                driver = Some(d);
+                "ok".to_owned()
+            }
+            ["loop", n, s] => {
+                let (Ok(n), Ok(s)) = (n.parse(), s.parse()) else {
+                    return Err(std::io::Error::other(format!("bad command {line:?}")).into());
+                };
+                let d = driver.as_mut().ok_or_else(|| std::io::Error::other("loop before setup"))?;
+                d.run_loop(n, s)?.to_string()
+            }
+            ["exit"] => return Ok(()),
+            _ => return Err(std::io::Error::other(format!("unknown command {line:?}")).into()),
+        };
+        writeln!(out, "{answer}")?;
+        out.flush()?;
+    }
+    Ok(())
+}
+
+/// The parent's handle on the child; killed on drop if it did not exit.
+struct LoopChild {
+    child: Child,
+    program: PathBuf,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl LoopChild {
+    fn spawn(opts: &BenchOptions) -> Result<Self, BenchError> {
+        let program = opts.child.program.clone();
+        let err = |reason: String| BenchError::Child { program: program.clone(), reason };
+        let mut cmd = Command::new(&program);
+        cmd.args(&opts.child.args)
+            .env_remove("NBOS_LEASE_SOCKET")
+            .envs(opts.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd.spawn().map_err(|e| err(format!("cannot start: {e}")))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(err("no pipes".into()));
+        };
+        let mut c = Self { child, program: program.clone(), stdin, stdout: BufReader::new(stdout) };
+        let first = c.line()?;
+        if first != "ready" {
+            return Err(err(format!("said {first:?} instead of \"ready\"")));
+        }
+        Ok(c)
+    }
+
+    fn line(&mut self) -> Result<String, BenchError> {
+        let mut line = String::new();
+        let n = self.stdout.read_line(&mut line)?;
+        if n == 0 {
+            let status = self.child.try_wait().ok().flatten();
+            return Err(BenchError::Child {
+                program: self.program.clone(),
+                reason: format!("exited ({status:?}) without answering; its stderr is above"),
+            });
+        }
+        Ok(line.trim_end().to_owned())
+    }
+
+    fn ask(&mut self, cmd: &str) -> Result<String, BenchError> {
+        writeln!(self.stdin, "{cmd}")?;
+        self.stdin.flush()?;
+        self.line()
+    }
+
+    fn timed_loop(&mut self, launches: u64, sync_every: u64) -> Result<u64, BenchError> {
+        let answer = self.ask(&format!("loop {launches} {sync_every}"))?;
+        answer.parse().map_err(|_| BenchError::Child {
+            program: self.program.clone(),
+            reason: format!("answered {answer:?} to a loop"),
+        })
+    }
+}
+
+impl Drop for LoopChild {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "exit");
+        let _ = self.stdin.flush();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the benchmark. `on_spawn(pid)` runs once the child is up and before its first driver
+/// call (the daemon's bench registers the pid with its lease server there).
+pub fn run(
+    opts: &BenchOptions,
+    on_spawn: &mut dyn FnMut(u32) -> Result<(), BenchError>,
+) -> Result<BenchReport, BenchError> {
+    let rounds = opts.rounds.max(1);
+    let launches = opts.launches.max(1);
+    let sync_every = opts.sync_every;
+    // Checked first so a missing driver is reported by name, not as a CUDA error in the child.
+    std::fs::metadata(&opts.library)
+        .map_err(|e| BenchError::Library { path: opts.library.clone(), reason: e.to_string() })?;
+    let mut child = LoopChild::spawn(opts)?;
+    let pid = child.child.id();
+    on_spawn(pid)?;
+    let setup = child.ask("setup")?;
+    if setup != "ok" {
+        return Err(BenchError::Child { program: opts.child.program.clone(), reason: format!("setup: {setup}") });
+    }
 
     let per_launch = |ns: u64| ns as f64 / launches as f64;
-    let mut mode = Mode::Ebpf;
-    let (mut bare, mut detached, mut designed, mut all) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut counter_cost, mut designed_added, mut all_added) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut all_counted, mut designed_counted) = (None, 0);
-    for _ in 0..rounds {
-        let b = per_launch(driver.run_loop(launches, sync_every, None)?);
-        let d = per_launch(driver.run_loop(launches, sync_every, Some(&shim))?);
-
-        let designed_cfg = ObserverConfig {
-            mode: if mode == Mode::Ebpf { ModeRequest::Auto } else { ModeRequest::Procfs },
-            libraries: vec![library.clone()],
-            launch_probes: false,
-            counters_dir: Some(counters.path().to_owned()),
-            ..ObserverConfig::default()
-        };
-        let observer = Observer::start(designed_cfg)?;
-        mode = observer.mode();
-        let before = observer.snapshot(std::process::id()).map_or(0, |a| a.launches);
-        let w = per_launch(driver.run_loop(launches, sync_every, Some(&shim))?);
-        designed_counted = observer.snapshot(std::process::id()).map_or(0, |a| a.launches).saturating_sub(before);
-        drop(observer);
-
-        if mode == Mode::Ebpf {
-            let all_cfg = ObserverConfig {
-                mode: ModeRequest::Ebpf,
-                libraries: vec![library.clone()],
-                counters_dir: None,
-                ..ObserverConfig::default()
-            };
-            let observer = Observer::start(all_cfg)?;
-            let a = per_launch(driver.run_loop(launches, sync_every, None)?);
-            all_counted = observer.snapshot(std::process::id()).map(|x| x.launches);
-            all.push(a);
-            all_added.push(a - b);
+    let mut mode_request = ModeRequest::Auto;
+    let (mut mode, mut probes, mut counted) = (Mode::Procfs, 0, 0);
+    let (mut observed, mut unobserved, mut added) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let mut pair = [0.0f64; 2]; // [unobserved, observed]
+        // Alternate which side runs first, so a drift within a round cancels over rounds.
+        let order = if round % 2 == 0 { [true, false] } else { [false, true] };
+        for observe in order {
+            if observe {
+                // As the daemon's node starts it (daemon/src/node.rs `start_observer`).
+                let cfg = ObserverConfig {
+                    mode: mode_request,
+                    libraries: vec![opts.library.clone()],
+                    launch_probes: false,
+                    counters_dir: Some(opts.counters_dir.clone()),
+                    ..ObserverConfig::default()
+                };
+                let observer = Observer::start(cfg)?;
+                mode = observer.mode();
+                probes = observer.probe_count();
+                // Once BPF failed to load, later rounds do not try again (and log again).
+                if mode == Mode::Procfs {
+                    mode_request = ModeRequest::Procfs;
+                }
+                let before = observer.snapshot(pid).map_or(0, |a| a.launches);
+                pair[1] = per_launch(child.timed_loop(launches, sync_every)?);
+                counted = observer.snapshot(pid).map_or(0, |a| a.launches).saturating_sub(before);
+            } else {
+                pair[0] = per_launch(child.timed_loop(launches, sync_every)?);
+            }
         }
-        bare.push(b);
-        detached.push(d);
-        designed.push(w);
-        counter_cost.push(d - b);
-        designed_added.push(w - d);
+        unobserved.push(pair[0]);
+        observed.push(pair[1]);
+        added.push(pair[1] - pair[0]);
     }
-    let detached_ns = median(detached);
-    let all_added = (!all_added.is_empty()).then(|| median(all_added));
-    let calls_per_launch = 1.0 + if sync_every > 0 { 1.0 / sync_every as f64 } else { 0.0 };
+    drop(child);
+    let unobserved_ns = median(unobserved);
+    let added_ns = median(added);
+    let probed_per_launch = if sync_every > 0 { 1.0 / sync_every as f64 } else { 0.0 };
+    let env = |key: &str| opts.env.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
     Ok(BenchReport {
         mode,
-        library,
-        shim: shim_lib,
+        library: opts.library.clone(),
+        shim: env("LD_PRELOAD").map(PathBuf::from),
+        managed: env("NBOS_LEASE_SOCKET").is_some(),
+        probes,
         launches,
         syncs: launches.checked_div(sync_every).unwrap_or(0),
         rounds,
-        bare_ns_per_launch: median(bare),
-        shim_counter_ns_per_launch: median(counter_cost),
-        detached_ns_per_launch: detached_ns,
-        designed_ns_per_launch: median(designed),
-        launch_loop_overhead_pct: median(designed_added) / detached_ns * 100.0,
-        all_probes_ns_per_launch: (!all.is_empty()).then(|| median(all)),
-        uprobe_cost_ns: all_added.map(|d| d / calls_per_launch),
-        all_probes_overhead_pct: all_added.map(|d| d / detached_ns * 100.0),
-        all_probes_counted_launches: all_counted,
-        designed_counted_launches: designed_counted,
+        unobserved_ns_per_launch: unobserved_ns,
+        observed_ns_per_launch: median(observed),
+        added_ns_per_launch: added_ns,
+        added_pct: added_ns / unobserved_ns * 100.0,
+        uprobe_cost_ns: (mode == Mode::Ebpf && probed_per_launch > 0.0).then(|| added_ns / probed_per_launch),
+        counted_launches: counted,
     })
 }
 
-/// A scratch directory for the counters file, removed on drop.
-struct ScratchDir(PathBuf);
-
-impl ScratchDir {
-    fn path(&self) -> &Path {
-        &self.0
-    }
+/// The shim environment of a kernel process without a lease server (the shim then passes
+/// every call through, still counting): the shim copied to `<dir>/cuda/libcuda.so.1`, first on
+/// `LD_LIBRARY_PATH` and in `LD_PRELOAD`, `NBOS_CUDA_DRIVER`, and `NBOS_SHIM_COUNTERS_DIR =
+/// <dir>/counters`, as the daemon's `ShimEnvironment` lays them out.
+#[derive(Clone, Debug)]
+pub struct ShimEnv {
+    /// The environment.
+    pub env: Vec<(OsString, OsString)>,
+    /// The counters directory (created).
+    pub counters_dir: PathBuf,
 }
 
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+impl ShimEnv {
+    /// Prepares it under `dir`; `driver` must be an absolute path (the shim loads it by path).
+    pub fn unmanaged(shim: &Path, driver: &Path, dir: &Path) -> Result<Self, BenchError> {
+        if !driver.is_absolute() {
+            return Err(BenchError::Library {
+                path: driver.to_owned(),
+                reason: "the shim loads the driver by absolute path only".into(),
+            });
+        }
+        let lib_dir = dir.join("cuda");
+        std::fs::create_dir_all(&lib_dir)?;
+        let lib = lib_dir.join("libcuda.so.1");
+        std::fs::copy(shim, &lib)
+            .map_err(|e| BenchError::Library { path: shim.to_owned(), reason: format!("copying the shim: {e}") })?;
+        let counters_dir = dir.join("counters");
+        std::fs::create_dir_all(&counters_dir)?;
+        let mut ld_path = lib_dir.clone().into_os_string();
+        if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|v| !v.is_empty()) {
+            ld_path.push(":");
+            ld_path.push(old);
+        }
+        let env = vec![
+            ("LD_LIBRARY_PATH".into(), ld_path),
+            ("LD_PRELOAD".into(), lib.into_os_string()),
+            ("NBOS_CUDA_DRIVER".into(), driver.as_os_str().to_owned()),
+            ("NBOS_SHIM_COUNTERS_DIR".into(), counters_dir.clone().into_os_string()),
+        ];
+        Ok(Self { env, counters_dir })
     }
-}
-
-fn tempfile_dir() -> Result<ScratchDir, BenchError> {
-    let dir = std::env::temp_dir().join(format!("nbos-bench-observe-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    Ok(ScratchDir(dir))
 }

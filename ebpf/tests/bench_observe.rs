@@ -1,33 +1,48 @@
-//! `nbos_ebpf::bench` end to end through the CUDA shim and tests/fake-cuda with a small loop:
-//! every observed loop is counted exactly, so the timed loops really ran through the probed
-//! driver with the probes and counters in place.
-//! (Timings are reported by `nbos bench observe`, never asserted.)
+//! `nbos_ebpf::bench` end to end with a small loop: a child (`nbos-observe-loop`) under the real
+//! CUDA shim over tests/fake-cuda, the observer attached as the daemon runs it on every other
+//! loop. Every observed loop is counted exactly, so the timed loops really ran through the shim
+//! (its counters file) with the observer in place. (Timings are reported by `nbos bench
+//! observe`, never asserted.)
 
 mod common;
 
-use nbos_ebpf::bench::{run, BenchOptions};
+use nbos_ebpf::bench::{run, BenchOptions, ChildCommand, ShimEnv};
 use nbos_ebpf::Mode;
 
-#[test]
-fn bench_counts_every_observed_launch_and_reports_the_mode() {
-    std::env::set_var("FAKE_CUDA_STATE_DIR", common::fake_cuda_state_dir());
-    let opts = BenchOptions {
-        library: common::driver_library(),
-        shim: Some(shim_library()),
+fn options(dir: &std::path::Path, library: std::path::PathBuf) -> BenchOptions {
+    let shim = ShimEnv::unmanaged(&common::shim_library(), &library, dir).unwrap();
+    let mut env = shim.env;
+    env.push(("FAKE_CUDA_STATE_DIR".into(), common::fake_cuda_state_dir().into_os_string()));
+    BenchOptions {
+        library,
+        child: ChildCommand { program: env!("CARGO_BIN_EXE_nbos-observe-loop").into(), args: Vec::new() },
+        env,
+        counters_dir: shim.counters_dir,
         launches: 2_000,
         sync_every: 100,
-        rounds: 1,
-    };
-    let report = run(&opts).unwrap();
-    assert_eq!(report.shim.as_deref(), Some(shim_library().as_path()));
-    assert_eq!(report.syncs, 20);
-    assert_eq!(report.designed_counted_launches, 2_000);
-    assert!(report.detached_ns_per_launch > 0.0 && report.designed_ns_per_launch > 0.0);
+        rounds: 2,
+    }
+}
+
+#[test]
+fn bench_counts_every_observed_launch_and_reports_the_added_cost() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let opts = options(dir.path(), common::driver_library());
+    let mut spawned = None;
+    let report = run(&opts, &mut |pid| {
+        spawned = Some(pid);
+        Ok(())
+    })
+    .unwrap();
+    assert!(spawned.is_some(), "on_spawn ran");
+    assert_eq!(report.shim.as_deref(), Some(dir.path().join("cuda/libcuda.so.1").as_path()));
+    assert!(!report.managed);
+    assert_eq!((report.syncs, report.rounds), (20, 2));
+    assert_eq!(report.counted_launches, 2_000, "launches come from the shim's counters file in both modes");
+    assert!(report.unobserved_ns_per_launch > 0.0 && report.observed_ns_per_launch > 0.0);
+    assert!(report.added_ns_per_launch.is_finite());
     match report.mode {
-        Mode::Ebpf => {
-            assert_eq!(report.all_probes_counted_launches, Some(2_000));
-            assert!(report.uprobe_cost_ns.is_some() && report.all_probes_overhead_pct.is_some());
-        }
+        Mode::Ebpf => assert!(report.probes > 0 && report.uprobe_cost_ns.is_some()),
         Mode::Procfs => {
             assert!(!common::privileged_required(), "NBOS_REQUIRE_PRIVILEGED=1 but the bench ran without eBPF");
             eprintln!("bench ran in procfs mode: no uprobe figures (not privileged)");
@@ -35,29 +50,24 @@ fn bench_counts_every_observed_launch_and_reports_the_mode() {
         }
     }
     let json = serde_json::to_value(&report).unwrap();
-    for key in ["uprobe_cost_ns", "launch_loop_overhead_pct", "mode"] {
+    for key in ["added_ns_per_launch", "unobserved_ns_per_launch", "observed_ns_per_launch", "mode", "managed"] {
         assert!(json.get(key).is_some(), "{key} missing from {json}");
     }
 }
 
 #[test]
 fn bench_on_a_missing_library_names_it() {
-    for shim in [None, Some(shim_library())] {
-        let opts =
-            BenchOptions { library: "/nonexistent/libcuda.so.1".into(), shim, launches: 10, sync_every: 0, rounds: 1 };
-        let err = run(&opts).expect_err("must fail").to_string();
-        assert!(err.contains("/nonexistent/libcuda.so.1"), "{err}");
-    }
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let opts = options(dir.path(), "/nonexistent/libcuda.so.1".into());
+    let err = run(&opts, &mut |_| Ok(())).expect_err("must fail").to_string();
+    assert!(err.contains("/nonexistent/libcuda.so.1"), "{err}");
 }
 
-/// `libnbos_cuda_shim.so` (cuda-shim is a dev-dependency), next to the test binary.
-fn shim_library() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    [deps.join("libnbos_cuda_shim.so"), deps.parent().unwrap().join("libnbos_cuda_shim.so")]
-        .into_iter()
-        .find(|p| p.exists())
-        .unwrap_or_else(|| {
-            panic!("libnbos_cuda_shim.so not found near {} (cargo build -p nbos-cuda-shim)", deps.display())
-        })
+#[test]
+fn a_missing_child_program_is_named() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let mut opts = options(dir.path(), common::driver_library());
+    opts.child.program = "/nonexistent/loop".into();
+    let err = run(&opts, &mut |_| Ok(())).expect_err("must fail").to_string();
+    assert!(err.contains("/nonexistent/loop"), "{err}");
 }

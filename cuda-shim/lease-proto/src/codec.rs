@@ -60,7 +60,7 @@ pub fn encode(m: &Message, out: &mut Vec<u8>) {
             out.extend_from_slice(&memory_limit_bytes.to_le_bytes());
         }
         Message::Request { gpus } => out.extend_from_slice(&gpus.to_le_bytes()),
-        Message::Grant { lease, gpus } => {
+        Message::Grant { lease, gpus } | Message::GpusNotVisible { lease, gpus } => {
             out.extend_from_slice(&lease.to_le_bytes());
             let n = gpus.len().min(MAX_GPUS);
             out.extend_from_slice(&(n as u16).to_le_bytes());
@@ -119,21 +119,16 @@ pub fn decode_body(body: &[u8]) -> Result<Message, DecodeError> {
         3 => Message::Request { gpus: r.u32("gpus")? },
         4 => {
             let lease = r.u64("lease")?;
-            let n = r.u16("gpus")? as usize;
-            if n > MAX_GPUS {
-                return Err(DecodeError::Cap { field: "gpus", len: n, cap: MAX_GPUS });
-            }
-            let mut gpus = Vec::with_capacity(n);
-            for _ in 0..n {
-                let g: GpuUuid = r.take(16, "gpu uuid")?.try_into().map_err(|_| DecodeError::Truncated("gpu uuid"))?;
-                gpus.push(g);
-            }
-            Message::Grant { lease, gpus }
+            Message::Grant { lease, gpus: r.gpus()? }
         }
         5 => Message::Revoke { lease: r.u64("lease")? },
         6 => Message::Released { lease: r.u64("lease")? },
         7 => Message::Activity { calls: r.u64("calls")?, waits: r.u64("waits")? },
         8 => Message::Refused { reason: r.text("reason")? },
+        9 => {
+            let lease = r.u64("lease")?;
+            Message::GpusNotVisible { lease, gpus: r.gpus()? }
+        }
         t => return Err(DecodeError::Tag(t)),
     };
     if !r.b.is_empty() {
@@ -171,6 +166,20 @@ impl<'a> Reader<'a> {
         let mut a = [0; 8];
         a.copy_from_slice(b);
         Ok(u64::from_le_bytes(a))
+    }
+
+    /// A list of GPU UUIDs (a `u16` count, capped at [`MAX_GPUS`] before anything is allocated).
+    fn gpus(&mut self) -> Result<Vec<GpuUuid>, DecodeError> {
+        let n = self.u16("gpus")? as usize;
+        if n > MAX_GPUS {
+            return Err(DecodeError::Cap { field: "gpus", len: n, cap: MAX_GPUS });
+        }
+        let mut gpus = Vec::with_capacity(n);
+        for _ in 0..n {
+            let g: GpuUuid = self.take(16, "gpu uuid")?.try_into().map_err(|_| DecodeError::Truncated("gpu uuid"))?;
+            gpus.push(g);
+        }
+        Ok(gpus)
     }
 
     fn text(&mut self, f: &'static str) -> Result<String, DecodeError> {

@@ -11,7 +11,8 @@
 //! [`Message::Request`] when a gated call finds no lease; the host answers
 //! [`Message::Grant`] when GPUs are bound. The host sends [`Message::Revoke`]; the shim
 //! stops submissions, synchronises and answers [`Message::Released`]. While bound the
-//! shim reports [`Message::Activity`] periodically.
+//! shim reports [`Message::Activity`] periodically. A grant naming a GPU the process's
+//! driver does not list is reported back as [`Message::GpusNotVisible`].
 
 #![deny(missing_docs)]
 

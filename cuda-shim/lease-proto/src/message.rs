@@ -59,6 +59,15 @@ pub enum Message {
         /// Why, for the process's log.
         reason: String,
     },
+    /// Shim → host: GPUs of a grant that this process's driver does not list (by UUID).
+    /// The shim never substitutes another GPU: calls naming them fail with
+    /// `CUDA_ERROR_INVALID_DEVICE`. Sent once per grant that names any.
+    GpusNotVisible {
+        /// The grant that named them.
+        lease: u64,
+        /// The UUIDs the driver does not list.
+        gpus: Vec<GpuUuid>,
+    },
 }
 
 impl Message {
@@ -73,6 +82,7 @@ impl Message {
             Self::Released { .. } => 6,
             Self::Activity { .. } => 7,
             Self::Refused { .. } => 8,
+            Self::GpusNotVisible { .. } => 9,
         }
     }
 }

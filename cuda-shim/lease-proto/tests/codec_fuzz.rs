@@ -23,6 +23,8 @@ fn message() -> impl Strategy<Value = Message> {
         any::<u64>().prop_map(|lease| Message::Released { lease }),
         (any::<u64>(), any::<u64>()).prop_map(|(calls, waits)| Message::Activity { calls, waits }),
         ".{0,60}".prop_map(|reason| Message::Refused { reason }),
+        (any::<u64>(), proptest::collection::vec(any::<[u8; 16]>(), 0..=MAX_GPUS))
+            .prop_map(|(lease, gpus)| Message::GpusNotVisible { lease, gpus }),
     ]
 }
 

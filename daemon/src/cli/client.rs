@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::node::{Endpoint, ENDPOINT_FILE};
+use crate::link::endpoint::{Endpoint, ENDPOINT_FILE};
 
 /// Where the daemon is and how to authenticate, as given on the command line or
 /// in the environment.

@@ -216,15 +216,17 @@ pub fn render(kernels: &[KernelModel]) -> String {
     }
     let _ = writeln!(
         out,
-        "{:<36}  {:<24}  {:<10}  {:>4}  {:>5}  {:<10}  last activity",
-        "id", "kernelspec", "state", "gpus", "conns", "pids"
+        "{:<36}  {:<24}  {:<10}  {:>4}  {:>11}  {:>5}  {:<10}  last activity",
+        "id", "kernelspec", "state", "gpus", "gpu mem/MiB", "conns", "pids"
     );
     for k in kernels {
         let pids = k.pids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+        // "-": no limit of the kernel's own (the GPU's memory, or the host's limit).
+        let gpu_mem = k.gpu_memory_mib.map_or_else(|| "-".to_owned(), |m| m.to_string());
         let _ = writeln!(
             out,
-            "{:<36}  {:<24}  {:<10}  {:>4}  {:>5}  {:<10}  {}",
-            k.id, k.name, k.execution_state, k.gpus, k.connections, pids, k.last_activity
+            "{:<36}  {:<24}  {:<10}  {:>4}  {:>11}  {:>5}  {:<10}  {}",
+            k.id, k.name, k.execution_state, k.gpus, gpu_mem, k.connections, pids, k.last_activity
         );
     }
     out
@@ -243,11 +245,18 @@ mod tests {
             execution_state: "busy".into(),
             connections: 1,
             gpus: 1,
+            gpu_memory_mib: Some(2048),
             pids: vec![42],
         };
-        let t = render(&[k]);
-        assert!(t.lines().count() == 2, "{t}");
-        assert!(t.contains("notebookos-python-1gpu") && t.contains("busy") && t.contains("42"), "{t}");
+        let unlimited = KernelModel { id: "b2".into(), gpu_memory_mib: None, ..k.clone() };
+        let t = render(&[k, unlimited]);
+        assert!(t.lines().count() == 3, "{t}");
+        assert!(t.lines().next().is_some_and(|h| h.contains("gpu mem/MiB")), "{t}");
+        let row = t.lines().find(|l| l.starts_with("a1")).expect("row a1");
+        assert!(row.contains("notebookos-python-1gpu") && row.contains("busy") && row.contains("42"), "{t}");
+        assert!(row.contains(" 2048 "), "the kernel's GPU memory limit: {t}");
+        let row = t.lines().find(|l| l.starts_with("b2")).expect("row b2");
+        assert!(row.contains(" - "), "no limit of its own: {t}");
         assert_eq!(render(&[]), "no kernels\n");
     }
 

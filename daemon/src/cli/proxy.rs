@@ -30,9 +30,10 @@ use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message as WsFrame;
 use zeromq::{PubSocket, RepSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
-use crate::gateway::client::{default_runtime_dir, is_not_found, ChannelsSocket, GatewayClient};
 use crate::jupyter::{wire, ws, Channel, Message, Signer};
 use crate::kernel::connection::ConnectionInfo;
+use crate::link::client::{is_not_found, ChannelsSocket, GatewayClient};
+use crate::link::endpoint::default_runtime_dir;
 
 /// Options of `nbos kernel-proxy`.
 #[derive(Debug, clap::Args)]

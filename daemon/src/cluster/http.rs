@@ -23,17 +23,13 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use subtle::ConstantTimeEq;
 
-use super::meta::{Cluster, ClusterError, KernelSpec, PeerRecord};
+use super::meta::{Cluster, ClusterError, KernelSpec, PeerRecord, FORWARDED_HEADER};
 #[cfg(doc)]
 use super::meta::{ClusterStatus, LeaveReport};
 #[cfg(doc)]
 use super::records::KernelRecord;
-
-/// Marks a request one host forwarded to another: the receiver runs it itself or fails,
-/// never forwards again (no loops while leadership moves).
-pub const FORWARDED_HEADER: &str = "x-nbos-forwarded";
+use crate::link::token::{presented_token, token_matches};
 
 /// The cluster routes, with token authentication.
 pub fn router(cluster: Arc<Cluster>) -> Router {
@@ -54,8 +50,8 @@ async fn require_token(State(c): State<Arc<Cluster>>, req: Request, next: Next) 
     let Some(expected) = c.settings().token.as_deref() else {
         return next.run(req).await;
     };
-    let presented = crate::gateway::auth::presented_token(&req);
-    if presented.as_ref().is_some_and(|t| bool::from(t.as_bytes().ct_eq(expected.as_bytes()))) {
+    let presented = presented_token(&req);
+    if presented.as_deref().is_some_and(|t| token_matches(t, expected)) {
         next.run(req).await
     } else {
         tracing::warn!(path = %req.uri().path(), "refused cluster request: bad or missing token");

@@ -1,6 +1,7 @@
 //! Membership: this host's heartbeat (host and load records on a store lease), learning
 //! other hosts' raft addresses, and — on the meta leader — re-placing the replicas of
-//! hosts that stayed down.
+//! hosts that stayed down. [`Cluster::start`] is here: it opens the meta group and spawns
+//! these tasks, so that the handle ([`super::meta`]) never calls up into them.
 //!
 //! A host is up exactly while its `hosts/{id}` record exists. The record is attached to
 //! a lease of `host_ttl` renewed every `host_ttl / 3`; when the lease is lost (a
@@ -20,6 +21,32 @@ use super::records::{self, keys, HostRecord};
 /// changed: two writes per cell at most). Front-ends pre-select executors from it, so a GPU
 /// freed by a finished cell should show within a round trip or so.
 const LOAD_EVERY: Duration = Duration::from_millis(100);
+
+impl Cluster {
+    /// Starts the background work: meta group bootstrap (or recovery), heartbeat and load
+    /// publishing, peer discovery, and re-placement of lost replicas while this host leads.
+    /// Returns at once: a cluster without a quorum leaves the host up and not ready.
+    pub fn start(self: &Arc<Self>) {
+        let this = self.clone();
+        let main = tokio::spawn(async move {
+            if let Err(e) = this.bootstrap().await {
+                tracing::error!(error = %e, "cannot open the meta group; this host stays out of the cluster");
+                return;
+            }
+            let tasks = [
+                tokio::spawn(heartbeat(this.clone())),
+                tokio::spawn(learn_peers(this.clone())),
+                tokio::spawn(replace_lost_replicas(this.clone())),
+            ];
+            if let Ok(mut t) = this.tasks.lock() {
+                t.extend(tasks);
+            }
+        });
+        if let Ok(mut t) = self.tasks.lock() {
+            t.push(main);
+        }
+    }
+}
 
 /// This host's record, as it heartbeats it.
 pub fn host_record(cluster: &Cluster) -> HostRecord {
@@ -74,7 +101,7 @@ async fn is_member(cluster: &Cluster) -> bool {
 
 /// The heartbeat: keeps this host's lease alive, re-registers when it was lost, and
 /// publishes the load when it changes. Runs until the host leaves or shuts down.
-pub(super) async fn heartbeat(cluster: Arc<Cluster>) {
+async fn heartbeat(cluster: Arc<Cluster>) {
     let ttl = cluster.settings().host_ttl;
     let renew_every = ttl / 3;
     let tick = renew_every.min(LOAD_EVERY);
@@ -152,7 +179,7 @@ pub(super) async fn heartbeat(cluster: Arc<Cluster>) {
 
 /// Adds every member's raft address to the transport: from `peers/` (durable, written at
 /// join) and `hosts/` (live). Seeds are known from the configuration.
-pub(super) async fn learn_peers(cluster: Arc<Cluster>) {
+async fn learn_peers(cluster: Arc<Cluster>) {
     let meta = cluster.meta().clone();
     let me = cluster.node_id();
     let add = |key: &[u8], value: &[u8]| {
@@ -204,7 +231,7 @@ pub(super) async fn learn_peers(cluster: Arc<Cluster>) {
 /// `host_ttl` loses its replicas to other live hosts ([`Cluster::replace_replica`]). The
 /// supervisors on the new hosts start the replicas; the kernel groups' membership change
 /// follows from the new record.
-pub(super) async fn replace_lost_replicas(cluster: Arc<Cluster>) {
+async fn replace_lost_replicas(cluster: Arc<Cluster>) {
     let ttl = cluster.settings().host_ttl;
     let every = (ttl / 2).max(Duration::from_millis(100));
     // (kernel, node) → when this leader first saw the replica's host missing.

@@ -4,8 +4,16 @@
 //! - [`records`]: what is stored where (shared by everything below).
 //! - [`meta`]: the [`Cluster`] handle — hosts, loads, kernels, placement on the meta leader.
 //! - [`membership`]: this host's heartbeat (host and load records on a lease), peer
-//!   discovery, re-placement of replicas of hosts that stayed down.
+//!   discovery, re-placement of replicas of hosts that stayed down; it starts the cluster.
 //! - [`http`]: `/api/v1/cluster/…`, for forwarding to the meta leader and `nbos cluster`.
+//! - [`supervisor`]: starts and stops this host's replicas as the kernel records say.
+//! - [`replica_host`], [`election`], [`state_sync`], [`objects`]: this host's replicas,
+//!   their executor election and namespace sync, and the large-object store.
+//! - [`frontend`]: this host's front-ends of kernels, for its clients; [`local_link`]
+//!   links them in-process to this host's own replicas.
+//!
+//! Layering: [`meta`] knows nothing of [`membership`] or [`http`]; nothing here uses the
+//! gateway (the front-ends reach other hosts through [`crate::link`]).
 
 pub mod election;
 pub mod frontend;

@@ -17,7 +17,10 @@
 //!   front-end as usual), hold ipykernel's `execute_reply`, export and commit the
 //!   namespace ([`state_sync::export_and_commit`]), warn about unpicklable names with a
 //!   `stream` message, and only then release the reply with
-//!   `metadata.nbos_election = {"outcome": "executed", "replica", "node_id", "revision"}`.
+//!   `metadata.nbos_election = {"outcome": "executed", "replica", "node_id", "revision",
+//!   "dispatched_unix_us", "gpus_bound_unix_us"}`: when the `execute_request` was written to
+//!   the kernel's shell socket, and (kernels with GPUs) when binding committed its GPUs
+//!   before that (absent when the cell never reached the kernel).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -32,6 +35,7 @@ use super::records::{keys, ElectionRecord};
 use super::state_sync::{self, Applier, NsCell, SyncConfig};
 use super::sync_metrics::{PathLabels, SideLabels, SyncMetrics};
 use crate::jupyter::{Channel, Message};
+use crate::kernel::binding::Dispatch;
 use crate::kernel::hub::ClientId;
 use crate::kernel::{Kernel, Kernels};
 
@@ -363,22 +367,37 @@ impl ReplicaHost {
         }
         let held = kernel.hub.hold_reply(&msg_id);
         kernel.hub.note_submitted(&msg_id, Instant::now());
-        let forwarded = match self.kernels.binder().on_client_message(&kernel, client, Channel::Shell, msg.clone()) {
-            Some(m) => kernel.send_from_client(client, Channel::Shell, m).await,
-            None => Ok(()),
+        // When the cell was written to the kernel's shell socket (after binding committed its
+        // GPUs): the end of its election as a user meets it, which `nbos bench election`
+        // measures. A GPU cell is written by binding's own task, which reports the time.
+        let forwarded = match self.kernels.binder().dispatch(&kernel, client, Channel::Shell, msg.clone()) {
+            Dispatch::Now(m) => kernel
+                .send_from_client(client, Channel::Shell, m)
+                .await
+                .map(|()| Some(Dispatched { gpus_bound: None, written: SystemTime::now() })),
+            Dispatch::Bound(written) => tokio::select! {
+                w = written => match w {
+                    Ok(Ok(w)) => Ok(Some(Dispatched { gpus_bound: Some(w.bound), written: w.written })),
+                    Ok(Err(e)) => Err(anyhow::anyhow!(e)),
+                    // Refused (binding sent the error reply) or dropped with the kernel.
+                    Err(_) => Ok(None),
+                },
+                () = wait_dead(&kernel) => Ok(None),
+            },
         };
         tracing::debug!(
             kernel = %kernel.id, cell, caught_up_us, sent_us = started.elapsed().as_micros() as u64,
             "won cell sent to the kernel (times since the proposal started)"
         );
-        // When the cell went to the kernel: the end of its election (the bench measures to here).
-        let dispatched = SystemTime::now();
-        if let Err(e) = forwarded {
-            kernel.hub.unhold_reply(&msg_id);
-            tracing::warn!(kernel = %kernel.id, cell, error = format!("{e:#}"), "could not start a won cell");
-            kernel.reject_cell(client, &msg, "KernelUnavailable", &format!("{e:#}"));
-            return;
-        }
+        let dispatched = match forwarded {
+            Ok(d) => d,
+            Err(e) => {
+                kernel.hub.unhold_reply(&msg_id);
+                tracing::warn!(kernel = %kernel.id, cell, error = format!("{e:#}"), "could not start a won cell");
+                kernel.reject_cell(client, &msg, "KernelUnavailable", &format!("{e:#}"));
+                return;
+            }
+        };
         let reply = tokio::select! {
             r = held => r.ok(),
             () = wait_dead(&kernel) => None,
@@ -428,7 +447,12 @@ impl ReplicaHost {
             meta = serde_json::json!({});
         }
         meta["nbos_election"] = executed(revision);
-        meta["nbos_election"]["dispatched_unix_us"] = serde_json::json!(unix_us(dispatched));
+        if let Some(d) = dispatched {
+            meta["nbos_election"]["dispatched_unix_us"] = serde_json::json!(unix_us(d.written));
+            if let Some(b) = d.gpus_bound {
+                meta["nbos_election"]["gpus_bound_unix_us"] = serde_json::json!(unix_us(b));
+            }
+        }
         reply.metadata = bytes::Bytes::from(meta.to_string());
         kernel.hub.release(client, Channel::Shell, reply, SystemTime::now());
     }
@@ -486,6 +510,15 @@ struct Won {
     cell: String,
     record: ElectionRecord,
     started: Instant,
+}
+
+/// When a won cell reached its kernel.
+#[derive(Debug, Clone, Copy)]
+struct Dispatched {
+    /// Binding committed the cell's GPUs (kernels with GPUs).
+    gpus_bound: Option<SystemTime>,
+    /// The `execute_request` was written to the kernel's shell socket.
+    written: SystemTime,
 }
 
 /// Resolves when the kernel has no live process (died or shut down).

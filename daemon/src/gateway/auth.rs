@@ -1,5 +1,4 @@
-//! Token authentication, as Jupyter servers do it: `Authorization: token T`
-//! (or `Bearer T`), or `?token=T` (browsers cannot set headers on WebSockets).
+//! The API's token check (see [`crate::link::token`] for where a request carries it).
 
 use std::sync::Arc;
 
@@ -7,9 +6,9 @@ use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use subtle::ConstantTimeEq;
 
-use super::AppState;
+use super::state::AppState;
+use crate::link::token::{presented_token, token_matches};
 
 /// Rejects a request without the right token with 401, unless the API is open.
 pub async fn require_token(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
@@ -17,80 +16,12 @@ pub async fn require_token(State(st): State<Arc<AppState>>, req: Request, next: 
         return next.run(req).await;
     };
     let presented = presented_token(&req);
-    let ok = presented.as_ref().is_some_and(|t| bool::from(t.as_bytes().ct_eq(expected.as_bytes())));
+    let ok = presented.as_deref().is_some_and(|t| token_matches(t, expected));
     if ok {
         next.run(req).await
     } else {
         tracing::warn!(path = %req.uri().path(), token_present = presented.is_some(), "refused request: bad or missing token");
         (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "token")], "401: missing or wrong token\n")
             .into_response()
-    }
-}
-
-/// The token a request carries, from its header or its query string.
-pub fn presented_token(req: &Request) -> Option<String> {
-    if let Some(v) = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
-        let v = v.trim();
-        for scheme in ["token ", "Token ", "Bearer ", "bearer "] {
-            if let Some(t) = v.strip_prefix(scheme) {
-                return Some(t.trim().to_owned());
-            }
-        }
-    }
-    req.uri().query().and_then(|q| {
-        q.split('&').filter_map(|kv| kv.split_once('=')).find(|(k, _)| *k == "token").map(|(_, v)| percent_decode(v))
-    })
-}
-
-/// Minimal `%XX` decoding for a token in a query string.
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match (bytes[i], bytes.get(i + 1..i + 3)) {
-            (b'%', Some(hex)) => match std::str::from_utf8(hex).ok().and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                Some(b) => {
-                    out.push(b);
-                    i += 3;
-                }
-                None => {
-                    out.push(b'%');
-                    i += 1;
-                }
-            },
-            (b'+', _) => {
-                out.push(b' ');
-                i += 1;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use axum::body::Body;
-
-    fn req(uri: &str, auth: Option<&str>) -> Request {
-        let mut b = axum::http::Request::builder().uri(uri);
-        if let Some(a) = auth {
-            b = b.header(header::AUTHORIZATION, a);
-        }
-        b.body(Body::empty()).expect("request")
-    }
-
-    #[test]
-    fn token_from_header_or_query() {
-        assert_eq!(presented_token(&req("/api", Some("token abc"))).as_deref(), Some("abc"));
-        assert_eq!(presented_token(&req("/api", Some("Bearer abc"))).as_deref(), Some("abc"));
-        assert_eq!(presented_token(&req("/api?x=1&token=a%2Bb", None)).as_deref(), Some("a+b"));
-        assert_eq!(presented_token(&req("/api", Some("Basic Zm9v"))), None);
-        assert_eq!(presented_token(&req("/api", None)), None);
     }
 }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::AppState;
+use super::state::AppState;
 use crate::cluster::replica_host::{Handled, ReplicaHost};
 use crate::jupyter::{Channel, Message};
 use crate::kernel::hub::ClientId;

@@ -21,17 +21,16 @@ use axum::extract::{Path, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
-use subtle::ConstantTimeEq;
 
-use super::auth::presented_token;
 use super::cluster::{self, wants_local_replica};
 use super::error::ApiError;
-use super::AppState;
+use super::state::AppState;
 use crate::cluster::frontend::FrontendKernel;
 use crate::cluster::replica_host::ReplicaHost;
 use crate::jupyter::{ws, Channel, Message, WireError, MAX_CLIENT_MESSAGE_BYTES};
 use crate::kernel::hub::Hub;
 use crate::kernel::Kernel;
+use crate::link::token::{presented_token, token_matches};
 use crate::metrics::DropLabels;
 
 /// The upgrade handler.
@@ -59,7 +58,7 @@ pub async fn channels(
     };
     if let Some(expected) = st.token.as_deref() {
         let ok = match &presented {
-            Some(t) => bool::from(t.as_bytes().ct_eq(expected.as_bytes())),
+            Some(t) => token_matches(t, expected),
             // Capability access: see the module comment. Never for the cluster-internal socket.
             None => target.is_some() && !local_replica,
         };

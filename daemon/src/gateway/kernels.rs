@@ -2,37 +2,18 @@
 //! (see [`super::cluster`]) they go through the meta store, except `?replica=local`
 //! calls, which act on this host's replica.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Deserialize;
 
 use super::cluster::{self, wants_local_replica};
 use super::error::ApiError;
-use super::AppState;
-use crate::kernel::registry::CreateError;
-
-/// Body of `POST /api/kernels`.
-#[derive(Debug, Default, Deserialize)]
-pub struct CreateKernel {
-    /// Kernelspec name; the default spec when absent.
-    pub name: Option<String>,
-    /// Environment for the kernel (Kernel Gateway passes `KERNEL_*` variables).
-    #[serde(default)]
-    pub env: HashMap<String, String>,
-    /// NotebookOS extension: GPUs per cell, overriding the spec.
-    pub gpus: Option<u32>,
-}
-
-/// Environment variables a client may set in a kernel (as Kernel Gateway allows
-/// `KERNEL_*`); anything else, `LD_PRELOAD` for instance, is not the client's to set.
-pub(crate) fn allowed_env(k: &str) -> bool {
-    k.starts_with("KERNEL_") || k == "JPY_SESSION_NAME"
-}
+use super::kernel_request::{allowed_env, CreateKernel};
+use super::state::AppState;
+use crate::kernel::registry::{parse_gpu_memory_mib, CreateError, GPU_MEMORY_ENV};
 
 /// `POST /api/kernels`.
 pub async fn create(
@@ -40,7 +21,7 @@ pub async fn create(
     mode: Option<cluster::Mode>,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    let req: CreateKernel = if body.iter().all(u8::is_ascii_whitespace) {
+    let mut req: CreateKernel = if body.iter().all(u8::is_ascii_whitespace) {
         CreateKernel::default()
     } else {
         serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid kernel request: {e}")))?
@@ -52,6 +33,14 @@ pub async fn create(
         ),
         (None, None) => None,
     };
+    // Checked here so that cluster mode refuses it before recording the kernel; the
+    // limit travels to every replica as this KERNEL_* variable.
+    if let Some(mib) = req.gpu_memory_mib {
+        req.env.insert(GPU_MEMORY_ENV.to_owned(), mib.to_string());
+    }
+    if let Some(v) = req.env.get(GPU_MEMORY_ENV) {
+        parse_gpu_memory_mib(v).map_err(ApiError::bad_request)?;
+    }
     if let Some(mode) = mode {
         return cluster::create(&mode, req, gpus).await;
     }

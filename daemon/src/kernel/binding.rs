@@ -9,10 +9,16 @@
 //! a dead or deleted kernel frees its GPUs at once.
 //!
 //! What the binding asks of the lease server is the [`LeaseControl`] trait.
+//!
+//! [`Binder::dispatch`] also tells its caller (the cluster's replica host) when a bound
+//! cell's GPUs were committed and when the cell was written to the kernel's shell socket,
+//! which happens later, from a task of its own.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::oneshot;
 
 use super::hub::ClientId;
 use super::Kernel;
@@ -57,11 +63,33 @@ impl LeaseControl for LogOnlyLeases {
     }
 }
 
+/// When a cell that binding took reached its kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    /// Its GPUs were committed and passed to the lease server ([`LeaseControl::bind`]).
+    pub bound: SystemTime,
+    /// Its `execute_request` was written to the kernel's shell socket (after `bound`).
+    pub written: SystemTime,
+}
+
+/// Where a client's message goes after binding ([`Binder::dispatch`]).
+#[derive(Debug)]
+pub enum Dispatch {
+    /// Forward it now: not a cell, or a kernel without GPUs.
+    Now(Message),
+    /// Binding took the cell: it is written to the kernel once its GPUs are committed. The
+    /// receiver gets when (or why the write failed); it is closed without a value when the
+    /// cell was refused (binding answers it with an error reply) or dropped with its kernel.
+    Bound(oneshot::Receiver<Result<Written, String>>),
+}
+
 /// A cell waiting for its GPUs.
 struct Waiting {
     kernel: Arc<Kernel>,
     client: ClientId,
     msg: Message,
+    /// Told when the cell was written to the kernel (see [`Dispatch::Bound`]).
+    notify: Option<oneshot::Sender<Result<Written, String>>>,
 }
 
 struct State {
@@ -238,6 +266,33 @@ impl Binder {
         channel: Channel,
         msg: Message,
     ) -> Option<Message> {
+        self.take(kernel, client, channel, msg, None)
+    }
+
+    /// Like [`Self::on_client_message`], and for a cell binding takes, says when it was
+    /// written to the kernel ([`Dispatch::Bound`]).
+    pub fn dispatch(
+        self: &Arc<Self>,
+        kernel: &Arc<Kernel>,
+        client: ClientId,
+        channel: Channel,
+        msg: Message,
+    ) -> Dispatch {
+        let (tx, rx) = oneshot::channel();
+        match self.take(kernel, client, channel, msg, Some(tx)) {
+            Some(msg) => Dispatch::Now(msg),
+            None => Dispatch::Bound(rx),
+        }
+    }
+
+    fn take(
+        self: &Arc<Self>,
+        kernel: &Arc<Kernel>,
+        client: ClientId,
+        channel: Channel,
+        msg: Message,
+        notify: Option<oneshot::Sender<Result<Written, String>>>,
+    ) -> Option<Message> {
         if channel != Channel::Shell || kernel.gpus == 0 {
             return Some(msg);
         }
@@ -248,7 +303,7 @@ impl Binder {
         let cell = header.msg_id.clone();
         let actions = {
             let mut st = self.lock();
-            let w = Waiting { kernel: kernel.clone(), client, msg };
+            let w = Waiting { kernel: kernel.clone(), client, msg, notify };
             let busy = st.backlog.get(&kernel.id).is_some_and(|b| !b.is_empty())
                 || st.running.values().any(|k| *k == kernel.id)
                 || st.waiting.values().any(|x| x.kernel.id == kernel.id);
@@ -366,6 +421,7 @@ impl Binder {
                     let Some(w) = w else { continue };
                     let pids = w.kernel.pids();
                     self.leases.bind(&kernel, &pids, &gpus);
+                    let bound = SystemTime::now();
                     tracing::info!(kernel = %kernel, cell = %cell, ?gpus, waited_ms = waited, "cell bound to GPUs");
                     if waited > 0 {
                         w.kernel.publish(
@@ -377,9 +433,21 @@ impl Binder {
                             }),
                         );
                     }
+                    let Waiting { kernel: k, client, msg, notify } = w;
                     tokio::spawn(async move {
-                        if let Err(e) = w.kernel.send_from_client(w.client, Channel::Shell, w.msg).await {
-                            tracing::warn!(kernel = %w.kernel.id, error = format!("{e:#}"), "could not start a bound cell");
+                        let sent = k.send_from_client(client, Channel::Shell, msg).await;
+                        // Stamped as soon as the write returns (nothing awaited in between).
+                        let written = SystemTime::now();
+                        let result = match sent {
+                            Ok(()) => Ok(Written { bound, written }),
+                            Err(e) => {
+                                tracing::warn!(kernel = %k.id, error = format!("{e:#}"), "could not start a bound cell");
+                                Err(format!("{e:#}"))
+                            }
+                        };
+                        if let Some(tx) = notify {
+                            // The caller may have stopped waiting (its kernel died): nothing to tell.
+                            let _ = tx.send(result);
                         }
                     });
                 }

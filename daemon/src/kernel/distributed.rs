@@ -45,6 +45,10 @@ pub struct KernelModel {
     /// NotebookOS extension: GPUs the kernel asks for per cell.
     #[serde(default)]
     pub gpus: u32,
+    /// NotebookOS extension: device memory each of the kernel's processes may allocate
+    /// on its GPUs, MiB (`KERNEL_GPU_MEMORY_MIB`); `null`: no limit of its own.
+    #[serde(default)]
+    pub gpu_memory_mib: Option<u64>,
     /// NotebookOS extension: the replicas' process ids.
     #[serde(default)]
     pub pids: Vec<u32>,
@@ -58,6 +62,8 @@ pub struct Kernel {
     pub name: String,
     /// GPUs each cell needs.
     pub gpus: u32,
+    /// Device memory limit of each of its processes, MiB (enforced by the CUDA shim).
+    pub gpu_memory_mib: Option<u64>,
     /// Messages to and from clients.
     pub hub: Arc<Hub>,
     replicas: RwLock<Vec<Arc<Replica>>>,
@@ -94,6 +100,7 @@ impl Kernel {
         id: String,
         name: String,
         gpus: u32,
+        gpu_memory_mib: Option<u64>,
         launch: LaunchSpec,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Arc<Self>> {
@@ -106,6 +113,7 @@ impl Kernel {
             id,
             name,
             gpus,
+            gpu_memory_mib,
             hub,
             replicas: RwLock::new(vec![replica.clone()]),
             launch,
@@ -353,6 +361,7 @@ impl Kernel {
             execution_state: a.execution_state,
             connections: a.connections,
             gpus: self.gpus,
+            gpu_memory_mib: self.gpu_memory_mib,
             pids,
         }
     }

@@ -14,6 +14,12 @@ use super::spec;
 use crate::jupyter::Channel;
 use crate::metrics::{Metrics, OutcomeLabels};
 
+/// The GPU memory limit a kernel's request environment names, MiB (`None`: none, or
+/// not a valid one, which creation refuses).
+pub fn gpu_memory_mib_of(env: &std::collections::BTreeMap<String, String>) -> Option<u64> {
+    env.get(GPU_MEMORY_ENV).and_then(|v| parse_gpu_memory_mib(v).ok())
+}
+
 /// Why a kernel could not be created.
 #[derive(Debug, thiserror::Error)]
 pub enum CreateError {
@@ -33,6 +39,29 @@ pub enum CreateError {
 
 /// Upper bound on GPUs one kernel may ask for per cell (more than any host has).
 pub const MAX_GPUS_PER_KERNEL: u32 = 64;
+
+/// The kernel-request variable naming the device memory each of the kernel's processes
+/// may allocate, MiB (a `KERNEL_*` variable, as Enterprise Gateway clients pass
+/// `KERNEL_GPUS`; `POST /api/kernels` also takes it as `gpu_memory_mib`).
+pub const GPU_MEMORY_ENV: &str = "KERNEL_GPU_MEMORY_MIB";
+/// What the daemon sets for the CUDA shim from [`GPU_MEMORY_ENV`], bytes.
+pub const SHIM_MEMORY_LIMIT_ENV: &str = "NBOS_GPU_MEMORY_LIMIT_BYTES";
+/// Largest GPU memory limit accepted, MiB: 32 TiB, more than 64 GPUs of 512 GiB
+/// ([`MAX_GPUS_PER_KERNEL`] of anything built), so a larger number is a mistake.
+pub const MAX_GPU_MEMORY_MIB: u64 = 32 << 20;
+
+/// A GPU memory limit from a kernel request, MiB: a whole number in
+/// `1..=`[`MAX_GPU_MEMORY_MIB`]; the error says what was wrong, for a 400.
+pub fn parse_gpu_memory_mib(value: &str) -> Result<u64, String> {
+    let v = value.trim();
+    let mib: i128 = v.parse().map_err(|_| format!("{GPU_MEMORY_ENV} must be a whole number of MiB, got {value:?}"))?;
+    if mib < 1 {
+        return Err(format!("{GPU_MEMORY_ENV} must be at least 1 MiB, got {v}"));
+    }
+    u64::try_from(mib).ok().filter(|m| *m <= MAX_GPU_MEMORY_MIB).ok_or_else(|| {
+        format!("{GPU_MEMORY_ENV} = {v} MiB is more than any GPU set has (at most {MAX_GPU_MEMORY_MIB} MiB)")
+    })
+}
 
 /// The kernels of this host.
 pub struct Kernels {
@@ -125,9 +154,18 @@ impl Kernels {
         if gpus > MAX_GPUS_PER_KERNEL {
             return Err(CreateError::BadGpuRequest(format!("{gpus} > {MAX_GPUS_PER_KERNEL}")));
         }
+        let gpu_memory_mib = match env.iter().rev().find(|(k, _)| k == GPU_MEMORY_ENV) {
+            Some((_, v)) => Some(parse_gpu_memory_mib(v).map_err(CreateError::BadGpuRequest)?),
+            None => None,
+        };
         self.binder.would_admit(gpus).map_err(CreateError::Refused)?;
         let mut all_env = self.extra_env.clone();
         all_env.extend(env.iter().cloned());
+        if let Some(mib) = gpu_memory_mib {
+            // The shim's clamp: every device allocation of every process of the kernel
+            // (forked workers, subprocesses) is held to it (cuda-shim/README.md).
+            all_env.push((SHIM_MEMORY_LIMIT_ENV.to_owned(), (mib << 20).to_string()));
+        }
         all_env.push(("NOTEBOOKOS_KERNEL_ID".to_owned(), id.clone()));
         // Who the CUDA shim tells the lease server it is (checked against SO_PEERCRED).
         all_env.push(("NBOS_KERNEL_ID".to_owned(), id.clone()));
@@ -146,7 +184,8 @@ impl Kernels {
         }
         self.metrics.kernels_started_total.inc();
         let dir = launch.dir.clone();
-        let kernel = match Kernel::start(id.clone(), name.to_owned(), gpus, launch, self.metrics.clone()).await {
+        let started = Kernel::start(id.clone(), name.to_owned(), gpus, gpu_memory_mib, launch, self.metrics.clone());
+        let kernel = match started.await {
             Ok(k) => k,
             Err(e) => {
                 self.remove_cgroup(&id);
@@ -179,7 +218,7 @@ impl Kernels {
             }
         }
         self.map.write().await.insert(id.clone(), kernel.clone());
-        tracing::info!(kernel = %id, spec = name, gpus, "kernel started");
+        tracing::info!(kernel = %id, spec = name, gpus, gpu_memory_mib, "kernel started");
         Ok(kernel)
     }
 
@@ -299,5 +338,28 @@ impl Kernels {
         for k in &all {
             self.remove_cgroup(&k.id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_memory_requests_are_whole_positive_sane_mib() {
+        assert_eq!(parse_gpu_memory_mib("2048"), Ok(2048));
+        assert_eq!(parse_gpu_memory_mib(" 1 "), Ok(1));
+        for (bad, says) in [
+            ("0", "at least 1 MiB"),
+            ("-5", "at least 1 MiB"),
+            ("1.5", "whole number"),
+            ("lots", "whole number"),
+            ("", "whole number"),
+            ("99999999999999999999999", "more than any GPU set has"),
+        ] {
+            let e = parse_gpu_memory_mib(bad).expect_err(bad);
+            assert!(e.contains(says) && e.contains(GPU_MEMORY_ENV), "{bad}: {e}");
+        }
+        assert!(parse_gpu_memory_mib(&(MAX_GPU_MEMORY_MIB + 1).to_string()).is_err());
     }
 }

@@ -22,6 +22,9 @@ pub const SHIM_FILE: &str = "libnbos_cuda_shim.so";
 pub const FAKE_DRIVER_FILE: &str = "libfake_cuda.so";
 /// Where packages install the shim.
 pub const INSTALLED_SHIM: &str = "/usr/lib/notebookos/libnbos_cuda_shim.so";
+/// How often a shim holding a lease reports its activity to the lease server (the host
+/// tells it in `Registered`): idle detection needs a few reports per `idle_grace` (1 s).
+pub const ACTIVITY_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// What kernel processes of this host run with.
 #[derive(Debug, Clone)]

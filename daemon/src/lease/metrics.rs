@@ -39,6 +39,8 @@ pub struct LeaseMetrics {
     pub evicted_bytes: Counter,
     /// GPU memory moved back onto a GPU by restores.
     pub restored_bytes: Counter,
+    /// Granted GPUs a shim reported its driver does not list (calls on them failed).
+    pub gpus_not_visible: Counter,
 }
 
 impl Default for LeaseMetrics {
@@ -54,6 +56,7 @@ impl Default for LeaseMetrics {
             ]),
             evicted_bytes: Counter::default(),
             restored_bytes: Counter::default(),
+            gpus_not_visible: Counter::default(),
         }
     }
 }
@@ -79,6 +82,12 @@ impl LeaseMetrics {
             "notebookos_gpu_restored_bytes",
             "GPU memory moved back onto a GPU by restores of kernel processes",
             self.restored_bytes.clone(),
+        );
+        r.register(
+            "notebookos_lease_gpus_not_visible",
+            "Granted GPUs that a kernel process's driver did not list (its calls on them failed with \
+             CUDA_ERROR_INVALID_DEVICE instead of running on another GPU), GPUs",
+            self.gpus_not_visible.clone(),
         );
         r.register(
             "notebookos_lease_acquire_seconds",

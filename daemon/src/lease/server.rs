@@ -473,6 +473,12 @@ pub fn uuid_bytes(uuid: &str) -> Option<[u8; 16]> {
     Some(out)
 }
 
+/// The 16 UUID bytes as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (the inverse of [`uuid_bytes`]).
+pub fn uuid_string(b: &[u8; 16]) -> String {
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("GPU-{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+}
+
 impl Actor {
     fn uuid(&self, gpu: usize) -> [u8; 16] {
         self.gpus.get(gpu).and_then(|g| uuid_bytes(&g.uuid)).unwrap_or([0; 16])
@@ -515,6 +521,19 @@ impl Actor {
                         let evicted = if self.checkpointing { self.control.evict(pid) } else { Eviction::Resident };
                         tracing::info!(pid, lease, ?evicted, "lease released");
                         self.table.released(pid, lease, evicted == Eviction::Checkpointed, Instant::now())
+                    }
+                    Message::GpusNotVisible { lease, gpus } => {
+                        // The shim failed the calls (CUDA_ERROR_INVALID_DEVICE) rather than run
+                        // them on another GPU: the host's inventory and the process's driver
+                        // disagree (CUDA_VISIBLE_DEVICES in the kernel, a GPU lost, a bad config).
+                        let kernel = self.conns.get(&conn).map(|c| c.kernel_id.clone()).unwrap_or_default();
+                        let uuids: Vec<String> = gpus.iter().map(uuid_string).collect();
+                        tracing::warn!(
+                            pid, kernel = %kernel, lease, gpus = ?uuids,
+                            "granted GPUs are not visible to the kernel process's driver; its calls on them fail"
+                        );
+                        self.metrics.gpus_not_visible.inc_by(gpus.len() as u64);
+                        Vec::new()
                     }
                     other => {
                         tracing::warn!(pid, tag = other.tag(), "unexpected frame from shim; ignored");
@@ -628,11 +647,12 @@ impl Actor {
 
 #[cfg(test)]
 mod tests {
-    use super::uuid_bytes;
+    use super::{uuid_bytes, uuid_string};
 
     #[test]
     fn uuid_strings_parse_to_driver_bytes() {
         let b = uuid_bytes("GPU-fa4e0000-0000-4000-8000-000000000003").expect("parse");
+        assert_eq!(uuid_string(&b), "GPU-fa4e0000-0000-4000-8000-000000000003");
         assert_eq!(b[0..2], [0xfa, 0x4e]);
         assert_eq!(b[15], 3);
         assert!(uuid_bytes("GPU-nothex").is_none());

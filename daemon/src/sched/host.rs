@@ -411,6 +411,41 @@ impl HostScheduler {
     }
 }
 
+/// Read-only counts for cluster-level decisions (the simulator and pre-selection):
+/// cheap, no allocation.
+impl HostScheduler {
+    /// GPUs a new cell of `kernel` could commit now: free ones plus idle-held ones
+    /// (its own, or another kernel's, which would be revoked).
+    pub fn available(&self) -> u32 {
+        index(self.gpus.iter().filter(|g| !matches!(g, Gpu::Committed { .. })).count())
+    }
+
+    /// GPUs committed to running cells now.
+    pub fn committed(&self) -> u32 {
+        index(self.gpus.iter().filter(|g| matches!(g, Gpu::Committed { .. })).count())
+    }
+
+    /// GPUs bound now (committed or idle-held).
+    pub fn bound(&self) -> u32 {
+        index(self.gpus.iter().filter(|g| !matches!(g, Gpu::Free)).count())
+    }
+
+    /// GPUs the registered kernels declared (what subscription counts).
+    pub fn requested(&self) -> u32 {
+        self.kernels.values().map(|k| k.gpus).sum()
+    }
+
+    /// Kernels registered on the host.
+    pub fn kernel_count(&self) -> usize {
+        self.kernels.len()
+    }
+
+    /// Whether any GPU is idle-held (a release is due at some point).
+    pub fn has_idle_held(&self) -> bool {
+        self.gpus.iter().any(|g| matches!(g, Gpu::IdleHeld { .. }))
+    }
+}
+
 fn index(i: usize) -> u32 {
     u32::try_from(i).unwrap_or(u32::MAX)
 }

@@ -7,11 +7,23 @@
 //! - [`preselect`]: which replica of a kernel proposes to execute a cell (front-end, issue 7).
 //! - [`placement`]: on which hosts of a cluster a kernel's replicas live.
 //! - [`replay`]: drives a [`HostScheduler`] through a template in virtual time and measures it.
+//! - [`executor`]: best-fit executor choice and replica coverage (the simulator's `notebookos`).
+//! - [`migrate`]: which replica moves where when every replica yields a cell.
+//! - [`scale`]: scale-out and scale-in targets (NotebookOS's rule and ours).
+//! - [`drain`]: which hosts a scale-in releases.
+//! - [`prewarm`]: how many pre-warmed containers to keep.
 
+pub mod drain;
+pub mod executor;
 pub mod host;
+pub mod migrate;
 pub mod placement;
 pub mod preselect;
+pub mod prewarm;
+#[cfg(test)]
+pub(crate) mod prop;
 pub mod replay;
+pub mod scale;
 pub mod template;
 
 pub use host::{Action, HostScheduler, Refusal};

@@ -64,7 +64,7 @@ pub fn start_daemon(extra_toml: &str, stderr: Stdio) -> Daemon {
     daemon.url = loop {
         if let Some(e) = std::fs::read_to_string(&endpoint)
             .ok()
-            .and_then(|t| serde_json::from_str::<notebookosd::node::Endpoint>(&t).ok())
+            .and_then(|t| serde_json::from_str::<notebookosd::link::endpoint::Endpoint>(&t).ok())
         {
             break e.url;
         }

@@ -92,9 +92,16 @@ pub struct Workload {
 impl Workload {
     /// Starts the workload on `lib` and waits for it to be ready.
     pub fn start(lib: &Path) -> Self {
+        Self::start_with_env(lib, &[])
+    }
+
+    /// Starts the workload on `lib` with `env` added (e.g. the shim's `LD_PRELOAD`, with
+    /// `lib = "libcuda.so.1"`) and waits for it to be ready.
+    pub fn start_with_env(lib: &Path, env: &[(std::ffi::OsString, std::ffi::OsString)]) -> Self {
         let mut child = Command::new(&c_programs().workload)
             .arg(lib)
             .env("FAKE_CUDA_STATE_DIR", fake_cuda_state_dir())
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -154,6 +161,18 @@ pub fn ebpf_observer(test: &str, config: nbos_ebpf::ObserverConfig) -> Option<nb
             None
         }
     }
+}
+
+/// `libnbos_cuda_shim.so` (cuda-shim is a dev-dependency), next to the test binary.
+pub fn shim_library() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    [deps.join("libnbos_cuda_shim.so"), deps.parent().unwrap().join("libnbos_cuda_shim.so")]
+        .into_iter()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| {
+            panic!("libnbos_cuda_shim.so not found near {} (cargo build -p nbos-cuda-shim)", deps.display())
+        })
 }
 
 /// Polls `f` until it returns `Some`, or panics after `deadline`.

@@ -25,7 +25,7 @@ use self::wire::{ForwardOp, ForwardReply, ForwardRequest, ForwardResponse, WireE
 use crate::engine::request::{Control, GroupRequest};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::transport::{frame, Transport};
+use crate::transport::{frame, ForwardHandler, ServeFuture, Transport};
 
 /// Requests this node may have forwarded to one peer and not yet had answered.
 pub const MAX_IN_FLIGHT_PER_PEER: usize = 1024;
@@ -226,6 +226,31 @@ impl Forwarder {
             self.max_frame
         )));
         frame::answer(request_id, &encode(&too_large)?, self.max_frame)
+    }
+}
+
+impl ForwardHandler for Forwarder {
+    fn queue_frames(&self) -> usize {
+        // Every request this node may have in flight to the peer, as many answers owed, and slack.
+        MAX_IN_FLIGHT_PER_PEER + MAX_SERVED_PER_PEER + 256
+    }
+
+    fn on_request(
+        self: Arc<Self>,
+        peer: u64,
+        request_id: u64,
+        payload: Bytes,
+    ) -> std::result::Result<ServeFuture, String> {
+        let req = postcard::from_bytes::<ForwardRequest>(&payload).map_err(|e| e.to_string())?;
+        Ok(Box::pin(self.serve(peer, request_id, req)))
+    }
+
+    fn on_answer(&self, peer: u64, request_id: u64, payload: &[u8]) -> std::result::Result<(), String> {
+        Forwarder::on_answer(self, peer, request_id, payload)
+    }
+
+    fn on_connection_closed(&self, peer: u64, generation: u64) {
+        Forwarder::on_connection_closed(self, peer, generation);
     }
 }
 

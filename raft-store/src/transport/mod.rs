@@ -28,7 +28,6 @@ use self::frame::{Frame, FrameError};
 use self::tls::TlsPair;
 use crate::engine::request::Inbound;
 use crate::error::{Error, Result};
-use crate::forward::Forwarder;
 use crate::metrics::Metrics;
 
 /// How long a peer gets to finish the TLS handshake and say HELLO.
@@ -37,12 +36,28 @@ const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// Frames written per flush.
 const WRITE_BATCH: usize = 256;
-/// Frames queued for one connection's forwarding traffic (requests and answers); beyond it a
-/// request is not sent and an answer is dropped (its requester times out).
-const FORWARD_QUEUE: usize = 2 * crate::forward::MAX_IN_FLIGHT_PER_PEER + 256;
 /// Connections accepted but not yet authenticated (TLS handshake and HELLO) at any one time;
 /// further ones are closed at once, so a connection flood cannot hold unbounded memory.
 pub const MAX_PENDING_HANDSHAKES: usize = 128;
+
+/// What the transport hands FORWARD and ANSWER frames to (the forwarder, `crate::forward`). A
+/// trait so that the transport, the lower layer, knows nothing of what forwarded requests are.
+pub(crate) trait ForwardHandler: Send + Sync {
+    /// Frames one connection's forwarding queue holds (requests sent and answers owed); beyond
+    /// it a request is not sent and an answer is dropped (its requester times out).
+    fn queue_frames(&self) -> usize;
+    /// A FORWARD frame from the authenticated `peer`: decodes it now (`Err`: garbage, the
+    /// connection is closed) and returns the work that yields the ANSWER frame, if any.
+    fn on_request(self: Arc<Self>, peer: u64, request_id: u64, payload: Bytes)
+        -> std::result::Result<ServeFuture, String>;
+    /// An ANSWER frame from `peer`; `Err` when its body does not decode (the connection is closed).
+    fn on_answer(&self, peer: u64, request_id: u64, payload: &[u8]) -> std::result::Result<(), String>;
+    /// The connection `generation` to `peer` ended.
+    fn on_connection_closed(&self, peer: u64, generation: u64);
+}
+
+/// Serving a forwarded request: the ANSWER frame to send back, or `None`.
+pub(crate) type ServeFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Bytes>> + Send>>;
 
 struct Shared {
     node_id: u64,
@@ -58,7 +73,7 @@ struct Shared {
     tls: Option<TlsPair>,
     handshakes: Arc<tokio::sync::Semaphore>,
     inbound: crossbeam_channel::Sender<Inbound>,
-    forwarder: Arc<Forwarder>,
+    forwarder: Arc<dyn ForwardHandler>,
     rt: tokio::runtime::Handle,
 }
 
@@ -120,7 +135,7 @@ impl Transport {
         cfg: &crate::config::StoreConfig,
         metrics: Arc<Metrics>,
         inbound: crossbeam_channel::Sender<Inbound>,
-        forwarder: Arc<Forwarder>,
+        forwarder: Arc<dyn ForwardHandler>,
         rt: tokio::runtime::Handle,
     ) -> Result<Self> {
         let tls = match &cfg.security {
@@ -320,7 +335,7 @@ async fn run_connection(shared: &Arc<Shared>, peer: u64, addr: SocketAddr, strea
     let link = shared.link(peer);
     let generation = link.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
     link.newer.notify_waiters();
-    let (forward_tx, mut forward_rx) = mpsc::channel(FORWARD_QUEUE);
+    let (forward_tx, mut forward_rx) = mpsc::channel(shared.forwarder.queue_frames());
     if let Ok(mut f) = link.forward.lock() {
         *f = Some((generation, forward_tx));
     }
@@ -519,8 +534,8 @@ async fn read_frames<R: AsyncRead + Unpin>(shared: &Arc<Shared>, peer: u64, addr
                 }
                 shared.touch(peer);
                 // The peer is authenticated and the frame is capped: only now is the body decoded.
-                let req = match postcard::from_bytes::<crate::forward::wire::ForwardRequest>(&payload) {
-                    Ok(req) => req,
+                let serve = match shared.forwarder.clone().on_request(peer, request_id, payload) {
+                    Ok(serve) => serve,
                     Err(e) => {
                         m.reject("garbage");
                         tracing::warn!(%addr, peer, error = %e, "raft transport: undecodable forwarded request; closing");
@@ -529,7 +544,7 @@ async fn read_frames<R: AsyncRead + Unpin>(shared: &Arc<Shared>, peer: u64, addr
                 };
                 let shared2 = shared.clone();
                 shared.rt.spawn(async move {
-                    if let Some(answer) = shared2.forwarder.clone().serve(peer, request_id, req).await {
+                    if let Some(answer) = serve.await {
                         let t = Transport { shared: shared2 };
                         if t.send_forward(peer, answer).is_none() {
                             tracing::debug!(

@@ -13,12 +13,13 @@ use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message as WsFrame;
 
 use super::stats::{percentile, round3};
-use crate::gateway::client::{read_token_file, GatewayClient};
 use crate::jupyter::{ws, Channel, Message};
 use crate::kernel::connection::ConnectionInfo;
 use crate::kernel::hub::{Hub, Outgoing};
 use crate::kernel::process::LaunchSpec;
 use crate::kernel::replica::Replica;
+use crate::link::client::GatewayClient;
+use crate::link::token::read_token_file;
 use crate::metrics::Metrics;
 
 /// Options of `nbos bench cell`.
@@ -128,12 +129,13 @@ fn start_daemon(python: &std::path::Path) -> anyhow::Result<TempDaemon> {
         .stderr(std::process::Stdio::null())
         .spawn()
         .with_context(|| format!("starting {}", daemon.display()))?;
-    let endpoint = dir.path().join("run").join(crate::node::ENDPOINT_FILE);
+    let endpoint = dir.path().join("run").join(crate::link::endpoint::ENDPOINT_FILE);
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut d = TempDaemon { child, _dir: dir, url: String::new() };
     loop {
-        if let Some(e) =
-            std::fs::read_to_string(&endpoint).ok().and_then(|t| serde_json::from_str::<crate::node::Endpoint>(&t).ok())
+        if let Some(e) = std::fs::read_to_string(&endpoint)
+            .ok()
+            .and_then(|t| serde_json::from_str::<crate::link::endpoint::Endpoint>(&t).ok())
         {
             d.url = e.url;
             return Ok(d);

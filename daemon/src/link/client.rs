@@ -1,14 +1,16 @@
-//! A client of the Kernel Gateway API, for `nbos kernel-proxy` and `nbos bench cell`.
+//! A client of a host's Kernel Gateway API: `nbos kernel-proxy`, `nbos bench`, and the
+//! cluster front-end's internal WebSocket to another host's replica.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 
+use super::endpoint::{Endpoint, ENDPOINT_FILE};
+use super::token::read_token_file;
 use crate::kernel::KernelModel;
-use crate::node::{Endpoint, ENDPOINT_FILE};
 
 /// A WebSocket to a kernel's channels.
 pub type ChannelsSocket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
@@ -20,14 +22,6 @@ pub struct GatewayClient {
     pub url: String,
     token: Option<String>,
     agent: ureq::Agent,
-}
-
-/// Reads the first line of a token file.
-pub fn read_token_file(path: &Path) -> anyhow::Result<String> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading token file {}", path.display()))?;
-    let token = text.lines().next().unwrap_or("").trim().to_owned();
-    anyhow::ensure!(!token.is_empty(), "token file {} is empty", path.display());
-    Ok(token)
 }
 
 impl GatewayClient {
@@ -162,9 +156,4 @@ pub fn is_not_found(err: &anyhow::Error) -> bool {
     err.chain().any(|e| {
         e.downcast_ref::<WsError>().is_some_and(|w| matches!(w, WsError::Http(r) if r.status().as_u16() == 404))
     })
-}
-
-/// Runtime directory of a packaged daemon (where its endpoint file lives).
-pub fn default_runtime_dir() -> PathBuf {
-    PathBuf::from("/run/notebookos")
 }

@@ -1,0 +1,160 @@
+//! Kernel records on the meta leader: placing a new kernel's replicas, deleting a kernel,
+//! re-placing the replica of a host that is gone. Placement itself is pure
+//! ([`crate::sched::placement`]); this file reads the hosts and commits by compare-and-swap,
+//! one placement at a time.
+
+use std::collections::BTreeMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use super::error::{ClusterError, Result};
+use super::forward::HttpMethod;
+use super::handle::Cluster;
+use crate::cluster::records::{self, keys, KernelRecord, ReplicaRecord};
+use crate::sched::placement::{self, HostLoad};
+
+/// What a client asks for when it creates a kernel (`POST /api/v1/cluster/kernels`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelSpec {
+    /// Kernel id; `None` lets the leader pick a UUID.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// Kernelspec name.
+    pub name: String,
+    /// GPUs each cell needs.
+    #[serde(default)]
+    pub gpus: u32,
+    /// Environment (already filtered by the gateway).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl Cluster {
+    /// Hosts as placement sees them: live hosts with the subscriptions the kernel records place on them.
+    pub(super) async fn host_loads(&self) -> Result<Vec<HostLoad>> {
+        let hosts = self.hosts().await?;
+        let kernels = self.kernels().await?;
+        Ok(hosts
+            .iter()
+            .map(|h| {
+                let mine = kernels.iter().filter(|k| k.replicas.iter().any(|r| r.node_id == h.node_id));
+                let (mut subscribed, mut replicas) = (0u32, 0u32);
+                for k in mine {
+                    subscribed = subscribed.saturating_add(k.gpus);
+                    replicas = replicas.saturating_add(1);
+                }
+                HostLoad {
+                    node_id: h.node_id,
+                    gpus_total: u32::try_from(h.gpus.len()).unwrap_or(u32::MAX),
+                    subscribed_gpus: subscribed,
+                    replicas,
+                }
+            })
+            .collect())
+    }
+
+    /// Creates a kernel: places its replicas on `replicas` distinct live hosts (on the meta
+    /// leader, forwarded there when this host is not it) and commits its record.
+    pub async fn create_kernel(&self, spec: KernelSpec) -> Result<KernelRecord> {
+        if spec.name.is_empty() {
+            return Err(ClusterError::BadRequest("a kernel needs a kernelspec name".into()));
+        }
+        self.on_leader(HttpMethod::Post, "/api/v1/cluster/kernels", Some(&spec), || {
+            self.create_kernel_here(spec.clone())
+        })
+        .await
+    }
+
+    /// [`Cluster::create_kernel`] on this host, which must be the meta leader.
+    pub async fn create_kernel_here(&self, spec: KernelSpec) -> Result<KernelRecord> {
+        self.require_leader().await?;
+        let _placing = self.placing.lock().await;
+        let hosts = self.host_loads().await?;
+        let chosen = placement::place(
+            &hosts,
+            spec.gpus,
+            usize::try_from(self.settings.replicas).unwrap_or(usize::MAX),
+            self.settings.subscription_ratio,
+        )?;
+        let id = spec.id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        if id.is_empty() || id.contains('/') {
+            return Err(ClusterError::BadRequest(format!("kernel id {id:?} must be non-empty and contain no '/'")));
+        }
+        let record = KernelRecord {
+            group: records::kernel_group_id(&id),
+            id: id.clone(),
+            name: spec.name,
+            gpus: spec.gpus,
+            replicas: chosen.iter().zip(1u32..).map(|(&node_id, replica)| ReplicaRecord { replica, node_id }).collect(),
+            created_ms: now_ms(),
+            env: spec.env,
+        };
+        let out = self.meta.cas(keys::kernel(&id), None, records::encode(&record)).await?;
+        if !out.succeeded {
+            return Err(ClusterError::Conflict(format!("kernel {id} already exists")));
+        }
+        tracing::info!(kernel = %id, hosts = ?chosen, gpus = record.gpus, "kernel placed");
+        Ok(record)
+    }
+
+    /// Deletes a kernel's record (its replicas' hosts stop them); true when it existed.
+    pub async fn delete_kernel(&self, id: &str) -> Result<bool> {
+        let path = format!("/api/v1/cluster/kernels/{id}");
+        let deleted: serde_json::Value = self
+            .on_leader(HttpMethod::Delete, &path, None::<&()>, || async {
+                let existed = self.meta.delete(keys::kernel(id)).await?;
+                Ok(serde_json::json!({ "deleted": existed }))
+            })
+            .await?;
+        Ok(deleted.get("deleted").and_then(serde_json::Value::as_bool).unwrap_or(false))
+    }
+
+    /// Re-places the replica of `kernel` on `dead_node` on a live host that does not hold the
+    /// kernel yet (new replica number). Runs on the meta leader (forwarded when needed).
+    /// Returns the new record, the record unchanged when `dead_node` holds no replica of it,
+    /// and `None` when no host can take the replica now.
+    pub async fn replace_replica(&self, kernel: &str, dead_node: u64) -> Result<Option<KernelRecord>> {
+        let path = format!("/api/v1/cluster/kernels/{kernel}/replace");
+        let body = serde_json::json!({ "node_id": dead_node });
+        self.on_leader(HttpMethod::Post, &path, Some(&body), || self.replace_replica_here(kernel, dead_node)).await
+    }
+
+    /// [`Cluster::replace_replica`] on this host, which must be the meta leader.
+    pub async fn replace_replica_here(&self, kernel: &str, dead_node: u64) -> Result<Option<KernelRecord>> {
+        self.require_leader().await?;
+        let _placing = self.placing.lock().await;
+        for _ in 0..5 {
+            let out = self.meta.get_stale(keys::kernel(kernel)).await?;
+            let Some(kv) = out.kvs.first() else { return Err(ClusterError::NoSuchKernel(kernel.to_owned())) };
+            let record: KernelRecord =
+                records::decode(&kv.key, &kv.value).map_err(|e| ClusterError::Conflict(e.to_string()))?;
+            if !record.replicas.iter().any(|r| r.node_id == dead_node) {
+                return Ok(Some(record));
+            }
+            let exclude: Vec<u64> = record.replicas.iter().map(|r| r.node_id).collect();
+            let hosts = self.host_loads().await?;
+            let Some(new_node) = placement::replace(&hosts, record.gpus, self.settings.subscription_ratio, &exclude)
+            else {
+                return Ok(None);
+            };
+            let next = record.replicas.iter().map(|r| r.replica).max().unwrap_or(0) + 1;
+            let mut new = record.clone();
+            for r in &mut new.replicas {
+                if r.node_id == dead_node {
+                    *r = ReplicaRecord { replica: next, node_id: new_node };
+                }
+            }
+            let cas = self.meta.cas(keys::kernel(kernel), Some(kv.value.clone()), records::encode(&new)).await?;
+            if cas.succeeded {
+                tracing::info!(kernel, dead_node, new_node, replica = next, "replica re-placed");
+                return Ok(Some(new));
+            }
+        }
+        Err(ClusterError::Conflict(format!("kernel {kernel}: its record kept changing; try again")))
+    }
+}

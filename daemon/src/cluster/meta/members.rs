@@ -1,0 +1,187 @@
+//! Membership of the meta group: adding and removing hosts (on the meta leader), and a
+//! host leaving the cluster (drain its replicas, then remove itself). The peer records
+//! written at join let every host reach a member even while its `hosts/` record is gone.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use raft_store::{Membership, MembershipChange};
+use serde::{Deserialize, Serialize};
+
+use super::error::{ClusterError, Result};
+use super::forward::HttpMethod;
+use super::handle::Cluster;
+use crate::cluster::records::{KernelRecord, META_GROUP};
+use crate::sched::placement::{self, HostLoad};
+
+/// Prefix of the durable raft addresses of members (`peers/{node:020}`), written when a
+/// host joins so that every host can reach it even while its `hosts/` record is gone.
+pub const PEERS: &str = "peers/";
+
+/// `peers/{node:020}`.
+pub fn peer_key(node_id: u64) -> String {
+    format!("{PEERS}{node_id:020}")
+}
+
+/// A member's raft address (`peers/…`), and the body of `POST /api/v1/cluster/members`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerRecord {
+    /// Raft node id.
+    pub node_id: u64,
+    /// Raft transport address.
+    pub raft_addr: SocketAddr,
+}
+
+/// What `nbos cluster leave` did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaveReport {
+    /// The host that left.
+    pub node_id: u64,
+    /// Kernels whose replica on this host was re-placed: (kernel, new host).
+    pub moved: Vec<(String, u64)>,
+    /// Meta membership after the removal.
+    pub membership: Membership,
+}
+
+impl Cluster {
+    /// Adds a host to the meta group (learner, then voter). Runs on the meta leader.
+    pub async fn add_member(&self, peer: PeerRecord) -> Result<Membership> {
+        if peer.node_id == 0 {
+            return Err(ClusterError::BadRequest("node id must be non-zero".into()));
+        }
+        self.store.add_peer(peer.node_id, peer.raft_addr);
+        self.on_leader(HttpMethod::Post, "/api/v1/cluster/members", Some(&peer), || self.add_member_here(peer.clone()))
+            .await
+    }
+
+    /// [`Cluster::add_member`] on this host, which must be the meta leader.
+    pub async fn add_member_here(&self, peer: PeerRecord) -> Result<Membership> {
+        self.require_leader().await?;
+        self.store.add_peer(peer.node_id, peer.raft_addr);
+        self.meta.put(peer_key(peer.node_id), serde_json::to_vec(&peer).unwrap_or_default()).await?;
+        let status = self.store.status(META_GROUP).await?;
+        if status.membership.voters.contains(&peer.node_id) {
+            return Ok(status.membership);
+        }
+        if !status.membership.learners.contains(&peer.node_id) {
+            self.store.change_membership(META_GROUP, &[MembershipChange::AddLearner(peer.node_id)]).await?;
+        }
+        // Give the learner a moment to receive the log before it counts in the quorum.
+        let deadline = Instant::now() + self.settings.host_ttl;
+        while Instant::now() < deadline {
+            let st = self.store.status(META_GROUP).await?;
+            if st.commit == st.applied {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let m = self.store.change_membership(META_GROUP, &[MembershipChange::AddVoter(peer.node_id)]).await?;
+        tracing::info!(node = peer.node_id, addr = %peer.raft_addr, voters = ?m.voters, "host joined the meta group");
+        Ok(m)
+    }
+
+    /// Removes a host from the meta group. Runs on the meta leader.
+    pub async fn remove_member(&self, node_id: u64) -> Result<Membership> {
+        let path = format!("/api/v1/cluster/members/{node_id}");
+        self.on_leader(HttpMethod::Delete, &path, None::<&()>, || self.remove_member_here(node_id)).await
+    }
+
+    /// [`Cluster::remove_member`] on this host, which must be the meta leader.
+    pub async fn remove_member_here(&self, node_id: u64) -> Result<Membership> {
+        self.require_leader().await?;
+        let status = self.store.status(META_GROUP).await?;
+        let m = &status.membership;
+        if !m.voters.contains(&node_id) && !m.learners.contains(&node_id) {
+            return Ok(status.membership);
+        }
+        if m.voters == [node_id] {
+            return Err(ClusterError::Conflict(format!("host {node_id} is the last meta voter; it cannot leave")));
+        }
+        let m = self.store.change_membership(META_GROUP, &[MembershipChange::Remove(node_id)]).await?;
+        if let Err(e) = self.meta.delete(peer_key(node_id)).await {
+            tracing::warn!(node = node_id, error = %e, "could not delete the peer record of a removed host");
+        }
+        tracing::info!(node = node_id, voters = ?m.voters, "host removed from the meta group");
+        Ok(m)
+    }
+
+    /// This host leaves the cluster: [`Cluster::drain`], then [`Cluster::remove_self`].
+    pub async fn leave(&self) -> Result<LeaveReport> {
+        let moved = self.drain().await?;
+        let mut report = self.remove_self().await?;
+        report.moved = moved;
+        Ok(report)
+    }
+
+    /// Moves every replica on this host to another host (the meta leader re-places each).
+    /// Refused, with nothing changed, when a replica cannot be re-placed (checked before
+    /// anything moves; should the leader still find no host for one, the moves already made
+    /// stay). The host stays a member. Returns (kernel, new host) per moved replica.
+    pub async fn drain(&self) -> Result<Vec<(String, u64)>> {
+        let me = self.settings.node_id;
+        let mine: Vec<KernelRecord> =
+            self.kernels().await?.into_iter().filter(|k| k.replicas.iter().any(|r| r.node_id == me)).collect();
+        // Check first that every replica has somewhere to go (this host's view; the leader
+        // decides each move for real), so that a refusal leaves everything where it was.
+        let mut hosts: Vec<HostLoad> = self.host_loads().await?.into_iter().filter(|h| h.node_id != me).collect();
+        for k in &mine {
+            let exclude: Vec<u64> = k.replicas.iter().map(|r| r.node_id).collect();
+            let Some(to) = placement::replace(&hosts, k.gpus, self.settings.subscription_ratio, &exclude) else {
+                return Err(ClusterError::Conflict(format!(
+                    "host {me} cannot leave: no other live host can take its replica of kernel {} \
+                     (every live host already holds it or has no room); nothing was changed",
+                    k.id
+                )));
+            };
+            if let Some(h) = hosts.iter_mut().find(|h| h.node_id == to) {
+                h.subscribed_gpus = h.subscribed_gpus.saturating_add(k.gpus);
+                h.replicas = h.replicas.saturating_add(1);
+            }
+        }
+        let mut moved = Vec::new();
+        for k in &mine {
+            match self.replace_replica(&k.id, me).await? {
+                Some(new) => {
+                    let to = new
+                        .replicas
+                        .iter()
+                        .map(|r| r.node_id)
+                        .find(|n| !k.replicas.iter().any(|r| r.node_id == *n))
+                        .unwrap_or(0);
+                    moved.push((k.id.clone(), to));
+                }
+                None => {
+                    return Err(ClusterError::Conflict(format!(
+                        "host {me} cannot leave: no live host took its replica of kernel {}; still a member \
+                         (replicas already moved: {moved:?})",
+                        k.id
+                    )));
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Removes this host from the meta group and stops its heartbeat. Refused while a
+    /// kernel record still places a replica here ([`Cluster::drain`] first).
+    pub async fn remove_self(&self) -> Result<LeaveReport> {
+        let me = self.settings.node_id;
+        if let Some(k) = self.kernels().await?.iter().find(|k| k.replicas.iter().any(|r| r.node_id == me)) {
+            return Err(ClusterError::Conflict(format!(
+                "host {me} still holds a replica of kernel {}: drain it first (nbos cluster leave does)",
+                k.id
+            )));
+        }
+        let membership = self.remove_member(me).await?;
+        let lease = self.state.lock().ok().and_then(|mut s| {
+            s.left = true;
+            s.lease.take()
+        });
+        if let Some(l) = lease {
+            if let Err(e) = self.meta.lease_revoke(l).await {
+                tracing::debug!(error = %e, "could not revoke the host lease after leaving");
+            }
+        }
+        Ok(LeaveReport { node_id: me, moved: Vec::new(), membership })
+    }
+}

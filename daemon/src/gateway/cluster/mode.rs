@@ -1,0 +1,79 @@
+//! [`ClusterMode`]: what the gateway's handlers need in cluster mode, carried as a router
+//! extension, and [`enable`], how a node turns it on.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::{Extension, Router};
+
+use super::api_error::cluster_error;
+use super::local_replicas::GatewayReplicas;
+use crate::cluster::frontend::{FrontendMetrics, Frontends};
+use crate::cluster::records::KernelRecord;
+use crate::cluster::replica_host::ReplicaHost;
+use crate::cluster::Cluster;
+use crate::gateway::error::ApiError;
+use crate::gateway::state::AppState;
+
+/// What the gateway needs in cluster mode.
+pub struct ClusterMode {
+    /// The meta store view and placement.
+    pub cluster: Arc<Cluster>,
+    /// This host's replicas of cluster kernels (the `?replica=local` side).
+    pub replicas: Arc<ReplicaHost>,
+    /// This host's front-ends of cluster kernels (the client side).
+    pub frontends: Arc<Frontends>,
+    /// How long `POST /api/kernels` waits for every replica to be ready.
+    pub ready_timeout: Duration,
+    /// The cluster's API token, for calls to other hosts.
+    pub token: Option<String>,
+}
+
+/// The extension handlers look for.
+pub type Mode = Extension<Arc<ClusterMode>>;
+
+/// Puts the gateway in cluster mode (call on the router [`crate::gateway::router`] built).
+pub fn with_cluster(router: Router, mode: Arc<ClusterMode>) -> Router {
+    router.layer(Extension(mode))
+}
+
+/// How long `POST /api/kernels` waits for a new kernel's replicas by default.
+pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Cluster mode for a node: front-ends over `cluster`'s meta group, `replicas` for the
+/// `?replica=local` side, `token` for calls to other hosts. What `node.rs` calls.
+pub fn enable(
+    router: Router,
+    state: Arc<AppState>,
+    cluster: Arc<Cluster>,
+    replicas: Arc<ReplicaHost>,
+    token: Option<String>,
+) -> Router {
+    let frontends = Frontends::new(
+        cluster.meta().clone(),
+        Some(cluster.store().clone()),
+        token.clone(),
+        FrontendMetrics::default(),
+    );
+    frontends.set_local(cluster.node_id(), Arc::new(GatewayReplicas::new(state, replicas.clone())));
+    let mode = ClusterMode { cluster, replicas, frontends, ready_timeout: DEFAULT_READY_TIMEOUT, token };
+    with_cluster(router, Arc::new(mode))
+}
+
+/// True when the request's query says `replica=local`.
+pub fn wants_local_replica(query: Option<&str>) -> bool {
+    query.is_some_and(|q| q.split('&').any(|kv| kv == "replica=local"))
+}
+
+impl ClusterMode {
+    /// The record of kernel `id`; 404 when there is none (its front-end here closes).
+    pub(super) async fn record(&self, id: &str) -> Result<KernelRecord, ApiError> {
+        match self.cluster.kernel(id).await.map_err(cluster_error)? {
+            Some(r) => Ok(r),
+            None => {
+                self.frontends.close(id);
+                Err(ApiError::no_kernel(id))
+            }
+        }
+    }
+}

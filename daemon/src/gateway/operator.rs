@@ -1,0 +1,64 @@
+//! What operators and probes ask a host: `/api` (the version Jupyter clients probe first),
+//! `/api/v1/status`, `/api/v1/gpus`, `/api/v1/leases`, `/healthz` and `/metrics`.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use super::cluster;
+use super::state::AppState;
+use crate::metrics::StateLabels;
+use crate::status::NodeStatus;
+
+/// `GET /healthz`.
+pub async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// `GET /metrics` (OpenMetrics), with the cluster's front-end and sync metrics in cluster mode.
+pub async fn metrics(State(st): State<Arc<AppState>>, mode: Option<cluster::Mode>) -> Response {
+    // Kernels by state are counted when scraped, so the gauge never drifts.
+    st.metrics.kernels.clear();
+    for k in st.kernels.list().await {
+        st.metrics.kernels.get_or_create(&StateLabels { state: k.execution_state }).inc();
+    }
+    let mut text = st.metrics.render();
+    if let Some(mode) = mode {
+        mode.frontends.append_metrics(&mut text);
+        crate::metrics::append_registry(&mode.replicas.sync_metrics().registry(), &mut text);
+    }
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
+}
+
+/// `GET /api`: what Jupyter clients probe first.
+pub async fn api_version() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "version": env!("CARGO_PKG_VERSION"), "server": "notebookosd" }))
+}
+
+/// `GET /api/v1/status`: this host at a glance.
+pub async fn status(State(st): State<Arc<AppState>>) -> Json<NodeStatus> {
+    Json(NodeStatus {
+        node: st.node.clone(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        uptime_s: st.started.elapsed().as_secs(),
+        dev: st.dev,
+        url: st.url.clone(),
+        state_dir: st.state_dir.clone(),
+        auth: st.token.is_some(),
+        inventory: st.inventory.clone(),
+        kernels: u64::try_from(st.kernels.len().await).unwrap_or(u64::MAX),
+    })
+}
+
+/// `GET /api/v1/gpus`: who holds which GPU, and which cells wait.
+pub async fn gpus(State(st): State<Arc<AppState>>) -> Json<crate::sched::host::Snapshot> {
+    Json(st.kernels.binder().snapshot())
+}
+
+/// `GET /api/v1/leases`: the kernel processes connected to the lease server and their leases.
+pub async fn leases(State(st): State<Arc<AppState>>) -> Json<Vec<crate::lease::ProcessStatus>> {
+    Json(st.leases.as_ref().map(|l| l.status()).unwrap_or_default())
+}

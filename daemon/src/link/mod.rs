@@ -1,0 +1,11 @@
+//! How a program reaches a host's HTTP API: the Kernel Gateway client ([`client`]), the
+//! endpoint file a running daemon writes for local clients ([`endpoint`]), and the API
+//! token ([`token`]).
+//!
+//! It sits below both the gateway and the cluster: the CLI, the cluster's front-ends
+//! (their internal WebSocket to another host's gateway) and the servers' token checks all
+//! use it, and it uses nothing above the kernel model.
+
+pub mod client;
+pub mod endpoint;
+pub mod token;

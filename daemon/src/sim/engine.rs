@@ -1,0 +1,241 @@
+//! The discrete-event loop. Sessions start, submit their trainings one at a time (a
+//! notebook runs one cell at a time: a training whose submission time has come waits
+//! for the previous one), and stop; the policy decides where each runs. The engine
+//! measures what every policy is judged on, the same way for all.
+
+use super::cluster::Cluster;
+use super::events::{Ev, Queue};
+use super::metrics::{Point, PolicyResult};
+use super::policy::{self, Policy};
+use super::rng::Rng;
+use super::workload::{Training, Workload};
+use super::{Model, PolicyKind};
+use crate::sched::Millis;
+
+/// Why a simulation could not run or finish.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SimError {
+    /// A training needs more GPUs than a host has.
+    #[error("session {session} has a training needing {gpus} GPUs, but hosts have {per_host} (raise --gpus-per-host)")]
+    TooLarge {
+        /// Session index.
+        session: usize,
+        /// GPUs asked.
+        gpus: u32,
+        /// GPUs per host.
+        per_host: u32,
+    },
+    /// The model is unusable.
+    #[error("invalid model: {0}")]
+    Model(String),
+    /// Events ran out with trainings not done (a policy bug).
+    #[error("{policy}: {left} trainings never completed")]
+    Stuck {
+        /// The policy.
+        policy: &'static str,
+        /// How many.
+        left: usize,
+    },
+}
+
+/// What policies see and act through.
+pub struct Ctx<'a> {
+    /// The workload.
+    pub w: &'a Workload,
+    /// The cluster model.
+    pub m: &'a Model,
+    /// Future events.
+    pub q: Queue,
+    /// The hosts.
+    pub c: Cluster,
+    /// Randomness, from the seed.
+    pub rng: Rng,
+    /// Virtual now.
+    pub now: Millis,
+    next: Vec<u32>,
+    submitted_at: Vec<Millis>,
+    delays_ms: Vec<Millis>,
+    /// Migrations performed (replicas moved to run a cell).
+    pub migrations: u64,
+    /// Idle replicas moved in the background (off a host being drained, or to cover a kernel).
+    pub background_moves: u64,
+    completed: usize,
+}
+
+impl Ctx<'_> {
+    /// The session's current (next or running) training.
+    pub fn training(&self, s: u32) -> &Training {
+        let sess = &self.w.sessions[s as usize];
+        &sess.trainings[(self.next[s as usize] as usize).min(sess.trainings.len().saturating_sub(1))]
+    }
+
+    /// The current training's index in its session.
+    pub fn training_index(&self, s: u32) -> u32 {
+        self.next[s as usize]
+    }
+
+    /// The session's GPUs.
+    pub fn session_gpus(&self, s: u32) -> u32 {
+        self.w.sessions[s as usize].gpus
+    }
+
+    /// The current training starts running on `host` after `extra` ms (container start,
+    /// state load, election): the delay is measured from its submission.
+    pub fn start_training(&mut self, s: u32, host: u32, extra: Millis) {
+        let begins = self.now + extra;
+        self.delays_ms.push(begins - self.submitted_at[s as usize]);
+        let end = begins + self.training(s).duration;
+        self.q.push(end, Ev::TrainingEnd { session: s, host });
+    }
+
+    /// Requests a host; a `HostUp` follows after the provisioning delay.
+    pub fn request_host(&mut self) -> u32 {
+        let h = self.c.request(self.now);
+        let j = self.m.provision_jitter_ms;
+        let delay = self.m.provision_ms.saturating_sub(j) + self.rng.below(2 * j + 1);
+        self.q.push(self.now + delay, Ev::HostUp(h));
+        h
+    }
+}
+
+/// Replays `w` under `policy` on the cluster `m`.
+pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, SimError> {
+    validate(w, m)?;
+    let host_ratio = if policy == PolicyKind::Notebookos { m.subscription_ratio } else { 1e9 };
+    let idle_release = if policy == PolicyKind::Notebookos { m.idle_release_ms } else { 0 };
+    let n = w.sessions.len();
+    let mut cx = Ctx {
+        w,
+        m,
+        q: Queue::default(),
+        c: Cluster::new(m.gpus_per_host, idle_release, host_ratio),
+        rng: Rng::new(m.seed, policy as u64 + 1),
+        now: 0,
+        next: vec![0; n],
+        submitted_at: vec![0; n],
+        delays_ms: Vec::with_capacity(w.sessions.iter().map(|s| s.trainings.len()).sum()),
+        migrations: 0,
+        background_moves: 0,
+        completed: 0,
+    };
+    let mut p: Box<dyn Policy> = policy::new(policy, n);
+    let t0 = w.sessions.iter().map(|s| s.start).min().unwrap_or(0);
+    let t_end = w.sessions.iter().map(|s| s.stop).max().unwrap_or(0);
+    // About 2,000 points whatever the span, on whole minutes.
+    let sample_ms = (t_end.saturating_sub(t0) / 2_000).max(60_000) / 60_000 * 60_000;
+    for (i, s) in w.sessions.iter().enumerate() {
+        cx.q.push(s.start, Ev::SessionStart(index(i)));
+    }
+    cx.now = t0;
+    p.init(&mut cx);
+    cx.q.push(t0, Ev::ScaleTick);
+    cx.q.push(t0, Ev::Sample);
+    let mut sessions_left = n;
+    let mut series = Vec::new();
+    let mut last = t0;
+    while let Some((t, ev)) = cx.q.pop() {
+        cx.now = t;
+        cx.c.advance(t);
+        last = t;
+        match ev {
+            Ev::SessionStart(s) => {
+                p.session_start(&mut cx, s);
+                match w.sessions[s as usize].trainings.first() {
+                    Some(tr) => cx.q.push(tr.submit.max(t), Ev::Submit(s)),
+                    None => cx.q.push(w.sessions[s as usize].stop.max(t), Ev::SessionStop(s)),
+                }
+            }
+            Ev::Submit(s) => {
+                cx.submitted_at[s as usize] = t;
+                p.submit(&mut cx, s);
+            }
+            Ev::TrainingEnd { session: s, host } => {
+                cx.completed += 1;
+                p.training_end(&mut cx, s, host);
+                let sess = &w.sessions[s as usize];
+                cx.next[s as usize] += 1;
+                match sess.trainings.get(cx.next[s as usize] as usize) {
+                    Some(tr) => cx.q.push(tr.submit.max(t), Ev::Submit(s)),
+                    None => cx.q.push(sess.stop.max(t), Ev::SessionStop(s)),
+                }
+            }
+            Ev::SessionStop(s) => {
+                p.session_stop(&mut cx, s);
+                sessions_left -= 1;
+            }
+            Ev::HostUp(h) => {
+                cx.c.up(h);
+                p.host_up(&mut cx, h);
+            }
+            Ev::Ready { session, host } => p.ready(&mut cx, session, host),
+            Ev::Refill(h) => p.refill(&mut cx, h),
+            Ev::IdleCheck(h) => p.idle_check(&mut cx, h),
+            Ev::ScaleTick => {
+                if sessions_left > 0 {
+                    p.scale_tick(&mut cx);
+                    cx.q.push(t + m.scaling_interval_ms, Ev::ScaleTick);
+                }
+            }
+            Ev::Sample => {
+                series.push(Point {
+                    t_ms: t - t0,
+                    hosts: cx.c.alive(),
+                    gpus_bound: cx.c.bound_now(),
+                    gpus_committed: cx.c.committed_now(),
+                });
+                if sessions_left > 0 {
+                    cx.q.push(t + sample_ms, Ev::Sample);
+                }
+            }
+        }
+    }
+    let trainings: usize = w.sessions.iter().map(|s| s.trainings.len()).sum();
+    if cx.completed < trainings {
+        return Err(SimError::Stuck { policy: policy.name(), left: trainings - cx.completed });
+    }
+    let floor_gpu_ms: u128 =
+        w.sessions.iter().flat_map(|s| &s.trainings).map(|t| u128::from(t.duration) * u128::from(t.gpus)).sum();
+    let bound = cx.c.bound_gpu_ms(last);
+    Ok(PolicyResult::new(
+        policy,
+        super::metrics::Totals {
+            provisioned_gpu_ms: cx.c.provisioned_gpu_ms(),
+            bound_gpu_ms: bound,
+            committed_gpu_ms: cx.c.committed_gpu_ms(),
+            floor_gpu_ms,
+            span_ms: last - t0,
+            trainings,
+            completed: cx.completed,
+            migrations: cx.migrations,
+            background_moves: cx.background_moves,
+            scale_outs: cx.c.hosts_added,
+            scale_ins: cx.c.hosts_released,
+            violations: cx.c.violations.clone(),
+        },
+        cx.delays_ms,
+        series,
+    ))
+}
+
+fn validate(w: &Workload, m: &Model) -> Result<(), SimError> {
+    if m.gpus_per_host == 0 {
+        return Err(SimError::Model("gpus_per_host must be at least 1".into()));
+    }
+    if !(m.subscription_ratio.is_finite() && m.subscription_ratio >= 1.0) {
+        return Err(SimError::Model(format!("subscription ratio must be >= 1, got {}", m.subscription_ratio)));
+    }
+    if m.scaling_interval_ms == 0 {
+        return Err(SimError::Model("the scaling interval must be longer than 0".into()));
+    }
+    for (i, s) in w.sessions.iter().enumerate() {
+        let gpus = s.trainings.iter().map(|t| t.gpus).max().unwrap_or(0).max(s.gpus);
+        if gpus > m.gpus_per_host {
+            return Err(SimError::TooLarge { session: i, gpus, per_host: m.gpus_per_host });
+        }
+    }
+    Ok(())
+}
+
+fn index(i: usize) -> u32 {
+    u32::try_from(i).unwrap_or(u32::MAX)
+}
