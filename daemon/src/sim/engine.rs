@@ -4,13 +4,14 @@
 //! measures what every policy is judged on, the same way for all.
 
 use super::cluster::Cluster;
+use super::ctx::Ctx;
 use super::events::{Ev, Queue};
 use super::metrics::{Point, PolicyResult};
-use super::policy::{self, Policy};
+use super::policy::api::Policy;
+use super::policy::{batch, replicated, reservation};
 use super::rng::Rng;
-use super::workload::{Training, Workload};
+use super::workload::Workload;
 use super::{Model, PolicyKind};
-use crate::sched::Millis;
 
 /// Why a simulation could not run or finish.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -38,66 +39,6 @@ pub enum SimError {
     },
 }
 
-/// What policies see and act through.
-pub struct Ctx<'a> {
-    /// The workload.
-    pub w: &'a Workload,
-    /// The cluster model.
-    pub m: &'a Model,
-    /// Future events.
-    pub q: Queue,
-    /// The hosts.
-    pub c: Cluster,
-    /// Randomness, from the seed.
-    pub rng: Rng,
-    /// Virtual now.
-    pub now: Millis,
-    next: Vec<u32>,
-    submitted_at: Vec<Millis>,
-    delays_ms: Vec<Millis>,
-    /// Migrations performed (replicas moved to run a cell).
-    pub migrations: u64,
-    /// Idle replicas moved in the background (off a host being drained, or to cover a kernel).
-    pub background_moves: u64,
-    completed: usize,
-}
-
-impl Ctx<'_> {
-    /// The session's current (next or running) training.
-    pub fn training(&self, s: u32) -> &Training {
-        let sess = &self.w.sessions[s as usize];
-        &sess.trainings[(self.next[s as usize] as usize).min(sess.trainings.len().saturating_sub(1))]
-    }
-
-    /// The current training's index in its session.
-    pub fn training_index(&self, s: u32) -> u32 {
-        self.next[s as usize]
-    }
-
-    /// The session's GPUs.
-    pub fn session_gpus(&self, s: u32) -> u32 {
-        self.w.sessions[s as usize].gpus
-    }
-
-    /// The current training starts running on `host` after `extra` ms (container start,
-    /// state load, election): the delay is measured from its submission.
-    pub fn start_training(&mut self, s: u32, host: u32, extra: Millis) {
-        let begins = self.now + extra;
-        self.delays_ms.push(begins - self.submitted_at[s as usize]);
-        let end = begins + self.training(s).duration;
-        self.q.push(end, Ev::TrainingEnd { session: s, host });
-    }
-
-    /// Requests a host; a `HostUp` follows after the provisioning delay.
-    pub fn request_host(&mut self) -> u32 {
-        let h = self.c.request(self.now);
-        let j = self.m.provision_jitter_ms;
-        let delay = self.m.provision_ms.saturating_sub(j) + self.rng.below(2 * j + 1);
-        self.q.push(self.now + delay, Ev::HostUp(h));
-        h
-    }
-}
-
 /// Replays `w` under `policy` on the cluster `m`.
 pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, SimError> {
     validate(w, m)?;
@@ -118,7 +59,7 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
         background_moves: 0,
         completed: 0,
     };
-    let mut p: Box<dyn Policy> = policy::new(policy, n);
+    let mut p = new_policy(policy, n);
     let t0 = w.sessions.iter().map(|s| s.start).min().unwrap_or(0);
     let t_end = w.sessions.iter().map(|s| s.stop).max().unwrap_or(0);
     // About 2,000 points whatever the span, on whole minutes.
@@ -215,6 +156,17 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
         cx.delays_ms,
         series,
     ))
+}
+
+/// The policy object for `kind` over `sessions` sessions.
+fn new_policy(kind: PolicyKind, sessions: usize) -> Box<dyn Policy> {
+    match kind {
+        PolicyKind::Reservation => Box::new(reservation::Reservation::new(sessions)),
+        PolicyKind::FcfsBatch => Box::new(batch::Batch::new(sessions, false)),
+        PolicyKind::MiddleGround => Box::new(batch::Batch::new(sessions, true)),
+        PolicyKind::NotebookosPaper => Box::new(replicated::Replicated::new(sessions, replicated::Variant::Paper)),
+        PolicyKind::Notebookos => Box::new(replicated::Replicated::new(sessions, replicated::Variant::Ours)),
+    }
 }
 
 fn validate(w: &Workload, m: &Model) -> Result<(), SimError> {

@@ -6,7 +6,8 @@
 //! - [`workload`]: sessions and trainings; the Sensei CSV reader; templates.
 //! - [`sessions`]: the session generator for a trace without sessions (calibrated on a template).
 //! - [`synthetic`]: a synthetic workload generator.
-//! - [`events`], [`engine`]: the discrete-event loop (virtual ms, deterministic ties).
+//! - [`events`], [`engine`]: the discrete-event loop (virtual ms, deterministic ties);
+//!   [`ctx`]: what policies see and act through.
 //! - [`cluster`]: hosts, provisioning, the independent GPU ledger, GPU-hour integrals.
 //! - [`policy`]: one file per scheduling policy.
 //! - [`metrics`]: what a run measured; [`report`]: table, JSON, markdown; [`svg`]: plots.
@@ -14,6 +15,7 @@
 //! Uses `sched/` and nothing above it; no I/O (the CLI reads and writes files).
 
 pub mod cluster;
+pub mod ctx;
 pub mod engine;
 pub mod events;
 pub mod metrics;

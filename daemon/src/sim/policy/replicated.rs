@@ -23,13 +23,13 @@
 
 use std::collections::VecDeque;
 
-use super::Policy;
+use super::api::Policy;
 use crate::sched::placement::{self, HostLoad, PlacementError};
 use crate::sched::preselect::{preselect, Candidate};
 use crate::sched::scale::{self, PeakTracker, Scale};
 use crate::sched::{drain, executor, migrate, prewarm, Millis};
 use crate::sim::cluster::HostState;
-use crate::sim::engine::Ctx;
+use crate::sim::ctx::Ctx;
 use crate::sim::events::Ev;
 
 /// Which rules.

@@ -6,8 +6,8 @@
 
 use std::collections::VecDeque;
 
-use super::{scale_out_for, single_replica_scale_in, Policy};
-use crate::sim::engine::Ctx;
+use super::api::{scale_out_for, single_replica_scale_in, Policy};
+use crate::sim::ctx::Ctx;
 use crate::sim::events::Ev;
 
 /// The policy's state.
