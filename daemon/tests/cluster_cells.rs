@@ -620,6 +620,7 @@ fn cells_wait_for_gpus_and_say_so_interrupts_reach_the_executor_and_bad_requests
         let stderr = wait_for_stderr(&mut y, &waiting, "waiting for 1 GPU").await;
         assert!(stderr.contains("GPU"), "{stderr}");
         // Interrupt through a host that is not the executor's: k1's long cell stops.
+        let interrupted = SystemTime::now();
         let (code, v) = c.post(3, &format!("/api/kernels/{k1}/interrupt"), serde_json::json!({}));
         assert_eq!(code, 204, "{v}");
         let (id, sent, _) = held.pop().expect("x");
@@ -633,6 +634,11 @@ fn cells_wait_for_gpus_and_say_so_interrupts_reach_the_executor_and_bad_requests
         let run = y.wait(&waiting, t, CELL_TIMEOUT).await.expect("the waiting cell runs");
         assert!(status_ok(&run), "{run:?}");
         assert_eq!(run.stdout.trim(), "finally");
+        // It reached its kernel once a GPU was free again, after binding committed it there.
+        let stamp = |k: &str| run.reply_metadata["nbos_election"][k].as_u64().unwrap_or_else(|| panic!("{k}: {run:?}"));
+        let since = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
+        assert!(stamp("gpus_bound_unix_us") >= since(interrupted), "{run:?}");
+        assert!(stamp("dispatched_unix_us") >= stamp("gpus_bound_unix_us"), "{run:?}");
         let (id, sent, gate) = held.pop().expect("b");
         std::fs::write(&gate, "go").expect("gate");
         b.wait(&id, sent, CELL_TIMEOUT).await.expect("k2 cell ends");
@@ -736,13 +742,24 @@ fn bench_election_prints_one_json_object_with_the_promised_keys() {
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 1, "one JSON object: {stdout}");
     let v: serde_json::Value = serde_json::from_str(lines[0]).expect("json");
-    for key in ["election_p50_ms", "election_p99_ms", "first_output_p50_ms", "sync_small_mib_s", "sync_large_mib_s"] {
+    for key in [
+        "election_p50_ms",
+        "election_p99_ms",
+        "election_remote_p50_ms",
+        "election_remote_p99_ms",
+        "first_output_p50_ms",
+        "first_output_remote_p50_ms",
+        "sync_small_mib_s",
+        "sync_large_mib_s",
+    ] {
         let x = v[key].as_f64().unwrap_or_else(|| panic!("{key} missing in {v}"));
         assert!(x.is_finite() && x > 0.0, "{key} = {x}");
     }
     assert!(v["election_p99_ms"].as_f64() >= v["election_p50_ms"].as_f64(), "{v}");
     // The election ends when the cell is handed to the kernel, before its first output.
     assert!(v["first_output_p50_ms"].as_f64() > v["election_p50_ms"].as_f64(), "{v}");
+    assert!(v["first_output_remote_p50_ms"].as_f64() > v["election_remote_p50_ms"].as_f64(), "{v}");
+    assert_eq!(v["hosts"], 4, "three GPU hosts and a gateway-only one: {v}");
     assert_eq!(v["sync_large_bytes"], 2 * 1024 * 1024, "{v}");
     let bad = std::process::Command::new(NBOS)
         .args(["bench", "election", "--json", "--cells", "3"])

@@ -638,10 +638,10 @@ async fn time_cells(client: &mut CellClient, gateway: u64, args: &Args) -> anyho
         }
         let first = run.started_after.context("the cell produced no output")?.as_secs_f64() * 1e3;
         let election = run.reply_metadata.get("nbos_election");
-        let dispatched =
-            election.and_then(|e| e.get("dispatched_unix_us")).and_then(serde_json::Value::as_u64).with_context(
-                || format!("the reply does not say when the cell was dispatched: {}", run.reply_metadata),
-            )?;
+        let dispatched = election
+            .and_then(|e| e.get("dispatched_unix_us"))
+            .and_then(serde_json::Value::as_u64)
+            .with_context(|| format!("the reply does not say when the cell was dispatched: {}", run.reply_metadata))?;
         let ms = dispatched.saturating_sub(run.sent_unix_us) as f64 / 1e3;
         out.elections.push(ms);
         out.first_outputs.push(first);
