@@ -444,7 +444,7 @@ pub fn run(
     let (mut observed, mut unobserved, mut added) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
         let mut pair = [0.0f64; 2]; // [unobserved, observed]
-        // Alternate which side runs first, so a drift within a round cancels over rounds.
+                                    // Alternate which side runs first, so a drift within a round cancels over rounds.
         let order = if round % 2 == 0 { [true, false] } else { [false, true] };
         for observe in order {
             if observe {

@@ -47,16 +47,9 @@ fn the_observer_reports_exactly_what_a_process_under_the_shim_did_then_its_idlen
     w.run(&format!("htod {COPIES} {COPY_BYTES}"));
     w.run("sync");
 
-    assert!(
-        nbos_ebpf::shim_counters::path_for(&shim.counters_dir, pid).is_file(),
-        "the shim wrote its counters file"
-    );
+    assert!(nbos_ebpf::shim_counters::path_for(&shim.counters_dir, pid).is_file(), "the shim wrote its counters file");
     let a = observer.snapshot(pid).expect("the observer sees the process");
-    assert_eq!(
-        (a.launches, a.copies, a.copy_bytes, a.syncs),
-        (LAUNCHES, COPIES, COPIES * COPY_BYTES, 1),
-        "{a:?}"
-    );
+    assert_eq!((a.launches, a.copies, a.copy_bytes, a.syncs), (LAUNCHES, COPIES, COPIES * COPY_BYTES, 1), "{a:?}");
     assert!(a.sources.shim_counters && a.sources.uprobes, "{a:?}");
     let u = uprobes.snapshot(pid).expect("the uprobes saw the process");
     assert_eq!((u.launches, u.copies, u.copy_bytes, u.syncs), (0, COPIES, COPIES * COPY_BYTES, 1), "{u:?}");

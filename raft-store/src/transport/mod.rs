@@ -48,8 +48,12 @@ pub(crate) trait ForwardHandler: Send + Sync {
     fn queue_frames(&self) -> usize;
     /// A FORWARD frame from the authenticated `peer`: decodes it now (`Err`: garbage, the
     /// connection is closed) and returns the work that yields the ANSWER frame, if any.
-    fn on_request(self: Arc<Self>, peer: u64, request_id: u64, payload: Bytes)
-        -> std::result::Result<ServeFuture, String>;
+    fn on_request(
+        self: Arc<Self>,
+        peer: u64,
+        request_id: u64,
+        payload: Bytes,
+    ) -> std::result::Result<ServeFuture, String>;
     /// An ANSWER frame from `peer`; `Err` when its body does not decode (the connection is closed).
     fn on_answer(&self, peer: u64, request_id: u64, payload: &[u8]) -> std::result::Result<(), String>;
     /// The connection `generation` to `peer` ended.

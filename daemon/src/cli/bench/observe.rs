@@ -164,8 +164,7 @@ fn measure(args: &Args) -> anyhow::Result<BenchReport> {
         server.register_process(KernelProcess { kernel_id: "bench-observe".into(), replica: 0, pid, uid, gpus: 1 });
         Ok(())
     };
-    let report =
-        nbos_ebpf::bench::run(&opts, &mut register).context("benchmarking the GPU activity observer")?;
+    let report = nbos_ebpf::bench::run(&opts, &mut register).context("benchmarking the GPU activity observer")?;
     drop(server);
     Ok(report)
 }
