@@ -28,6 +28,21 @@ const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(1);
 const HEARTBEAT_MISSES: u32 = 2;
 /// How long a kernel has to exit after `shutdown_request` before it is killed.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+/// Starts of a new kernel tried when it lost one of its ports to another process.
+const START_ATTEMPTS: u32 = 3;
+
+/// Whether the kernel log gained a failed bind (`zmq.error.ZMQError: Address already in
+/// use`) after `offset`: the kernel lost a port race at start.
+fn lost_a_port_race(log: &std::path::Path, offset: u64) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(log) else { return false };
+    let mut tail = Vec::new();
+    // The tail a start writes is a traceback of a few KiB; read at most 1 MiB of it.
+    let needle = b"Address already in use";
+    f.seek(SeekFrom::Start(offset)).is_ok()
+        && f.take(1 << 20).read_to_end(&mut tail).is_ok()
+        && tail.windows(needle.len()).any(|w| w == needle)
+}
 
 /// The Kernel Gateway kernel model (`GET /api/kernels/{id}`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -96,7 +111,36 @@ impl std::fmt::Debug for Kernel {
 
 impl Kernel {
     /// Starts a kernel with one replica and waits until it answers `kernel_info`.
+    ///
+    /// Kernel ports are found by binding port 0 and releasing it (as jupyter_client does),
+    /// so another process can take one before the kernel binds it; the kernel then exits
+    /// at once with "Address already in use" in its log. That start is tried again with
+    /// fresh ports, up to [`START_ATTEMPTS`] times; any other failure is reported as is.
     pub async fn start(
+        id: String,
+        name: String,
+        gpus: u32,
+        gpu_memory_mib: Option<u64>,
+        launch: LaunchSpec,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<Arc<Self>> {
+        let log = launch.dir.join("kernel.log");
+        let mut attempt = 1;
+        loop {
+            let before = std::fs::metadata(&log).map_or(0, |m| m.len());
+            let started =
+                Self::start_once(id.clone(), name.clone(), gpus, gpu_memory_mib, launch.clone(), metrics.clone()).await;
+            match started {
+                Err(e) if attempt < START_ATTEMPTS && lost_a_port_race(&log, before) => {
+                    tracing::warn!(kernel = %id, attempt, error = format!("{e:#}"), "a kernel port was taken while it started; retrying with fresh ports");
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn start_once(
         id: String,
         name: String,
         gpus: u32,
@@ -465,5 +509,27 @@ impl Kernel {
             content,
         );
         self.hub.deliver(Channel::Iopub, msg, SystemTime::now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lost_a_port_race;
+
+    #[test]
+    fn only_a_bind_failure_written_after_the_start_counts_as_a_lost_port_race() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("kernel.log");
+        std::fs::write(&log, "zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:1')\n").expect("write");
+        let before = std::fs::metadata(&log).expect("metadata").len();
+        assert!(!lost_a_port_race(&log, before), "an earlier start's failure is not this one's");
+        std::fs::write(&log, "ModuleNotFoundError: No module named 'ipykernel'\n").expect("write");
+        assert!(!lost_a_port_race(&log, 0), "another failure is reported, not retried");
+        let mut text = std::fs::read(&log).expect("read");
+        let offset = text.len() as u64;
+        text.extend_from_slice(b"\xff\xfe zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:2')\n");
+        std::fs::write(&log, &text).expect("write");
+        assert!(lost_a_port_race(&log, offset));
+        assert!(!lost_a_port_race(&dir.path().join("missing.log"), 0));
     }
 }
