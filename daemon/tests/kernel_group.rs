@@ -236,10 +236,20 @@ mod sync {
     }
 
     /// Waits for the reply to `msg_id` on `h`'s client; returns (content, metadata, stream text).
+    /// Shell and IOPub have no order between them, so when this host executed the cell
+    /// it also waits for the cell's `idle` status, which follows the cell's output.
     async fn reply_to(h: &mut Host, msg_id: &str) -> (serde_json::Value, serde_json::Value, String) {
         let deadline = Instant::now() + WAIT;
         let mut streams = String::new();
+        let mut idle = false;
+        let mut reply: Option<(serde_json::Value, serde_json::Value)> = None;
         loop {
+            if let Some((content, meta)) = &reply {
+                let executed = meta["nbos_election"]["outcome"] == "executed";
+                if idle || !executed {
+                    return (content.clone(), meta.clone(), streams);
+                }
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             let (channel, msg) = tokio::time::timeout(left, h.rx.recv())
                 .await
@@ -253,9 +263,12 @@ mod sync {
             if channel == Channel::Iopub && header.msg_type == "stream" {
                 streams.push_str(content["text"].as_str().unwrap_or_default());
             }
+            if channel == Channel::Iopub && header.msg_type == "status" {
+                idle |= content["execution_state"] == "idle";
+            }
             if channel == Channel::Shell && header.msg_type == "execute_reply" {
                 let meta: serde_json::Value = serde_json::from_slice(&msg.metadata).expect("metadata");
-                return (content, meta, streams);
+                reply = Some((content, meta));
             }
         }
     }
@@ -696,7 +709,15 @@ mod supervised {
                 .into();
         node.host.handle_execute(&kernel, client, msg).await;
         let mut out = String::new();
+        // Output (IOPub) and reply (shell) have no order between them: the cell is
+        // over once the reply and the cell's idle status are both in.
+        let mut idle = false;
+        let mut revision = None;
         loop {
+            if let (true, Some(revision)) = (idle, revision) {
+                kernel.hub.disconnect(client);
+                return (out, revision);
+            }
             let (channel, m) = tokio::time::timeout(WAIT, rx.recv()).await.expect("reply in time").expect("open");
             let parent: serde_json::Value = serde_json::from_slice(&m.parent_header).unwrap_or_default();
             if parent["msg_id"] != cell.as_str() {
@@ -707,12 +728,14 @@ mod supervised {
             if channel == Channel::Iopub && h.msg_type == "stream" {
                 out.push_str(c["text"].as_str().unwrap_or_default());
             }
+            if channel == Channel::Iopub && h.msg_type == "status" {
+                idle |= c["execution_state"] == "idle";
+            }
             if channel == Channel::Shell && h.msg_type == "execute_reply" {
                 let meta: serde_json::Value = serde_json::from_slice(&m.metadata).expect("meta");
                 assert_eq!(meta["nbos_election"]["outcome"], "executed", "{meta} {c}");
                 assert_eq!(c["status"], "ok", "{c}");
-                kernel.hub.disconnect(client);
-                return (out, meta["nbos_election"]["revision"].as_u64().expect("revision"));
+                revision = Some(meta["nbos_election"]["revision"].as_u64().expect("revision"));
             }
         }
     }

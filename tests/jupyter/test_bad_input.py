@@ -119,6 +119,7 @@ def execute(ws, code: str) -> dict:
     )
     deadline = time.monotonic() + 60
     result = {}
+    idle = False
     while time.monotonic() < deadline:
         m = json.loads(ws.recv())
         if m["parent_header"].get("msg_id") != msg_id:
@@ -127,8 +128,13 @@ def execute(ws, code: str) -> dict:
             result["value"] = m["content"]["data"]["text/plain"]
         if m["msg_type"] == "execute_reply":
             result["status"] = m["content"]["status"]
+        # The result (iopub) and the reply (shell) have no order between them;
+        # the idle status for the cell comes after its output.
+        if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+            idle = True
+        if "status" in result and idle:
             return result
-    raise TimeoutError("no execute_reply")
+    raise TimeoutError("no execute_reply and idle status")
 
 
 def test_malformed_websocket_messages_are_dropped_counted_and_the_kernel_keeps_working(kernel_id):

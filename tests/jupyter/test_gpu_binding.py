@@ -46,19 +46,26 @@ def connect(d: Daemon, kernel_id: str):
 
 
 def run_cell(ws, code: str) -> dict:
-    """Runs a cell; returns the reply content, stderr text and stdout text."""
+    """Runs a cell; returns the reply content, stderr text and stdout text.
+
+    The reply (shell) and the output (iopub) travel on different channels with
+    no order between them, so this waits for both the reply and the kernel's
+    idle status for the cell, which ipykernel sends after the cell's output."""
     msg_id = uuid.uuid4().hex
     ws.send(json.dumps({"header": {"msg_id": msg_id, "msg_type": "execute_request", "session": "s"}, "content": {"code": code}}))
     out = {"stdout": "", "stderr": ""}
-    while True:
+    idle = False
+    while not (idle and "reply" in out):
         m = json.loads(ws.recv())
         if m["parent_header"].get("msg_id") != msg_id:
             continue
         if m["msg_type"] == "stream":
             out[m["content"]["name"]] += m["content"]["text"]
+        if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+            idle = True
         if m["msg_type"] == "execute_reply":
             out["reply"] = m["content"]
-            return out
+    return out
 
 
 def gpus_view(d: Daemon) -> dict:

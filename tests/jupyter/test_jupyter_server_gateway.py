@@ -103,7 +103,9 @@ def test_kernel_through_jupyter_server_gateway(jupyter_server):
     )
     seen = {}
     deadline = time.monotonic() + 60
-    while "execute_reply" not in seen and time.monotonic() < deadline:
+    # Output (iopub) and reply (shell) have no order between them: wait for the
+    # reply and for the idle status that follows the cell's output.
+    while not ("execute_reply" in seen and seen.get("status", {}).get("execution_state") == "idle") and time.monotonic() < deadline:
         m = json.loads(ws.recv())
         if m.get("parent_header", {}).get("msg_id") == msg_id:
             seen[m["msg_type"]] = m["content"]
