@@ -40,7 +40,7 @@ check-layers:
 	python3 scripts/import-cycles.py daemon raft-store cuda-shim
 
 test-python:
-	$(NBOS_PYTHON) -m pytest -q python/tests $(wildcard tests/jupyter)
+	$(NBOS_PYTHON) -m pytest -q python/tests $(wildcard tests/jupyter) $(wildcard tests/browser)
 
 demo: deps
 	$(CARGO) build --workspace

@@ -13,8 +13,10 @@ cd "$(dirname "$0")/.."
 # (unit verification). Tests needing them fail, not skip, in CI (NBOS_REQUIRE_PRIVILEGED=1).
 # protobuf-compiler + libprotobuf-dev: the etcd-client crate's build (protoc, well-known types).
 # etcd-server: `nbos bench raft --etcd` and its test.
+# chromium + chromium-driver: the JupyterLab browser tests (tests/browser); haproxy: the
+# load balancer in front of the gateways in the browser failover test (docs/operations.md).
 packages=(clang llvm libbpf-dev bpftool gcc libc6-dev pkg-config python3-venv procps curl strace systemd
-  protobuf-compiler libprotobuf-dev etcd-server)
+  protobuf-compiler libprotobuf-dev etcd-server chromium chromium-driver haproxy)
 
 missing=()
 for p in "${packages[@]}"; do

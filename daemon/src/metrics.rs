@@ -82,6 +82,8 @@ pub struct Metrics {
     pub kernels_started_total: Counter,
     /// Kernel processes that died on their own.
     pub kernel_deaths_total: Counter,
+    /// Kernels restarted by the daemon after their process died.
+    pub kernel_auto_restarts_total: Counter,
     /// Heartbeats a kernel did not answer in time.
     pub kernel_heartbeat_failures_total: Counter,
     /// Kernels by execution state (set when scraped).
@@ -132,6 +134,12 @@ impl Metrics {
             "Kernel processes that exited without being asked to",
             kernel_deaths_total.clone(),
         );
+        let kernel_auto_restarts_total = Counter::default();
+        registry.register(
+            "notebookos_kernel_auto_restarts",
+            "Kernel processes started again by the daemon after the kernel's process died",
+            kernel_auto_restarts_total.clone(),
+        );
         let kernel_heartbeat_failures_total = Counter::default();
         registry.register(
             "notebookos_kernel_heartbeat_failures",
@@ -179,6 +187,7 @@ impl Metrics {
             messages_dropped_total,
             kernels_started_total,
             kernel_deaths_total,
+            kernel_auto_restarts_total,
             kernel_heartbeat_failures_total,
             kernels,
             cells_total,

@@ -188,3 +188,33 @@ def test_restarting_a_kernel_mid_cell_frees_its_gpu_and_answers_its_waiting_cell
     assert r["reply"]["status"] == "ok" and "after restart" in r["stdout"]
     wa.close()
     call(d, "DELETE", f"/api/kernels/{a['id']}")
+
+
+def test_a_gpu_kernel_that_is_given_up_answers_its_cells_with_errors(one_gpu):
+    """A GPU kernel that keeps dying right after it starts is given up (`dead`, GPU freed);
+    a cell sent to it then gets an error reply from binding, never silence."""
+    d = one_gpu
+    k = call(d, "POST", "/api/kernels", {"name": "notebookos-python-1gpu"})[1]
+    ws = connect(d, k["id"])
+    killed = []
+
+    def new_pid_or_dead():
+        _, model = call(d, "GET", f"/api/kernels/{k['id']}")
+        if model["execution_state"] == "dead":
+            return "dead"
+        return next((p for p in model["pids"] if p not in killed), None)
+
+    pid = k["pids"][0]
+    while len(killed) < 8:
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+        pid = wait_for(new_pid_or_dead, 120, "a new kernel process, or the kernel given up")
+        if pid == "dead":
+            break
+    assert pid == "dead", f"still restarted after {len(killed)} deaths"
+    assert gpus_view(d)["holders"] == ["free"]
+    r = run_cell(ws, "print('never')")
+    assert r["reply"]["status"] == "error" and r["reply"]["ename"] == "DeadKernel", r
+    assert "never" not in r["stdout"]
+    ws.close()
+    call(d, "DELETE", f"/api/kernels/{k['id']}")

@@ -1,9 +1,11 @@
 """Kernel lifecycle through the REST API: output replayed after a reconnect,
-interrupt, restart, a kernel that dies, and delete cleaning up its process."""
+interrupt, restart, a kernel that dies (restarted, or given up when it keeps
+dying), and delete cleaning up its process."""
 
 import json
 import os
 import signal
+import threading
 import time
 import urllib.request
 import uuid
@@ -42,6 +44,59 @@ def pid_alive(pid: int) -> bool:
     # A zombie is not alive for our purpose.
     with open(f"/proc/{pid}/stat") as f:
         return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def metric(name: str) -> float:
+    with urllib.request.urlopen(daemon().url + "/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return 0.0
+
+
+def send_request(ws, msg_type: str, content: dict, channel: str = "shell") -> str:
+    msg_id = uuid.uuid4().hex
+    header = {"msg_id": msg_id, "msg_type": msg_type, "session": "t", "username": "t", "version": "5.3"}
+    ws.send(json.dumps({"header": header, "parent_header": {}, "metadata": {}, "content": content, "channel": channel}))
+    return msg_id
+
+
+def run_cell(ws, code: str) -> dict:
+    """Runs a cell; returns its reply content, stdout, result value, and every
+    IOPub status (of any parent) read meanwhile. Waits for both the reply and the
+    cell's idle status: shell and iopub have no order between them."""
+    msg_id = send_request(ws, "execute_request", {"code": code, "silent": False})
+    out = {"stdout": "", "states": []}
+    idle = False
+    deadline = time.monotonic() + 120
+    while not (idle and "reply" in out):
+        assert time.monotonic() < deadline, f"no execute_reply and idle status: {out}"
+        m = json.loads(ws.recv())
+        if m["msg_type"] == "status":
+            out["states"].append(m["content"]["execution_state"])
+        if m["parent_header"].get("msg_id") != msg_id:
+            continue
+        if m["msg_type"] == "stream" and m["content"]["name"] == "stdout":
+            out["stdout"] += m["content"]["text"]
+        if m["msg_type"] == "execute_result":
+            out["value"] = m["content"]["data"]["text/plain"]
+        if m["msg_type"] == "execute_reply":
+            out["reply"] = m["content"]
+        if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+            idle = True
+    return out
+
+
+def read_states(ws, until, timeout: float = 120) -> list:
+    """IOPub statuses (of any parent) read until `until(states)` holds."""
+    states = []
+    deadline = time.monotonic() + timeout
+    while not until(states):
+        assert time.monotonic() < deadline, f"statuses so far: {states}"
+        m = json.loads(ws.recv())
+        if m["msg_type"] == "status":
+            states.append(m["content"]["execution_state"])
+    return states
 
 
 def send_execute(ws, code: str) -> str:
@@ -121,13 +176,112 @@ def test_interrupt_restart_and_delete():
     assert http("GET", f"/api/kernels/{k['id']}", d.token)[0] == 404
 
 
-def test_a_killed_kernel_is_reported_dead():
+def test_a_requested_restart_is_not_reported_as_a_crash_and_a_cell_sent_during_it_runs_after_it():
     d = daemon()
     k = new_kernel()
-    pid = k["pids"][0]
-    os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: model_of(k["id"])["execution_state"] == "dead", 10, "the kernel to be reported dead")
-    assert http("DELETE", f"/api/kernels/{k['id']}", d.token)[0] == 204
+    try:
+        ws = connect(k["id"])
+        assert execute(ws, "x = 5; x")["value"] == "5"
+        old_pid = k["pids"][0]
+        restarted = {}
+
+        def restart():
+            restarted["response"] = http("POST", f"/api/kernels/{k['id']}/restart", d.token)
+
+        t = threading.Thread(target=restart)
+        t.start()
+        # As JupyterLab does after its restart button: the next cell goes out while the
+        # restart runs (here once the old process is gone, before the new one answers).
+        wait_for(lambda: not pid_alive(old_pid), 30, "the restart to stop the old process")
+        sent_during_restart = t.is_alive()
+        r = run_cell(ws, "print('after restart'); 'x' in globals()")
+        t.join(timeout=60)
+        status, model = restarted["response"]
+        # (Its execution_state may already be the queued cell's `busy`.)
+        assert status == 200, model
+        assert sent_during_restart, "the restart ended before the cell was sent: nothing was tested"
+        # Answered by the new interpreter, and no `restarting` (JupyterLab's "kernel died" dialog).
+        assert r["reply"]["status"] == "ok", r
+        assert "after restart" in r["stdout"] and r["value"] == "False", r
+        assert "restarting" not in r["states"], r["states"]
+        assert model_of(k["id"])["pids"] == model["pids"] != [old_pid]
+        ws.close()
+    finally:
+        http("DELETE", f"/api/kernels/{k['id']}", daemon().token)
+
+
+def test_a_killed_kernel_is_restarted_with_a_fresh_namespace():
+    k = new_kernel()
+    try:
+        ws = connect(k["id"])
+        assert execute(ws, "x = 5; x")["value"] == "5"
+        old_pid = k["pids"][0]
+        restarts = metric("notebookos_kernel_auto_restarts_total")
+        os.kill(old_pid, signal.SIGKILL)
+        # As jupyter_server's restarter: `restarting`, then `idle` once the new process
+        # answers (`starting` between them may come before the client reads it).
+        states = read_states(ws, lambda s: "restarting" in s and "idle" in s[s.index("restarting"):])
+        assert "dead" not in states, states
+        # The new process's own statuses for the daemon's kernel_info may still follow.
+        wait_for(lambda: model_of(k["id"])["execution_state"] == "idle", 30, "the restarted kernel to be idle")
+        model = model_of(k["id"])
+        assert len(model["pids"]) == 1 and model["pids"] != [old_pid], model
+        assert not pid_alive(old_pid)
+        assert metric("notebookos_kernel_auto_restarts_total") > restarts
+        # The namespace died with the process; new cells run.
+        r = run_cell(ws, "x")
+        assert r["reply"]["status"] == "error" and r["reply"]["ename"] == "NameError", r
+        assert execute(ws, "y = 2; y + 1")["value"] == "3"
+        ws.close()
+    finally:
+        http("DELETE", f"/api/kernels/{k['id']}", daemon().token)
+
+
+def test_a_kernel_that_keeps_dying_right_after_it_starts_is_given_up_and_answers_with_errors():
+    d = daemon()
+    k = new_kernel()
+    try:
+        ws = connect(k["id"])
+        killed = []
+
+        def new_pid_or_dead():
+            model = model_of(k["id"])
+            if model["execution_state"] == "dead":
+                return "dead"
+            return next((p for p in model["pids"] if p not in killed), None)
+
+        pid = k["pids"][0]
+        # Kill every new process as soon as it shows; as jupyter_client's restarter
+        # (restart_limit 5), after 5 restarts of processes that each died within 10 s of
+        # their start, the next such death is final.
+        while len(killed) < 8:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+            pid = wait_for(new_pid_or_dead, 120, "a new kernel process, or the kernel given up")
+            if pid == "dead":
+                break
+        assert pid == "dead", f"still restarted after {len(killed)} deaths"
+        # Not given up before the 6th death (the first process may have lived past 10 s).
+        assert 6 <= len(killed) <= 7, killed
+        model = model_of(k["id"])
+        assert model["execution_state"] == "dead" and model["pids"] == [], model
+        states = read_states(ws, lambda s: "dead" in s)
+        assert "restarting" in states, states
+        # A request now gets an error reply instead of silence.
+        r = run_cell(ws, "print('never')")
+        assert r["reply"]["status"] == "error" and r["reply"]["ename"] == "DeadKernel", r
+        assert "never" not in r["stdout"]
+        msg_id = send_request(ws, "kernel_info_request", {})
+        while True:
+            m = json.loads(ws.recv())
+            if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "kernel_info_reply":
+                assert m["content"]["status"] == "error" and m["content"]["ename"] == "DeadKernel", m
+                break
+        ws.close()
+        # A dead kernel is still deleted cleanly.
+        assert http("DELETE", f"/api/kernels/{k['id']}", d.token)[0] == 204
+    finally:
+        http("DELETE", f"/api/kernels/{k['id']}", d.token)
 
 
 def test_kernel_models_have_kernel_gateway_fields():

@@ -103,6 +103,9 @@ struct State {
     backlog: HashMap<String, VecDeque<Waiting>>,
     /// Processes registered with the lease control, by kernel (forgotten at restart).
     registered: HashMap<String, Vec<u32>>,
+    /// Cells of kernels that are gone: answered with an error once the lock is released
+    /// (answering delivers a reply, whose observer takes this lock).
+    orphaned: Vec<Waiting>,
 }
 
 /// Per-cell GPU binding for the kernels of this host.
@@ -132,6 +135,7 @@ impl Binder {
                 kernels: HashMap::new(),
                 backlog: HashMap::new(),
                 registered: HashMap::new(),
+                orphaned: Vec::new(),
             }),
             origin: Instant::now(),
             leases,
@@ -217,8 +221,12 @@ impl Binder {
             let mut st = self.lock();
             st.kernels.remove(kernel_id);
             st.registered.remove(kernel_id);
-            st.backlog.remove(kernel_id);
-            st.waiting.retain(|_, w| w.kernel.id != kernel_id);
+            let backlog = st.backlog.remove(kernel_id).unwrap_or_default();
+            st.orphaned.extend(backlog);
+            let cells: Vec<String> =
+                st.waiting.iter().filter(|(_, w)| w.kernel.id == kernel_id).map(|(c, _)| c.clone()).collect();
+            let waiting: Vec<Waiting> = cells.iter().filter_map(|c| st.waiting.remove(c)).collect();
+            st.orphaned.extend(waiting);
             st.running.retain(|_, k| k != kernel_id);
             let now = self.now();
             st.sched.remove_kernel(kernel_id, now)
@@ -324,9 +332,9 @@ impl Binder {
         match st.sched.submit(&kernel_id, cell, gpus, now) {
             Ok(actions) => actions,
             Err(e) => {
-                // Unknown kernel (removed meanwhile): nothing will run the cell.
-                tracing::warn!(kernel = %kernel_id, error = %e, "cell dropped by binding");
-                st.waiting.remove(cell);
+                // Unknown kernel (dead or removed meanwhile): nothing will run the cell.
+                tracing::warn!(kernel = %kernel_id, error = %e, "cell of a kernel that is gone");
+                st.orphaned.extend(st.waiting.remove(cell));
                 Vec::new()
             }
         }
@@ -477,6 +485,15 @@ impl Binder {
                     w.kernel.reject_cell(w.client, &w.msg, "NotEnoughGPUs", &reason);
                 }
             }
+        }
+        let orphaned = std::mem::take(&mut self.lock().orphaned);
+        for w in orphaned {
+            w.kernel.reject_cell(
+                w.client,
+                &w.msg,
+                "DeadKernel",
+                "the kernel died or was shut down before this cell ran",
+            );
         }
         let st = self.lock();
         self.export(&st);

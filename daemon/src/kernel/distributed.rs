@@ -2,9 +2,11 @@
 //! with a router that picks the replica that executes. On one host there is one
 //! replica; replication (issue 7) adds replicas and an election, not a rewrite.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::task::Poll;
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
@@ -30,6 +32,11 @@ const HEARTBEAT_MISSES: u32 = 2;
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 /// Starts of a new kernel tried when it lost one of its ports to another process.
 const START_ATTEMPTS: u32 = 3;
+/// Restarts after deaths in a row, each within [`STABLE_START_TIME`] of its process's
+/// start; the next such death is final (jupyter_client's `restart_limit`, same count).
+const RESTART_LIMIT: u32 = 5;
+/// A process that lived this long had started well (jupyter_client's `stable_start_time`).
+const STABLE_START_TIME: Duration = Duration::from_secs(10);
 
 /// Whether the kernel log gained a failed bind (`zmq.error.ZMQError: Address already in
 /// use`) after `offset`: the kernel lost a port race at start.
@@ -83,9 +90,19 @@ pub struct Kernel {
     pub hub: Arc<Hub>,
     replicas: RwLock<Vec<Arc<Replica>>>,
     launch: LaunchSpec,
-    /// Serialises restart and shutdown.
+    /// Serialises restart, death handling, shutdown and client sends: a send waits
+    /// (FIFO) for a restart in progress and then goes to the new process.
     lifecycle: Mutex<()>,
     stopping: AtomicBool,
+    /// Whether a death starts a new process (single-host kernels; a cluster's supervisor
+    /// replaces its replicas itself).
+    auto_restart: AtomicBool,
+    /// Deaths in a row that came within [`STABLE_START_TIME`] of their process's start.
+    quick_deaths: AtomicU32,
+    /// When the current process was started.
+    started_at: std::sync::Mutex<Instant>,
+    /// Restart hook runs so far (each reset the kernel's GPU binding).
+    resets: AtomicU64,
     metrics: Arc<Metrics>,
     /// Called once when the kernel is gone (died, or shut down) with its last pids.
     exit_hook: std::sync::Mutex<Option<ExitHook>>,
@@ -163,6 +180,10 @@ impl Kernel {
             launch,
             lifecycle: Mutex::new(()),
             stopping: AtomicBool::new(false),
+            auto_restart: AtomicBool::new(false),
+            quick_deaths: AtomicU32::new(0),
+            started_at: std::sync::Mutex::new(Instant::now()),
+            resets: AtomicU64::new(0),
             metrics,
             exit_hook: std::sync::Mutex::new(None),
             restart_hook: std::sync::OnceLock::new(),
@@ -231,6 +252,19 @@ impl Kernel {
         let _ = self.spawn_hook.set(hook);
     }
 
+    /// Whether the kernel's process is restarted when it dies, as jupyter_server's
+    /// KernelRestarter does (off by default).
+    pub fn set_auto_restart(&self, on: bool) {
+        self.auto_restart.store(on, Ordering::SeqCst);
+    }
+
+    fn run_restart_hook(&self) {
+        self.resets.fetch_add(1, Ordering::SeqCst);
+        if let Some(hook) = self.restart_hook.get() {
+            hook(&self.id);
+        }
+    }
+
     fn run_exit_hook(&self, pids: &[u32]) {
         let hook = self.exit_hook.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
         if let Some(h) = hook {
@@ -245,7 +279,15 @@ impl Kernel {
 
     /// Answers an `execute_request` the daemon refuses (the cell can never get its
     /// GPUs here) the way a kernel answers a failed cell: busy, error, idle, error reply.
+    /// Any other request gets its error reply only.
     pub fn reject_cell(&self, client: ClientId, request: &Message, ename: &str, evalue: &str) {
+        self.answer_error(client, Channel::Shell, request, ename, evalue);
+    }
+
+    /// Answers `request` (which came on `channel`) with an error reply `<x>_reply`
+    /// (status error, ename, evalue, traceback); a cell also gets busy, error and idle
+    /// on IOPub, as a kernel sends for a failed cell.
+    pub fn answer_error(&self, client: ClientId, channel: Channel, request: &Message, ename: &str, evalue: &str) {
         let now = SystemTime::now();
         let Ok(h) = request.header() else { return };
         self.hub.expect_reply(&h.msg_id, client, now);
@@ -254,21 +296,30 @@ impl Kernel {
             "evalue": evalue,
             "traceback": [format!("{ename}: {evalue}")],
         });
-        self.publish(request, "status", &serde_json::json!({ "execution_state": "busy" }));
-        self.publish(request, "error", &error);
-        self.publish(request, "status", &serde_json::json!({ "execution_state": "idle" }));
+        let is_cell = h.msg_type == "execute_request";
+        if is_cell {
+            self.publish(request, "status", &serde_json::json!({ "execution_state": "busy" }));
+            self.publish(request, "error", &error);
+            self.publish(request, "status", &serde_json::json!({ "execution_state": "idle" }));
+        }
         let mut content = error;
         content["status"] = "error".into();
-        content["execution_count"] = 0.into();
+        if is_cell {
+            content["execution_count"] = 0.into();
+        }
+        let reply_type = h
+            .msg_type
+            .strip_suffix("_request")
+            .map_or_else(|| format!("{}_reply", h.msg_type), |t| format!("{t}_reply"));
         let reply = Message::new(
-            "execute_reply",
+            &reply_type,
             &h.session,
             &uuid::Uuid::new_v4().to_string(),
             now,
             Some(&request.header),
             &content,
         );
-        self.hub.deliver(Channel::Shell, reply, now);
+        self.hub.deliver(channel, reply, now);
     }
 
     /// The replica that executes the next request. With one replica it is that one;
@@ -277,16 +328,73 @@ impl Kernel {
         self.replicas.read().await.first().cloned().context("the kernel has no running replica")
     }
 
-    /// Forwards a client's message to the executing replica.
-    pub async fn send_from_client(&self, client: ClientId, channel: Channel, msg: Message) -> anyhow::Result<()> {
+    /// Forwards a client's message to the executing replica. While a restart (asked
+    /// for, or after a death) is under way the message waits for it and then goes to the
+    /// new process; a request to a kernel that has no process and will get none (dead,
+    /// shut down) is answered with an error reply.
+    pub async fn send_from_client(
+        self: &Arc<Self>,
+        client: ClientId,
+        channel: Channel,
+        msg: Message,
+    ) -> anyhow::Result<()> {
         let header = msg.header()?;
         // Only requests get replies; remembering a comm_msg would leak the entry.
-        if matches!(channel, Channel::Shell | Channel::Control) && header.msg_type.ends_with("_request") {
+        let is_request = matches!(channel, Channel::Shell | Channel::Control) && header.msg_type.ends_with("_request");
+        if is_request {
             self.hub.expect_reply(&header.msg_id, client, SystemTime::now());
         }
-        let r = self.executor().await?;
+        let resets = self.resets.load(Ordering::SeqCst);
+        // Tokio's Mutex is FIFO: messages queued behind a restart keep their order.
+        let guard = self.lifecycle.lock().await;
+        let mut replica = self.executor().await.ok();
+        if let Some(r) = replica.clone().filter(|r| r.process.has_exited()) {
+            // Dead before its exit watcher ran: handle the death now, so the message goes
+            // to the restarted process rather than into a dead one's socket.
+            let how = r.process.wait().await;
+            self.on_exit(r.process.pid(), &how).await;
+            replica = self.executor().await.ok();
+        }
+        if self.gpus > 0
+            && channel == Channel::Shell
+            && header.msg_type == "execute_request"
+            && self.resets.load(Ordering::SeqCst) != resets
+        {
+            // A GPU cell is bound before it is sent here; the restart reset that binding
+            // (as binding answers the cells still waiting), so it must not run unbound.
+            drop(guard);
+            self.hub.unhold_reply(&header.msg_id);
+            self.reject_cell(client, &msg, "KernelRestarted", "the kernel was restarted before this cell ran");
+            return Ok(());
+        }
+        let Some(r) = replica else {
+            drop(guard);
+            let why = if self.stopping.load(Ordering::SeqCst) {
+                "the kernel was shut down"
+            } else {
+                "the kernel is dead and is not being restarted; restart it or start a new one"
+            };
+            if !is_request {
+                anyhow::bail!("{why}: {} {} not delivered", channel.as_str(), header.msg_type);
+            }
+            tracing::warn!(kernel = %self.id, msg_id = %header.msg_id, msg_type = %header.msg_type, "request to a dead kernel answered with an error");
+            // A reply the replica host holds would be taken for the kernel's own.
+            self.hub.unhold_reply(&header.msg_id);
+            self.answer_error(client, channel, &msg, "DeadKernel", why);
+            return Ok(());
+        };
         tracing::trace!(kernel = %self.id, msg_id = %header.msg_id, msg_type = %header.msg_type, "to kernel");
-        r.send(channel, &msg).await
+        let send = r.send(channel, &msg);
+        tokio::pin!(send);
+        // Only the first poll holds the lock: a kernel that does not drain its socket must
+        // not keep a restart (which would cure it) waiting.
+        match std::future::poll_fn(|cx| Poll::Ready(send.as_mut().poll(cx))).await {
+            Poll::Ready(sent) => sent,
+            Poll::Pending => {
+                drop(guard);
+                send.await
+            }
+        }
     }
 
     /// Runs `code` silently in the executing replica for the daemon itself (namespace
@@ -350,32 +458,148 @@ impl Kernel {
     }
 
     /// Replaces every replica's process with a fresh one (same key, fresh ports).
+    ///
+    /// Clients are not sent `restarting`: jupyter_server sends it only for an automatic
+    /// restart after a death, and JupyterLab answers it with its "kernel died" dialog.
     pub async fn restart(self: &Arc<Self>) -> anyhow::Result<()> {
         let _g = self.lifecycle.lock().await;
         tracing::info!(kernel = %self.id, "restarting kernel");
-        self.publish_status("restarting");
+        self.hub.set_state("restarting", SystemTime::now());
+        // Asked for: earlier deaths no longer count towards giving up.
+        self.quick_deaths.store(0, Ordering::SeqCst);
         let old = std::mem::take(&mut *self.replicas.write().await);
-        let mut conn = None;
+        let conn = old.first().map(|r| r.conn.clone());
         for r in &old {
-            conn.get_or_insert_with(|| r.conn.clone());
             self.stop_replica(r).await;
         }
         drop(old);
+        // The old process's last statuses may have overwritten it.
+        self.hub.set_state("restarting", SystemTime::now());
         // The cells the old processes ran or queued will never be answered.
-        if let Some(hook) = self.restart_hook.get() {
-            hook(&self.id);
-        }
-        let conn = match conn {
-            Some(c) => c.with_fresh_ports()?,
-            None => ConnectionInfo::new_loopback(&self.name)?,
+        self.run_restart_hook();
+        let replica = match self.spawn_replica(conn.as_ref()).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(kernel = %self.id, error = format!("{e:#}"), "the restarted kernel did not start; it is dead");
+                self.declare_dead(&[]);
+                return Err(e);
+            }
         };
-        let replica = Arc::new(Replica::start(0, &self.launch, conn, self.hub.clone(), self.metrics.clone()).await?);
+        self.wait_ready(&replica).await
+    }
+
+    /// Starts a new process (same key as `conn`, fresh ports; a new key without one) as
+    /// the kernel's replica, retrying a start that lost a port race, and registers it.
+    async fn spawn_replica(self: &Arc<Self>, conn: Option<&ConnectionInfo>) -> anyhow::Result<Arc<Replica>> {
+        let log = self.launch.dir.join("kernel.log");
+        let mut attempt = 1;
+        let replica = loop {
+            let before = std::fs::metadata(&log).map_or(0, |m| m.len());
+            let conn = match conn {
+                Some(c) => c.with_fresh_ports()?,
+                None => ConnectionInfo::new_loopback(&self.name)?,
+            };
+            match Replica::start(0, &self.launch, conn, self.hub.clone(), self.metrics.clone()).await {
+                Ok(r) => break Arc::new(r),
+                Err(e) if attempt < START_ATTEMPTS && lost_a_port_race(&log, before) => {
+                    tracing::warn!(kernel = %self.id, attempt, error = format!("{e:#}"), "a kernel port was taken while it restarted; retrying with fresh ports");
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        *self.started_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
         self.replicas.write().await.push(replica.clone());
         if let Some(hook) = self.spawn_hook.get() {
             hook(&self.id, replica.process.pid());
         }
         self.watch_exit(&replica);
-        self.wait_ready(&replica).await
+        Ok(replica)
+    }
+
+    /// A replica's process exited. The caller holds `lifecycle`, so a restart or
+    /// shutdown that replaced the replica has finished and it is no longer current.
+    async fn on_exit(self: &Arc<Self>, pid: u32, how: &str) {
+        let current = self.replicas.read().await.iter().any(|x| x.process.pid() == pid);
+        if !current || self.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        tracing::warn!(kernel = %self.id, pid, exit = %how, "kernel process died");
+        self.metrics.kernel_deaths_total.inc();
+        let conn = {
+            let mut replicas = self.replicas.write().await;
+            let conn = replicas.iter().find(|x| x.process.pid() == pid).map(|x| x.conn.clone());
+            replicas.retain(|x| x.process.pid() != pid);
+            conn
+        };
+        if !self.auto_restart.load(Ordering::SeqCst) {
+            self.hub.set_state("dead", SystemTime::now());
+            self.run_exit_hook(&[pid]);
+            return;
+        }
+        let lived = self.started_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner).elapsed();
+        let quick = if lived < STABLE_START_TIME {
+            self.quick_deaths.fetch_add(1, Ordering::SeqCst) + 1
+        } else {
+            self.quick_deaths.store(0, Ordering::SeqCst);
+            0
+        };
+        if quick > RESTART_LIMIT {
+            self.give_up(pid);
+            return;
+        }
+        self.auto_restart(pid, conn.as_ref()).await;
+    }
+
+    /// Restarts the kernel after its process `pid` died, as jupyter_server's
+    /// KernelRestarter does: `restarting` on IOPub (clients reconnect and drop what they
+    /// waited for), a new process with the same key, then `starting` and `idle`. The
+    /// caller holds `lifecycle` throughout, so client messages wait for the new process.
+    async fn auto_restart(self: &Arc<Self>, pid: u32, conn: Option<&ConnectionInfo>) {
+        self.metrics.kernel_auto_restarts_total.inc();
+        tracing::warn!(kernel = %self.id, pid, quick_deaths = self.quick_deaths.load(Ordering::SeqCst), "restarting the kernel after its process died");
+        self.publish_status("restarting");
+        // Waiting cells are answered (KernelRestarted), the dead process's GPUs freed.
+        self.run_restart_hook();
+        let replica = loop {
+            match self.spawn_replica(conn).await {
+                Ok(r) => break r,
+                Err(e) => {
+                    tracing::warn!(kernel = %self.id, error = format!("{e:#}"), "the restarted kernel did not start");
+                    // A start that fails is a quick death too.
+                    if self.quick_deaths.fetch_add(1, Ordering::SeqCst) + 1 > RESTART_LIMIT {
+                        self.give_up(pid);
+                        return;
+                    }
+                    self.metrics.kernel_auto_restarts_total.inc();
+                }
+            }
+        };
+        self.publish_status("starting");
+        match self.wait_ready(&replica).await {
+            Ok(()) => self.publish_status("idle"),
+            // A process that exited is handled by its exit watcher once the lock is free.
+            Err(e) => {
+                tracing::warn!(kernel = %self.id, pid = replica.process.pid(), error = format!("{e:#}"), "the restarted kernel is not ready")
+            }
+        }
+    }
+
+    /// Stops restarting a kernel that keeps dying right after its start.
+    fn give_up(&self, pid: u32) {
+        tracing::warn!(
+            kernel = %self.id, pid, deaths_in_a_row = RESTART_LIMIT + 1, within_s_of_start = STABLE_START_TIME.as_secs(),
+            "the kernel keeps dying right after it starts; not restarting it again"
+        );
+        self.declare_dead(&[pid]);
+    }
+
+    /// The kernel has no process and gets none: `dead` (shown and published), its GPUs
+    /// and leases freed.
+    fn declare_dead(&self, pids: &[u32]) {
+        self.hub.set_state("dead", SystemTime::now());
+        self.publish_status("dead");
+        self.run_exit_hook(pids);
     }
 
     /// Asks every replica to shut down, kills what does not, removes the kernel's files.
@@ -473,15 +697,10 @@ impl Kernel {
             let pid = replica.process.pid();
             drop(replica);
             let Some(kernel) = weak_kernel.upgrade() else { return };
-            // A replica that is still in the set died on its own (not restart/shutdown).
-            let current = kernel.replicas.read().await.iter().any(|x| x.process.pid() == pid);
-            if current && !kernel.stopping.load(Ordering::SeqCst) {
-                tracing::warn!(kernel = %kernel.id, pid, exit = %how, "kernel process died");
-                kernel.metrics.kernel_deaths_total.inc();
-                kernel.hub.set_state("dead", SystemTime::now());
-                kernel.replicas.write().await.retain(|x| x.process.pid() != pid);
-                kernel.run_exit_hook(&[pid]);
-            }
+            // After a restart or shutdown under way: one that replaced this replica makes
+            // its exit expected (no longer current).
+            let _g = kernel.lifecycle.lock().await;
+            kernel.on_exit(pid, &how).await;
         });
     }
 
@@ -514,7 +733,78 @@ impl Kernel {
 
 #[cfg(test)]
 mod tests {
-    use super::lost_a_port_race;
+    use super::*;
+
+    /// A kernel whose process is gone for good (no replica, not restarting).
+    fn dead_kernel() -> Arc<Kernel> {
+        let hub = Arc::new(Hub::new("dead", SystemTime::now()));
+        Arc::new(Kernel {
+            id: "k".into(),
+            name: "python3".into(),
+            gpus: 0,
+            gpu_memory_mib: None,
+            hub,
+            replicas: RwLock::new(Vec::new()),
+            launch: LaunchSpec {
+                python: "python3".into(),
+                env: Vec::new(),
+                dir: std::env::temp_dir().join("nbos-dead-kernel-test"),
+                memory_limit_bytes: None,
+            },
+            lifecycle: Mutex::new(()),
+            stopping: AtomicBool::new(false),
+            auto_restart: AtomicBool::new(true),
+            quick_deaths: AtomicU32::new(0),
+            started_at: std::sync::Mutex::new(Instant::now()),
+            resets: AtomicU64::new(0),
+            metrics: Arc::new(Metrics::new()),
+            exit_hook: std::sync::Mutex::new(None),
+            restart_hook: std::sync::OnceLock::new(),
+            spawn_hook: std::sync::OnceLock::new(),
+        })
+    }
+
+    fn request(msg_type: &str, msg_id: &str) -> Message {
+        Message::new(msg_type, "s", msg_id, SystemTime::now(), None, &serde_json::json!({ "code": "1" }))
+    }
+
+    #[tokio::test]
+    async fn a_dead_kernel_answers_requests_with_error_replies() {
+        let kernel = dead_kernel();
+        let (client, mut rx, _) = kernel.hub.connect();
+        kernel.send_from_client(client, Channel::Shell, request("execute_request", "cell")).await.expect("answered");
+        let mut got = Vec::new();
+        while let Ok((channel, m)) = rx.try_recv() {
+            let content = m.content_json().expect("content");
+            got.push((channel, m.header().expect("header").msg_type, content));
+        }
+        let kinds: Vec<_> = got.iter().map(|(c, t, _)| (*c, t.as_str())).collect();
+        assert_eq!(
+            kinds,
+            [
+                (Channel::Iopub, "status"),
+                (Channel::Iopub, "error"),
+                (Channel::Iopub, "status"),
+                (Channel::Shell, "execute_reply")
+            ]
+        );
+        let reply = &got[3].2;
+        assert_eq!(reply["status"], "error");
+        assert_eq!(reply["ename"], "DeadKernel");
+
+        kernel
+            .send_from_client(client, Channel::Control, request("kernel_info_request", "ki"))
+            .await
+            .expect("answered");
+        let (channel, m) = rx.try_recv().expect("a reply");
+        assert_eq!((channel, m.header().expect("header").msg_type.as_str()), (Channel::Control, "kernel_info_reply"));
+        assert_eq!(m.content_json().expect("content")["status"], "error");
+        assert!(rx.try_recv().is_err(), "only a cell gets IOPub");
+
+        // Not a request: nothing to answer, the caller is told it was not delivered.
+        let e = kernel.send_from_client(client, Channel::Shell, request("comm_msg", "c")).await.expect_err("dropped");
+        assert!(format!("{e:#}").contains("dead"), "{e:#}");
+    }
 
     #[test]
     fn only_a_bind_failure_written_after_the_start_counts_as_a_lost_port_race() {

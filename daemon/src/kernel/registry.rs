@@ -123,19 +123,21 @@ impl Kernels {
         &self.binder
     }
 
-    /// Starts a kernel of spec `name` (default when `None`); `gpus` overrides the spec's request.
+    /// Starts a kernel of spec `name` (default when `None`); `gpus` overrides the spec's
+    /// request. Its process is restarted when it dies (see [`Kernel::set_auto_restart`]).
     pub async fn create(
         &self,
         name: Option<&str>,
         gpus: Option<u32>,
         env: &[(String, String)],
     ) -> Result<Arc<Kernel>, CreateError> {
-        self.create_replica(&uuid::Uuid::new_v4().to_string(), 0, name, gpus, env).await
+        self.start_kernel(&uuid::Uuid::new_v4().to_string(), 0, name, gpus, env, true).await
     }
 
     /// Starts replica `replica` of kernel `id` here: the cluster's supervisor uses the
     /// kernel's cluster-wide id, so every host serves it under the same id. Refused
-    /// when a kernel with that id is already hosted.
+    /// when a kernel with that id is already hosted. A replica whose process dies is
+    /// shown `dead`, not restarted: the supervisor replaces it and it catches up.
     pub async fn create_replica(
         &self,
         id: &str,
@@ -143,6 +145,18 @@ impl Kernels {
         name: Option<&str>,
         gpus: Option<u32>,
         env: &[(String, String)],
+    ) -> Result<Arc<Kernel>, CreateError> {
+        self.start_kernel(id, replica, name, gpus, env, false).await
+    }
+
+    async fn start_kernel(
+        &self,
+        id: &str,
+        replica: u32,
+        name: Option<&str>,
+        gpus: Option<u32>,
+        env: &[(String, String)],
+        auto_restart: bool,
     ) -> Result<Arc<Kernel>, CreateError> {
         if self.map.read().await.contains_key(id) {
             return Err(CreateError::Start(anyhow::anyhow!("kernel {id} is already hosted here")));
@@ -195,6 +209,7 @@ impl Kernels {
                 return Err(CreateError::Start(e));
             }
         };
+        kernel.set_auto_restart(auto_restart);
         // Right after the spawn, before any cell can run: children forked from now on inherit it.
         for pid in kernel.pids() {
             if let Err(e) = self.cgroup.add_process(&id, pid) {
