@@ -42,6 +42,29 @@ def wait_for(predicate, timeout: float, what: str):
         time.sleep(0.05)
 
 
+def kill_until_given_up(model, first_pid: int, most: int = 8) -> list[int]:
+    """SIGKILLs a kernel's process, then each new one the daemon restarts as soon as it
+    shows, until the kernel is given up (`dead`) or `most` kills; returns the pids killed.
+    `model()` is the kernel's Kernel Gateway model."""
+
+    killed: list[int] = []
+
+    def new_pid_or_dead():
+        m = model()
+        if m["execution_state"] == "dead":
+            return "dead"
+        return next((p for p in m["pids"] if p not in killed), None)
+
+    pid = first_pid
+    while len(killed) < most:
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+        pid = wait_for(new_pid_or_dead, 120, "a new kernel process, or the kernel given up")
+        if pid == "dead":
+            return killed
+    raise AssertionError(f"still restarted after {len(killed)} deaths")
+
+
 class Daemon:
     """A running notebookosd with a token."""
 

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 import websocket
-from nbos_harness import Daemon, wait_for
+from nbos_harness import Daemon, kill_until_given_up, wait_for
 
 # The per-cell GPU commitment is bookkeeping in the daemon's scheduler (the
 # lease server enforces it inside the process with the CUDA shim); these tests
@@ -196,22 +196,7 @@ def test_a_gpu_kernel_that_is_given_up_answers_its_cells_with_errors(one_gpu):
     d = one_gpu
     k = call(d, "POST", "/api/kernels", {"name": "notebookos-python-1gpu"})[1]
     ws = connect(d, k["id"])
-    killed = []
-
-    def new_pid_or_dead():
-        _, model = call(d, "GET", f"/api/kernels/{k['id']}")
-        if model["execution_state"] == "dead":
-            return "dead"
-        return next((p for p in model["pids"] if p not in killed), None)
-
-    pid = k["pids"][0]
-    while len(killed) < 8:
-        os.kill(pid, signal.SIGKILL)
-        killed.append(pid)
-        pid = wait_for(new_pid_or_dead, 120, "a new kernel process, or the kernel given up")
-        if pid == "dead":
-            break
-    assert pid == "dead", f"still restarted after {len(killed)} deaths"
+    kill_until_given_up(lambda: call(d, "GET", f"/api/kernels/{k['id']}")[1], k["pids"][0])
     assert gpus_view(d)["holders"] == ["free"]
     r = run_cell(ws, "print('never')")
     assert r["reply"]["status"] == "error" and r["reply"]["ename"] == "DeadKernel", r

@@ -11,7 +11,7 @@ import urllib.request
 import uuid
 
 import websocket
-from nbos_harness import daemon, wait_for
+from nbos_harness import daemon, kill_until_given_up, wait_for
 from test_bad_input import execute, http
 
 
@@ -242,25 +242,10 @@ def test_a_kernel_that_keeps_dying_right_after_it_starts_is_given_up_and_answers
     k = new_kernel()
     try:
         ws = connect(k["id"])
-        killed = []
-
-        def new_pid_or_dead():
-            model = model_of(k["id"])
-            if model["execution_state"] == "dead":
-                return "dead"
-            return next((p for p in model["pids"] if p not in killed), None)
-
-        pid = k["pids"][0]
         # Kill every new process as soon as it shows; as jupyter_client's restarter
         # (restart_limit 5), after 5 restarts of processes that each died within 10 s of
         # their start, the next such death is final.
-        while len(killed) < 8:
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-            pid = wait_for(new_pid_or_dead, 120, "a new kernel process, or the kernel given up")
-            if pid == "dead":
-                break
-        assert pid == "dead", f"still restarted after {len(killed)} deaths"
+        killed = kill_until_given_up(lambda: model_of(k["id"]), k["pids"][0])
         # Not given up before the 6th death (the first process may have lived past 10 s).
         assert 6 <= len(killed) <= 7, killed
         model = model_of(k["id"])
