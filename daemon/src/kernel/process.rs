@@ -7,6 +7,17 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::sync::watch;
 
+/// Variables of the daemon's own environment that a kernel inherits. Nothing else is
+/// inherited (the daemon's may hold cloud credentials, CA paths, its own settings): a
+/// kernel gets these, plus what [`LaunchSpec::env`] sets on purpose (the shim's, the
+/// client's `KERNEL_*`, `NOTEBOOKOS_*`).
+const INHERITED_ENV: &[&str] = &["PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR"];
+
+/// Whether the daemon's variable `name` is passed on to kernels (also the locale's `LC_*`).
+pub fn inherited(name: &str) -> bool {
+    INHERITED_ENV.contains(&name) || name.starts_with("LC_")
+}
+
 /// How to start a kernel process.
 #[derive(Debug, Clone)]
 pub struct LaunchSpec {
@@ -62,6 +73,12 @@ impl KernelProcess {
             .stderr(log2)
             .process_group(0)
             .kill_on_drop(true);
+        cmd.env_clear();
+        for (k, v) in std::env::vars_os() {
+            if k.to_str().is_some_and(inherited) {
+                cmd.env(k, v);
+            }
+        }
         for (k, v) in &spec.env {
             cmd.env(k, v);
         }

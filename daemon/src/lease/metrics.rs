@@ -3,6 +3,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -16,7 +17,15 @@ pub struct EvictionLabels {
 /// Labels of `notebookos_lease_refused_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RefusedLabels {
-    /// Why: `unregistered`, `pid_mismatch`, `kernel_mismatch`, `bad_frame`, `bad_peer`, `too_many`.
+    /// Why: `unregistered`, `pid_mismatch`, `kernel_mismatch`, `bad_frame`, `bad_peer`.
+    /// (Connections over a cap are counted in `notebookos_lease_connections_refused_total`.)
+    pub reason: String,
+}
+
+/// Labels of `notebookos_lease_connections_refused_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnectionRefusedLabels {
+    /// Which cap: `total` (all peers) or `per_uid` (the peer's user).
     pub reason: String,
 }
 
@@ -29,6 +38,10 @@ pub struct LeaseMetrics {
     pub revocations: Counter,
     /// Connections refused, by reason.
     pub refused: Family<RefusedLabels, Counter>,
+    /// Connections closed on accept because a connection cap was reached, by cap.
+    pub connections_refused: Family<ConnectionRefusedLabels, Counter>,
+    /// Lease-socket connections open now.
+    pub connections: Gauge,
     /// Evictions, by mode.
     pub evictions: Family<EvictionLabels, Counter>,
     /// Restores that failed (the process is left without a lease).
@@ -49,6 +62,8 @@ impl Default for LeaseMetrics {
             grants: Counter::default(),
             revocations: Counter::default(),
             refused: Family::default(),
+            connections_refused: Family::default(),
+            connections: Gauge::default(),
             evictions: Family::default(),
             restore_failures: Counter::default(),
             acquire_seconds: Histogram::new([
@@ -67,6 +82,12 @@ impl LeaseMetrics {
         r.register("notebookos_lease_grants", "GPU leases granted", self.grants.clone());
         r.register("notebookos_lease_revocations", "GPU lease revocations sent", self.revocations.clone());
         r.register("notebookos_lease_refused", "Lease connections refused, by reason", self.refused.clone());
+        r.register(
+            "notebookos_lease_connections_refused",
+            "Lease connections closed on accept because a connection cap was reached, by cap (total, per_uid)",
+            self.connections_refused.clone(),
+        );
+        r.register("notebookos_lease_connections", "Lease socket connections open", self.connections.clone());
         r.register("notebookos_gpu_evictions", "Evictions of a process's GPU memory, by mode", self.evictions.clone());
         r.register(
             "notebookos_gpu_restore_failures",

@@ -8,5 +8,5 @@ pub mod peer;
 pub mod server;
 pub mod table;
 
-pub use server::{KernelProcess, LeaseServer, LeaseServerConfig, LeaseServerError, ProcessStatus};
+pub use server::{ConnectionLimits, KernelProcess, LeaseServer, LeaseServerConfig, LeaseServerError, ProcessStatus};
 pub use table::LeaseState;

@@ -9,7 +9,12 @@
 //! and accepted only if it is a kernel process registered with
 //! [`LeaseServer::register_process`] (same uid) or a descendant of one, and claims
 //! its own pid and its kernel's id. Anything else gets `Refused` and is closed.
+//!
+//! The socket is world-writable, so connections are capped ([`ConnectionLimits`]) in
+//! total and per peer uid: one over a cap is answered `Refused` and closed by the
+//! acceptor itself, before a thread is started for it.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::io::Write;
@@ -25,8 +30,8 @@ use nbos_lease_proto::{read_message, write_message, Message};
 
 use crate::gpu::control::{Eviction, GpuControl};
 use crate::gpu::GpuInfo;
-use crate::lease::metrics::{LeaseMetrics, RefusedLabels};
-use crate::lease::peer;
+use crate::lease::metrics::{ConnectionRefusedLabels, LeaseMetrics, RefusedLabels};
+use crate::lease::peer::{self, PeerCred};
 use crate::lease::table::{Action, LeaseState, Policy, Table};
 
 /// How long a new connection may take to send `Register`.
@@ -34,6 +39,28 @@ const REGISTER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most connections served at once (one thread each): far above the kernel processes a
 /// host runs, low enough that a connection flood cannot exhaust threads.
 pub const MAX_CONNECTIONS: usize = 1024;
+/// Most connections served at once for one peer uid, so that one local user cannot take
+/// every slot. Kernel processes all run as the daemon's uid, so this also bounds the
+/// host's legitimate shims: kept well above a host's kernel processes.
+pub const MAX_CONNECTIONS_PER_UID: usize = 256;
+/// At most one warning per this interval about connections refused for a cap (a flood
+/// would otherwise log a line per connection).
+const CAP_WARN_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Caps on lease-socket connections served at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// In total.
+    pub total: usize,
+    /// Per peer uid (`SO_PEERCRED`).
+    pub per_uid: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self { total: MAX_CONNECTIONS, per_uid: MAX_CONNECTIONS_PER_UID }
+    }
+}
 
 /// Settings of the lease server.
 #[derive(Debug, Clone)]
@@ -148,12 +175,23 @@ impl std::fmt::Debug for LeaseServer {
 }
 
 impl LeaseServer {
-    /// Binds the socket and starts the threads.
+    /// Binds the socket and starts the threads, with the default connection caps.
     pub fn start(
         cfg: LeaseServerConfig,
         gpus: Vec<GpuInfo>,
         control: GpuControl,
         metrics: LeaseMetrics,
+    ) -> Result<Self, LeaseServerError> {
+        Self::start_with_limits(cfg, gpus, control, metrics, ConnectionLimits::default())
+    }
+
+    /// Binds the socket and starts the threads; at most `limits` connections are served at once.
+    pub fn start_with_limits(
+        cfg: LeaseServerConfig,
+        gpus: Vec<GpuInfo>,
+        control: GpuControl,
+        metrics: LeaseMetrics,
+        limits: ConnectionLimits,
     ) -> Result<Self, LeaseServerError> {
         let bind_err = |source| LeaseServerError::Bind { path: cfg.socket.clone(), source };
         if cfg.socket.exists() {
@@ -193,7 +231,9 @@ impl LeaseServer {
         threads.push(spawn("lease-actor", Box::new(move || timer_loop(&sh, tick)))?);
         let (sh, m) = (shared.clone(), metrics.clone());
         let wake = listener.try_clone().map_err(bind_err)?;
-        threads.push(spawn("lease-accept", Box::new(move || accept_loop(listener, sh, m)))?);
+        let slots =
+            Arc::new(Slots { limits, open: Mutex::new(OpenCounts::default()), gauge: metrics.connections.clone() });
+        threads.push(spawn("lease-accept", Box::new(move || accept_loop(listener, sh, m, slots)))?);
         Ok(Self { shared, socket: cfg.socket, listener: wake, threads, metrics })
     }
 
@@ -347,9 +387,107 @@ fn timer_loop(shared: &Shared, tick: Duration) {
     }
 }
 
-fn accept_loop(listener: UnixListener, shared: Arc<Shared>, metrics: LeaseMetrics) {
+/// Which connection cap a new connection is over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cap {
+    Total,
+    PerUid,
+}
+
+impl Cap {
+    fn label(self) -> &'static str {
+        match self {
+            Cap::Total => "total",
+            Cap::PerUid => "per_uid",
+        }
+    }
+}
+
+#[derive(Default)]
+struct OpenCounts {
+    total: usize,
+    by_uid: HashMap<u32, usize>,
+}
+
+/// The connections served now, against the caps.
+struct Slots {
+    limits: ConnectionLimits,
+    open: Mutex<OpenCounts>,
+    /// `notebookos_lease_connections`.
+    gauge: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl Slots {
+    /// Takes a slot for a connection from `uid`, or says which cap is reached.
+    fn take(self: &Arc<Self>, uid: u32) -> Result<Slot, Cap> {
+        let mut open = lock(&self.open);
+        // Per uid first: when both caps are reached, the peer's own uid is the likelier flood.
+        if open.by_uid.get(&uid).copied().unwrap_or(0) >= self.limits.per_uid {
+            return Err(Cap::PerUid);
+        }
+        if open.total >= self.limits.total {
+            return Err(Cap::Total);
+        }
+        open.total += 1;
+        *open.by_uid.entry(uid).or_insert(0) += 1;
+        self.gauge.set(i64::try_from(open.total).unwrap_or(i64::MAX));
+        Ok(Slot { slots: self.clone(), uid })
+    }
+}
+
+/// One connection's place under the caps, given back when dropped: by the connection
+/// thread on any exit (panic included), or at once if that thread cannot start.
+struct Slot {
+    slots: Arc<Slots>,
+    uid: u32,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut open = lock(&self.slots.open);
+        open.total = open.total.saturating_sub(1);
+        if let Entry::Occupied(mut e) = open.by_uid.entry(self.uid) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+        self.slots.gauge.set(i64::try_from(open.total).unwrap_or(i64::MAX));
+    }
+}
+
+/// Rate limit of the warning about capped connections.
+#[derive(Default)]
+struct CapWarnings {
+    last: Option<Instant>,
+    /// Refusals not logged since `last`.
+    quiet: u64,
+}
+
+impl CapWarnings {
+    fn refused(&mut self, cred: PeerCred, cap: Cap, limits: ConnectionLimits) {
+        let now = Instant::now();
+        if self.last.is_some_and(|t| now.duration_since(t) < CAP_WARN_INTERVAL) {
+            self.quiet += 1;
+            return;
+        }
+        tracing::warn!(
+            uid = cred.uid,
+            pid = cred.pid,
+            cap = cap.label(),
+            total_limit = limits.total,
+            per_uid_limit = limits.per_uid,
+            also_refused_since_last_warning = self.quiet,
+            "lease connection refused: too many open connections"
+        );
+        self.last = Some(now);
+        self.quiet = 0;
+    }
+}
+
+fn accept_loop(listener: UnixListener, shared: Arc<Shared>, metrics: LeaseMetrics, slots: Arc<Slots>) {
     static NEXT: AtomicU64 = AtomicU64::new(1);
-    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut warnings = CapWarnings::default();
     for stream in listener.incoming() {
         if shared.stop.load(Ordering::SeqCst) {
             return;
@@ -363,12 +501,45 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>, metrics: LeaseMetric
                 continue;
             }
         };
+        // Refusals below are written by the acceptor itself, non-blocking: the frame fits
+        // the fresh socket's empty buffer, and a peer that never reads cannot stall accepts.
+        let cred = match peer::peer_cred(&stream) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = stream.set_nonblocking(true);
+                refuse(stream, &metrics, "bad_peer", format!("cannot read peer credentials: {e}"));
+                continue;
+            }
+        };
+        let slot = match slots.take(cred.uid) {
+            Ok(slot) => slot,
+            Err(cap) => {
+                metrics
+                    .connections_refused
+                    .get_or_create(&ConnectionRefusedLabels { reason: cap.label().into() })
+                    .inc();
+                warnings.refused(cred, cap, slots.limits);
+                let reason = match cap {
+                    Cap::PerUid => {
+                        format!("too many lease connections from uid {} (limit {})", cred.uid, slots.limits.per_uid)
+                    }
+                    Cap::Total => format!("too many lease connections (limit {})", slots.limits.total),
+                };
+                let mut s = stream;
+                let _ = s.set_nonblocking(true);
+                let _ = write_message(&mut s, &Message::Refused { reason });
+                continue;
+            }
+        };
         let conn = NEXT.fetch_add(1, Ordering::Relaxed);
         let (sh, m) = (shared.clone(), metrics.clone());
-        let spawned =
-            std::thread::Builder::new().name("lease-conn".into()).spawn(move || serve_conn(conn, stream, &sh, &m));
+        let spawned = std::thread::Builder::new().name("lease-conn".into()).spawn(move || {
+            // Held for the thread's whole life: released however it ends.
+            let _slot = slot;
+            serve_conn(conn, cred, stream, &sh, &m);
+        });
+        // On failure the closure, and with it the slot and the stream, is dropped.
         if let Err(e) = spawned {
-            open.fetch_sub(1, Ordering::SeqCst);
             tracing::error!(error = %e, "cannot start a lease connection thread");
         }
     }
@@ -382,11 +553,7 @@ fn refuse(mut s: UnixStream, metrics: &LeaseMetrics, reason_label: &str, reason:
 }
 
 /// Authenticates a connection, then handles its frames (under the actor lock).
-fn serve_conn(conn: u64, mut s: UnixStream, shared: &Shared, metrics: &LeaseMetrics) {
-    let cred = match peer::peer_cred(&s) {
-        Ok(c) => c,
-        Err(e) => return refuse(s, metrics, "bad_peer", format!("cannot read peer credentials: {e}")),
-    };
+fn serve_conn(conn: u64, cred: PeerCred, mut s: UnixStream, shared: &Shared, metrics: &LeaseMetrics) {
     let _ = s.set_read_timeout(Some(REGISTER_TIMEOUT));
     let (kernel_id, pid) = match read_message(&mut s) {
         Ok(Message::Register { kernel_id, pid, .. }) => (kernel_id, pid),
@@ -647,7 +814,44 @@ impl Actor {
 
 #[cfg(test)]
 mod tests {
-    use super::{uuid_bytes, uuid_string};
+    use super::{uuid_bytes, uuid_string, Cap, ConnectionLimits, OpenCounts, Slots};
+    use std::sync::{Arc, Mutex};
+
+    fn slots(total: usize, per_uid: usize) -> Arc<Slots> {
+        Arc::new(Slots {
+            limits: ConnectionLimits { total, per_uid },
+            open: Mutex::new(OpenCounts::default()),
+            gauge: prometheus_client::metrics::gauge::Gauge::default(),
+        })
+    }
+
+    #[test]
+    fn slots_cap_per_uid_and_in_total_and_come_back_when_dropped() {
+        let s = slots(3, 2);
+        let a = s.take(1000).expect("first of uid 1000");
+        let _b = s.take(1000).expect("second of uid 1000");
+        assert_eq!(s.take(1000).err(), Some(Cap::PerUid));
+        let _c = s.take(1001).expect("another uid");
+        assert_eq!(s.take(1002).err(), Some(Cap::Total));
+        assert_eq!(s.gauge.get(), 3);
+        drop(a);
+        assert_eq!(s.gauge.get(), 2);
+        let _d = s.take(1000).expect("the freed slot is taken again");
+    }
+
+    #[test]
+    fn a_connection_thread_that_panics_gives_its_slot_back() {
+        let s = slots(1, 1);
+        let slot = s.take(7).expect("slot");
+        let died = std::thread::spawn(move || {
+            let _slot = slot;
+            panic!("connection handler bug");
+        })
+        .join();
+        assert!(died.is_err());
+        assert_eq!(s.gauge.get(), 0);
+        assert!(s.take(7).is_ok());
+    }
 
     #[test]
     fn uuid_strings_parse_to_driver_bytes() {

@@ -35,7 +35,14 @@ impl Drop for Daemon {
 
 /// Starts a daemon on a loopback port with its own state, runtime dir and [`TOKEN`];
 /// `extra_toml` adds sections. Returns once its endpoint file names its URL.
+#[allow(dead_code)] // each test crate compiles this module and uses one of the two starts
 pub fn start_daemon(extra_toml: &str, stderr: Stdio) -> Daemon {
+    start_daemon_under(&[], extra_toml, stderr)
+}
+
+/// [`start_daemon`] with the daemon's command line run by `wrapper` (a program and its
+/// arguments, e.g. `setpriv …`), which must exec the command it is given.
+pub fn start_daemon_under(wrapper: &[&str], extra_toml: &str, stderr: Stdio) -> Daemon {
     let dir = tempfile::tempdir().expect("tmp");
     let token = dir.path().join("token");
     std::fs::write(&token, format!("{TOKEN}\n")).expect("token");
@@ -50,13 +57,15 @@ pub fn start_daemon(extra_toml: &str, stderr: Stdio) -> Daemon {
         ),
     )
     .expect("config");
-    let child = Command::new(NOTEBOOKOSD)
-        .arg("--config")
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .expect("spawn");
+    let mut command = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(NOTEBOOKOSD);
+            c
+        }
+        None => Command::new(NOTEBOOKOSD),
+    };
+    let child = command.arg("--config").arg(&config).stdout(Stdio::null()).stderr(stderr).spawn().expect("spawn");
     // Owned from here on, so a failed start still stops and reaps the child.
     let mut daemon = Daemon { child, url: String::new(), _dir: dir };
     let endpoint = daemon._dir.path().join("run/endpoint.json");
