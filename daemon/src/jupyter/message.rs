@@ -123,6 +123,29 @@ impl Message {
     }
 }
 
+/// How the daemon answers a request it cannot pass to a kernel, as a kernel answers a
+/// failed one: the `error` content (`ename`, `evalue`, `traceback`) for IOPub, and the
+/// `<x>_reply` with `status: error` (a cell's with `execution_count`). `msg_id` and `date`
+/// are passed in so this stays pure.
+pub fn error_reply(
+    request: &Message,
+    ename: &str,
+    evalue: &str,
+    msg_id: &str,
+    date: SystemTime,
+) -> Result<(serde_json::Value, Message), WireError> {
+    let h = request.header()?;
+    let error = serde_json::json!({ "ename": ename, "evalue": evalue, "traceback": [format!("{ename}: {evalue}")] });
+    let mut content = error.clone();
+    content["status"] = "error".into();
+    if h.msg_type == "execute_request" {
+        content["execution_count"] = 0.into();
+    }
+    let reply_type = format!("{}_reply", h.msg_type.strip_suffix("_request").unwrap_or(&h.msg_type));
+    let reply = Message::new(&reply_type, &h.session, msg_id, date, Some(&request.header), &content);
+    Ok((error, reply))
+}
+
 /// Parses raw header bytes into the fields the daemon needs.
 pub fn parse_header(raw: &[u8]) -> Result<Header, WireError> {
     let v: serde_json::Value =
@@ -148,6 +171,26 @@ pub fn iso_date(t: SystemTime) -> String {
 mod tests {
     use super::*;
     use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn an_error_reply_answers_its_request_as_a_kernel_would() {
+        let cell = Message::new("execute_request", "s1", "c1", UNIX_EPOCH, None, &serde_json::json!({}));
+        let (error, reply) = error_reply(&cell, "DeadKernel", "gone", "r1", UNIX_EPOCH).expect("reply");
+        assert_eq!(error["traceback"][0], "DeadKernel: gone");
+        let h = reply.header().expect("header");
+        assert_eq!((h.msg_type.as_str(), h.session.as_str()), ("execute_reply", "s1"));
+        let c = reply.content_json().expect("content");
+        assert_eq!(
+            (c["status"].as_str(), c["ename"].as_str(), c["execution_count"].as_u64()),
+            (Some("error"), Some("DeadKernel"), Some(0))
+        );
+        assert_eq!(parse_header(&reply.parent_header).expect("parent").msg_id, "c1");
+
+        let info = Message::new("kernel_info_request", "s1", "k1", UNIX_EPOCH, None, &serde_json::json!({}));
+        let (_, reply) = error_reply(&info, "DeadKernel", "gone", "r2", UNIX_EPOCH).expect("reply");
+        assert_eq!(reply.header().expect("header").msg_type, "kernel_info_reply");
+        assert!(reply.content_json().expect("content").get("execution_count").is_none());
+    }
 
     #[test]
     fn iso_date_has_microseconds_and_z() {

@@ -16,7 +16,7 @@ use super::connection::ConnectionInfo;
 use super::hub::{ClientId, Hub};
 use super::process::LaunchSpec;
 use super::replica::Replica;
-use crate::jupyter::message::iso_date;
+use crate::jupyter::message::{error_reply, iso_date};
 use crate::jupyter::{Channel, Message};
 use crate::metrics::Metrics;
 
@@ -290,35 +290,15 @@ impl Kernel {
     pub fn answer_error(&self, client: ClientId, channel: Channel, request: &Message, ename: &str, evalue: &str) {
         let now = SystemTime::now();
         let Ok(h) = request.header() else { return };
+        let Ok((error, reply)) = error_reply(request, ename, evalue, &uuid::Uuid::new_v4().to_string(), now) else {
+            return;
+        };
         self.hub.expect_reply(&h.msg_id, client, now);
-        let error = serde_json::json!({
-            "ename": ename,
-            "evalue": evalue,
-            "traceback": [format!("{ename}: {evalue}")],
-        });
-        let is_cell = h.msg_type == "execute_request";
-        if is_cell {
+        if h.msg_type == "execute_request" {
             self.publish(request, "status", &serde_json::json!({ "execution_state": "busy" }));
             self.publish(request, "error", &error);
             self.publish(request, "status", &serde_json::json!({ "execution_state": "idle" }));
         }
-        let mut content = error;
-        content["status"] = "error".into();
-        if is_cell {
-            content["execution_count"] = 0.into();
-        }
-        let reply_type = h
-            .msg_type
-            .strip_suffix("_request")
-            .map_or_else(|| format!("{}_reply", h.msg_type), |t| format!("{t}_reply"));
-        let reply = Message::new(
-            &reply_type,
-            &h.session,
-            &uuid::Uuid::new_v4().to_string(),
-            now,
-            Some(&request.header),
-            &content,
-        );
         self.hub.deliver(channel, reply, now);
     }
 

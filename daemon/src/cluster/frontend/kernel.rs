@@ -14,6 +14,7 @@ use super::events::{Cell, Event};
 use super::shared::Shared;
 use super::state::{ExecutionInfo, State};
 use crate::cluster::records::{keys, KernelRecord};
+use crate::jupyter::message::error_reply;
 use crate::jupyter::{Channel, Message};
 use crate::kernel::hub::{ClientId, Hub};
 use crate::sched::preselect::Candidate;
@@ -323,28 +324,15 @@ impl FrontendKernel {
     /// Answers `request` with an error reply (and, for a cell, error + idle on IOPub).
     pub(super) fn answer_error(&self, request: &Message, ename: &str, evalue: &str) {
         let Ok(h) = request.header() else { return };
-        let error =
-            serde_json::json!({ "ename": ename, "evalue": evalue, "traceback": [format!("{ename}: {evalue}")] });
+        let now = SystemTime::now();
+        let Ok((error, reply)) = error_reply(request, ename, evalue, &uuid::Uuid::new_v4().to_string(), now) else {
+            return;
+        };
         let is_cell = h.msg_type == "execute_request";
         if is_cell {
             self.publish(request, "error", &error);
         }
-        let mut content = error;
-        content["status"] = "error".into();
-        if is_cell {
-            content["execution_count"] = 0.into();
-        }
-        let reply_type =
-            h.msg_type.strip_suffix("_request").map_or_else(|| h.msg_type.clone(), |t| format!("{t}_reply"));
-        let reply = Message::new(
-            &reply_type,
-            &h.session,
-            &uuid::Uuid::new_v4().to_string(),
-            SystemTime::now(),
-            Some(&request.header),
-            &content,
-        );
-        self.hub.deliver(Channel::Shell, reply, SystemTime::now());
+        self.hub.deliver(Channel::Shell, reply, now);
         if is_cell {
             self.publish(request, "status", &serde_json::json!({ "execution_state": "idle" }));
         }
