@@ -197,6 +197,45 @@ fn dev_daemon_serves_status_health_and_metrics_then_cleans_up() {
     assert!(!Path::new(&state_dir).exists(), "temporary dev state dir {state_dir} must be removed on exit");
 }
 
+/// One raw HTTP/1.1 request (so `Host` and `Origin` are exactly what an attacker sends);
+/// returns the status code.
+fn raw_status(url: &str, request: &str) -> u16 {
+    use std::io::{Read, Write};
+    let addr = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.write_all(request.as_bytes()).expect("write");
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).expect("status line");
+    String::from_utf8_lossy(&head[9..12]).parse().expect("status code")
+}
+
+#[test]
+fn the_token_less_dev_api_answers_only_local_programs() {
+    let d = Daemon::start(&["--dev", "--listen", "127.0.0.1:0"]);
+    let port = d.url.rsplit(':').next().expect("port").to_owned();
+    let get = |host: &str, extra: &str| {
+        raw_status(&d.url, &format!("GET /api/v1/status HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n"))
+    };
+    // What a local client sends.
+    assert_eq!(get(&format!("127.0.0.1:{port}"), ""), 200);
+    assert_eq!(get(&format!("localhost:{port}"), &format!("Origin: http://localhost:{port}\r\n")), 200);
+    // DNS rebinding: a web page's name resolved to 127.0.0.1.
+    assert_eq!(get(&format!("rebound.evil.example:{port}"), ""), 403);
+    // A web page on another origin calling the loopback port.
+    assert_eq!(get(&format!("127.0.0.1:{port}"), "Origin: https://evil.example\r\n"), 403);
+    // A form post (no preflight) must not start a kernel.
+    let form = "name=python3";
+    let post = format!(
+        "POST /api/kernels HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{form}",
+        form.len()
+    );
+    assert_eq!(raw_status(&d.url, &post), 415);
+    let (code, kernels) = http_get(&format!("{}/api/kernels", d.url), None);
+    assert_eq!((code, kernels.trim()), (200, "[]"), "no kernel was started");
+    let (_, metrics) = http_get(&format!("{}/metrics", d.url), None);
+    assert!(metrics.contains("code=\"403\"") && metrics.contains("code=\"415\""), "{metrics}");
+}
+
 #[test]
 fn token_is_required_when_configured() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -71,6 +71,13 @@ fn hosts_form_a_cluster_fail_rejoin_join_and_leave() {
     let (ok, table, _) = c.nbos(1, &["cluster", "status"]);
     assert!(ok && table.contains("2 of 3 host(s) up") && table.contains("DOWN"), "{table}");
 
+    // A kernel id that is not a UUID (it would become a directory on every host) is refused.
+    for bad in ["..", "../../etc", "K1"] {
+        let (code, body) = c.post(1, "/api/v1/cluster/kernels", json!({ "id": bad, "name": "python3", "gpus": 0 }));
+        assert_eq!(code, 400, "{bad}: {body}");
+        assert!(body["message"].as_str().unwrap_or_default().contains("UUID"), "{body}");
+    }
+
     // Placement needs three live hosts: refused, naming what is up.
     let (code, body) = c.post(1, "/api/v1/cluster/kernels", json!({ "name": "python3", "gpus": 0 }));
     assert_eq!(code, 409, "{body}");

@@ -235,3 +235,51 @@ fn kernel_proxy_and_install_kernelspec_refuse_bad_input_with_clear_errors() {
     assert_eq!(spec["argv"][3], "{connection_file}");
     assert_eq!(spec["metadata"]["notebookos"]["gpus"], 1);
 }
+
+/// The daemon's runtime directory, from the `--config` file it was started with (the test
+/// harness puts `run/` next to it).
+fn runtime_dir_of(d: &Daemon) -> std::path::PathBuf {
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", d.child.id())).expect("cmdline");
+    let args: Vec<String> = cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+    let config = args.iter().skip_while(|a| *a != "--config").nth(1).expect("--config");
+    Path::new(config).parent().expect("config dir").join("run")
+}
+
+#[test]
+fn kernel_ids_that_are_not_uuids_are_no_kernel_and_touch_nothing() {
+    let d = start();
+    let u = &d.url;
+    let run = runtime_dir_of(&d);
+    assert!(run.join("endpoint.json").exists(), "{} is not the runtime dir", run.display());
+    let upper = uuid::Uuid::new_v4().to_string().to_uppercase();
+    for id in ["..%2F..", "%2E%2E", "not-a-uuid", "..%2F..%2Fetc", upper.as_str()] {
+        for (method, path) in [
+            ("GET", format!("/api/kernels/{id}")),
+            ("DELETE", format!("/api/kernels/{id}")),
+            ("POST", format!("/api/kernels/{id}/interrupt")),
+            ("POST", format!("/api/kernels/{id}/restart")),
+            ("GET", format!("/api/kernels/{id}/channels")),
+        ] {
+            let (code, body) = http(method, &format!("{u}{path}"), Some(TOKEN), None);
+            // `%2E%2E` may be resolved as `..` by the client or refused by the router
+            // itself; every other id reaches the handler and is an unknown kernel.
+            assert!(code == 404 || code == 400, "{method} {path}: {code} {body}");
+            if id != "%2E%2E" {
+                assert_eq!(code, 404, "{method} {path}: {body}");
+                let err: serde_json::Value = serde_json::from_str(&body).expect("json error");
+                assert_eq!(err["reason"], "Not Found", "{method} {path}: {body}");
+                assert!(err["message"].as_str().is_some_and(|m| m.contains("Kernel does not exist")), "{body}");
+            }
+        }
+    }
+    // Nothing was removed, and kernels still come and go.
+    assert!(run.join("endpoint.json").exists(), "the runtime dir lost its files");
+    let (code, body) = http("POST", &format!("{u}/api/kernels"), Some(TOKEN), Some(r#"{"name":"python3"}"#));
+    assert_eq!(code, 201, "{body}");
+    let model: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let id = model["id"].as_str().expect("id");
+    assert!(run.join("kernels").join(id).is_dir(), "kernel dir missing under {}", run.display());
+    assert_eq!(http("DELETE", &format!("{u}/api/kernels/{id}"), Some(TOKEN), None).0, 204);
+    assert_eq!(http("GET", &format!("{u}/api/kernels/{id}"), Some(TOKEN), None).0, 404);
+    assert!(run.is_dir() && run.join("endpoint.json").exists());
+}

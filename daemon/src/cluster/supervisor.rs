@@ -114,6 +114,12 @@ impl Supervisor {
     }
 
     async fn on_put(&mut self, record: KernelRecord) {
+        // A record is written by any host's cluster API; its id becomes a directory and
+        // cgroup name here, so one that is not a UUID is never started (nor retried).
+        if !crate::kernel::is_kernel_id(&record.id) {
+            tracing::warn!(kernel = ?record.id, "kernel record with an id that is not a UUID; not starting it");
+            return;
+        }
         let me = self.cluster.node_id();
         let mine = record.replicas.iter().find(|r| r.node_id == me).cloned();
         let id = record.id.clone();

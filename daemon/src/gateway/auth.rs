@@ -25,3 +25,80 @@ pub async fn require_token(State(st): State<Arc<AppState>>, req: Request, next: 
             .into_response()
     }
 }
+
+/// Token-less dev mode (`--dev`, a loopback listener) trusts whoever reaches the port, so
+/// it must be a local program, not a web page the user happens to have open: a page can
+/// send requests to 127.0.0.1 (with a rebound DNS name as `Host`, or with its own
+/// `Origin`) and post forms without a preflight. So, without a token: `Host` must name a
+/// loopback address, `Origin` must be absent or loopback, and a request body must be JSON.
+pub async fn guard_open_api(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if st.token.is_some() {
+        return next.run(req).await;
+    }
+    let refuse = |status: StatusCode, why: String| {
+        tracing::warn!(path = %req.uri().path(), %why, "refused request to the token-less API");
+        (status, format!("{}: {why}\n", status.as_u16())).into_response()
+    };
+    let host = req.headers().get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if !is_loopback_authority(host) {
+        return refuse(StatusCode::FORBIDDEN, format!("the token-less API answers only a loopback Host, not {host:?}"));
+    }
+    if let Some(origin) = req.headers().get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("");
+        let authority = origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://"));
+        if !authority.is_some_and(is_loopback_authority) {
+            return refuse(StatusCode::FORBIDDEN, format!("the token-less API refuses Origin {origin:?}"));
+        }
+    }
+    let has_body =
+        req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).is_some_and(|n| n.trim() != "0")
+            || req.headers().contains_key(header::TRANSFER_ENCODING);
+    let json = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.split(';').next().is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json")));
+    if has_body && !json {
+        return refuse(StatusCode::UNSUPPORTED_MEDIA_TYPE, "the token-less API takes JSON bodies only".to_owned());
+    }
+    next.run(req).await
+}
+
+/// `localhost`, `127.x.y.z` or `[::1]`, with or without a port.
+fn is_loopback_authority(authority: &str) -> bool {
+    let host = match authority.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => authority.rsplit_once(':').map_or(authority, |(h, port)| {
+            if port.chars().all(|c| c.is_ascii_digit()) {
+                h
+            } else {
+                authority
+            }
+        }),
+    };
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_loopback_authority;
+
+    #[test]
+    fn only_loopback_authorities_pass() {
+        for ok in ["localhost", "LOCALHOST:8888", "127.0.0.1", "127.0.0.1:8888", "127.1.2.3:1", "[::1]", "[::1]:8888"] {
+            assert!(is_loopback_authority(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "evil.example",
+            "evil.example:8888",
+            "localhost.evil.example",
+            "10.0.0.1:8888",
+            "[::2]:1",
+            "127.0.0.1.evil.example",
+            "0.0.0.0:8888",
+        ] {
+            assert!(!is_loopback_authority(bad), "{bad}");
+        }
+    }
+}

@@ -40,6 +40,10 @@ pub async fn channels(
     Path(id): Path<String>,
     req: Request,
 ) -> Response {
+    // First: a malformed id is no kernel, whatever the token (nothing to hide about it).
+    if let Err(e) = ApiError::check_kernel_id(&id) {
+        return e.into_response();
+    }
     let presented = presented_token(&req);
     let local_replica = wants_local_replica(req.uri().query());
     // Cluster mode: clients reach the kernel's front-end on this host; other hosts'

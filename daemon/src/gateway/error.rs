@@ -33,6 +33,16 @@ impl ApiError {
     pub fn no_kernel(id: &str) -> Self {
         Self::not_found(format!("Kernel does not exist: {}", id.chars().take(64).collect::<String>()))
     }
+
+    /// `Ok` for a kernel id (a canonical UUID); otherwise the same 404 as an unknown kernel,
+    /// so a path such as `..` is answered before any lookup, log or file system use.
+    pub fn check_kernel_id(id: &str) -> Result<(), Self> {
+        if crate::kernel::is_kernel_id(id) {
+            Ok(())
+        } else {
+            Err(Self::no_kernel(id))
+        }
+    }
 }
 
 impl IntoResponse for ApiError {

@@ -52,6 +52,8 @@ pub async fn create(
         Err(e @ CreateError::Refused(_)) => {
             Err(ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: e.to_string() })
         }
+        // Not reachable here (the id is a fresh UUID), but a kernel id refused is a 400.
+        Err(e @ CreateError::BadKernelId(_)) => Err(ApiError::bad_request(e.to_string())),
         Err(e @ CreateError::Start(_)) => {
             tracing::error!(error = %e, "kernel start failed");
             Err(ApiError::internal(e.to_string()))
@@ -78,6 +80,7 @@ pub async fn get(
     RawQuery(q): RawQuery,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
+    ApiError::check_kernel_id(&id)?;
     if let Some(mode) = mode.filter(|_| !wants_local_replica(q.as_deref())) {
         return cluster::get(&mode, &id).await;
     }
@@ -91,6 +94,7 @@ pub async fn delete(
     mode: Option<cluster::Mode>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
+    ApiError::check_kernel_id(&id)?;
     // A cluster replica is stopped by its host's supervisor when the record goes, never directly.
     if let Some(mode) = mode {
         return cluster::delete(&mode, &id).await;
@@ -109,6 +113,7 @@ pub async fn interrupt(
     RawQuery(q): RawQuery,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
+    ApiError::check_kernel_id(&id)?;
     if let Some(mode) = mode.filter(|_| !wants_local_replica(q.as_deref())) {
         return cluster::interrupt(&mode, &id).await;
     }
@@ -124,6 +129,7 @@ pub async fn restart(
     RawQuery(q): RawQuery,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
+    ApiError::check_kernel_id(&id)?;
     if let Some(mode) = mode.filter(|_| !wants_local_replica(q.as_deref())) {
         return cluster::restart(&mode, &id).await;
     }

@@ -40,6 +40,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(operator::metrics))
         .merge(api)
         .merge(ws)
+        .layer(middleware::from_fn_with_state(state.clone(), auth::guard_open_api))
         .layer(middleware::from_fn_with_state(state.clone(), count_requests))
         .with_state(state)
 }

@@ -8,6 +8,7 @@
 //! - [`distributed`]: the distributed kernel (replicas + executor choice).
 //! - [`binding`]: per-cell GPU binding (scheduler core + lease control).
 //! - [`cgroup`]: per-kernel memory cgroups (v2, v1 or none).
+//! - [`id`]: what a kernel id may be (a canonical UUID).
 //! - [`registry`]: all kernels of this host.
 //! - [`spec`]: kernelspecs and their GPU requests.
 //! - [`shim_env`]: the CUDA shim environment of kernel processes.
@@ -18,6 +19,7 @@ pub mod cgroup;
 pub mod connection;
 pub mod distributed;
 pub mod hub;
+pub mod id;
 pub mod process;
 pub mod registry;
 pub mod replica;
@@ -26,4 +28,5 @@ pub mod shim_env;
 pub mod spec;
 
 pub use distributed::{Kernel, KernelModel};
+pub use id::is_kernel_id;
 pub use registry::Kernels;

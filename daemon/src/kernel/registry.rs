@@ -32,6 +32,9 @@ pub enum CreateError {
     /// The host cannot take another kernel asking for GPUs.
     #[error("{0}")]
     Refused(crate::sched::Refusal),
+    /// The id is not a kernel id (a canonical UUID, see [`super::id`]).
+    #[error("not a kernel id: {0:?}")]
+    BadKernelId(String),
     /// The process did not start.
     #[error("the kernel failed to start: {0:#}")]
     Start(anyhow::Error),
@@ -158,6 +161,10 @@ impl Kernels {
         env: &[(String, String)],
         auto_restart: bool,
     ) -> Result<Arc<Kernel>, CreateError> {
+        // Before anything else: the id becomes the kernel's directory and cgroup name.
+        if !super::id::is_kernel_id(id) {
+            return Err(CreateError::BadKernelId(id.chars().take(64).collect()));
+        }
         if self.map.read().await.contains_key(id) {
             return Err(CreateError::Start(anyhow::anyhow!("kernel {id} is already hosted here")));
         }
@@ -359,6 +366,23 @@ impl Kernels {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_replica_id_that_is_not_a_uuid_is_refused_before_any_file_is_made() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let metrics = Arc::new(Metrics::new());
+        let leases = Arc::new(super::super::binding::LogOnlyLeases);
+        let binder = Binder::new(0, std::time::Duration::from_secs(60), 2.0, leases, metrics.clone());
+        // A python that does not exist: nothing may get as far as starting one.
+        let kernels =
+            Kernels::new("/nonexistent/python".into(), tmp.path().join("kernels"), Vec::new(), metrics, binder, 0);
+        for id in ["..", "../x", "", "a/b", "NOT-A-UUID"] {
+            let e = kernels.create_replica(id, 1, None, None, &[]).await.err();
+            assert!(matches!(e, Some(CreateError::BadKernelId(_))), "{id:?}: {e:?}");
+        }
+        assert_eq!(std::fs::read_dir(tmp.path()).expect("tmp").count(), 0, "files were made");
+        assert!(kernels.list().await.is_empty());
+    }
 
     #[test]
     fn gpu_memory_requests_are_whole_positive_sane_mib() {

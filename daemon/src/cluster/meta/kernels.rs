@@ -73,6 +73,11 @@ impl Cluster {
     /// [`Cluster::create_kernel`] on this host, which must be the meta leader.
     pub async fn create_kernel_here(&self, spec: KernelSpec) -> Result<KernelRecord> {
         self.require_leader().await?;
+        let id = spec.id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        // Ids become raft keys, and directory and cgroup names on every replica host.
+        if !crate::kernel::is_kernel_id(&id) {
+            return Err(ClusterError::BadRequest(format!("kernel id {id:?} is not a lowercase hyphenated UUID")));
+        }
         let _placing = self.placing.lock().await;
         let hosts = self.host_loads().await?;
         let chosen = placement::place(
@@ -81,10 +86,6 @@ impl Cluster {
             usize::try_from(self.settings.replicas).unwrap_or(usize::MAX),
             self.settings.subscription_ratio,
         )?;
-        let id = spec.id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-        if id.is_empty() || id.contains('/') {
-            return Err(ClusterError::BadRequest(format!("kernel id {id:?} must be non-empty and contain no '/'")));
-        }
         let record = KernelRecord {
             group: records::kernel_group_id(&id),
             id: id.clone(),

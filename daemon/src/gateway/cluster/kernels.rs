@@ -113,6 +113,7 @@ pub async fn list(mode: &ClusterMode) -> Result<Response, ApiError> {
 
 /// `GET /api/kernels/{id}` in cluster mode.
 pub async fn get(mode: &ClusterMode, id: &str) -> Result<Response, ApiError> {
+    ApiError::check_kernel_id(id)?;
     let record = mode.record(id).await?;
     Ok(Json(mode.model(&record).await).into_response())
 }
@@ -120,6 +121,7 @@ pub async fn get(mode: &ClusterMode, id: &str) -> Result<Response, ApiError> {
 /// `DELETE /api/kernels/{id}` in cluster mode: the record goes, the replica hosts stop
 /// their replicas (their supervisors watch `kernels/`).
 pub async fn delete(mode: &ClusterMode, id: &str) -> Result<StatusCode, ApiError> {
+    ApiError::check_kernel_id(id)?;
     if !mode.cluster.delete_kernel(id).await.map_err(cluster_error)? {
         return Err(ApiError::no_kernel(id));
     }
@@ -130,6 +132,7 @@ pub async fn delete(mode: &ClusterMode, id: &str) -> Result<StatusCode, ApiError
 /// `POST /api/kernels/{id}/interrupt` in cluster mode: SIGINT on the executing
 /// replica's host (every replica host when no execution is known here).
 pub async fn interrupt(mode: &ClusterMode, id: &str) -> Result<StatusCode, ApiError> {
+    ApiError::check_kernel_id(id)?;
     let record = mode.record(id).await?;
     let urls = mode.replica_urls(&record).await;
     let executing = mode.frontends.get(id).and_then(|f| f.executing_node());
@@ -158,6 +161,7 @@ pub async fn interrupt(mode: &ClusterMode, id: &str) -> Result<StatusCode, ApiEr
 
 /// `POST /api/kernels/{id}/restart` in cluster mode: every replica restarts.
 pub async fn restart(mode: &ClusterMode, id: &str) -> Result<Response, ApiError> {
+    ApiError::check_kernel_id(id)?;
     let record = mode.record(id).await?;
     let urls = mode.replica_urls(&record).await;
     let path = format!("/api/kernels/{id}/restart");

@@ -44,6 +44,7 @@ fn not_in_cluster_mode() -> ApiError {
 /// `POST /api/v1/cluster/kernels/{id}/reset-namespace` (cluster-internal, after a restart of
 /// every replica): this host, which must hold a replica, empties the kernel group's namespace.
 pub async fn reset_namespace(mode: &ClusterMode, id: &str) -> Result<Response, ApiError> {
+    ApiError::check_kernel_id(id)?;
     if mode.replicas.replica(id).is_none() {
         return Err(ApiError::not_found(format!(
             "no replica of kernel {} on this host",
@@ -60,6 +61,7 @@ pub async fn reset_namespace(mode: &ClusterMode, id: &str) -> Result<Response, A
 /// `GET /api/v1/cluster/kernels/{id}/digest`: the namespace digest of this host's
 /// replica of the kernel (equal on every replica after every completed cell).
 pub async fn digest(mode: &ClusterMode, id: &str) -> Result<Response, ApiError> {
+    ApiError::check_kernel_id(id)?;
     let kernel = mode.replicas.kernels().get(id).await.ok_or_else(|| {
         ApiError::not_found(format!("no replica of kernel {} on this host", id.chars().take(64).collect::<String>()))
     })?;
@@ -80,6 +82,7 @@ pub async fn digest(mode: &ClusterMode, id: &str) -> Result<Response, ApiError> 
 /// `GET /api/v1/cluster/kernels/{id}/elections`: every cell's election record in the
 /// kernel's group (read on this host, which must hold a replica): exactly one winner per cell.
 pub async fn elections(mode: &ClusterMode, id: &str) -> Result<Response, ApiError> {
+    ApiError::check_kernel_id(id)?;
     let record = mode.record(id).await?;
     if !record.replicas.iter().any(|r| r.node_id == mode.cluster.node_id()) {
         return Err(ApiError::not_found(format!("this host holds no replica of kernel {id}")));
