@@ -12,7 +12,7 @@ export PATH := $(VENV)/bin:$(PATH)
 # Where cargo puts the binaries and libraries the Python tests and the demo run.
 export NBOS_BIN_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/debug
 
-.PHONY: all deps build test test-rust test-python check-layers demo demo-stop lint fmt package clean
+.PHONY: all deps build test test-rust test-python check-layers demo demo-stop lint fmt package clean fuzz fuzz-ci fuzz-corpus
 
 all: build
 
@@ -48,6 +48,22 @@ demo: deps
 
 demo-stop:
 	@scripts/demo.sh stop
+
+# Coverage-guided fuzzing (AFL++ via cargo-afl, stable Rust; docs/fuzzing.md): every target in
+# turn, FUZZ_SECONDS each (FUZZ_TARGETS to pick some). Fails on any crash or hang.
+FUZZ_SECONDS ?= 600
+FUZZ_TARGETS ?=
+fuzz: deps
+	scripts/fuzz.sh $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+# CI: build the fuzz targets and run each a few seconds on its committed corpus.
+fuzz-ci: deps
+	scripts/fuzz.sh $(or $(FUZZ_CI_SECONDS),20)
+
+# Rewrites fuzz/corpus/ from the real encoders (after a wire format changes).
+fuzz-corpus: deps
+	scripts/fuzz.sh 0
+	$(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/fuzz/release/gen_corpus
 
 lint:
 	$(CARGO) fmt --all --check

@@ -1,5 +1,6 @@
 //! Compiles the C BPF programs in `bpf/` with clang (`-O2 -g -target bpf`, CO-RE) into
-//! `$OUT_DIR/observer.bpf.o`, which `src/loader.rs` embeds. `vmlinux.h` is generated from the
+//! `$OUT_DIR/observer.bpf.o` and `$OUT_DIR/device_guard.bpf.o`, which `src/ebpf_backend.rs`
+//! and `src/device_guard.rs` embed. `vmlinux.h` is generated from the
 //! build machine's kernel BTF with bpftool; relocations are resolved against the running
 //! kernel's BTF at load time, so the object runs on other kernels too.
 
@@ -21,7 +22,7 @@ fn build() -> Result<(), String> {
     let out = PathBuf::from(env::var("OUT_DIR").map_err(|e| format!("OUT_DIR: {e}"))?);
     let bpf_dir =
         PathBuf::from(env::var("CARGO_MANIFEST_DIR").map_err(|e| format!("CARGO_MANIFEST_DIR: {e}"))?).join("bpf");
-    for f in ["observer.bpf.c", "observer.h"] {
+    for f in ["observer.bpf.c", "observer.h", "device_guard.bpf.c", "device_guard.h"] {
         println!("cargo:rerun-if-changed={}", bpf_dir.join(f).display());
     }
     println!("cargo:rerun-if-env-changed=NBOS_VMLINUX_H");
@@ -35,24 +36,27 @@ fn build() -> Result<(), String> {
         Err(e) => return Err(format!("CARGO_CFG_TARGET_ARCH: {e}")),
     };
     let clang = env::var("CLANG").unwrap_or_else(|_| "clang".to_owned());
-    let object = out.join("observer.bpf.o");
-    let status = Command::new(&clang)
-        .args(["-O2", "-g", "-target", "bpf", "-Wall", "-Werror"])
-        .arg(format!("-D__TARGET_ARCH_{arch}"))
-        .arg("-I")
-        .arg(vmlinux.parent().unwrap_or(&out))
-        .arg("-I")
-        .arg(&bpf_dir)
-        .arg("-c")
-        .arg(bpf_dir.join("observer.bpf.c"))
-        .arg("-o")
-        .arg(&object)
-        .status()
-        .map_err(|e| format!("running {clang}: {e}; install it: {INSTALL_HINT}"))?;
-    if !status.success() {
-        return Err(format!(
-            "{clang} failed on bpf/observer.bpf.c ({status}); if <bpf/bpf_helpers.h> is missing: {INSTALL_HINT}"
-        ));
+    for program in ["observer", "device_guard"] {
+        let source = bpf_dir.join(format!("{program}.bpf.c"));
+        let object = out.join(format!("{program}.bpf.o"));
+        let status = Command::new(&clang)
+            .args(["-O2", "-g", "-target", "bpf", "-Wall", "-Werror"])
+            .arg(format!("-D__TARGET_ARCH_{arch}"))
+            .arg("-I")
+            .arg(vmlinux.parent().unwrap_or(&out))
+            .arg("-I")
+            .arg(&bpf_dir)
+            .arg("-c")
+            .arg(&source)
+            .arg("-o")
+            .arg(&object)
+            .status()
+            .map_err(|e| format!("running {clang}: {e}; install it: {INSTALL_HINT}"))?;
+        if !status.success() {
+            return Err(format!(
+                "{clang} failed on bpf/{program}.bpf.c ({status}); if <bpf/bpf_helpers.h> is missing: {INSTALL_HINT}"
+            ));
+        }
     }
     Ok(())
 }

@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -28,9 +29,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
+def tls_context():
+    """https:// hosts: trust the cluster CA in $NBOS_CA_CERT (what `nbos` reads too)."""
+    ca = os.environ.get("NBOS_CA_CERT")
+    return ssl.create_default_context(cafile=ca) if ca else None
+
+
 def get(url: str):
     try:
-        with urllib.request.urlopen(url, timeout=10) as r:
+        with urllib.request.urlopen(url, timeout=10, context=tls_context()) as r:
             return json.loads(r.read())
     except OSError:
         return None
@@ -86,7 +93,7 @@ def metric_sum(urls: list[str], name: str) -> float:
     total = 0.0
     for u in urls:
         try:
-            with urllib.request.urlopen(u + "/metrics", timeout=10) as r:
+            with urllib.request.urlopen(u + "/metrics", timeout=10, context=tls_context()) as r:
                 text = r.read().decode()
         except OSError:
             continue

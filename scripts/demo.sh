@@ -16,7 +16,11 @@ hosts=3
 seeds=$(for i in $(seq $hosts); do printf '%s=127.0.0.1:%s,' "$i" $((raft_base + i)); done)
 seeds=${seeds%,}
 
-url() { echo "http://127.0.0.1:$((http_base + $1))"; }
+pki=$demo_dir/pki
+# Never plaintext: raft mutual TLS, HTTPS, and node certificates between hosts, from a
+# PKI made for the demo. nbos (and the kernelspecs it installs) trust its CA.
+export NBOS_CA_CERT=$pki/ca.pem
+url() { echo "https://127.0.0.1:$((http_base + $1))"; }
 pidfile() { echo "$demo_dir/h$1/pid"; }
 alive() { [ -f "$(pidfile "$1")" ] && kill -0 "$(cat "$(pidfile "$1")")" 2>/dev/null; }
 
@@ -25,7 +29,7 @@ start_host() {
   mkdir -p "$demo_dir/h$i"
   # setsid: each host is its own process group, so "kill the host" takes its kernels too.
   setsid "$bin/notebookosd" --dev --state-dir "$demo_dir/h$i" --listen "127.0.0.1:$((http_base + i))" \
-    --fake-gpus 1 --cluster-node-id "$i" --seeds "$seeds" --host-ttl 1s \
+    --fake-gpus 1 --cluster-node-id "$i" --seeds "$seeds" --host-ttl 1s --pki "$pki" \
     --object-store "file://$demo_dir/objects" \
     >"$demo_dir/h$i/out" 2>>"$demo_dir/h$i/log" </dev/null &
   echo $! > "$(pidfile "$i")"
@@ -68,6 +72,12 @@ start() {
   # A fresh cluster each time: the demo's state is not worth keeping.
   rm -rf "$demo_dir"
   mkdir -p "$demo_dir/objects"
+  # Kernels run as another uid (kernel.user): they must pass through to each host's
+  # runtime directory (enter, not list), whatever the umask.
+  chmod 0711 "$(dirname "$demo_dir")" "$demo_dir"
+  "$bin/nbos" pki init --dir "$pki" >/dev/null
+  for i in $(seq $hosts); do "$bin/nbos" pki issue --dir "$pki" node "$i" --ip 127.0.0.1 --dns localhost >/dev/null; done
+  "$bin/nbos" pki issue --dir "$pki" client jupyter >/dev/null
   for i in $(seq $hosts); do start_host "$i"; done
   wait_up $hosts
   echo "== three notebookosd hosts on loopback, 1 SIMULATED GPU each (fake-cuda test double)"
@@ -79,8 +89,9 @@ start() {
     --restart "$0 restart-host {i}" --kernels 3
   echo
   echo "The cluster keeps running (logs: $demo_dir/h*/log). Any host's gateway serves any kernel:"
-  echo "Try:   $python -m jupyter lab --gateway-url=$(url 1)"
-  echo "       $bin/nbos --url $(url 2) cluster status"
+  echo "Try:   $python -m jupyter lab --gateway-url=$(url 1) --GatewayClient.ca_certs=$pki/ca.pem \\"
+  echo "         --GatewayClient.client_cert=$pki/client-jupyter.pem --GatewayClient.client_key=$pki/client-jupyter.key"
+  echo "       $bin/nbos --ca-cert $pki/ca.pem --url $(url 2) cluster status"
   echo "Stop:  make demo-stop"
 }
 

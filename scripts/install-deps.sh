@@ -37,6 +37,17 @@ if ((${#missing[@]})); then
   fi
 fi
 
+# The unprivileged account notebookosd runs kernels as (config kernel.user; packages use
+# packaging/notebookos.sysusers). Tests start root daemons whose kernels run as it.
+if ! getent passwd notebookos-kernel >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "install-deps: creating the system user notebookos-kernel"
+    useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin notebookos-kernel
+  else
+    echo "install-deps: run:  sudo useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin notebookos-kernel" >&2
+  fi
+fi
+
 for tool in cargo rustc; do
   command -v "$tool" >/dev/null || { echo "install-deps: $tool not found: install Rust 1.95 with rustup (https://rustup.rs)" >&2; exit 1; }
 done

@@ -12,7 +12,8 @@
 //! Environment (read once per process, never on the hot path), set by the daemon:
 //! `NBOS_LEASE_SOCKET` (the host's socket; unset = unmanaged pass-through),
 //! `NBOS_KERNEL_ID`, `NBOS_REPLICA`, `NBOS_GPU_MEMORY_LIMIT_BYTES` (the kernel's own
-//! device-memory limit; the host's, if smaller, still applies).
+//! device-memory limit; the host's, if smaller, still applies). The real driver's path comes
+//! from the host's `Registered` reply ([`registered_driver_path`]), not from the environment.
 //!
 //! A grant naming a GPU whose UUID the driver does not list leaves that virtual ordinal
 //! [`NOT_VISIBLE`] (calls naming it fail; no other GPU stands in) and is reported to the
@@ -71,6 +72,16 @@ static READER_TURN: Condvar = Condvar::new();
 static READER_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 /// Contexts the process created, synchronised on revoke.
 static CONTEXTS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+/// The real driver's path the host named in `Registered` (set once; a forked child keeps it,
+/// and its driver is already loaded anyway).
+static DRIVER_PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// The real driver library the host told this process to load, registering first if needed;
+/// `None` when the process is not registered (unmanaged, refused, or the host named none).
+pub fn registered_driver_path() -> Option<String> {
+    ensure_started();
+    DRIVER_PATH.get().filter(|p| !p.is_empty()).cloned()
+}
 
 /// The kernel's own device-memory limit the daemon set for this process
 /// (`NBOS_GPU_MEMORY_LIMIT_BYTES`), bytes; 0 when unset.
@@ -133,7 +144,8 @@ pub fn ensure_started() {
         return;
     };
     match register(&path) {
-        Ok((stream, device_count, interval, memory_limit)) => {
+        Ok((stream, device_count, interval, memory_limit, driver_path)) => {
+            let _ = DRIVER_PATH.set(driver_path);
             let reader = match stream.try_clone() {
                 Ok(r) => r,
                 Err(e) => {
@@ -171,7 +183,7 @@ pub fn ensure_started() {
     }
 }
 
-fn register(path: &std::ffi::OsStr) -> Result<(UnixStream, u32, u32, u64), String> {
+fn register(path: &std::ffi::OsStr) -> Result<(UnixStream, u32, u32, u64, String), String> {
     let mut s = UnixStream::connect(path).map_err(|e| format!("connect {}: {e}", path.to_string_lossy()))?;
     let kernel_id = std::env::var("NBOS_KERNEL_ID").unwrap_or_default();
     let replica = std::env::var("NBOS_REPLICA").ok().and_then(|r| r.parse().ok()).unwrap_or(0);
@@ -179,9 +191,9 @@ fn register(path: &std::ffi::OsStr) -> Result<(UnixStream, u32, u32, u64), Strin
     write_message(&mut s, &m).map_err(|e| format!("send register: {e}"))?;
     s.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
     match read_message(&mut s) {
-        Ok(Message::Registered { device_count, activity_interval_ms, memory_limit_bytes }) => {
+        Ok(Message::Registered { device_count, activity_interval_ms, memory_limit_bytes, driver_path }) => {
             s.set_read_timeout(None).map_err(|e| e.to_string())?;
-            Ok((s, device_count, activity_interval_ms, memory_limit_bytes))
+            Ok((s, device_count, activity_interval_ms, memory_limit_bytes, driver_path))
         }
         Ok(Message::Refused { reason }) => Err(format!("refused by host: {reason}")),
         Ok(other) => Err(format!("unexpected reply {other:?}")),

@@ -1,8 +1,10 @@
 //! The real driver: loaded by full path, never by soname (which would find the shim
 //! itself), and resolved once into a table indexed like [`crate::generated::NAMES`].
 //!
-//! Where: `NBOS_CUDA_DRIVER` (set by the daemon to the real `libcuda.so.1`, or to the
-//! fake-cuda test double), else the usual install locations of the NVIDIA driver.
+//! Where: under a host (`NBOS_LEASE_SOCKET` set), the path the host names when it accepts
+//! the process's registration (the real `libcuda.so.1`, or the fake-cuda test double), and
+//! nothing else: the kernel's environment does not say where the driver is. Unmanaged:
+//! `NBOS_CUDA_DRIVER`, else the usual install locations of the NVIDIA driver.
 
 use std::ffi::{c_void, CStr, CString};
 use std::sync::OnceLock;
@@ -76,6 +78,18 @@ fn own_path() -> Option<std::path::PathBuf> {
 }
 
 fn candidate() -> Option<String> {
+    if std::env::var_os("NBOS_LEASE_SOCKET").is_some() {
+        // Registration does not touch the driver, so this cannot re-enter the load.
+        let p = crate::client::registered_driver_path();
+        return match p {
+            Some(p) if p.starts_with('/') => Some(p),
+            Some(p) => {
+                eprintln!("nbos-cuda-shim: the host named the driver {p}, not an absolute path; not loading it");
+                None
+            }
+            None => None,
+        };
+    }
     if let Some(p) = std::env::var_os("NBOS_CUDA_DRIVER") {
         let p = p.to_string_lossy().into_owned();
         if !p.starts_with('/') {

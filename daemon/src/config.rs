@@ -62,6 +62,43 @@ pub struct Config {
     pub log: LogConfig,
     /// Several hosts as one cluster (off: a single host).
     pub cluster: ClusterConfig,
+    /// Caps on what API clients may make the daemon hold.
+    pub limits: LimitsConfig,
+}
+
+/// `[limits]`: caps on what API clients may make the daemon hold; a request over one is
+/// refused with an error naming the key, and counted in `notebookos_refused_total`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Largest WebSocket message a client may send, bytes.
+    pub websocket_max_message_bytes: usize,
+    /// Messages queued to one WebSocket client before it is disconnected as stuck.
+    pub websocket_queued_messages: usize,
+    /// Open WebSocket connections to one kernel.
+    pub websocket_connections_per_kernel: usize,
+    /// Open WebSocket connections in all.
+    pub websocket_connections: usize,
+    /// Shell and control requests of one WebSocket connection awaiting their reply.
+    pub pending_requests_per_connection: usize,
+    /// Kernels created through one credential (today: the API token) that exist at once.
+    pub kernels_per_token: usize,
+    /// Kernels that exist at once (on this host; in the cluster in cluster mode).
+    pub kernels: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            websocket_max_message_bytes: 256 << 20,
+            websocket_queued_messages: 4096,
+            websocket_connections_per_kernel: 64,
+            websocket_connections: 1024,
+            pending_requests_per_connection: 1024,
+            kernels_per_token: 256,
+            kernels: 1024,
+        }
+    }
 }
 
 /// `[node]`: identity and directories of this host.
@@ -87,6 +124,25 @@ pub struct HttpConfig {
     pub token_file: Option<PathBuf>,
     /// Permit a token-less API on a loopback listener (what `--dev` does).
     pub allow_unauthenticated_loopback: bool,
+    /// Serve HTTPS with this certificate (and accept client certificates from `client_ca`).
+    pub tls: Option<HttpTlsConfig>,
+    /// Permit plain HTTP on a non-loopback listener: only behind a TLS-terminating proxy.
+    pub allow_plaintext: bool,
+    /// File holding the operator token: membership, drain and re-placement need it.
+    pub operator_token_file: Option<PathBuf>,
+}
+
+/// `[http].tls`: the HTTPS listener's material (PEM files).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpTlsConfig {
+    /// Server certificate chain.
+    pub cert: PathBuf,
+    /// Its private key.
+    pub key: PathBuf,
+    /// CA whose client certificates are accepted as credentials (users' API; and for
+    /// cluster-internal routes, a certificate naming `node-<id>`).
+    pub client_ca: Option<PathBuf>,
 }
 
 /// How the daemon reaches GPUs.
@@ -126,6 +182,20 @@ pub struct GpuConfig {
     pub idle_release: Duration,
     /// Upper bound on (GPUs requested by kernels hosted here) / (GPUs on the host).
     pub subscription_ratio: f64,
+    /// Whether kernel processes may open only the GPU device files of GPUs they hold a lease
+    /// on, enforced in the kernel by eBPF (`kernel::device_cgroup`). Unset: `off` (see
+    /// docs/configuration.md for why it is not yet the default on NVIDIA hosts).
+    pub device_guard: Option<DeviceGuardMode>,
+}
+
+/// `gpu.device_guard`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceGuardMode {
+    /// A BPF cgroup device program per kernel cgroup; the daemon refuses to start without it.
+    Ebpf,
+    /// No enforcement below the CUDA shim.
+    Off,
 }
 
 /// Which mechanism observes GPU activity.
@@ -158,7 +228,22 @@ pub struct KernelConfig {
     pub python: PathBuf,
     /// Memory limit per kernel process tree in MiB (cgroup v2); 0 means none.
     pub memory_limit_mib: u64,
+    /// The unprivileged account kernels run as when the daemon is root (never root).
+    pub user: String,
+    /// Group kernels run as; unset means `user`'s primary group.
+    pub group: Option<String>,
+    /// `[first, last]`: each running kernel gets its own uid (and gid = that uid) from
+    /// this range, so kernels cannot read each other's files; unset: all run as `user`.
+    pub uid_range: Option<[u32; 2]>,
+    /// The kernel's working directory; unset means its private per-kernel directory.
+    pub notebook_dir: Option<PathBuf>,
+    /// Most processes (threads included) in one kernel's pids cgroup; 0 means no limit.
+    pub pids_max: u64,
 }
+
+/// `kernel.user`'s default: a system account made by `scripts/install-deps.sh` and
+/// `packaging/notebookos.sysusers`.
+pub const DEFAULT_KERNEL_USER: &str = "notebookos-kernel";
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -294,6 +379,9 @@ impl Default for HttpConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8888)),
             token_file: None,
             allow_unauthenticated_loopback: false,
+            tls: None,
+            allow_plaintext: false,
+            operator_token_file: None,
         }
     }
 }
@@ -308,6 +396,7 @@ impl Default for GpuConfig {
             fake_gpu_memory_mib: 81_920,
             idle_release: Duration::from_secs(30),
             subscription_ratio: 3.0,
+            device_guard: None,
         }
     }
 }
@@ -320,7 +409,15 @@ impl Default for ObserverConfig {
 
 impl Default for KernelConfig {
     fn default() -> Self {
-        Self { python: PathBuf::from("python3"), memory_limit_mib: 0 }
+        Self {
+            python: PathBuf::from("python3"),
+            memory_limit_mib: 0,
+            user: DEFAULT_KERNEL_USER.to_owned(),
+            group: None,
+            uid_range: None,
+            notebook_dir: None,
+            pids_max: 4096,
+        }
     }
 }
 
@@ -380,6 +477,24 @@ impl Config {
                 ),
             ));
         }
+        if !self.http.listen.ip().is_loopback() && self.http.tls.is_none() && !self.http.allow_plaintext {
+            return Err(invalid(
+                "http.tls",
+                format!(
+                    "required because http.listen = {} is not a loopback address (tokens and kernel traffic \
+                     must not cross the network in plaintext); set http.allow_plaintext = true only behind \
+                     a TLS-terminating proxy",
+                    self.http.listen
+                ),
+            ));
+        }
+        if let Some(tls) = &self.http.tls {
+            for p in [Some(&tls.cert), Some(&tls.key), tls.client_ca.as_ref()].into_iter().flatten() {
+                if !p.is_absolute() {
+                    return Err(invalid("http.tls", format!("paths must be absolute, got {}", p.display())));
+                }
+            }
+        }
         if !self.http.listen.ip().is_loopback() && self.http.allow_unauthenticated_loopback {
             // Harmless but misleading: the flag only ever applies to loopback.
             tracing::warn!(listen = %self.http.listen, "http.allow_unauthenticated_loopback has no effect on a non-loopback listener");
@@ -392,6 +507,27 @@ impl Config {
         }
         if self.gpu.idle_release.is_zero() {
             return Err(invalid("gpu.idle_release", "must be longer than 0s".into()));
+        }
+        let l = &self.limits;
+        for (field, value) in [
+            ("limits.websocket_max_message_bytes", l.websocket_max_message_bytes),
+            ("limits.websocket_queued_messages", l.websocket_queued_messages),
+            ("limits.websocket_connections_per_kernel", l.websocket_connections_per_kernel),
+            ("limits.websocket_connections", l.websocket_connections),
+            ("limits.pending_requests_per_connection", l.pending_requests_per_connection),
+            ("limits.kernels_per_token", l.kernels_per_token),
+            ("limits.kernels", l.kernels),
+        ] {
+            if value == 0 {
+                return Err(invalid(field, "must be > 0".into()));
+            }
+        }
+        // The decoders' own ceiling (a message is held whole, and copied once, while decoded).
+        if l.websocket_max_message_bytes > crate::jupyter::MAX_CLIENT_MESSAGE_BYTES {
+            return Err(invalid(
+                "limits.websocket_max_message_bytes",
+                format!("must be <= {}", crate::jupyter::MAX_CLIENT_MESSAGE_BYTES),
+            ));
         }
         match self.gpu.driver {
             GpuDriver::Fake => {
@@ -424,10 +560,42 @@ impl Config {
                 return Err(invalid("gpu.shim_library", format!("must be an absolute path, got {}", p.display())));
             }
         }
+        self.validate_kernel(origin)?;
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return Err(invalid("log.level", format!("not a valid filter: {e}")));
         }
         self.validate_cluster(origin)
+    }
+
+    /// `[kernel]`: what the text alone shows (the accounts are looked up at start,
+    /// `kernel::identity`).
+    fn validate_kernel(&self, origin: &str) -> Result<(), ConfigError> {
+        let invalid =
+            |field: &'static str, reason: String| ConfigError::Invalid { origin: origin.to_owned(), field, reason };
+        let k = &self.kernel;
+        if k.user.is_empty() || k.user == "root" {
+            return Err(invalid("kernel.user", format!("must name an unprivileged account, got {:?}", k.user)));
+        }
+        if k.group.as_deref().is_some_and(|g| g.is_empty() || g == "root") {
+            return Err(invalid("kernel.group", "must name an unprivileged group (or be unset)".into()));
+        }
+        if let Some([first, last]) = k.uid_range {
+            if first == 0 {
+                return Err(invalid("kernel.uid_range", "must not include uid 0 (root)".into()));
+            }
+            if first > last {
+                return Err(invalid("kernel.uid_range", format!("[{first}, {last}] is empty (first > last)")));
+            }
+            if last >= u32::MAX - 1 {
+                return Err(invalid("kernel.uid_range", format!("{last} is not a usable uid")));
+            }
+        }
+        if let Some(d) = &k.notebook_dir {
+            if !d.is_absolute() {
+                return Err(invalid("kernel.notebook_dir", format!("must be an absolute path, got {}", d.display())));
+            }
+        }
+        Ok(())
     }
 
     /// `[cluster]`: checked only when enabled (a disabled section changes nothing).
@@ -607,6 +775,36 @@ mod tests {
     }
 
     #[test]
+    fn limits_must_be_positive_and_within_the_decoders_ceiling() {
+        let c = Config::parse(
+            "[limits]
+kernels = 3
+websocket_connections = 10
+",
+            "t.toml",
+        )
+        .expect("ok");
+        assert_eq!((c.limits.kernels, c.limits.websocket_connections), (3, 10));
+        for (text, field) in [
+            (
+                "[limits]
+kernels_per_token = 0
+",
+                "limits.kernels_per_token",
+            ),
+            (
+                "[limits]
+websocket_max_message_bytes = 268435457
+",
+                "limits.websocket_max_message_bytes",
+            ),
+        ] {
+            let err = Config::parse(text, "t.toml").expect_err(text);
+            assert!(err.to_string().contains(field), "{err}");
+        }
+    }
+
+    #[test]
     fn unknown_key_is_named_with_its_section() {
         let err = Config::parse("[gpu]\nidle_releese = \"5s\"\n", "t.toml").unwrap_err();
         let msg = err.to_string();
@@ -636,8 +834,26 @@ mod tests {
     fn non_loopback_listener_requires_a_token() {
         let err = Config::parse("[http]\nlisten = \"0.0.0.0:8888\"\n", "t.toml").unwrap_err();
         assert!(err.to_string().contains("http.token_file"), "{err}");
-        let ok = Config::parse("[http]\nlisten = \"0.0.0.0:8888\"\ntoken_file = \"/etc/notebookos/token\"\n", "t.toml");
+        let ok = Config::parse(
+            "[http]\nlisten = \"0.0.0.0:8888\"\ntoken_file = \"/etc/notebookos/token\"\nallow_plaintext = true\n",
+            "t.toml",
+        );
         assert!(ok.is_ok(), "{ok:?}");
+    }
+
+    #[test]
+    fn non_loopback_listener_requires_tls_unless_plaintext_is_allowed() {
+        let http = "[http]\nlisten = \"0.0.0.0:8888\"\ntoken_file = \"/etc/notebookos/token\"\n";
+        let err = Config::parse(http, "t.toml").unwrap_err().to_string();
+        assert!(err.contains("http.tls") && err.contains("allow_plaintext"), "{err}");
+        let tls =
+            format!("{http}tls = {{ cert = \"/etc/notebookos/node.pem\", key = \"/etc/notebookos/node.key\" }}\n");
+        assert!(Config::parse(&tls, "t.toml").is_ok());
+        let relative = format!("{http}tls = {{ cert = \"node.pem\", key = \"/k\", client_ca = \"/ca.pem\" }}\n");
+        let err = Config::parse(&relative, "t.toml").unwrap_err().to_string();
+        assert!(err.contains("http.tls") && err.contains("absolute"), "{err}");
+        // Loopback stays plain-HTTP capable (dev, tests).
+        assert!(Config::parse("[http]\nlisten = \"127.0.0.1:8888\"\n", "t.toml").is_ok());
     }
 
     #[test]

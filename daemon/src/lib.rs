@@ -16,6 +16,7 @@ pub mod link;
 pub mod logging;
 pub mod metrics;
 pub mod node;
+pub mod pki;
 pub mod sched;
 pub mod sim;
 pub mod status;

@@ -33,9 +33,15 @@ struct Args {
     #[arg(long, value_name = "N", requires = "dev", default_value_t = 0)]
     fake_gpus: u32,
 
-    /// With --dev: be host N of a loopback dev cluster (turns `[cluster]` on; needs --seeds).
-    #[arg(long, value_name = "N", requires = "dev", requires = "seeds")]
+    /// With --dev: be host N of a loopback dev cluster (turns `[cluster]` on; needs --seeds and --pki).
+    #[arg(long, value_name = "N", requires = "dev", requires = "seeds", requires = "pki")]
     cluster_node_id: Option<u64>,
+
+    /// With --cluster-node-id: the cluster's PKI directory (`nbos pki init --dir DIR`, then
+    /// `nbos pki issue --dir DIR node N --ip 127.0.0.1` per host): mutual TLS on raft, HTTPS
+    /// with client certificates, and this host's node certificate towards the others.
+    #[arg(long, value_name = "DIR", requires = "cluster_node_id")]
+    pki: Option<PathBuf>,
 
     /// With --cluster-node-id: the raft transport address (loopback, fixed port).
     #[arg(long, value_name = "ADDR", requires = "cluster_node_id")]
@@ -50,8 +56,9 @@ struct Args {
     host_ttl: Option<std::time::Duration>,
 
     /// With --cluster-node-id: the large-object store every host of the dev cluster shares
-    /// (cluster.object_store). Default: `file://$TMPDIR/notebookos-dev-objects`, safe to share
-    /// between dev clusters because objects are immutable and named by their sha256.
+    /// (cluster.object_store). Default: `file://$TMPDIR/notebookos-dev-objects-$UID`, a 0700
+    /// directory of this user's (refused if another user made it), safe to share between
+    /// this user's dev clusters because objects are immutable and named by their sha256.
     #[arg(long, value_name = "URL", requires = "cluster_node_id")]
     object_store: Option<String>,
 
@@ -117,6 +124,27 @@ fn load(args: &Args) -> anyhow::Result<(Config, RunOptions)> {
         config.cluster.node_id = node_id;
         config.cluster.seeds = args.seeds.clone();
         config.node.name = format!("dev-{node_id}");
+        if let Some(dir) = &args.pki {
+            // A dev cluster is never plaintext: raft, HTTPS and host-to-host calls all use the PKI.
+            let dir = std::path::absolute(dir)?;
+            let node = notebookosd::pki::node_name(node_id);
+            let (ca, cert, key) =
+                (dir.join("ca.pem"), dir.join(format!("{node}.pem")), dir.join(format!("{node}.key")));
+            for f in [&ca, &cert, &key] {
+                anyhow::ensure!(
+                    f.exists(),
+                    "--pki: {} is missing (nbos pki init --dir {d}; nbos pki issue --dir {d} node {node_id} --ip 127.0.0.1)",
+                    f.display(),
+                    d = dir.display()
+                );
+            }
+            config.cluster.tls = Some(notebookosd::config::ClusterTlsConfig {
+                ca_cert: ca.clone(),
+                cert: cert.clone(),
+                key: key.clone(),
+            });
+            config.http.tls = Some(notebookosd::config::HttpTlsConfig { cert, key, client_ca: Some(ca) });
+        }
         if let Some(a) = args.raft_listen {
             config.cluster.raft_listen = a;
         } else if let Some(own) =
@@ -133,8 +161,14 @@ fn load(args: &Args) -> anyhow::Result<(Config, RunOptions)> {
         config.cluster.object_store = match &args.object_store {
             Some(url) => url.clone(),
             // Every replica host must read what an executor wrote: one directory for all
-            // the dev hosts on this machine, not one per state directory.
-            None => format!("file://{}", std::env::temp_dir().join("notebookos-dev-objects").display()),
+            // this user's dev hosts on this machine, not one per state directory; private,
+            // because its name in the shared temporary directory is predictable.
+            None => {
+                let uid = nix::unistd::geteuid().as_raw();
+                let dir = std::env::temp_dir().join(format!("notebookos-dev-objects-{uid}"));
+                notebookosd::cluster::objects::ensure_private_dir(&dir)?;
+                format!("file://{}", dir.display())
+            }
         };
     }
     config.validate("--dev")?;

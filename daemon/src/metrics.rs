@@ -51,6 +51,48 @@ pub struct DropLabels {
     pub reason: String,
 }
 
+/// Labels of `notebookos_refused_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    /// Which cap or check refused it: `websocket_message_too_large`, `kernels_total`,
+    /// `object_corrupt`, … (see docs/configuration.md, `[limits]`).
+    pub reason: String,
+}
+
+/// Requests, connections and objects refused at a cap or a check, by reason. One
+/// process-wide family because the places that refuse (the object store, the cluster
+/// API, the WebSocket relay) do not all hold the daemon's [`Metrics`]; every
+/// [`Metrics`] registers it.
+static REFUSED: std::sync::LazyLock<Family<RefusedLabels, Counter>> = std::sync::LazyLock::new(Family::default);
+
+/// Counts one refusal in `notebookos_refused_total{reason}`.
+pub fn count_refusal(reason: &str) {
+    REFUSED.get_or_create(&RefusedLabels { reason: reason.to_owned() }).inc();
+}
+
+/// `notebookos_refused_total{reason}` so far (for tests of the refusing code).
+pub fn refusal_count(reason: &str) -> u64 {
+    REFUSED.get_or_create(&RefusedLabels { reason: reason.to_owned() }).get()
+}
+
+/// Labels of `notebookos_http_auth_refusals_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AuthRefusalLabels {
+    /// `no_credential`, `wrong_token`, `not_a_node`, `not_an_operator`, `tls_handshake`
+    /// (a client certificate from another CA, or not TLS at all), `tls_handshake_timeout`.
+    pub reason: String,
+}
+
+/// HTTP requests refused by authentication, by reason. Process-wide, because both the
+/// gateway's and the cluster API's checks refuse.
+static AUTH_REFUSALS: std::sync::LazyLock<Family<AuthRefusalLabels, Counter>> =
+    std::sync::LazyLock::new(Family::default);
+
+/// Counts one refusal in `notebookos_http_auth_refusals_total{reason}`.
+pub fn count_auth_refusal(reason: &str) {
+    AUTH_REFUSALS.get_or_create(&AuthRefusalLabels { reason: reason.to_owned() }).inc();
+}
+
 /// Labels of `notebookos_kernels`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
@@ -177,6 +219,16 @@ impl Metrics {
             "notebookos_subscription_ratio",
             "GPUs requested by hosted kernels / GPUs on this host",
             subscription_ratio.clone(),
+        );
+        registry.register(
+            "notebookos_http_auth_refusals",
+            "HTTP requests refused by authentication, by reason",
+            AUTH_REFUSALS.clone(),
+        );
+        registry.register(
+            "notebookos_refused",
+            "Requests, connections and objects refused at a cap or a check, by reason",
+            REFUSED.clone(),
         );
         Self {
             registry,

@@ -11,13 +11,16 @@ use tokio::net::TcpListener;
 
 use crate::cluster::{Cluster, ClusterSettings};
 use crate::config::Config;
+use crate::gateway::listener::HttpListener;
 use crate::gateway::{self, AppState};
 use crate::gpu;
 use crate::kernel::binding::{Binder, LeaseControl, LogOnlyLeases};
+use crate::kernel::identity::{self, KernelUsers};
 use crate::kernel::server_leases::ServerLeases;
 use crate::kernel::shim_env::ShimEnvironment;
 use crate::kernel::Kernels;
 use crate::lease::LeaseServer;
+use crate::link::credential::Credentials;
 use crate::link::endpoint::{Endpoint, ENDPOINT_FILE};
 use crate::metrics::{BuildLabels, Metrics};
 
@@ -39,8 +42,42 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
     let node = config.node_name();
     create_private_dir(&config.node.state_dir)?;
     create_private_dir(&config.node.runtime_dir)?;
+    // Before anything else starts: a root daemon refuses to run without an unprivileged kernel account.
+    let kernel_users = KernelUsers::from_config(&config.kernel, identity::daemon_is_root())
+        .context("choosing the account kernels run as (kernel.user)")?;
 
     let (token, token_file) = api_token(&config)?;
+    let credentials = Credentials {
+        token: token.clone(),
+        operator_token: config
+            .http
+            .operator_token_file
+            .as_deref()
+            .map(crate::link::token::read_token_file)
+            .transpose()
+            .context("reading http.operator_token_file")?,
+        // Hosts prove themselves with node certificates when every host has one (cluster.tls)
+        // and verifies them (http.tls.client_ca); see `set_host_identity`.
+        node_certificates: config.cluster.tls.is_some()
+            && config.http.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
+    };
+    if credentials.operator_token.is_some() && credentials.operator_token == token {
+        anyhow::bail!("http.operator_token_file must hold a different token from http.token_file");
+    }
+    if config.cluster.enabled && !credentials.node_certificates {
+        // No certificates to check: hosts call each other with the operator token, never
+        // with the users' (which would let any notebook user act as a host).
+        match &credentials.operator_token {
+            Some(t) => {
+                crate::link::host::set_fallback_token(t.clone());
+            }
+            None if token.is_some() => anyhow::bail!(
+                "a cluster host needs node certificates (cluster.tls and http.tls.client_ca) or, \
+                 without them, http.operator_token_file: hosts never call each other with the users' token"
+            ),
+            None => {}
+        }
+    }
     let inventory = gpu::inventory::discover(&config.gpu).context("taking the GPU inventory")?;
 
     let mut metrics = Metrics::new();
@@ -50,6 +87,7 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
         Some(start_leasing(&config, &inventory, metrics.registry_mut()).context("starting GPU leasing")?)
     };
     let observer = start_observer(&config, leasing.as_ref(), metrics.registry_mut())?;
+    let device_cgroups = start_device_guard(&config, &inventory, leasing.as_ref(), metrics.registry_mut())?;
     metrics
         .build_info
         .get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION").into(), node: node.clone() })
@@ -61,10 +99,20 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding http.listen = {}", config.http.listen))?;
     let addr: SocketAddr = listener.local_addr().context("reading the bound address")?;
-    let url = format!("http://{addr}");
+    let (listener, url) = match &config.http.tls {
+        Some(tls) => {
+            let server = crate::link::tls::server_config(&tls.cert, &tls.key, tls.client_ca.as_deref())
+                .context("loading http.tls")?;
+            (HttpListener::tls(listener, server)?, format!("https://{addr}"))
+        }
+        None => (HttpListener::plain(listener)?, format!("http://{addr}")),
+    };
 
     let kernels_dir = config.node.runtime_dir.join("kernels");
     create_private_dir(&kernels_dir)?;
+    if kernel_users.switches_user() {
+        open_to_kernels(&config, &kernels_dir, leasing.as_ref().map(|(_, shim)| shim))?;
+    }
     let leases: Arc<dyn LeaseControl> = match &leasing {
         Some((server, _)) => Arc::new(ServerLeases::new(server.clone())),
         None => Arc::new(LogOnlyLeases),
@@ -87,11 +135,14 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
         })
     });
     let ticker = {
-        let (binder, observer) = (binder.clone(), observer.clone());
+        let (binder, observer, device_cgroups) = (binder.clone(), observer.clone(), device_cgroups.clone());
         tokio::spawn(async move {
             let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
             loop {
                 every.tick().await;
+                if let Some(dc) = &device_cgroups {
+                    dc.refresh_metrics();
+                }
                 // Idle-held GPUs stay held while the observer sees their kernel use them
                 // (eBPF only: procfs counts CPU time, which an idle kernel also spends).
                 if let Some(o) = observer.as_ref().filter(|o| o.mode() == nbos_ebpf::Mode::Ebpf) {
@@ -113,7 +164,8 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
         metrics.clone(),
         binder,
         config.kernel.memory_limit_mib,
-    );
+    )
+    .with_accounts(kernel_users, config.kernel.notebook_dir.clone(), config.kernel.pids_max);
     if let Some(o) = &observer {
         let o = o.clone();
         kernels = kernels.with_process_watch(Arc::new(move |kernel, pid| {
@@ -123,11 +175,15 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
             }
         }));
     }
+    if let Some(dc) = device_cgroups {
+        kernels = kernels.with_device_cgroups(dc);
+    }
     let kernels = Arc::new(kernels);
 
     // Cluster mode: the raft store and the meta group. Never blocks on other hosts: a host
     // whose peers are down serves /healthz and reports the cluster as not ready.
     let cluster = if config.cluster.enabled {
+        set_host_identity(&config)?;
         Some(start_cluster(&config, &node, &url, token.clone(), &inventory, kernels.clone()).await?)
     } else {
         None
@@ -140,10 +196,12 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
         dev: opts.dev,
         started,
         token: token.clone(),
+        credentials: credentials.clone(),
         inventory: inventory.clone(),
         metrics,
         kernels: kernels.clone(),
         leases: leasing.as_ref().map(|(server, _)| server.clone()),
+        limits: crate::gateway::limits::Limits::new(config.limits.clone()),
     });
 
     let endpoint = Endpoint {
@@ -206,15 +264,12 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
     let mut app = gateway::router(state.clone());
     if let Some(c) = &cluster {
         app = gateway::cluster::enable(app, state.clone(), c.cluster.clone(), c.replicas.clone(), token.clone());
-        app = app.merge(crate::cluster::http::router(c.cluster.clone()));
+        app = app.merge(crate::cluster::http::router(c.cluster.clone(), credentials.clone()));
     }
-    // Small WebSocket frames (a cell's messages) must not wait for Nagle's algorithm.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "could not set TCP_NODELAY");
-        }
-    });
-    let served = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await;
+    // Each request carries its connection's `Peer` (the verified client certificate).
+    let served = axum::serve(listener, app.into_make_service_with_connect_info::<crate::link::tls::Peer>())
+        .with_graceful_shutdown(shutdown_signal())
+        .await;
 
     if let Some(w) = watchdog {
         w.abort();
@@ -243,6 +298,20 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
         }
     }
     served.context("serving HTTP")
+}
+
+/// This host's identity on calls to other hosts (see [`crate::link::host`]): its node
+/// certificate (`cluster.tls`), when the HTTP API verifies client certificates, so that
+/// the other hosts (configured alike) verify it in turn.
+fn set_host_identity(config: &Config) -> anyhow::Result<()> {
+    let (Some(raft), Some(http)) = (&config.cluster.tls, &config.http.tls) else { return Ok(()) };
+    if http.client_ca.is_none() {
+        return Ok(());
+    }
+    let tls = crate::link::tls::client_config(&raft.ca_cert, Some((&raft.cert, &raft.key)))
+        .context("loading cluster.tls as this host's client identity")?;
+    crate::link::host::set_identity(crate::link::host::HostIdentity { node_id: config.cluster.node_id, tls });
+    Ok(())
 }
 
 /// Opens the raft store under `state_dir/raft` and starts this host's cluster membership.
@@ -408,11 +477,53 @@ fn start_leasing(
         policy: Policy { idle_grace: std::time::Duration::from_secs(1), idle_release: config.gpu.idle_release },
         activity_interval: crate::kernel::shim_env::ACTIVITY_INTERVAL,
         memory_limit_bytes: 0,
+        driver_path: shim.driver.clone(),
     };
     let server =
         LeaseServer::start(cfg, inventory.gpus.clone(), control, lease_metrics).context("starting the lease server")?;
     tracing::info!(socket = %server.socket().display(), gpus = inventory.gpus.len(), "lease server listening");
     Ok((Arc::new(server), shim))
+}
+
+/// Loads the GPU device guard when `gpu.device_guard = "ebpf"` and tells it every change of
+/// the GPUs a kernel holds; refuses to start when it is asked for and cannot load. Without
+/// GPUs (no lease server) there is nothing to guard.
+fn start_device_guard(
+    config: &Config,
+    inventory: &gpu::Inventory,
+    leasing: Option<&(Arc<LeaseServer>, ShimEnvironment)>,
+    registry: &mut prometheus_client::registry::Registry,
+) -> anyhow::Result<Option<Arc<crate::kernel::device_cgroup::DeviceCgroups>>> {
+    use crate::config::DeviceGuardMode;
+    use crate::kernel::device_cgroup::{self, DeviceCgroups, DeviceGuardMetrics};
+    if config.gpu.device_guard.unwrap_or(DeviceGuardMode::Off) == DeviceGuardMode::Off {
+        return Ok(None);
+    }
+    let Some((server, _)) = leasing else {
+        tracing::info!("gpu.device_guard = \"ebpf\" but this host has no GPUs: nothing to guard");
+        return Ok(None);
+    };
+    let mount = device_cgroup::cgroup2_mount(std::path::Path::new("/sys/fs/cgroup")).context(
+        "gpu.device_guard = \"ebpf\" needs a cgroup v2 mount (/sys/fs/cgroup or /sys/fs/cgroup/unified); none found",
+    )?;
+    let minors = device_cgroup::gpu_minors(&inventory.gpus, std::path::Path::new("/proc/driver/nvidia/gpus"));
+    let metrics = DeviceGuardMetrics::default();
+    metrics.register(registry);
+    let dc = DeviceCgroups::load(&mount, minors.clone(), metrics).map_err(|e| {
+        anyhow::anyhow!(
+            "gpu.device_guard = \"ebpf\" but the GPU device guard cannot load: {e} (it needs root, or CAP_BPF and \
+             CAP_SYS_ADMIN, and a kernel with BPF cgroup device programs; gpu.device_guard = \"off\" runs without it)"
+        )
+    })?;
+    let dc = Arc::new(dc);
+    let weak = Arc::downgrade(&dc);
+    server.set_device_hook(Arc::new(move |kernel, gpus| {
+        if let Some(dc) = weak.upgrade() {
+            dc.set_gpus(kernel, gpus);
+        }
+    }));
+    tracing::info!(cgroups = %mount.join("notebookos").display(), gpu_minors = ?minors, "GPU device guard loaded");
+    Ok(Some(dc))
 }
 
 /// Starts the GPU activity observer (`[observer]`); `auto` falls back to procfs
@@ -494,6 +605,48 @@ fn random_token() -> anyhow::Result<String> {
         .and_then(|mut f| f.read_exact(&mut buf))
         .context("reading /dev/urandom for an API token")?;
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Kernels run as another uid: it must pass through the daemon's runtime directory and
+/// `kernels/` (0711: enter, not list) to its own directory and the lease socket, load the
+/// CUDA shim (0755), and write
+/// the shim's counters (1733: create, not list, not remove others') and the fake GPUs'
+/// ledgers (1777). In cluster mode they also pass through the state directory to their
+/// namespace export directories under `sync/` (the raft log and objects stay 0700). Only
+/// the daemon's own directories change, never anything above them.
+fn open_to_kernels(config: &Config, kernels_dir: &Path, shim: Option<&ShimEnvironment>) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let chmod = |dir: &Path, mode: u32| {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+            .with_context(|| format!("making {} mode {mode:o} for kernels", dir.display()))
+    };
+    let (runtime_dir, state_dir) = (&config.node.runtime_dir, &config.node.state_dir);
+    chmod(runtime_dir, 0o711)?;
+    chmod(kernels_dir, 0o711)?;
+    // Cluster mode (namespace export directories) or a runtime directory inside the state
+    // directory (`--dev`): kernels pass through the state directory too.
+    if config.cluster.enabled || runtime_dir.starts_with(state_dir) {
+        if config.cluster.enabled {
+            for private in [state_dir.join("raft"), state_dir.join("objects")] {
+                create_private_dir(&private)?;
+                chmod(&private, 0o700)?;
+            }
+        }
+        chmod(state_dir, 0o711)?;
+    }
+    if let Some(shim) = shim {
+        // The shim kernels load as libcuda.so.1 (the unit's UMask=0077 would keep it private).
+        chmod(&shim.dir, 0o755)?;
+        chmod(&shim.dir.join("libcuda.so.1"), 0o755)?;
+    }
+    for (key, value) in shim.map(|s| s.env.as_slice()).unwrap_or_default() {
+        match key.as_str() {
+            "NBOS_SHIM_COUNTERS_DIR" => chmod(Path::new(value), 0o1733)?,
+            "FAKE_CUDA_STATE_DIR" => chmod(Path::new(value), 0o1777)?,
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 fn create_private_dir(dir: &Path) -> anyhow::Result<()> {

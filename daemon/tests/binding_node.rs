@@ -68,7 +68,7 @@ fn start(cfg: &Path) -> Daemon {
 
 #[test]
 fn with_gpus_the_node_serves_leases_and_exports_the_observer_mode() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = kernel_tempdir();
     let cfg = config(dir.path(), "[observer]\nmode = \"procfs\"\n");
     let d = start(&cfg);
     let run = dir.path().join("run");
@@ -92,4 +92,14 @@ fn a_missing_shim_library_is_a_start_error_naming_the_setting() {
     assert!(err.contains("gpu.shim_library = /nonexistent/libnbos_cuda_shim.so: no such file"), "{err}");
     // Nothing was left listening.
     assert!(!dir.path().join("run/lease.sock").exists());
+}
+
+/// A temporary directory a root daemon's kernels can pass through (0711: enter, not
+/// list): they run as another uid (kernel.user) and refuse to start under a 0700 one.
+#[allow(dead_code)]
+fn kernel_tempdir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod 0711");
+    dir
 }

@@ -31,13 +31,16 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn start_cluster() -> TestCluster {
-    let c = TestCluster::start(3, Options { fake_gpus: 1, host_ttl: "1s".to_owned(), extra_toml: String::new() });
+    // With the cluster's PKI: raft mutual TLS, HTTPS, node certificates between hosts.
+    let c = TestCluster::start_tls(3, Options { fake_gpus: 1, host_ttl: "1s".to_owned(), extra_toml: String::new() });
     c.wait_ready(&[1, 2, 3], Duration::from_secs(60));
     c
 }
 
 fn gateway(c: &TestCluster, host: u64) -> GatewayClient {
+    let ca = c.dir().join("pki/ca.pem");
     GatewayClient::new(&c.host(host).url, Some(TOKEN.to_owned()))
+        .with_tls(notebookosd::link::tls::client_config(&ca, None).expect("tls"))
 }
 
 /// Creates a kernel through `host`'s gateway; returns its id once every replica is ready.
@@ -110,7 +113,7 @@ fn ten_cells_move_between_replicas_and_every_replica_keeps_the_same_namespace() 
     // Two more kernels whose long GPU cells occupy hosts (one GPU per host).
     let k2 = create_kernel(&c, 2, 1);
     let k3 = create_kernel(&c, 3, 1);
-    let gates = tempfile::tempdir().expect("tmp");
+    let gates = kernel_tempdir();
     let cells = [
         "a = 1\ns = 'hello'",
         "l = [1, 2, 3]\nd = {'k': [1, 2], 'n': None}",
@@ -242,7 +245,7 @@ fn sync_metric_sums(c: &TestCluster) -> BTreeMap<String, f64> {
     let mut sums: BTreeMap<String, f64> = BTreeMap::new();
     for h in 1..=3 {
         let text =
-            ureq::get(&format!("{}/metrics", c.host(h).url)).call().expect("metrics").into_string().expect("text");
+            c.agent().get(&format!("{}/metrics", c.host(h).url)).call().expect("metrics").into_string().expect("text");
         for line in text.lines().filter(|l| l.starts_with("notebookos_sync_")) {
             if let Some((name, v)) = line.rsplit_once(' ') {
                 *sums.entry(name.to_owned()).or_default() += v.parse::<f64>().unwrap_or(0.0);
@@ -281,6 +284,8 @@ impl ProxyClient {
             .arg(&file)
             .args(["--kernel-id", kernel, "--gateway", &gateways.join(","), "--token-file"])
             .arg(token_file)
+            // The hosts serve HTTPS: the proxy trusts the cluster CA (the harness's pki/, next to the token).
+            .env("NBOS_CA_CERT", std::path::Path::new(token_file).with_file_name("pki").join("ca.pem"))
             .stdout(std::process::Stdio::null())
             .stderr(log)
             .spawn()
@@ -428,7 +433,9 @@ fn killing_the_executing_host_fails_over_with_state_and_no_hang() {
         assert_eq!(digests.values().collect::<BTreeSet<_>>().len(), 1, "{digests:?}");
 
         // The survivor's front-end counted both.
-        let metrics = ureq::get(&format!("{}/metrics", c.host(survivors[0]).url))
+        let metrics = c
+            .agent()
+            .get(&format!("{}/metrics", c.host(survivors[0]).url))
             .call()
             .expect("metrics")
             .into_string()
@@ -584,9 +591,12 @@ fn cells_wait_for_gpus_and_say_so_interrupts_reach_the_executor_and_bad_requests
         let ids: BTreeSet<&str> = list.as_array().expect("list").iter().filter_map(|m| m["id"].as_str()).collect();
         assert_eq!(ids, [k1.as_str(), k2.as_str(), k3.as_str()].into_iter().collect(), "host {h}: {list}");
     }
-    // The internal replica socket needs the token (no capability access).
+    // The internal replica socket takes a host's node certificate: the users' token is refused.
     let (code, _) = {
-        let r = ureq::get(&format!("{}/api/kernels/{k1}/channels?replica=local", c.host(1).url))
+        let r = c
+            .agent()
+            .get(&format!("{}/api/kernels/{k1}/channels?replica=local", c.host(1).url))
+            .set("Authorization", &format!("token {TOKEN}"))
             .set("Connection", "Upgrade")
             .set("Upgrade", "websocket")
             .set("Sec-WebSocket-Version", "13")
@@ -598,9 +608,9 @@ fn cells_wait_for_gpus_and_say_so_interrupts_reach_the_executor_and_bad_requests
             Err(e) => panic!("{e}"),
         }
     };
-    assert_eq!(code, 401);
+    assert_eq!(code, 403);
 
-    let gates = tempfile::tempdir().expect("tmp");
+    let gates = kernel_tempdir();
     let rt = runtime();
     rt.block_on(async {
         // Hosts fill up: k2 and k3 hold two GPUs, k1's first client holds the third.
@@ -658,7 +668,7 @@ fn cells_wait_for_gpus_and_say_so_interrupts_reach_the_executor_and_bad_requests
     }
     assert_eq!(roles.len(), 1, "the hosts disagree on the executor: {roles:?}");
     let metrics =
-        ureq::get(&format!("{}/metrics", c.host(2).url)).call().expect("metrics").into_string().expect("text");
+        c.agent().get(&format!("{}/metrics", c.host(2).url)).call().expect("metrics").into_string().expect("text");
     let rounds = metrics
         .lines()
         .find_map(|l| l.strip_prefix("notebookos_election_rounds_total "))
@@ -767,4 +777,14 @@ fn bench_election_prints_one_json_object_with_the_promised_keys() {
         .expect("run nbos bench election");
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--cells must be at least 10"));
+}
+
+/// A temporary directory a root daemon's kernels can pass through (0711: enter, not
+/// list): they run as another uid (kernel.user) and refuse to start under a 0700 one.
+#[allow(dead_code)]
+fn kernel_tempdir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod 0711");
+    dir
 }

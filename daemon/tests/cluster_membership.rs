@@ -152,7 +152,10 @@ fn hosts_form_a_cluster_fail_rejoin_join_and_leave() {
     assert!(!ok, "leave should be refused: {out}");
     assert!(err.contains("cannot leave") && err.contains(&id) && err.contains("nothing was changed"), "{err}");
     assert!(c.up_seen_by(1).contains(&4));
+    // Leaving is the operator's: the users' token is refused (and nothing changes).
     let (code, body) = c.post(four, "/api/v1/cluster/leave", json!({ "phase": "remove" }));
+    assert_eq!(code, 403, "{body}");
+    let (code, body) = c.post_as_operator(four, "/api/v1/cluster/leave", json!({ "phase": "remove" }));
     assert_eq!(code, 409, "a host holding a replica is not removed: {body}");
     assert!(body["message"].as_str().unwrap_or_default().contains("still holds a replica"), "{body}");
 
@@ -238,10 +241,18 @@ fn single_host_commands_say_the_cluster_is_off_and_bad_cluster_config_names_the_
         let out = Command::new(NOTEBOOKOSD).args(["--dev", "--check-config"]).args(args).output().expect("run");
         (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
     };
-    let (code, text) = dev(&["--cluster-node-id", "2", "--seeds", "1=127.0.0.1:7001,2=127.0.0.1:7002"]);
+    // A dev cluster always runs with a PKI (raft mutual TLS, HTTPS, node certificates).
+    let pki = notebookosd::pki::Pki::at(&dir.path().join("pki"));
+    pki.init().expect("pki");
+    pki.issue_node(2, &[], &["127.0.0.1".parse().expect("ip")]).expect("node cert");
+    let pki_dir = dir.path().join("pki").display().to_string();
+    let seeds = ["--seeds", "1=127.0.0.1:7001,2=127.0.0.1:7002"];
+    let (code, text) = dev(&[&["--cluster-node-id", "2", "--pki", &pki_dir][..], &seeds].concat());
     assert_eq!(code, Some(0), "{text}");
-    let (code, text) = dev(&["--cluster-node-id", "1", "--seeds", "1=10.0.0.1:7001"]);
-    assert!(code == Some(2) && text.contains("cluster.tls"), "{text}");
+    let (code, text) = dev(&[&["--cluster-node-id", "2"][..], &seeds].concat());
+    assert!(code == Some(2) && text.contains("--pki"), "a plaintext dev cluster is refused: {text}");
+    let (code, text) = dev(&[&["--cluster-node-id", "1", "--pki", &pki_dir][..], &seeds].concat());
+    assert!(code == Some(2) && text.contains("node-1.pem is missing"), "{text}");
     let (code, text) = dev(&["--cluster-node-id", "1"]);
     assert!(code == Some(2) && text.contains("--seeds"), "{text}");
 

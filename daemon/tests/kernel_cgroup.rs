@@ -66,7 +66,8 @@ fn kernel_process_tree_runs_in_a_memory_cgroup_removed_on_delete() {
 
     let (path, dir, limit_file) = memory_cgroup_of(pid);
     assert!(
-        path.ends_with(&format!("/notebookos/{id}")) || path.ends_with(&format!("/notebookos-kernels/{id}")),
+        // `<kernel id>.<host tag>`: hosts on one machine keep their replicas apart.
+        path.contains(&format!("/notebookos/{id}.")) || path.contains(&format!("/notebookos-kernels/{id}.")),
         "kernel pid {pid} is in memory cgroup {path}, not the kernel's"
     );
     let limit = std::fs::read_to_string(dir.join(limit_file)).expect("limit file");

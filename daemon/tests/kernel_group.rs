@@ -327,7 +327,7 @@ mod sync {
     async fn replicas_follow_the_executor_and_a_fresh_replica_catches_up() {
         let stores = Stores::open(3);
         stores.create_group(GROUP).await;
-        let dir = tempfile::tempdir().expect("tmp");
+        let dir = crate::kernel_tempdir();
         let objects = dir.path().join("objects");
         let mut hosts = Vec::new();
         for node in stores.ids() {
@@ -520,7 +520,7 @@ mod sync {
     async fn a_won_cell_that_waited_for_its_gpu_is_stamped_when_written_to_its_kernel() {
         let stores = Stores::open(3);
         stores.create_group(GROUP).await;
-        let dir = tempfile::tempdir().expect("tmp");
+        let dir = crate::kernel_tempdir();
         let objects = dir.path().join("objects");
         let leases: Vec<Arc<RecordingLeases>> = (0..3).map(|_| Arc::new(RecordingLeases::default())).collect();
         let mut hosts = Vec::new();
@@ -663,7 +663,7 @@ mod supervised {
             Arc::new(move || Box::pin(async move { LoadRecord { node_id: id, ..Default::default() } }));
         let cluster = Cluster::new(settings, store.clone(), probe);
         cluster.start();
-        let api = notebookosd::cluster::http::router(cluster.clone());
+        let api = notebookosd::cluster::http::router(cluster.clone(), Default::default());
         let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
         tokio::spawn(async move { axum::serve(listener, api).await });
         let (host, kernels, supervisor) = start_replica_side(stores, id, &cluster, dir, 0);
@@ -752,7 +752,7 @@ mod supervised {
 
     async fn four_hosts_with_a_kernel() -> FourHosts {
         let stores = Stores::open(4);
-        let dir = tempfile::tempdir().expect("tmp");
+        let dir = crate::kernel_tempdir();
         let seeds: BTreeMap<u64, std::net::SocketAddr> =
             stores.ids().into_iter().map(|id| (id, stores.node(id).config().listen)).collect();
         let nodes: Vec<Node> = stores.ids().into_iter().map(|id| start_node(&stores, id, &seeds, dir.path())).collect();
@@ -937,4 +937,14 @@ mod supervised {
             n.cluster.shutdown().await;
         }
     }
+}
+
+/// A temporary directory a root daemon's kernels can pass through (0711: enter, not
+/// list): they run as another uid (kernel.user) and refuse to start under a 0700 one.
+#[allow(dead_code)]
+fn kernel_tempdir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod 0711");
+    dir
 }

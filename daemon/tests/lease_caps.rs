@@ -4,6 +4,7 @@
 
 use std::io::Read;
 use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use nbos_lease_proto::{read_message, write_message, Message};
@@ -31,6 +32,7 @@ fn host(limits: ConnectionLimits) -> Host {
         policy: Policy { idle_grace: Duration::from_secs(60), idle_release: Duration::from_secs(600) },
         activity_interval: Duration::from_millis(100),
         memory_limit_bytes: 0,
+        driver_path: PathBuf::from("/nonexistent/libcuda.so.1"),
     };
     let control = GpuControl::new(None, metrics.clone());
     let server =

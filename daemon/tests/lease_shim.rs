@@ -239,6 +239,8 @@ impl Host {
             policy: Policy { idle_grace, idle_release: Duration::from_secs(600) },
             activity_interval: Duration::from_millis(20),
             memory_limit_bytes,
+            // The shim learns the driver from the registration reply, not its environment.
+            driver_path: fake.clone(),
         };
         let server = LeaseServer::start(cfg, inventory, control, metrics.clone()).expect("lease server");
         Self { real: real.is_some(), dir, shim_dir, client, fake, gpus, gpu_mib, server, metrics, state_dir }
@@ -250,7 +252,6 @@ impl Host {
         c.arg("-c").arg("read go && exec \"$0\" \"$@\"").arg(program).args(args);
         c.env("LD_LIBRARY_PATH", &self.shim_dir)
             .env("LD_PRELOAD", self.shim_dir.join("libcuda.so.1"))
-            .env("NBOS_CUDA_DRIVER", &self.fake)
             .env("NBOS_LEASE_SOCKET", self.server.socket())
             .env("NBOS_KERNEL_ID", kernel)
             .env("FAKE_CUDA_STATE_DIR", &self.state_dir)
@@ -549,7 +550,9 @@ fn a_process_not_registered_with_the_host_is_refused() {
     let p = host.spawn_program(&host.client.clone(), &["basic"], "k-stranger", 1, false);
     let (code, lines) = p.wait();
     assert_ne!(code, 0, "{lines:?}");
-    assert!(lines.iter().any(|l| l.starts_with("FAILED")), "{lines:?}");
+    // Refused, it is not told where the driver is: not even cuInit resolves (cuGetProcAddress
+    // finds no driver behind the shim).
+    assert!(lines.iter().any(|l| l.starts_with("RESOLVE_FAILED cuInit")), "{lines:?}");
     assert!(!lines.iter().any(|l| l.starts_with("SUM")), "{lines:?}");
 
     // And on the wire: this test process is not a kernel process either.
@@ -576,7 +579,12 @@ fn a_process_whose_host_went_away_gets_an_error_code_not_a_signal() {
     let (mut s, _) = listener.accept().expect("accept");
     s.set_read_timeout(Some(WAIT)).expect("timeout");
     assert!(matches!(read_message(&mut s), Ok(Message::Register { .. })));
-    let registered = Message::Registered { device_count: 1, activity_interval_ms: 0, memory_limit_bytes: 0 };
+    let registered = Message::Registered {
+        device_count: 1,
+        activity_interval_ms: 0,
+        memory_limit_bytes: 0,
+        driver_path: host.fake.display().to_string(),
+    };
     write_message(&mut s, &registered).expect("send");
     assert!(matches!(read_message(&mut s), Ok(Message::Request { .. })));
     let gpu = notebookosd::lease::server::uuid_bytes(&fake_gpu_uuid(0)).expect("uuid");

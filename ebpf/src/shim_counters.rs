@@ -119,8 +119,15 @@ impl Drop for Mapping {
 /// changing during the copy is read either before or after the change.
 pub fn read(dir: &Path, pid: u32) -> Option<ShimCounts> {
     use std::os::unix::fs::FileExt;
+    use std::os::unix::fs::OpenOptionsExt;
     let path = path_for(dir, pid);
-    let file = File::open(&path).ok()?;
+    // The directory is writable by every kernel: never follow a link a kernel put there,
+    // never block on a FIFO (O_NONBLOCK), and read plain files only.
+    let file = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(&path).ok()?;
+    if !file.metadata().ok()?.is_file() {
+        tracing::debug!(path = %path.display(), "counters path is not a plain file, ignored");
+        return None;
+    }
     let mut bytes = [0u8; FIELDS * 8];
     if let Err(e) = file.read_exact_at(&mut bytes, 0) {
         tracing::debug!(path = %path.display(), error = %e, "counters file too short, ignored");

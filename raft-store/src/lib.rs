@@ -34,6 +34,8 @@ pub mod transport;
 pub use config::{StoreConfig, TransportSecurity};
 pub use engine::request::{GroupStatus, Membership, MembershipChange, ReadOutput};
 pub use error::{Error, Result};
+#[doc(hidden)]
+pub use forward::wire::{fuzz_forward_payload, fuzz_forward_seeds};
 pub use state_machine::{
     CasOutcome, Compare, CompareTarget, KeyValue, Txn, TxnOp, TxnOpResult, TxnResponse, WatchEvent, WatchEventKind,
 };

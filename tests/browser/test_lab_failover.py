@@ -68,7 +68,9 @@ class Balancer:
 
 @pytest.fixture
 def cluster():
-    c = Cluster()
+    # Plain HTTP behind the balancer, as behind a TLS-terminating proxy (its health checks
+    # and JupyterLab's gateway client speak HTTP to haproxy here).
+    c = Cluster(tls=False)
     yield c
     c.stop()
 

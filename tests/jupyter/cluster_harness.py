@@ -11,6 +11,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -27,26 +28,50 @@ def free_port() -> int:
 
 
 class Cluster:
-    def __init__(self, hosts: int = 3) -> None:
+    def __init__(self, hosts: int = 3, tls: bool = True) -> None:
         self.bins = bin_dir()
         self.nbos = str(self.bins / "nbos")
         self.dir = Path(tempfile.mkdtemp(prefix="nbos-cluster-test-"))
+        # Kernels run as another uid (kernel.user): they pass through (0711), never list.
+        self.dir.chmod(0o711)
+        # A PKI made by `nbos pki`: raft mutual TLS, HTTPS with client certificates, and
+        # node certificates on host-to-host calls. Plain HTTP only where a TLS-terminating
+        # proxy would sit in front (tls=False).
+        self.pki = self.dir / "pki"
+        self.nbos_tls_args: list[str] = []
+        self.ssl_context = None
+        if tls:
+            self._pki("init")
+            for i in range(hosts):
+                self._pki("issue", "node", str(i + 1), "--ip", "127.0.0.1")
+            self.nbos_tls_args = ["--ca-cert", str(self.pki / "ca.pem")]
+            self.ssl_context = ssl.create_default_context(cafile=str(self.pki / "ca.pem"))
         self.token = secrets.token_hex(24)
         self.token_file = self.dir / "token"
         self.token_file.write_text(self.token + "\n")
         self.token_file.chmod(0o600)
+        # Membership and drain; also what hosts call each other with when they have no
+        # node certificates (tls=False): never the users' token.
+        self.operator_token = secrets.token_hex(24)
+        self.operator_token_file = self.dir / "operator-token"
+        self.operator_token_file.write_text(self.operator_token + "\n")
+        self.operator_token_file.chmod(0o600)
         objects = self.dir / "objects"
         objects.mkdir()
         raft = [free_port() for _ in range(hosts)]
         http = [free_port() for _ in range(hosts)]
         seeds = ", ".join(f'"{i + 1}=127.0.0.1:{p}"' for i, p in enumerate(raft))
-        self.urls = [f"http://127.0.0.1:{p}" for p in http]
+        scheme = "https" if tls else "http"
+        self.urls = [f"{scheme}://127.0.0.1:{p}" for p in http]
         self.configs = []
         self.procs: list[subprocess.Popen | None] = []
         for i in range(hosts):
             d = self.dir / f"h{i + 1}"
             d.mkdir()
             config = d / "notebookosd.toml"
+            node, ca = self.pki / f"node-{i + 1}", self.pki / "ca.pem"
+            http_tls = f'tls = {{ cert = "{node}.pem", key = "{node}.key", client_ca = "{ca}" }}' if tls else ""
+            raft_tls = f'tls = {{ ca_cert = "{ca}", cert = "{node}.pem", key = "{node}.key" }}' if tls else ""
             config.write_text(
                 f"""
 [node]
@@ -56,6 +81,8 @@ runtime_dir = "{d / 'run'}"
 [http]
 listen = "127.0.0.1:{http[i]}"
 token_file = "{self.token_file}"
+operator_token_file = "{self.operator_token_file}"
+{http_tls}
 [kernel]
 python = "{sys.executable}"
 [gpu]
@@ -70,6 +97,7 @@ raft_listen = "127.0.0.1:{raft[i]}"
 seeds = [{seeds}]
 host_ttl = "1s"
 object_store = "file://{objects}"
+{raft_tls}
 [log]
 format = "text"
 """
@@ -79,6 +107,9 @@ format = "text"
         for i in range(hosts):
             self.start(i)
         self.wait_ready()
+
+    def _pki(self, *args: str) -> None:
+        subprocess.run([self.nbos, "pki", args[0], "--dir", str(self.pki), *args[1:]], check=True, capture_output=True)
 
     def start(self, i: int) -> None:
         log = open(self.dir / f"h{i + 1}" / "daemon.log", "ab")
@@ -100,7 +131,7 @@ format = "text"
     def get(self, i: int, path: str):
         req = urllib.request.Request(self.urls[i] + path, headers={"Authorization": f"token {self.token}"})
         try:
-            with urllib.request.urlopen(req, timeout=10) as r:
+            with urllib.request.urlopen(req, timeout=10, context=self.ssl_context) as r:
                 return json.loads(r.read())
         except OSError:
             return None

@@ -8,6 +8,7 @@ target/debug.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import secrets
@@ -68,9 +69,37 @@ def kill_until_given_up(model, first_pid: int, most: int = 8) -> list[int]:
 class Daemon:
     """A running notebookosd with a token."""
 
-    def __init__(self, fake_gpus: int = 0, idle_release: str = "30s", memory_limit_mib: int = 0) -> None:
+    def __init__(
+        self,
+        fake_gpus: int = 0,
+        idle_release: str = "30s",
+        memory_limit_mib: int = 0,
+        tls: bool = False,
+        gpu_extra: str = "",
+    ) -> None:
         self.bins = bin_dir()
         self.dir = Path(tempfile.mkdtemp(prefix="nbos-jupyter-test-"))
+        # Kernels run as another uid (kernel.user): they pass through (0711), never list.
+        self.dir.chmod(0o711)
+        self.nbos = str(self.bins / "nbos")
+        # HTTPS with a client CA: a PKI made by `nbos pki`, a node certificate for the
+        # listener (127.0.0.1) and a client certificate for jupyter_server.
+        self.pki = self.dir / "pki"
+        tls_toml = ""
+        tls_args: list[str] = []
+        if tls:
+            for args in (["init"], ["issue", "node", "1", "--ip", "127.0.0.1"], ["issue", "client", "jupyter"]):
+                subprocess.run(
+                    [self.nbos, "pki", args[0], "--dir", str(self.pki), *args[1:]], check=True, capture_output=True
+                )
+            self.ca_cert = self.pki / "ca.pem"
+            self.client_cert = self.pki / "client-jupyter.pem"
+            self.client_key = self.pki / "client-jupyter.key"
+            tls_toml = (
+                f'tls = {{ cert = "{self.pki / "node-1.pem"}", key = "{self.pki / "node-1.key"}", '
+                f'client_ca = "{self.ca_cert}" }}\n'
+            )
+            tls_args = ["--ca-cert", str(self.ca_cert)]
         self.token = secrets.token_hex(24)
         self.token_file = self.dir / "token"
         self.token_file.write_text(self.token + "\n")
@@ -78,7 +107,7 @@ class Daemon:
         runtime = self.dir / "run"
         config = self.dir / "notebookosd.toml"
         gpu = (
-            f'[gpu]\ndriver = "fake"\nfake_gpus = {fake_gpus}\nidle_release = "{idle_release}"\n'
+            f'[gpu]\ndriver = "fake"\nfake_gpus = {fake_gpus}\nidle_release = "{idle_release}"\n{gpu_extra}'
             if fake_gpus
             else ""
         )
@@ -91,7 +120,7 @@ runtime_dir = "{runtime}"
 [http]
 listen = "127.0.0.1:0"
 token_file = "{self.token_file}"
-[kernel]
+{tls_toml}[kernel]
 python = "{sys.executable}"
 memory_limit_mib = {memory_limit_mib}
 {gpu}
@@ -115,11 +144,11 @@ format = "text"
             return endpoint.exists() and json.loads(endpoint.read_text())
 
         self.url = wait_for(ready, 30, "notebookosd to listen")["url"]
-        self.nbos = str(self.bins / "nbos")
         self.jupyter_path = self.dir / "jupyter"
         subprocess.run(
             [
                 self.nbos,
+                *tls_args,
                 "--url",
                 self.url,
                 "install-kernelspec",
@@ -161,3 +190,57 @@ def daemon() -> Daemon:
         os.environ["JUPYTER_GATEWAY_URL"] = _DAEMON.url
         os.environ["JUPYTER_GATEWAY_AUTH_TOKEN"] = _DAEMON.token
     return _DAEMON
+
+
+_TLS_DAEMON: Daemon | None = None
+
+
+def tls_daemon() -> Daemon:
+    """A second session daemon serving HTTPS with a client CA (started on first use)."""
+    global _TLS_DAEMON
+    if _TLS_DAEMON is None:
+        _TLS_DAEMON = Daemon(tls=True)
+    return _TLS_DAEMON
+
+
+_GATEWAY_ENV = (
+    "JUPYTER_GATEWAY_URL",
+    "JUPYTER_GATEWAY_AUTH_TOKEN",
+    "JUPYTER_GATEWAY_CA_CERTS",
+    "JUPYTER_GATEWAY_CLIENT_CERT",
+    "JUPYTER_GATEWAY_CLIENT_KEY",
+)
+
+
+@contextlib.contextmanager
+def gateway_client_over_tls():
+    """jupyter_server's gateway client pointed at the HTTPS daemon for the block.
+
+    Its `GatewayKernelClient` opens the channels WebSocket with no headers (no token):
+    it authenticates with a client certificate from the daemon's client CA. The
+    client is a singleton configured from the environment when first made, so the
+    environment is set, the singleton dropped, and both restored afterwards (other
+    tests use the plain-HTTP daemon)."""
+    from jupyter_server.gateway.gateway_client import GatewayClient
+
+    d = tls_daemon()
+    saved = {k: os.environ.get(k) for k in _GATEWAY_ENV}
+    os.environ.update(
+        {
+            "JUPYTER_GATEWAY_URL": d.url,
+            "JUPYTER_GATEWAY_AUTH_TOKEN": d.token,
+            "JUPYTER_GATEWAY_CA_CERTS": str(d.ca_cert),
+            "JUPYTER_GATEWAY_CLIENT_CERT": str(d.client_cert),
+            "JUPYTER_GATEWAY_CLIENT_KEY": str(d.client_key),
+        }
+    )
+    GatewayClient.clear_instance()
+    try:
+        yield d
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        GatewayClient.clear_instance()

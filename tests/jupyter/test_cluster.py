@@ -47,6 +47,7 @@ def test_a_jupyter_client_keeps_its_kernel_when_its_gateway_host_dies(cluster: C
     subprocess.run(
         [
             cluster.nbos,
+            *cluster.nbos_tls_args,
             "install-kernelspec",
             "--name",
             "nbos-cluster",

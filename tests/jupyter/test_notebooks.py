@@ -6,7 +6,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
-from nbos_harness import REPO, daemon
+from nbos_harness import REPO, daemon, gateway_client_over_tls
 
 EXAMPLES = REPO / "examples"
 
@@ -40,7 +40,6 @@ def test_nbclient_tour_through_kernel_proxy():
 
 
 def test_nbclient_tour_through_gateway_kernel_manager():
-    daemon()
     from jupyter_server.gateway.managers import GatewayKernelManager
 
     class NbclientGatewayKernelManager(GatewayKernelManager):
@@ -54,7 +53,8 @@ def test_nbclient_tour_through_gateway_kernel_manager():
 
         is_alive = _async_is_alive
 
-    check_tour(run_tour(km=NbclientGatewayKernelManager(kernel_name="python3")))
+    with gateway_client_over_tls():
+        check_tour(run_tour(km=NbclientGatewayKernelManager(kernel_name="python3")))
 
 
 def test_papermill_parameterised_notebook(tmp_path: Path):

@@ -174,7 +174,9 @@ def test_proxy_reconnects_to_the_next_gateway_and_keeps_the_kernel(tmp_path: Pat
 
         # Gateway B dies while a cell runs; A is back (a restarted host): the cell in
         # flight gets an error reply, no hang, and the kernel keeps its state.
-        gate = tmp_path / "gate"
+        # In the daemon's directory (0711): the kernel runs as another uid (kernel.user) and
+        # cannot see into pytest's private tmp_path.
+        gate = d.dir / f"gate-{kernel_id}"
         msg_id = kc.execute(
             f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.02)\nprint('late')"
         )

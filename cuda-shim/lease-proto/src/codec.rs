@@ -1,7 +1,7 @@
 //! Encoding and decoding of frames, from and to byte slices (no I/O).
 
 use crate::message::{GpuUuid, Message};
-use crate::{MAX_BODY, MAX_GPUS, MAX_TEXT, VERSION};
+use crate::{MAX_BODY, MAX_GPUS, MAX_PATH, MAX_TEXT, VERSION};
 
 /// Why bytes are not a valid frame.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -41,8 +41,9 @@ pub enum DecodeError {
 
 /// Appends the frame of `m` to `out`.
 ///
-/// Panics never; text longer than [`MAX_TEXT`] is cut at a character boundary and more
-/// than [`MAX_GPUS`] GPUs are cut to the cap, so every encoded frame decodes.
+/// Panics never; text longer than [`MAX_TEXT`] (a path: [`MAX_PATH`]) is cut at a character
+/// boundary and more than [`MAX_GPUS`] GPUs are cut to the cap, so every encoded frame decodes.
+/// A sender that must not send a cut path checks its length first.
 pub fn encode(m: &Message, out: &mut Vec<u8>) {
     let start = out.len();
     out.extend_from_slice(&[0; 4]);
@@ -54,10 +55,11 @@ pub fn encode(m: &Message, out: &mut Vec<u8>) {
             out.extend_from_slice(&replica.to_le_bytes());
             out.extend_from_slice(&pid.to_le_bytes());
         }
-        Message::Registered { device_count, activity_interval_ms, memory_limit_bytes } => {
+        Message::Registered { device_count, activity_interval_ms, memory_limit_bytes, driver_path } => {
             out.extend_from_slice(&device_count.to_le_bytes());
             out.extend_from_slice(&activity_interval_ms.to_le_bytes());
             out.extend_from_slice(&memory_limit_bytes.to_le_bytes());
+            text_capped(out, driver_path, MAX_PATH);
         }
         Message::Request { gpus } => out.extend_from_slice(&gpus.to_le_bytes()),
         Message::Grant { lease, gpus } | Message::GpusNotVisible { lease, gpus } => {
@@ -80,7 +82,11 @@ pub fn encode(m: &Message, out: &mut Vec<u8>) {
 }
 
 fn text(out: &mut Vec<u8>, s: &str) {
-    let mut end = s.len().min(MAX_TEXT);
+    text_capped(out, s, MAX_TEXT);
+}
+
+fn text_capped(out: &mut Vec<u8>, s: &str, cap: usize) {
+    let mut end = s.len().min(cap);
     while !s.is_char_boundary(end) {
         end -= 1;
     }
@@ -115,6 +121,7 @@ pub fn decode_body(body: &[u8]) -> Result<Message, DecodeError> {
             device_count: r.u32("device_count")?,
             activity_interval_ms: r.u32("activity_interval_ms")?,
             memory_limit_bytes: r.u64("memory_limit_bytes")?,
+            driver_path: r.text_capped("driver_path", MAX_PATH)?,
         },
         3 => Message::Request { gpus: r.u32("gpus")? },
         4 => {
@@ -183,9 +190,13 @@ impl<'a> Reader<'a> {
     }
 
     fn text(&mut self, f: &'static str) -> Result<String, DecodeError> {
+        self.text_capped(f, MAX_TEXT)
+    }
+
+    fn text_capped(&mut self, f: &'static str, cap: usize) -> Result<String, DecodeError> {
         let n = self.u16(f)? as usize;
-        if n > MAX_TEXT {
-            return Err(DecodeError::Cap { field: f, len: n, cap: MAX_TEXT });
+        if n > cap {
+            return Err(DecodeError::Cap { field: f, len: n, cap });
         }
         let b = self.take(n, f)?;
         std::str::from_utf8(b).map(str::to_owned).map_err(|_| DecodeError::Utf8(f))

@@ -7,7 +7,8 @@
 //! peer cannot make either side allocate more than [`MAX_BODY`] bytes per frame.
 //!
 //! Conversation: the shim sends [`Message::Register`] on connect; the host answers
-//! [`Message::Registered`] (or [`Message::Refused`] and closes). The shim sends
+//! [`Message::Registered`], which names the real driver library the shim loads (or
+//! [`Message::Refused`] and closes). The shim sends
 //! [`Message::Request`] when a gated call finds no lease; the host answers
 //! [`Message::Grant`] when GPUs are bound. The host sends [`Message::Revoke`]; the shim
 //! stops submissions, synchronises and answers [`Message::Released`]. While bound the
@@ -24,11 +25,13 @@ pub use codec::{decode, decode_body, encode, DecodeError};
 pub use io::{read_message, write_message, ReadError};
 pub use message::{GpuUuid, Message};
 
-/// Protocol version carried in every frame.
-pub const VERSION: u8 = 1;
+/// Protocol version carried in every frame (2: `Registered` names the driver library).
+pub const VERSION: u8 = 2;
 /// Largest frame body accepted (bytes after the length prefix).
 pub const MAX_BODY: usize = 4096;
 /// Most GPUs one grant may name (more than any host has).
 pub const MAX_GPUS: usize = 64;
 /// Longest text field (kernel id, refusal reason), bytes.
 pub const MAX_TEXT: usize = 256;
+/// Longest path field (the driver library's), bytes.
+pub const MAX_PATH: usize = 1024;

@@ -24,6 +24,9 @@ pub enum Message {
         activity_interval_ms: u32,
         /// Device memory the process may allocate (`cuMemAlloc`), bytes (0: no limit).
         memory_limit_bytes: u64,
+        /// Full path of the real CUDA driver library the shim forwards to (told here, not
+        /// in the kernel's environment). At most [`crate::MAX_PATH`] bytes.
+        driver_path: String,
     },
     /// Shim → host: a gated call needs GPUs.
     Request {

@@ -1,7 +1,9 @@
 //! Property tests of the lease codec: every message round-trips, and no byte string
 //! makes the decoder panic, over-allocate, or accept trailing garbage.
 
-use nbos_lease_proto::{decode, encode, read_message, DecodeError, Message, ReadError, MAX_BODY, MAX_GPUS};
+use nbos_lease_proto::{
+    decode, encode, read_message, DecodeError, Message, ReadError, MAX_BODY, MAX_GPUS, MAX_PATH, MAX_TEXT, VERSION,
+};
 use proptest::prelude::*;
 
 fn message() -> impl Strategy<Value = Message> {
@@ -11,9 +13,9 @@ fn message() -> impl Strategy<Value = Message> {
             replica,
             pid
         }),
-        (any::<u32>(), any::<u32>(), any::<u64>()).prop_map(
-            |(device_count, activity_interval_ms, memory_limit_bytes)| {
-                Message::Registered { device_count, activity_interval_ms, memory_limit_bytes }
+        (any::<u32>(), any::<u32>(), any::<u64>(), "/[a-z0-9/._-]{0,200}").prop_map(
+            |(device_count, activity_interval_ms, memory_limit_bytes, driver_path)| {
+                Message::Registered { device_count, activity_interval_ms, memory_limit_bytes, driver_path }
             }
         ),
         any::<u32>().prop_map(|gpus| Message::Request { gpus }),
@@ -78,15 +80,15 @@ fn oversized_length_is_refused_before_reading_the_body() {
 #[test]
 fn wrong_version_unknown_tag_trailing_bytes_and_oversized_lists_are_errors() {
     assert_eq!(decode(&[2, 0, 0, 0, 9, 3]), Err(DecodeError::Version(9)));
-    assert_eq!(decode(&[2, 0, 0, 0, 1, 99]), Err(DecodeError::Tag(99)));
-    assert_eq!(decode(&[7, 0, 0, 0, 1, 3, 1, 0, 0, 0, 0]), Err(DecodeError::Trailing(1)));
-    let mut grant = vec![0, 0, 0, 0, 1, 4];
+    assert_eq!(decode(&[2, 0, 0, 0, VERSION, 99]), Err(DecodeError::Tag(99)));
+    assert_eq!(decode(&[7, 0, 0, 0, VERSION, 3, 1, 0, 0, 0, 0]), Err(DecodeError::Trailing(1)));
+    let mut grant = vec![0, 0, 0, 0, VERSION, 4];
     grant.extend_from_slice(&7u64.to_le_bytes());
     grant.extend_from_slice(&((MAX_GPUS + 1) as u16).to_le_bytes());
     let len = (grant.len() - 4) as u32;
     grant[..4].copy_from_slice(&len.to_le_bytes());
     assert!(matches!(decode(&grant), Err(DecodeError::Cap { field: "gpus", .. })));
-    let mut text = vec![0, 0, 0, 0, 1, 8, 0xff, 0xff];
+    let mut text = vec![0, 0, 0, 0, VERSION, 8, 0xff, 0xff];
     let len = (text.len() - 4) as u32;
     text[..4].copy_from_slice(&len.to_le_bytes());
     assert!(matches!(decode(&text), Err(DecodeError::Cap { field: "reason", .. })));
@@ -96,4 +98,20 @@ fn wrong_version_unknown_tag_trailing_bytes_and_oversized_lists_are_errors() {
 fn closed_connection_between_frames_is_reported_as_closed() {
     assert!(matches!(read_message(&mut [].as_slice()), Err(ReadError::Closed)));
     assert!(matches!(read_message(&mut [1u8, 0].as_slice()), Err(ReadError::Io(_))));
+}
+
+#[test]
+fn the_driver_path_may_be_longer_than_other_text_but_not_than_its_cap() {
+    let long = format!("/{}", "d".repeat(MAX_TEXT + 100));
+    let m = Message::Registered { device_count: 1, activity_interval_ms: 0, memory_limit_bytes: 0, driver_path: long };
+    let mut buf = Vec::new();
+    encode(&m, &mut buf);
+    assert_eq!(decode(&buf).expect("valid").map(|(m, _)| m), Some(m));
+    let mut frame = vec![0, 0, 0, 0, VERSION, 2];
+    frame.extend_from_slice(&[0; 16]);
+    frame.extend_from_slice(&((MAX_PATH + 1) as u16).to_le_bytes());
+    frame.extend(std::iter::repeat_n(b'a', MAX_PATH + 1));
+    let len = (frame.len() - 4) as u32;
+    frame[..4].copy_from_slice(&len.to_le_bytes());
+    assert!(matches!(decode(&frame), Err(DecodeError::Cap { field: "driver_path", .. })));
 }

@@ -33,6 +33,9 @@ enum Cmd {
     Observe(cli::observe::Args),
     /// Local ZMQ kernel facade that forwards to the gateway (used by kernelspecs).
     KernelProxy(cli::proxy::Args),
+    /// A cluster's own CA and certificates (raft TLS, HTTPS, host and client identities).
+    #[command(subcommand)]
+    Pki(cli::pki::PkiCmd),
     /// Install a Jupyter kernelspec that runs `nbos kernel-proxy` (for nbclient, papermill, VS Code).
     InstallKernelspec(cli::proxy::InstallArgs),
 }
@@ -45,6 +48,7 @@ fn main() -> ExitCode {
         Cmd::Cluster(c) => cli::cluster::run(&args.target, c),
         Cmd::Bench(b) => cli::bench::run(b),
         Cmd::Sim(a) => cli::sim::run(a),
+        Cmd::Pki(c) => cli::pki::run(c),
         Cmd::Observe(a) => cli::observe::run(a),
         Cmd::KernelProxy(a) => {
             // The proxy runs as a kernel: its logs go to stderr, which Jupyter clients show or keep.

@@ -17,6 +17,37 @@ pub struct Target {
     /// API token. Default: the token file the local daemon names.
     #[arg(long, global = true, env = "NBOS_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// CA certificate (PEM) an https:// daemon's certificate must chain to (the cluster CA).
+    #[arg(long, global = true, env = "NBOS_CA_CERT", value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
+    /// Client certificate (PEM) to present to an https:// daemon (with --client-key, --ca-cert).
+    #[arg(long, global = true, env = "NBOS_CLIENT_CERT", value_name = "FILE", requires = "client_key")]
+    pub client_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, global = true, env = "NBOS_CLIENT_KEY", value_name = "FILE", requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
+    /// Operator token (membership, drain, re-placement: `nbos cluster join|leave`).
+    #[arg(long, global = true, env = "NBOS_OPERATOR_TOKEN", hide_env_values = true)]
+    pub operator_token: Option<String>,
+}
+
+impl Target {
+    /// An HTTP agent that speaks TLS as these options say: the default web roots when no
+    /// --ca-cert is given, else servers must chain to it (and --client-cert is presented).
+    pub fn agent(&self, timeout: Duration) -> anyhow::Result<ureq::Agent> {
+        let mut builder = ureq::AgentBuilder::new().timeout(timeout);
+        match (&self.ca_cert, &self.client_cert, &self.client_key) {
+            (Some(ca), cert, key) => {
+                let identity = cert.as_deref().zip(key.as_deref());
+                builder = builder.tls_config(crate::link::tls::client_config(ca, identity)?);
+            }
+            (None, Some(_), _) => {
+                anyhow::bail!("--client-cert needs --ca-cert (the CA the daemon's certificate chains to)")
+            }
+            (None, None, _) => {}
+        }
+        Ok(builder.build())
+    }
 }
 
 /// Runtime directory of a packaged daemon.
@@ -28,6 +59,7 @@ pub struct Client {
     /// Base URL without a trailing slash.
     pub url: String,
     token: Option<String>,
+    operator_token: Option<String>,
     agent: ureq::Agent,
 }
 
@@ -49,8 +81,22 @@ impl Client {
             }
             _ => None,
         };
-        let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(10)).build();
-        Ok(Self { url: url.trim_end_matches('/').to_owned(), token, agent })
+        let agent = target.agent(Duration::from_secs(10))?;
+        Ok(Self {
+            url: url.trim_end_matches('/').to_owned(),
+            token,
+            operator_token: target.operator_token.clone(),
+            agent,
+        })
+    }
+
+    /// The same daemon, authenticating as the operator (membership, drain, re-placement).
+    pub fn as_operator(&self) -> anyhow::Result<Self> {
+        let token = self.operator_token.clone().context(
+            "this command needs the operator token: pass --operator-token or set NBOS_OPERATOR_TOKEN \
+             (the daemon's http.operator_token_file)",
+        )?;
+        Ok(Self { token: Some(token), ..self.clone() })
     }
 
     /// The same daemon credentials against another host of the cluster (same token).
@@ -88,6 +134,11 @@ impl Client {
             Ok(resp) => resp.into_json().with_context(|| format!("decoding the answer of {method} {}{path}", self.url)),
             Err(ureq::Error::Status(401, _)) => {
                 anyhow::bail!("the daemon at {} refused the token (401): pass --token or set NBOS_TOKEN", self.url)
+            }
+            Err(ureq::Error::Status(403, resp)) => {
+                let body = resp.into_string().unwrap_or_default();
+                Err(anyhow::Error::new(HttpStatus { code: 403, message: body.trim().to_owned() }))
+                    .with_context(|| format!("the daemon at {} refused {method} {path} (403)", self.url))
             }
             Err(ureq::Error::Status(code, resp)) => {
                 let body = resp.into_string().unwrap_or_default();

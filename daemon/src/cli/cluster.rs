@@ -32,7 +32,7 @@ pub struct StatusArgs {
 /// Options of `nbos cluster join`.
 #[derive(Debug, clap::Args)]
 pub struct JoinArgs {
-    /// HTTP URL of any running member of the cluster (same API token).
+    /// URL of any running member of the cluster (same API and operator tokens).
     #[arg(value_name = "MEMBER_URL")]
     pub member: String,
     /// How long to wait for this host to be a registered voter.
@@ -94,7 +94,8 @@ fn leave(client: &Client, args: &LeaveArgs) -> anyhow::Result<()> {
         moved: Vec<(String, u64)>,
     }
     status(client)?;
-    let drained: Drained = client.post_json("/api/v1/cluster/leave", &serde_json::json!({ "phase": "drain" }))?;
+    let operator = client.as_operator()?;
+    let drained: Drained = operator.post_json("/api/v1/cluster/leave", &serde_json::json!({ "phase": "drain" }))?;
     for (kernel, to) in &drained.moved {
         if !args.json {
             println!("kernel {kernel}: replica moved to host {to}");
@@ -120,7 +121,7 @@ fn leave(client: &Client, args: &LeaveArgs) -> anyhow::Result<()> {
         }
     }
     let mut report: LeaveReport =
-        client.post_json("/api/v1/cluster/leave", &serde_json::json!({ "phase": "remove" }))?;
+        operator.post_json("/api/v1/cluster/leave", &serde_json::json!({ "phase": "remove" }))?;
     report.moved = drained.moved;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -139,7 +140,7 @@ fn join(client: &Client, args: &JoinArgs) -> anyhow::Result<()> {
         println!("host {} is already a member of the cluster", me.node_id);
         return Ok(());
     }
-    let member = client.with_url(&args.member);
+    let member = client.with_url(&args.member).as_operator()?;
     let body = serde_json::json!({ "node_id": me.node_id, "raft_addr": me.raft_addr });
     let m: raft_store::Membership = member
         .post_json("/api/v1/cluster/members", &body)

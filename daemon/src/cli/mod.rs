@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod kernels;
 pub mod not_yet;
 pub mod observe;
+pub mod pki;
 pub mod proxy;
 pub mod sim;
 pub mod status;

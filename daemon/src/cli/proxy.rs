@@ -78,7 +78,16 @@ pub fn run(target: &crate::cli::client::Target, args: Args) -> anyhow::Result<()
     anyhow::ensure!(!urls.is_empty(), "--gateway names no URL");
     let gateways = urls
         .into_iter()
-        .map(|u| GatewayClient::resolve(u, target.token.as_deref(), args.token_file.as_deref(), &runtime_dir))
+        .map(|u| {
+            let client = GatewayClient::resolve(u, target.token.as_deref(), args.token_file.as_deref(), &runtime_dir)?;
+            Ok(match &target.ca_cert {
+                Some(ca) => client.with_tls(crate::link::tls::client_config(
+                    ca,
+                    target.client_cert.as_deref().zip(target.client_key.as_deref()),
+                )?),
+                None => client,
+            })
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -610,6 +619,15 @@ pub fn install_kernelspec(target: &crate::cli::client::Target, args: InstallArgs
     if let Some(f) = &args.token_file {
         let abs = std::path::absolute(f).with_context(|| format!("resolving {}", f.display()))?;
         argv.extend(["--token-file".into(), abs.display().to_string()]);
+    }
+    // An https:// gateway: the kernel's proxy needs the same CA (and client certificate).
+    for (flag, file) in
+        [("--ca-cert", &target.ca_cert), ("--client-cert", &target.client_cert), ("--client-key", &target.client_key)]
+    {
+        if let Some(f) = file {
+            let abs = std::path::absolute(f).with_context(|| format!("resolving {}", f.display()))?;
+            argv.extend([flag.into(), abs.display().to_string()]);
+        }
     }
     let gpus = args.gpus.or_else(|| crate::kernel::spec::gpus_of(&args.kernel_name)).unwrap_or(0);
     let spec = serde_json::json!({

@@ -1,6 +1,11 @@
 //! The cluster's HTTP API (`/api/v1/cluster/…`), merged into the host's router in
 //! cluster mode. Other hosts call it to forward leader-only work; `nbos cluster` calls
-//! it for status, join and leave. Same token as the rest of the API.
+//! it for status, join and leave.
+//!
+//! Credentials ([`Credentials`]): reading, and creating or deleting a kernel record,
+//! take the users' credential; membership, leave (drain) and re-placement take the
+//! operator token; a call another host forwarded ([`FORWARDED_HEADER`], run here
+//! without forwarding again) takes that host's node certificate, whatever the route.
 //!
 //! | route | what |
 //! |---|---|
@@ -18,7 +23,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -29,34 +34,40 @@ use super::meta::{Cluster, ClusterError, KernelSpec, PeerRecord, FORWARDED_HEADE
 use super::meta::{ClusterStatus, LeaveReport};
 #[cfg(doc)]
 use super::records::KernelRecord;
-use crate::link::token::{presented_token, token_matches};
+use crate::link::credential::Credentials;
 
-/// The cluster routes, with token authentication.
-pub fn router(cluster: Arc<Cluster>) -> Router {
-    Router::new()
+/// The cluster routes, with authentication by `credentials`.
+pub fn router(cluster: Arc<Cluster>, credentials: Credentials) -> Router {
+    let credentials = Arc::new(credentials);
+    let users = Router::new()
         .route("/api/v1/cluster/status", get(status))
         .route("/api/v1/cluster/kernels", get(list_kernels).post(create_kernel))
         .route("/api/v1/cluster/kernels/{id}", get(get_kernel).delete(delete_kernel))
-        .route("/api/v1/cluster/kernels/{id}/replace", post(replace_replica))
         .route("/api/v1/cluster/kernels/{id}/ready", get(ready_hosts))
+        .route_layer(middleware::from_fn_with_state(credentials.clone(), require_user));
+    let operators = Router::new()
+        .route("/api/v1/cluster/kernels/{id}/replace", post(replace_replica))
         .route("/api/v1/cluster/members", post(add_member))
         .route("/api/v1/cluster/members/{id}", axum::routing::delete(remove_member))
         .route("/api/v1/cluster/leave", post(leave))
-        .route_layer(middleware::from_fn_with_state(cluster.clone(), require_token))
-        .with_state(cluster)
+        .route_layer(middleware::from_fn_with_state(credentials, require_operator));
+    users.merge(operators).with_state(cluster)
 }
 
-async fn require_token(State(c): State<Arc<Cluster>>, req: Request, next: Next) -> Response {
-    let Some(expected) = c.settings().token.as_deref() else {
-        return next.run(req).await;
-    };
-    let presented = presented_token(&req);
-    if presented.as_deref().is_some_and(|t| token_matches(t, expected)) {
-        next.run(req).await
-    } else {
-        tracing::warn!(path = %req.uri().path(), "refused cluster request: bad or missing token");
-        (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "token")], "401: missing or wrong token\n")
-            .into_response()
+async fn require_user(State(creds): State<Arc<Credentials>>, req: Request, next: Next) -> Response {
+    let checked = if forwarded(req.headers()) { creds.node(&req) } else { creds.user(&req) };
+    match checked {
+        Ok(()) => next.run(req).await,
+        Err(refusal) => refusal.respond(req.uri().path()),
+    }
+}
+
+async fn require_operator(State(creds): State<Arc<Credentials>>, req: Request, next: Next) -> Response {
+    // A forwarded call: the host that forwarded it checked the operator; it proves itself.
+    let checked = if forwarded(req.headers()) { creds.node(&req) } else { creds.operator(&req) };
+    match checked {
+        Ok(()) => next.run(req).await,
+        Err(refusal) => refusal.respond(req.uri().path()),
     }
 }
 

@@ -7,9 +7,16 @@
 //! credentials and endpoint from the usual `AWS_*` environment variables). Objects are
 //! immutable and named by their content, so writing one twice is harmless, and every
 //! read is checked against its name: a corrupt or truncated object is an error, never
-//! state applied to a kernel.
+//! state applied to a kernel. An object already in the store is reused only once its
+//! content hashes to its name (a tampered one is rewritten from the writer's bytes).
+//!
+//! A local store is private: the default directory (`objects/` under the state directory,
+//! or the dev cluster's per-user one) is 0700, owned by the daemon's user and not a
+//! symlink ([`ensure_private_dir`]); every object file is 0600. Refusals are counted in
+//! `notebookos_refused_total{reason="object_corrupt"|"object_store_not_private"}`.
 
-use std::path::Path;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -49,6 +56,14 @@ pub enum ObjectError {
         /// What the bytes hash to.
         actual: String,
     },
+    /// A directory that should be the daemon's alone is not (owner, type).
+    #[error("large-object store directory {dir}: {reason}")]
+    NotPrivate {
+        /// The directory.
+        dir: PathBuf,
+        /// What is wrong, and what to do.
+        reason: String,
+    },
     /// The backend failed.
     #[error("large-object store {store}: {source}")]
     Backend {
@@ -73,12 +88,54 @@ fn valid_name(sha256: &str) -> Result<(), ObjectError> {
     }
 }
 
+/// `notebookos_refused_total` reasons of the object store.
+const OBJECT_CORRUPT: &str = "object_corrupt";
+const NOT_PRIVATE: &str = "object_store_not_private";
+
+/// Makes `dir` a directory only the daemon's user can enter: created 0700 when missing;
+/// when present, refused unless it is a real directory (not a symlink) owned by this
+/// process's effective uid, and narrowed to 0700 if it was wider. A directory another
+/// user made first (a predictable `/tmp` name) is refused, never used.
+pub fn ensure_private_dir(dir: &Path) -> Result<(), ObjectError> {
+    let refuse = |reason: String| {
+        crate::metrics::count_refusal(NOT_PRIVATE);
+        ObjectError::NotPrivate { dir: dir.to_owned(), reason }
+    };
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| refuse(format!("creating its parent: {e}")))?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(refuse(format!("creating it: {e}"))),
+    }
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| refuse(format!("reading it: {e}")))?;
+    if !meta.file_type().is_dir() {
+        return Err(refuse("is not a directory (a symlink, or a file); remove it or choose another store".into()));
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(refuse(format!(
+            "is owned by uid {}, not by this daemon's uid {me}: another user could read or replace objects; remove it or choose another store",
+            meta.uid()
+        )));
+    }
+    if meta.mode() & 0o077 != 0 {
+        tracing::info!(dir = %dir.display(), mode = format!("{:o}", meta.mode() & 0o777), "narrowing the large-object store directory to 0700");
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| refuse(format!("narrowing it to 0700: {e}")))?;
+    }
+    Ok(())
+}
+
 /// The large-object store of this host.
 #[derive(Clone)]
 pub struct Objects {
     store: Arc<dyn ObjectStore>,
     /// For messages: the URL or the directory.
     name: String,
+    /// A local store's directory (its files are made 0600).
+    dir: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Objects {
@@ -92,7 +149,10 @@ impl Objects {
     /// `default_dir` when no URL is configured (created if missing).
     pub fn open(url: Option<&str>, default_dir: &Path) -> Result<Self, ObjectError> {
         let bad = |url: &str, reason: String| ObjectError::BadUrl { url: url.to_owned(), reason };
-        let Some(url) = url.filter(|u| !u.is_empty()) else { return Self::local(default_dir) };
+        let Some(url) = url.filter(|u| !u.is_empty()) else {
+            ensure_private_dir(default_dir)?;
+            return Self::local(default_dir);
+        };
         let parsed = url::Url::parse(url).map_err(|e| bad(url, e.to_string()))?;
         match parsed.scheme() {
             "file" => {
@@ -104,18 +164,37 @@ impl Objects {
                     .with_url(url)
                     .build()
                     .map_err(|e| bad(url, e.to_string()))?;
-                Ok(Self { store: Arc::new(store), name: url.to_owned() })
+                Ok(Self { store: Arc::new(store), name: url.to_owned(), dir: None })
             }
             other => Err(bad(url, format!("unsupported scheme {other:?} (use file:// or s3://)"))),
         }
     }
 
+    /// A directory store. A configured one (`file://`, maybe a mount every host shares) is
+    /// created 0700 when missing and otherwise kept as the operator set it up.
     fn local(dir: &Path) -> Result<Self, ObjectError> {
         let name = dir.display().to_string();
         let bad = |reason: String| ObjectError::BadUrl { url: name.clone(), reason };
-        std::fs::create_dir_all(dir).map_err(|e| bad(format!("creating the directory: {e}")))?;
+        if let Some(parent) = dir.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| bad(format!("creating the directory: {e}")))?;
+        }
+        match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(bad(format!("creating the directory: {e}"))),
+        }
         let store = object_store::local::LocalFileSystem::new_with_prefix(dir).map_err(|e| bad(e.to_string()))?;
-        Ok(Self { store: Arc::new(store), name })
+        Ok(Self { store: Arc::new(store), name, dir: Some(dir.to_owned()) })
+    }
+
+    /// Object files of a local store are 0600 (the store's writer reads them back; nobody else).
+    fn make_private(&self, sha256: &str) -> Result<(), ObjectError> {
+        let Some(dir) = &self.dir else { return Ok(()) };
+        let file = dir.join("objects").join(sha256);
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).map_err(|e| ObjectError::NotPrivate {
+            dir: dir.clone(),
+            reason: format!("making {} 0600: {e}", file.display()),
+        })
     }
 
     fn path(sha256: &str) -> ObjectPath {
@@ -137,13 +216,18 @@ impl Objects {
     pub async fn put_hashed(&self, data: Bytes, sha256: &str) -> Result<(), ObjectError> {
         valid_name(sha256)?;
         let path = Self::path(sha256);
-        match self.store.head(&path).await {
-            Ok(meta) if meta.size == data.len() as u64 => return Ok(()),
-            Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => return Err(self.backend(e)),
+        // Reused only when its content is what its name says; the size alone would let a
+        // tampered object of the right length stand.
+        match self.get(sha256).await {
+            Ok(_) => return self.make_private(sha256),
+            Err(ObjectError::NotFound { .. }) => {}
+            Err(ObjectError::Corrupt { actual, .. }) => {
+                tracing::warn!(store = %self.name, sha256, actual, "an object in the store did not match its name; rewriting it");
+            }
+            Err(e) => return Err(e),
         }
         self.store.put(&path, data.into()).await.map_err(|e| self.backend(e))?;
-        Ok(())
+        self.make_private(sha256)
     }
 
     /// Reads object `sha256`, checking its content against its name.
@@ -161,6 +245,7 @@ impl Objects {
         let hashed = data.clone();
         let actual = tokio::task::spawn_blocking(move || sha256_hex(&hashed)).await.unwrap_or_default();
         if actual != sha256 {
+            crate::metrics::count_refusal(OBJECT_CORRUPT);
             return Err(ObjectError::Corrupt { sha256: sha256.to_owned(), store: self.name.clone(), actual });
         }
         Ok(data)
@@ -209,5 +294,59 @@ mod tests {
         assert!(matches!(objects.get("../../etc/passwd").await, Err(ObjectError::BadName(_))));
         assert!(matches!(Objects::open(Some("ftp://x/y"), dir.path()), Err(ObjectError::BadUrl { .. })));
         assert!(matches!(Objects::open(Some("not a url"), dir.path()), Err(ObjectError::BadUrl { .. })));
+    }
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).expect("stat").mode() & 0o777
+    }
+
+    #[tokio::test]
+    async fn a_tampered_object_is_not_reused_and_local_stores_are_private() {
+        let state = tempfile::tempdir().expect("tmp");
+        let dir = state.path().join("objects");
+        let objects = Objects::open(None, &dir).expect("open");
+        assert_eq!(mode(&dir), 0o700, "the default store directory is private");
+        let data = Bytes::from(vec![3u8; 4096]);
+        let sha = objects.put(data.clone()).await.expect("put");
+        let file = dir.join("objects").join(&sha);
+        assert_eq!(mode(&file), 0o600, "object files are private");
+
+        // Same size, other content: a store that trusted the size would hand it out as `sha`.
+        std::fs::write(&file, vec![4u8; 4096]).expect("tamper");
+        let before = crate::metrics::refusal_count(OBJECT_CORRUPT);
+        let err = objects.get(&sha).await.expect_err("tampered object refused");
+        assert!(err.to_string().contains("is corrupt"), "{err}");
+        objects.put(data.clone()).await.expect("put again rewrites it");
+        assert!(crate::metrics::refusal_count(OBJECT_CORRUPT) >= before + 2, "both refusals counted");
+        assert_eq!(objects.get(&sha).await.expect("repaired"), data);
+        assert_eq!(mode(&file), 0o600);
+    }
+
+    #[test]
+    fn a_store_directory_that_is_not_the_daemons_alone_is_fixed_or_refused() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let wide = tmp.path().join("wide");
+        std::fs::create_dir(&wide).expect("mkdir");
+        std::fs::set_permissions(&wide, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        ensure_private_dir(&wide).expect("ours, narrowed");
+        assert_eq!(mode(&wide), 0o700);
+
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&wide, &link).expect("symlink");
+        let before = crate::metrics::refusal_count(NOT_PRIVATE);
+        let err = ensure_private_dir(&link).expect_err("a symlink is refused");
+        assert!(err.to_string().contains("not a directory"), "{err}");
+        assert!(crate::metrics::refusal_count(NOT_PRIVATE) > before);
+
+        // Another user's directory (needs root to make one).
+        if nix::unistd::geteuid().is_root() {
+            let theirs = tmp.path().join("theirs");
+            std::fs::create_dir(&theirs).expect("mkdir");
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).expect("chown");
+            let err = ensure_private_dir(&theirs).expect_err("another user's directory is refused");
+            assert!(err.to_string().contains("owned by uid 65534"), "{err}");
+        } else {
+            eprintln!("skipped the other-owner case: not root");
+        }
     }
 }

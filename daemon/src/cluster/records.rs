@@ -11,16 +11,21 @@ use serde::{Deserialize, Serialize};
 /// The raft group every host belongs to: hosts, kernels, placement.
 pub const META_GROUP: u64 = 1;
 
-/// The raft group of one kernel's replicas, derived from its id so that every host
-/// computes the same number without asking. Group ids below 16 are reserved.
-pub fn kernel_group_id(kernel_id: &str) -> u64 {
-    // FNV-1a: stable across versions and platforms (unlike `DefaultHasher`).
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in kernel_id.as_bytes() {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
+/// The first kernel group id the meta group allocates; ids below are reserved.
+pub const FIRST_KERNEL_GROUP: u64 = 16;
+
+/// The raft group id of the next kernel: the counter kept in the meta group
+/// ([`keys::NEXT_KERNEL_GROUP`], `None` before the first kernel), moved past any group a
+/// record uses already. Ids are allocated, never derived from the kernel id, so no chosen
+/// id can make a kernel join another kernel's group (they were FNV hashes of the id), and
+/// none is ever reused for a later kernel. Records written when ids were hashes keep their
+/// group: `in_use` holds them so the counter steps over them.
+pub fn next_kernel_group(counter: Option<u64>, in_use: &std::collections::BTreeSet<u64>) -> u64 {
+    let mut g = counter.unwrap_or(FIRST_KERNEL_GROUP).max(FIRST_KERNEL_GROUP);
+    while in_use.contains(&g) {
+        g = g.saturating_add(1);
     }
-    (h >> 1) | 16
+    g
 }
 
 /// One GPU of a host, as the inventory saw it.
@@ -91,7 +96,7 @@ pub struct KernelRecord {
     pub name: String,
     /// GPUs each cell needs.
     pub gpus: u32,
-    /// The kernel's raft group ([`kernel_group_id`]).
+    /// The kernel's raft group, allocated by the meta leader ([`next_kernel_group`]).
     pub group: u64,
     /// The replicas (normally 3, on distinct hosts).
     pub replicas: Vec<ReplicaRecord>,
@@ -128,6 +133,8 @@ pub mod keys {
     pub const KERNELS: &str = "kernels/";
     /// Prefix of replica readiness marks (`ready/{kernel}/{node}`, on the host's lease).
     pub const READY: &str = "ready/";
+    /// The next kernel group id to allocate (a JSON number; see [`super::next_kernel_group`]).
+    pub const NEXT_KERNEL_GROUP: &str = "counters/next-kernel-group";
     /// Prefix of election records in a kernel group.
     pub const ELECT: &str = "elect/";
     /// Prefix of namespace entries in a kernel group (`ns/{name}`).
@@ -178,11 +185,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn kernel_groups_are_stable_and_clear_of_the_meta_group() {
-        let a = kernel_group_id("6f1c1c0e-8d5e-4b7e-9a51-0c3f1f7f2b11");
-        assert_eq!(a, kernel_group_id("6f1c1c0e-8d5e-4b7e-9a51-0c3f1f7f2b11"));
-        assert_ne!(a, kernel_group_id("6f1c1c0e-8d5e-4b7e-9a51-0c3f1f7f2b12"));
-        assert!(a >= 16 && a != META_GROUP);
+    fn kernel_groups_are_allocated_past_the_reserved_ids_and_the_ones_in_use() {
+        let none = std::collections::BTreeSet::new();
+        assert_eq!(next_kernel_group(None, &none), FIRST_KERNEL_GROUP);
+        assert_eq!(next_kernel_group(Some(3), &none), FIRST_KERNEL_GROUP, "reserved ids are never handed out");
+        assert_eq!(next_kernel_group(Some(40), &none), 40);
+        // An old record's hashed group, or one allocated by a counter that was reset, is skipped.
+        let used: std::collections::BTreeSet<u64> = [40, 41, 43, META_GROUP].into_iter().collect();
+        assert_eq!(next_kernel_group(Some(40), &used), 42);
+        assert_ne!(next_kernel_group(None, &used), META_GROUP);
+    }
+
+    /// A record written when group ids were FNV hashes of the kernel id loads unchanged:
+    /// its kernel keeps its group, and the counter steps over it.
+    #[test]
+    fn records_with_hashed_groups_still_load_and_keep_their_group() {
+        let old = br#"{"id":"6f1c1c0e-8d5e-4b7e-9a51-0c3f1f7f2b11","name":"python3","gpus":1,
+            "group":5764349834012331437,"replicas":[{"replica":1,"node_id":1}],"created_ms":1}"#;
+        let r: KernelRecord = decode(b"kernels/x", old).expect("old record loads");
+        assert_eq!(r.group, 5_764_349_834_012_331_437);
+        assert!(r.env.is_empty());
+        let in_use = std::collections::BTreeSet::from([r.group]);
+        assert_eq!(next_kernel_group(Some(r.group), &in_use), r.group + 1);
     }
 
     #[test]

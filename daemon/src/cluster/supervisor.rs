@@ -263,7 +263,11 @@ impl Supervisor {
         let kernel = match kernels.get(&record.id).await {
             Some(k) => k,
             None => {
-                let env: Vec<(String, String)> = record.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                // Records written before the cluster API checked the environment may hold more.
+                let (env, dropped) = crate::kernel::client_env::settable(record.env.clone());
+                if dropped > 0 {
+                    tracing::warn!(kernel = %record.id, dropped, "kernel record: environment variables a client may not set were left out");
+                }
                 kernels
                     .create_replica(&record.id, r.replica, Some(&record.name), Some(record.gpus), &env)
                     .await

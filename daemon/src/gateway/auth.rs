@@ -1,28 +1,30 @@
-//! The API's token check (see [`crate::link::token`] for where a request carries it).
+//! The API's credential check (see [`crate::link::credential`] for who may call what).
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::cluster::wants_local_replica;
 use super::state::AppState;
-use crate::link::token::{presented_token, token_matches};
 
-/// Rejects a request without the right token with 401, unless the API is open.
+/// The route a front-end calls on a replica host after a restart.
+pub const RESET_NAMESPACE: &str = "/api/v1/cluster/kernels/{id}/reset-namespace";
+
+/// Refuses a request without the API token or a verified client certificate with 401,
+/// unless the API is open. Cluster-internal requests (`?replica=local`, resetting a
+/// replica's namespace) take another host's node certificate instead.
 pub async fn require_token(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let Some(expected) = st.token.as_deref() else {
-        return next.run(req).await;
-    };
-    let presented = presented_token(&req);
-    let ok = presented.as_deref().is_some_and(|t| token_matches(t, expected));
-    if ok {
-        next.run(req).await
-    } else {
-        tracing::warn!(path = %req.uri().path(), token_present = presented.is_some(), "refused request: bad or missing token");
-        (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "token")], "401: missing or wrong token\n")
-            .into_response()
+    // Acting on this host's replica (interrupt, restart, reset) is for other hosts; reading
+    // its model (`GET …?replica=local`) is a users' read like any other.
+    let host_to_host = (wants_local_replica(req.uri().query()) && req.method() != Method::GET)
+        || req.extensions().get::<MatchedPath>().is_some_and(|p| p.as_str() == RESET_NAMESPACE);
+    let checked = if host_to_host { st.credentials.node(&req) } else { st.credentials.user(&req) };
+    match checked {
+        Ok(()) => next.run(req).await,
+        Err(refusal) => refusal.respond(req.uri().path()),
     }
 }
 

@@ -1,24 +1,24 @@
 //! `GET /api/kernels/{id}/channels`: the kernel's five channels over one WebSocket.
 //!
-//! Authentication: the API token (header or `?token=`) as everywhere. One
-//! exception, because jupyter_server's `GatewayKernelClient` opens this socket
-//! with `websocket.create_connection(url)` and no headers at all (jupyter_server
-//! 2.x, `gateway/managers.py`): a request that presents *no* token is accepted for
-//! an *existing* kernel id. Kernel ids are random UUIDv4s (122 bits) that only a
-//! token holder can learn (create or list), so the id works as a capability for
-//! that one kernel. A *wrong* token is always refused. JupyterLab's path
-//! (`GatewayWebSocketConnection`) does send the header.
+//! Authentication: as every other route of the API, the token (header or `?token=`)
+//! or a client certificate verified against `http.tls.client_ca`
+//! ([`crate::link::credential`]). jupyter_server's `GatewayKernelClient` opens this
+//! socket with `websocket.create_connection(url, sslopt=…)` and no headers: it
+//! authenticates with its client certificate (`GatewayClient.client_cert`/`client_key`).
+//! JupyterLab's path (`GatewayWebSocketConnection`) sends the token header.
 //!
 //! Cluster mode: the socket is served by this host's front-end of the kernel
-//! (which elects a replica per cell); `?replica=local` (token required, no capability
-//! access) is the cluster-internal socket onto this host's own replica.
+//! (which elects a replica per cell); `?replica=local` is the cluster-internal socket
+//! onto this host's own replica: it takes another host's node certificate, not the
+//! users' credential (see [`crate::link::credential::Credentials::node`]).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use axum::extract::ws::{Message as WsFrame, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{close_code, CloseFrame, Message as WsFrame, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
 
@@ -27,10 +27,10 @@ use super::error::ApiError;
 use super::state::AppState;
 use crate::cluster::frontend::FrontendKernel;
 use crate::cluster::replica_host::ReplicaHost;
-use crate::jupyter::{ws, Channel, Message, WireError, MAX_CLIENT_MESSAGE_BYTES};
-use crate::kernel::hub::Hub;
+use crate::gateway::limits::SocketSlot;
+use crate::jupyter::{ws, Channel, Message, WireError};
+use crate::kernel::hub::{ClientId, Hub};
 use crate::kernel::Kernel;
-use crate::link::token::{presented_token, token_matches};
 use crate::metrics::DropLabels;
 
 /// The upgrade handler.
@@ -44,8 +44,13 @@ pub async fn channels(
     if let Err(e) = ApiError::check_kernel_id(&id) {
         return e.into_response();
     }
-    let presented = presented_token(&req);
+    // Credentials before anything else: whether a kernel exists is not for strangers to learn.
+    // The cluster-internal socket onto this host's replica takes another host's credential.
     let local_replica = wants_local_replica(req.uri().query());
+    let checked = if local_replica { st.credentials.node(&req) } else { st.credentials.user(&req) };
+    if let Err(refusal) = checked {
+        return refusal.respond(req.uri().path());
+    }
     // Cluster mode: clients reach the kernel's front-end on this host; other hosts'
     // front-ends reach this host's replica with `?replica=local`.
     let target = match &mode {
@@ -60,31 +65,22 @@ pub async fn channels(
         Some(mode) => st.kernels.get(&id).await.map(|k| Target::Local(k, Some(mode.replicas.clone()))),
         None => st.kernels.get(&id).await.map(|k| Target::Local(k, None)),
     };
-    if let Some(expected) = st.token.as_deref() {
-        let ok = match &presented {
-            Some(t) => token_matches(t, expected),
-            // Capability access: see the module comment. Never for the cluster-internal socket.
-            None => target.is_some() && !local_replica,
-        };
-        if !ok {
-            tracing::warn!(path = %req.uri().path(), token_present = presented.is_some(), "refused WebSocket: bad or missing token");
-            return (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "token")], "401: missing or wrong token\n")
-                .into_response();
-        }
-        if presented.is_none() {
-            tracing::debug!(kernel = %id, "WebSocket without a token admitted by kernel id");
-        }
-    }
     let Some(target) = target else { return ApiError::no_kernel(&id).into_response() };
+    let slot = match st.limits.open_socket(target.id()) {
+        Ok(slot) => slot,
+        Err(refused) => return ApiError::from(refused).into_response(),
+    };
     let (mut parts, _body) = req.into_parts();
     let upgrade =
         match <WebSocketUpgrade as axum::extract::FromRequestParts<()>>::from_request_parts(&mut parts, &()).await {
             Ok(u) => u,
             Err(rejection) => return rejection.into_response(),
         };
-    let upgrade = upgrade.protocols([ws::V1_SUBPROTOCOL]).max_message_size(MAX_CLIENT_MESSAGE_BYTES);
+    // One cap for a message and for a frame: browsers send a large message as one frame.
+    let max = st.limits.config.websocket_max_message_bytes;
+    let upgrade = upgrade.protocols([ws::V1_SUBPROTOCOL]).max_message_size(max).max_frame_size(max);
     let v1 = upgrade.selected_protocol().is_some();
-    upgrade.on_upgrade(move |socket| serve(socket, target, st, v1))
+    upgrade.on_upgrade(move |socket| serve(socket, target, st, v1, slot))
 }
 
 /// What a client socket talks to.
@@ -111,13 +107,40 @@ impl Target {
     }
 }
 
-async fn serve(socket: WebSocket, target: Target, st: Arc<AppState>, v1: bool) {
-    let (client, mut outgoing, replayed) = target.hub().connect();
+async fn serve(socket: WebSocket, target: Target, st: Arc<AppState>, v1: bool, _slot: SocketSlot) {
+    let limits = st.limits.config.clone();
+    let (client, mut outgoing, replayed) = target.hub().connect_with_queue(limits.websocket_queued_messages);
     let id = target.id().to_owned();
     tracing::info!(kernel = %id, client, v1, replayed, "client connected");
     let (mut sink, mut stream) = socket.split();
-    let writer = tokio::spawn(async move {
-        while let Some((channel, msg)) = outgoing.recv().await {
+    // The reader asks the writer to close with a reason (a message over the cap).
+    let (close_tx, mut close_rx) = tokio::sync::oneshot::channel::<CloseFrame>();
+    let closing = Arc::new(AtomicBool::new(false));
+    let writer_closing = closing.clone();
+    let queued = limits.websocket_queued_messages;
+    let mut writer = tokio::spawn(async move {
+        loop {
+            let next = tokio::select! {
+                biased;
+                close = &mut close_rx => {
+                    if let Ok(frame) = close {
+                        let _ = sink.send(WsFrame::Close(Some(frame))).await;
+                    }
+                    break;
+                }
+                next = outgoing.recv() => next,
+            };
+            let Some((channel, msg)) = next else {
+                // The hub let go of this client while it is connected: its queue was full.
+                if !writer_closing.load(Ordering::Acquire) {
+                    crate::metrics::count_refusal(QUEUE_FULL);
+                    let reason = format!("more than {queued} messages queued (limits.websocket_queued_messages)");
+                    let _ = sink
+                        .send(WsFrame::Close(Some(CloseFrame { code: close_code::POLICY, reason: reason.into() })))
+                        .await;
+                }
+                break;
+            };
             let frame = match encode(channel, &msg, v1) {
                 Ok(f) => f,
                 Err(e) => {
@@ -131,6 +154,7 @@ async fn serve(socket: WebSocket, target: Target, st: Arc<AppState>, v1: bool) {
         }
         let _ = sink.close().await;
     });
+    let mut close_tx = Some(close_tx);
     while let Some(frame) = stream.next().await {
         let decoded = match frame {
             Ok(WsFrame::Text(t)) => ws::from_json_text(t.as_str(), SystemTime::now()),
@@ -138,6 +162,16 @@ async fn serve(socket: WebSocket, target: Target, st: Arc<AppState>, v1: bool) {
             Ok(WsFrame::Binary(b)) => ws::from_legacy_binary(&b, SystemTime::now()),
             Ok(WsFrame::Close(_)) => break,
             Ok(WsFrame::Ping(_) | WsFrame::Pong(_)) => continue,
+            Err(e) if is_too_large(&e) => {
+                crate::metrics::count_refusal(MESSAGE_TOO_LARGE);
+                let max = limits.websocket_max_message_bytes;
+                tracing::warn!(kernel = %id, client, max, "closed a WebSocket: message over limits.websocket_max_message_bytes");
+                let reason = format!("message larger than {max} bytes (limits.websocket_max_message_bytes)");
+                if let Some(tx) = close_tx.take() {
+                    let _ = tx.send(CloseFrame { code: close_code::SIZE, reason: reason.into() });
+                }
+                break;
+            }
             Err(e) => {
                 tracing::debug!(kernel = %id, error = %e, "WebSocket read failed");
                 break;
@@ -148,6 +182,12 @@ async fn serve(socket: WebSocket, target: Target, st: Arc<AppState>, v1: bool) {
                 drop_message(&st, &id, &WireError::UnknownChannel("hb/iopub (receive-only)".into()))
             }
             Ok((channel, msg)) => {
+                if let Some(reply) =
+                    over_pending_cap(target.hub(), client, channel, &msg, limits.pending_requests_per_connection)
+                {
+                    target.hub().release(client, channel, reply, SystemTime::now());
+                    continue;
+                }
                 let forwarded = match &target {
                     Target::Local(kernel, replicas) => {
                         super::cell::forward(&st, kernel, replicas.as_ref(), client, channel, msg).await
@@ -161,9 +201,48 @@ async fn serve(socket: WebSocket, target: Target, st: Arc<AppState>, v1: bool) {
             Err(e) => drop_message(&st, &id, &e),
         }
     }
+    closing.store(true, Ordering::Release);
+    if close_tx.is_none() {
+        // The close frame is on its way: let the writer send it.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), &mut writer).await;
+    }
     target.hub().disconnect(client);
     writer.abort();
     tracing::info!(kernel = %id, client, "client disconnected");
+}
+
+/// `notebookos_refused_total` reasons of the WebSocket caps.
+const MESSAGE_TOO_LARGE: &str = "websocket_message_too_large";
+const QUEUE_FULL: &str = "websocket_queue_full";
+const PENDING_REQUESTS: &str = "pending_requests";
+
+/// Whether a read failed on `limits.websocket_max_message_bytes` (a frame or message over it).
+fn is_too_large(e: &axum::Error) -> bool {
+    use std::error::Error as _;
+    e.source()
+        .and_then(|s| s.downcast_ref::<tokio_tungstenite::tungstenite::Error>())
+        .is_some_and(|t| matches!(t, tokio_tungstenite::tungstenite::Error::Capacity(_)))
+}
+
+/// The error reply to a shell or control request of `client` when it already has `cap`
+/// requests awaiting their reply (`limits.pending_requests_per_connection`); `None` lets it through.
+fn over_pending_cap(hub: &Hub, client: ClientId, channel: Channel, msg: &Message, cap: usize) -> Option<Message> {
+    if !matches!(channel, Channel::Shell | Channel::Control) {
+        return None;
+    }
+    let h = msg.header().ok()?;
+    if !h.msg_type.ends_with("_request") || hub.pending_for(client) < cap {
+        return None;
+    }
+    crate::metrics::count_refusal(PENDING_REQUESTS);
+    tracing::warn!(client, cap, msg_type = %h.msg_type, "refused a request: too many awaiting their reply on this connection");
+    let evalue = format!(
+        "{cap} requests of this connection are awaiting their reply (limits.pending_requests_per_connection); wait for them"
+    );
+    let id = uuid::Uuid::new_v4().to_string();
+    crate::jupyter::message::error_reply(msg, "TooManyPendingRequests", &evalue, &id, SystemTime::now())
+        .ok()
+        .map(|(_, r)| r)
 }
 
 fn drop_message(st: &AppState, kernel: &str, e: &WireError) {

@@ -20,8 +20,18 @@ pub struct CreateKernel {
     pub gpu_memory_mib: Option<i64>,
 }
 
-/// Environment variables a client may set in a kernel (as Kernel Gateway allows
-/// `KERNEL_*`); anything else, `LD_PRELOAD` for instance, is not the client's to set.
-pub(crate) fn allowed_env(k: &str) -> bool {
-    k.starts_with("KERNEL_") || k == "JPY_SESSION_NAME"
+/// What of `env` a client may set ([`crate::kernel::client_env`]); what it may
+/// not is left out (as Kernel Gateway does) and counted.
+pub(crate) fn settable_env<I: IntoIterator<Item = (String, String)>>(env: I) -> Vec<(String, String)> {
+    let (kept, dropped) = crate::kernel::client_env::settable(env);
+    for _ in 0..dropped {
+        crate::metrics::count_refusal(KERNEL_ENV_NOT_ALLOWED);
+    }
+    if dropped > 0 {
+        tracing::info!(dropped, "kernel request: environment variables a client may not set were left out");
+    }
+    kept
 }
+
+/// `notebookos_refused_total` reason of an environment variable a client may not set.
+pub(crate) const KERNEL_ENV_NOT_ALLOWED: &str = "kernel_env_not_allowed";

@@ -2,6 +2,7 @@
 //! (see [`super::cluster`]) they go through the meta store, except `?replica=local`
 //! calls, which act on this host's replica.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::extract::{Path, RawQuery, State};
@@ -11,7 +12,8 @@ use axum::Json;
 
 use super::cluster::{self, wants_local_replica};
 use super::error::ApiError;
-use super::kernel_request::{allowed_env, CreateKernel};
+use super::kernel_request::{settable_env, CreateKernel};
+use super::limits::USERS_CREDENTIAL;
 use super::state::AppState;
 use crate::kernel::registry::{parse_gpu_memory_mib, CreateError, GPU_MEMORY_ENV};
 
@@ -41,12 +43,21 @@ pub async fn create(
     if let Some(v) = req.env.get(GPU_MEMORY_ENV) {
         parse_gpu_memory_mib(v).map_err(ApiError::bad_request)?;
     }
+    // The caps count what exists now: the cluster's kernel records, or this host's kernels.
+    let live: HashSet<String> = match &mode {
+        Some(mode) => cluster::kernel_ids(mode).await?,
+        None => st.kernels.list().await.into_iter().map(|k| k.id).collect(),
+    };
+    let reservation = st.limits.reserve_kernel(USERS_CREDENTIAL, &live)?;
     if let Some(mode) = mode {
-        return cluster::create(&mode, req, gpus).await;
+        return cluster::create(&mode, req, gpus, reservation).await;
     }
-    let env: Vec<(String, String)> = req.env.into_iter().filter(|(k, _)| allowed_env(k)).collect();
+    let env = settable_env(req.env);
     match st.kernels.create(req.name.as_deref(), gpus, &env).await {
-        Ok(k) => Ok((StatusCode::CREATED, Json(k.model().await)).into_response()),
+        Ok(k) => {
+            reservation.created(&k.id);
+            Ok((StatusCode::CREATED, Json(k.model().await)).into_response())
+        }
         Err(e @ CreateError::UnknownSpec(_)) => Err(ApiError::not_found(e.to_string())),
         Err(e @ CreateError::BadGpuRequest(_)) => Err(ApiError::bad_request(e.to_string())),
         Err(e @ CreateError::Refused(_)) => {

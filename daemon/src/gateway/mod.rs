@@ -15,6 +15,8 @@ pub mod error;
 pub mod kernel_request;
 pub mod kernels;
 pub mod kernelspecs;
+pub mod limits;
+pub mod listener;
 pub mod operator;
 pub mod router;
 pub mod state;

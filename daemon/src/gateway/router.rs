@@ -31,9 +31,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/cluster/replicas", get(cluster::replica_routes::replicas_route))
         .route("/api/v1/cluster/kernels/{id}/digest", get(cluster::replica_routes::digest_route))
         .route("/api/v1/cluster/kernels/{id}/elections", get(cluster::replica_routes::elections_route))
-        .route("/api/v1/cluster/kernels/{id}/reset-namespace", post(cluster::replica_routes::reset_namespace_route))
+        .route(auth::RESET_NAMESPACE, post(cluster::replica_routes::reset_namespace_route))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_token));
-    // The channels WebSocket checks the token itself (see `channels` for why).
+    // The channels WebSocket checks credentials itself: its cluster-internal form
+    // (`?replica=local`) takes a host's certificate instead of the users' credential.
     let ws = Router::new().route("/api/kernels/{id}/channels", get(channels::channels));
     Router::new()
         .route("/healthz", get(operator::healthz))

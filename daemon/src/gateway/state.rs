@@ -21,6 +21,8 @@ pub struct AppState {
     pub started: Instant,
     /// The API token; `None` means the API is open (loopback `--dev` only).
     pub token: Option<String>,
+    /// Who may call what (users, hosts, operators); its `token` is [`AppState::token`].
+    pub credentials: crate::link::credential::Credentials,
     /// GPU inventory.
     pub inventory: Inventory,
     /// Metrics.
@@ -29,4 +31,6 @@ pub struct AppState {
     pub kernels: Arc<Kernels>,
     /// The lease server (hosts with GPUs).
     pub leases: Option<Arc<crate::lease::LeaseServer>>,
+    /// `[limits]` and the counters behind them.
+    pub limits: Arc<super::limits::Limits>,
 }

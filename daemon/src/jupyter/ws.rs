@@ -24,6 +24,13 @@ fn bad_json(part: &'static str, reason: impl ToString) -> WireError {
     WireError::BadJson { part, reason: reason.to_string() }
 }
 
+/// Most parts (JSON message or channel, header parts, buffers) one binary frame may
+/// declare. The frame's offset table is read into memory before anything else is
+/// checked: without this cap a 256 MiB legacy frame of 4-byte offsets would make ~64 Mi
+/// offsets and part handles, about ten times the frame. Jupyter messages carry a few
+/// buffers (widgets, arrays), never thousands.
+pub const MAX_MESSAGE_PARTS: usize = 4096;
+
 fn check_size(size: usize) -> Result<(), WireError> {
     if size > MAX_CLIENT_MESSAGE_BYTES {
         return Err(WireError::TooLarge { size, cap: MAX_CLIENT_MESSAGE_BYTES });
@@ -106,6 +113,9 @@ pub fn from_legacy_binary(data: &[u8], now: SystemTime) -> Result<(Channel, Mess
     if nbufs == 0 || nbufs > data.len() / 4 {
         return Err(WireError::BadBinary("impossible part count"));
     }
+    if nbufs > MAX_MESSAGE_PARTS {
+        return Err(WireError::BadBinary("more parts than a message may have (MAX_MESSAGE_PARTS)"));
+    }
     let mut offsets = Vec::with_capacity(nbufs + 1);
     for i in 0..nbufs {
         offsets.push(word(i + 1)?);
@@ -138,6 +148,9 @@ pub fn from_v1_binary(data: &[u8]) -> Result<(Channel, Message), WireError> {
     // channel + 4 JSON parts need 6 offsets.
     if n < 6 || n > data.len() / 8 {
         return Err(WireError::BadBinary("impossible offset count"));
+    }
+    if n > MAX_MESSAGE_PARTS + 1 {
+        return Err(WireError::BadBinary("more parts than a message may have (MAX_MESSAGE_PARTS)"));
     }
     let mut offsets = Vec::with_capacity(n);
     for i in 0..n {
@@ -265,6 +278,23 @@ mod tests {
         assert_eq!(msg.header().expect("hdr").msg_type, "execute_request");
     }
 
+    /// Found by fuzz/ (jupyter_ws, kept as fuzz/corpus/jupyter_ws/crash-float-roundtrip): the
+    /// parts are re-serialised, and a number must reach the kernel as the client wrote it.
+    #[test]
+    fn numbers_pass_through_unchanged() {
+        let literal = "111110000001100001111111110000911111111.5";
+        let text = format!(
+            r#"{{"header":{{"msg_id":"m1","msg_type":"comm_msg","x":{literal}}},"content":{{"value":{literal}}}}}"#
+        );
+        let exact: f64 = literal.parse().expect("f64");
+        let (_, msg) = from_json_text(&text, now()).expect("ok");
+        let header: Value = serde_json::from_slice(&msg.header).expect("json");
+        assert_eq!(header["x"].as_f64(), Some(exact));
+        assert_eq!(msg.content_json().expect("content")["value"].as_f64(), Some(exact));
+        let (_, again) = from_json_text(&to_json_text(Channel::Shell, &msg).expect("enc"), now()).expect("ok");
+        assert_eq!(again.header, msg.header, "a second pass changes nothing");
+    }
+
     #[test]
     fn malformed_json_messages_are_errors() {
         for bad in [
@@ -327,5 +357,35 @@ mod tests {
         }
         assert!(from_legacy_binary(&[0, 0, 0, 9], now()).is_err());
         assert!(from_legacy_binary(&[], now()).is_err());
+    }
+
+    /// A frame that is all offset table: each declared part costs far more in memory than
+    /// its 4 (or 8) bytes on the wire, so the count is refused before anything is allocated.
+    #[test]
+    fn frames_declaring_more_parts_than_a_message_has_are_refused() {
+        let parts = MAX_MESSAGE_PARTS + 1;
+        let mut legacy = Vec::with_capacity(4 * (parts + 1));
+        legacy.extend_from_slice(&u32::try_from(parts).expect("small").to_be_bytes());
+        let table_end = u32::try_from(4 * (parts + 1)).expect("small");
+        for _ in 0..parts {
+            legacy.extend_from_slice(&table_end.to_be_bytes());
+        }
+        let err = from_legacy_binary(&legacy, now()).expect_err("refused");
+        assert_eq!(err.kind(), "bad_binary");
+        assert!(err.to_string().contains("MAX_MESSAGE_PARTS"), "{err}");
+
+        let n = MAX_MESSAGE_PARTS + 2;
+        let mut v1 = Vec::with_capacity(8 * (n + 1));
+        v1.extend_from_slice(&(n as u64).to_le_bytes());
+        for _ in 0..n {
+            v1.extend_from_slice(&(8 * (n as u64 + 1)).to_le_bytes());
+        }
+        assert!(from_v1_binary(&v1).expect_err("refused").to_string().contains("MAX_MESSAGE_PARTS"));
+
+        // A message with many (empty) buffers within the cap still decodes.
+        let (_, mut msg) = from_json_text(r#"{"header":{"msg_id":"m","msg_type":"comm_msg"}}"#, now()).expect("ok");
+        msg.buffers = vec![Bytes::new(); MAX_MESSAGE_PARTS - 1];
+        let frame = to_legacy_binary(Channel::Shell, &msg).expect("enc");
+        assert_eq!(from_legacy_binary(&frame, now()).expect("decodes").1.buffers.len(), MAX_MESSAGE_PARTS - 1);
     }
 }

@@ -89,14 +89,22 @@ impl ConnectionInfo {
         Ok(info)
     }
 
-    /// Writes the file with mode 0600 (the key is a secret).
+    /// Writes the file with mode 0600 (the key is a secret), as a new file: whatever was
+    /// at `path` is removed first and no symlink is followed, since the directory may be
+    /// a kernel's own (its process could have put a link there for the daemon to write through).
     pub fn write(&self, path: &Path) -> anyhow::Result<()> {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("removing the old connection file {}", path.display()));
+            }
+            _ => {}
+        }
         let mut f = std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .mode(0o600)
             .open(path)
             .with_context(|| format!("creating connection file {}", path.display()))?;

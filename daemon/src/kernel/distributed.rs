@@ -272,6 +272,11 @@ impl Kernel {
         }
     }
 
+    /// The account the kernel's processes run as (`None`: the daemon's own).
+    pub fn identity(&self) -> Option<&super::identity::KernelIdentity> {
+        self.launch.identity.as_ref()
+    }
+
     /// Process ids of the replicas (empty while a restart swaps them).
     pub fn pids(&self) -> Vec<u32> {
         self.replicas.try_read().map(|r| r.iter().map(|x| x.process.pid()).collect()).unwrap_or_default()
@@ -730,6 +735,7 @@ mod tests {
                 env: Vec::new(),
                 dir: std::env::temp_dir().join("nbos-dead-kernel-test"),
                 memory_limit_bytes: None,
+                ..Default::default()
             },
             lifecycle: Mutex::new(()),
             stopping: AtomicBool::new(false),

@@ -93,9 +93,15 @@ impl Hub {
 
     /// Connects a client: it first receives everything buffered, then live messages.
     pub fn connect(&self) -> (ClientId, mpsc::Receiver<Outgoing>, usize) {
+        self.connect_with_queue(CLIENT_QUEUE)
+    }
+
+    /// [`Hub::connect`] with room for `queue` live messages to the client (past them it is
+    /// dropped as stuck: its receiver ends).
+    pub fn connect_with_queue(&self, queue: usize) -> (ClientId, mpsc::Receiver<Outgoing>, usize) {
         let mut g = self.lock();
         // Room for the whole replay plus live traffic, so replay never drops.
-        let (tx, rx) = mpsc::channel(CLIENT_QUEUE + g.buffer.len());
+        let (tx, rx) = mpsc::channel(queue.max(1) + g.buffer.len());
         let id = g.next_client;
         g.next_client += 1;
         let mut replayed = 0;
@@ -123,6 +129,11 @@ impl Hub {
         let mut g = self.lock();
         g.pending.insert(msg_id.to_owned(), ReplyTo::Client(client));
         g.last_activity = Some(now);
+    }
+
+    /// Requests of `client` awaiting their reply.
+    pub fn pending_for(&self, client: ClientId) -> usize {
+        self.lock().pending.values().filter(|r| matches!(r, ReplyTo::Client(c) if *c == client)).count()
     }
 
     /// Notes a request the daemon itself sends; the reply comes back on the receiver.
@@ -428,6 +439,35 @@ mod tests {
         drop(hub.hold_reply("cell2"));
         hub.deliver(Channel::Shell, msg("r2", "execute_reply", Some("cell2"), "{}"), t);
         assert_eq!(ra.try_recv().expect("unheld").1.header().expect("h").msg_id, "r2");
+    }
+
+    #[test]
+    fn pending_requests_are_counted_per_client_until_replied() {
+        let hub = Hub::new("idle", SystemTime::UNIX_EPOCH);
+        let t = SystemTime::UNIX_EPOCH;
+        let (a, _ra, _) = hub.connect();
+        let (b, _rb, _) = hub.connect();
+        hub.expect_reply("a1", a, t);
+        hub.expect_reply("a2", a, t);
+        hub.expect_reply("b1", b, t);
+        drop(hub.expect_internal_reply("internal"));
+        assert_eq!((hub.pending_for(a), hub.pending_for(b)), (2, 1));
+        hub.deliver(Channel::Shell, msg("r", "kernel_info_reply", Some("a1"), "{}"), t);
+        assert_eq!(hub.pending_for(a), 1);
+        hub.disconnect(a);
+        assert_eq!((hub.pending_for(a), hub.pending_for(b)), (0, 1));
+    }
+
+    #[test]
+    fn a_client_whose_queue_is_full_is_dropped() {
+        let hub = Hub::new("idle", SystemTime::UNIX_EPOCH);
+        let (_, mut rx, _) = hub.connect_with_queue(2);
+        for i in 0..3 {
+            hub.deliver(Channel::Iopub, msg(&format!("m{i}"), "stream", None, "{}"), SystemTime::UNIX_EPOCH);
+        }
+        assert!(rx.try_recv().is_ok() && rx.try_recv().is_ok());
+        assert!(matches!(rx.try_recv(), Err(mpsc::error::TryRecvError::Disconnected)), "the stuck client stays");
+        assert_eq!(hub.activity().connections, 0);
     }
 
     #[test]

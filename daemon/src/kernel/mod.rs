@@ -8,7 +8,9 @@
 //! - [`distributed`]: the distributed kernel (replicas + executor choice).
 //! - [`binding`]: per-cell GPU binding (scheduler core + lease control).
 //! - [`cgroup`]: per-kernel memory cgroups (v2, v1 or none).
+//! - [`device_cgroup`]: per-kernel cgroup with the GPU device guard (eBPF) attached.
 //! - [`id`]: what a kernel id may be (a canonical UUID).
+//! - [`identity`]: the unprivileged account (uid, gid) a kernel runs as.
 //! - [`registry`]: all kernels of this host.
 //! - [`spec`]: kernelspecs and their GPU requests.
 //! - [`shim_env`]: the CUDA shim environment of kernel processes.
@@ -16,10 +18,13 @@
 
 pub mod binding;
 pub mod cgroup;
+pub mod client_env;
 pub mod connection;
+pub mod device_cgroup;
 pub mod distributed;
 pub mod hub;
 pub mod id;
+pub mod identity;
 pub mod process;
 pub mod registry;
 pub mod replica;

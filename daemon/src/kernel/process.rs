@@ -7,6 +7,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::sync::watch;
 
+use super::identity::{self, KernelIdentity};
+
 /// Variables of the daemon's own environment that a kernel inherits. Nothing else is
 /// inherited (the daemon's may hold cloud credentials, CA paths, its own settings): a
 /// kernel gets these, plus what [`LaunchSpec::env`] sets on purpose (the shim's, the
@@ -19,7 +21,7 @@ pub fn inherited(name: &str) -> bool {
 }
 
 /// How to start a kernel process.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct LaunchSpec {
     /// The Python interpreter (config `kernel.python`).
     pub python: PathBuf,
@@ -29,6 +31,29 @@ pub struct LaunchSpec {
     pub dir: PathBuf,
     /// Address-space limit of the kernel process (config `kernel.memory_limit_mib`).
     pub memory_limit_bytes: Option<u64>,
+    /// `cgroup.procs` files of the cgroups the kernel joins before it execs (memory, pids,
+    /// device): the child writes "0" to each between fork and exec, so no kernel code
+    /// ever runs outside them. Opened before the fork; a failed write fails the spawn.
+    pub cgroup_procs: Vec<PathBuf>,
+    /// The account the kernel runs as (`None`: the daemon's own, refused when that is
+    /// root). The child switches to it between fork and exec; `dir` and the connection
+    /// file become its own.
+    pub identity: Option<KernelIdentity>,
+    /// The kernel's working directory (config `kernel.notebook_dir`); `None`: `dir`.
+    pub cwd: Option<PathBuf>,
+    /// Runs before every spawn (first start and restarts): re-creates what the process
+    /// joins, e.g. cgroups a death removed.
+    pub prepare: Option<PrepareHook>,
+}
+
+/// What [`LaunchSpec::prepare`] runs.
+#[derive(Clone)]
+pub struct PrepareHook(pub Arc<dyn Fn() -> anyhow::Result<()> + Send + Sync>);
+
+impl std::fmt::Debug for PrepareHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PrepareHook")
+    }
 }
 
 /// A running (or exited) kernel process.
@@ -46,13 +71,45 @@ impl KernelProcess {
     /// terminal does not interrupt every notebook; stdout and stderr go to
     /// `kernel.log` next to the connection file.
     pub fn spawn(spec: &LaunchSpec, connection_file: &Path) -> anyhow::Result<Self> {
+        if let Some(prepare) = &spec.prepare {
+            (prepare.0)()?;
+        }
+        match &spec.identity {
+            None if identity::daemon_is_root() => anyhow::bail!(
+                "refusing to start a kernel as root: the daemon is root and no kernel account is set (kernel.user)"
+            ),
+            Some(id) if id.uid == 0 || id.gid == 0 => {
+                anyhow::bail!("refusing to start a kernel as uid {} gid {}: kernels never run as root", id.uid, id.gid)
+            }
+            _ => {}
+        }
+        if let Some(id) = &spec.identity {
+            identity::check_traversable(&spec.dir, id)?;
+            if spec.python.is_absolute() {
+                // The interpreter (a venv under a private home would fail at exec, less clearly).
+                identity::check_traversable(&spec.python, id)?;
+            }
+            if let Some(cwd) = &spec.cwd {
+                // `cwd` itself too: the kernel must be able to enter it.
+                identity::check_traversable(&cwd.join("."), id)?;
+            }
+            make_own_dir(&spec.dir, id)?;
+            hand_over_connection_file(connection_file, id)?;
+        }
         let log_path = spec.dir.join("kernel.log");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .with_context(|| format!("opening kernel log {}", log_path.display()))?;
+        let log = open_log(&log_path, spec.identity.as_ref())?;
         let log2 = log.try_clone().context("duplicating the kernel log handle")?;
+        // Opened here, before the fork: the child only write(2)s to them.
+        let cgroup_procs = spec
+            .cgroup_procs
+            .iter()
+            .map(|p| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(p)
+                    .with_context(|| format!("opening {} (the kernel's cgroup)", p.display()))
+            })
+            .collect::<anyhow::Result<Vec<std::fs::File>>>()?;
         let mut cmd = tokio::process::Command::new(&spec.python);
         cmd.arg("-m")
             .arg("ipykernel_launcher")
@@ -67,7 +124,7 @@ impl KernelProcess {
             // within a second once its parent is gone, instead of running on as an orphan
             // (a restarted daemon starts its replicas afresh).
             .arg(format!("--IPKernelApp.parent_handle={}", std::process::id()))
-            .current_dir(&spec.dir)
+            .current_dir(spec.cwd.as_deref().unwrap_or(&spec.dir))
             .stdin(std::process::Stdio::null())
             .stdout(log)
             .stderr(log2)
@@ -82,28 +139,64 @@ impl KernelProcess {
         for (k, v) in &spec.env {
             cmd.env(k, v);
         }
-        if let Some(limit) = spec.memory_limit_bytes {
-            // RLIMIT_AS: an allocation beyond the limit fails inside the kernel
-            // (Python raises MemoryError) instead of the OOM killer taking the host's
-            // memory back from some other process. It bounds each process, not the
-            // tree; the registry also puts the kernel in a memory cgroup (v2 memory.max
-            // or v1 memory.limit_in_bytes, see `cgroup.rs`), which bounds the tree.
-            let rlim = libc::rlimit { rlim_cur: limit, rlim_max: limit };
-            // SAFETY: the closure runs in the child between fork and exec, where only
-            // async-signal-safe calls are allowed; setrlimit(2) is one, and the closure
-            // touches nothing but its own copy of `rlim`.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::setrlimit(libc::RLIMIT_AS, &rlim) != 0 {
+        if let Some(id) = &spec.identity {
+            // Last, so nothing above overrides them: the kernel's own account and its private
+            // directory as HOME (IPython, Jupyter, matplotlib write under it), not root's.
+            cmd.env("HOME", &spec.dir).env("USER", &id.user).env("LOGNAME", &id.user);
+        }
+        let rlimit_as = spec.memory_limit_bytes.map(|limit| libc::rlimit { rlim_cur: limit, rlim_max: limit });
+        let ids = spec.identity.as_ref().map(|id| (id.uid, id.gid));
+        let procs_fds: Vec<libc::c_int> = cgroup_procs.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
+        // SAFETY: the closure runs in the child between fork and exec, where only
+        // async-signal-safe calls are allowed: write(2), setrlimit(2), setgroups(2),
+        // setgid(2), setuid(2) and prctl(2) are, and the closure allocates nothing (it
+        // reads its own copies of plain integers and a Vec made before the fork; the
+        // fds stay open in the parent until spawn returns).
+        unsafe {
+            cmd.pre_exec(move || {
+                // Join the cgroups first, while still root (joining needs write access
+                // to cgroup.procs): no kernel code runs outside them.
+                for &fd in &procs_fds {
+                    if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
                         return Err(std::io::Error::last_os_error());
                     }
-                    Ok(())
-                });
-            }
+                }
+                // RLIMIT_AS: an allocation beyond the limit fails inside the kernel
+                // (Python raises MemoryError) instead of the OOM killer taking the host's
+                // memory back from some other process. It bounds each process, not the
+                // tree; the memory cgroup bounds the tree (`cgroup.rs`).
+                if let Some(rlim) = &rlimit_as {
+                    if libc::setrlimit(libc::RLIMIT_AS, rlim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                // Drop root for good: no supplementary groups, then the group, then the
+                // user (after setuid nothing else could be changed). Done here rather than
+                // with CommandExt::uid/gid, which std runs before pre_exec closures, so the
+                // cgroup writes above still run as root.
+                if let Some((uid, gid)) = ids {
+                    if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                // Nothing the kernel execs (setuid binaries, file capabilities) gains privileges.
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
         }
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("starting the kernel with {} -m ipykernel_launcher", spec.python.display()))?;
+        let as_whom = match &spec.identity {
+            Some(id) => format!(" as uid {} gid {} ({})", id.uid, id.gid, id.user),
+            None => String::new(),
+        };
+        let mut child = cmd.spawn().with_context(|| {
+            format!(
+                "starting the kernel{as_whom} with {} -m ipykernel_launcher (joining its cgroups, dropping privileges, exec)",
+                spec.python.display()
+            )
+        })?;
+        drop(cgroup_procs);
         let pid = child.id().context("the kernel process exited before it could be watched")?;
         let exited = Arc::new(AtomicBool::new(false));
         let (tx, rx) = watch::channel(None);
@@ -173,4 +266,56 @@ impl KernelProcess {
             let _ = tokio::time::timeout(std::time::Duration::from_secs(5), self.wait()).await;
         }
     }
+}
+
+/// Makes the kernel's directory its own, mode 0700 (connection file, log, HOME).
+fn make_own_dir(dir: &Path, id: &KernelIdentity) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating kernel directory {}", dir.display()))?;
+    // lchown: the parent is the daemon's, so `dir` is no link a kernel made; never follow one.
+    std::os::unix::fs::lchown(dir, Some(id.uid), Some(id.gid))
+        .with_context(|| format!("giving kernel directory {} to uid {}", dir.display(), id.uid))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("making kernel directory {} private (0700)", dir.display()))
+}
+
+/// Opens a file in the kernel's directory, which the kernel may have filled with links:
+/// no symlink is followed and no hard link to another file is accepted, so the root
+/// daemon never writes through one to a file elsewhere. `O_NONBLOCK`: a FIFO put there
+/// must not block the daemon's open (it is then refused as no plain file); regular files
+/// ignore the flag.
+fn open_in_kernel_dir(path: &Path, options: &mut std::fs::OpenOptions) -> anyhow::Result<std::fs::File> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let f = options
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .with_context(|| format!("opening {} (no symlinks)", path.display()))?;
+    let meta = f.metadata().with_context(|| format!("examining {}", path.display()))?;
+    anyhow::ensure!(
+        meta.is_file() && meta.nlink() == 1,
+        "{} is not a plain file of its own (a link?); refusing to use it",
+        path.display()
+    );
+    Ok(f)
+}
+
+/// The connection file becomes the kernel's: owned by its uid, mode 0600.
+fn hand_over_connection_file(path: &Path, id: &KernelIdentity) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let f = open_in_kernel_dir(path, std::fs::OpenOptions::new().read(true))?;
+    std::os::unix::fs::fchown(&f, Some(id.uid), Some(id.gid))
+        .with_context(|| format!("giving connection file {} to uid {}", path.display(), id.uid))?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("making connection file {} 0600", path.display()))
+}
+
+/// `kernel.log`, appended to; the kernel's own when it has an account.
+fn open_log(path: &Path, id: Option<&KernelIdentity>) -> anyhow::Result<std::fs::File> {
+    let f = open_in_kernel_dir(path, std::fs::OpenOptions::new().create(true).append(true))
+        .with_context(|| format!("opening kernel log {}", path.display()))?;
+    if let Some(id) = id {
+        std::os::unix::fs::fchown(&f, Some(id.uid), Some(id.gid))
+            .with_context(|| format!("giving kernel log {} to uid {}", path.display(), id.uid))?;
+    }
+    Ok(f)
 }

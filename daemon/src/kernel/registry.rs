@@ -7,10 +7,13 @@ use std::sync::Arc;
 use tokio::sync::RwLock;
 
 use super::binding::Binder;
-use super::cgroup::{self, MemoryCgroup};
+use super::cgroup::{self, KernelCgroup, Limits};
+use super::device_cgroup::SharedDeviceCgroups;
 use super::distributed::{Kernel, KernelModel};
-use super::process::LaunchSpec;
+use super::identity::{self, KernelUsers};
+use super::process::{LaunchSpec, PrepareHook};
 use super::spec;
+use crate::config::KernelConfig;
 use crate::jupyter::Channel;
 use crate::metrics::{Metrics, OutcomeLabels};
 
@@ -66,6 +69,14 @@ pub fn parse_gpu_memory_mib(value: &str) -> Result<u64, String> {
     })
 }
 
+/// A short name for this host among others on the same machine: from its kernels
+/// directory, so it is the same after a restart (which then finds its old cgroups).
+fn host_tag(kernels_dir: &std::path::Path) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(kernels_dir.as_os_str().as_encoded_bytes());
+    hex::encode(&digest[..4])
+}
+
 /// The kernels of this host.
 pub struct Kernels {
     map: RwLock<HashMap<String, Arc<Kernel>>>,
@@ -75,10 +86,18 @@ pub struct Kernels {
     metrics: Arc<Metrics>,
     binder: Arc<Binder>,
     memory_limit_bytes: Option<u64>,
-    /// Memory cgroup per kernel: bounds the kernel's process tree by `memory_limit_bytes`.
-    cgroup: Arc<dyn MemoryCgroup>,
+    /// What each kernel's cgroups bound (memory, processes).
+    limits: Limits,
+    /// Cgroups per kernel: bound the kernel's process tree by `limits`.
+    cgroup: Arc<dyn KernelCgroup>,
+    /// The accounts kernels run as (never root).
+    users: Arc<KernelUsers>,
+    /// Working directory of every kernel (`kernel.notebook_dir`); `None`: its own directory.
+    notebook_dir: Option<PathBuf>,
     /// Told every kernel process pid (the observer watches them for exits).
     process_watch: Option<ProcessWatch>,
+    /// The GPU device guard's cgroup per kernel (`gpu.device_guard = "ebpf"`).
+    device_cgroups: Option<SharedDeviceCgroups>,
 }
 
 /// Called with every kernel process started (kernel id, pid).
@@ -99,10 +118,17 @@ impl Kernels {
         let python =
             if python.components().count() > 1 { std::path::absolute(&python).unwrap_or(python) } else { python };
         let memory_limit_bytes = (memory_limit_mib > 0).then(|| memory_limit_mib.saturating_mul(1024 * 1024));
-        let cgroup: Arc<dyn MemoryCgroup> =
-            if memory_limit_bytes.is_some() { Arc::from(cgroup::detect_host()) } else { Arc::new(cgroup::NoCgroup) };
-        Self {
-            cgroup,
+        // The shipped defaults (kernel.user, kernel.pids_max) until `with_accounts` says otherwise.
+        let defaults = KernelConfig::default();
+        let users = KernelUsers::resolve(&defaults, identity::daemon_is_root()).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "no kernel account: kernels will not start while the daemon is root");
+            KernelUsers::daemon_user()
+        });
+        let mut kernels = Self {
+            cgroup: Arc::new(cgroup::NoCgroup),
+            limits: Limits::default(),
+            users: Arc::new(users),
+            notebook_dir: None,
             map: RwLock::new(HashMap::new()),
             python,
             dir,
@@ -111,7 +137,47 @@ impl Kernels {
             binder,
             memory_limit_bytes,
             process_watch: None,
+            device_cgroups: None,
+        };
+        kernels.set_limits(defaults.pids_max);
+        kernels
+    }
+
+    /// Kernels run as `users` (never root), in `notebook_dir` (`None`: each in its own
+    /// directory), with at most `pids_max` processes each (0: no limit; root only).
+    #[must_use]
+    pub fn with_accounts(mut self, users: KernelUsers, notebook_dir: Option<PathBuf>, pids_max: u64) -> Self {
+        self.users = Arc::new(users);
+        self.notebook_dir = notebook_dir;
+        self.set_limits(pids_max);
+        self
+    }
+
+    /// The cgroup limits and the backend that enforces them (none without a limit).
+    fn set_limits(&mut self, pids_max: u64) {
+        // A pids cgroup needs root; a daemon that is not root runs kernels as before.
+        let pids_max = (pids_max > 0 && self.users.switches_user()).then_some(pids_max);
+        let limits = Limits { memory_bytes: self.memory_limit_bytes, pids_max };
+        let had_any = self.limits != Limits::default();
+        let has_any = limits != Limits::default();
+        if has_any && (!had_any || self.cgroup.backend() == "none") {
+            self.cgroup = Arc::new(cgroup::Scoped::new(cgroup::detect_host(), host_tag(&self.dir)));
+        } else if !has_any {
+            self.cgroup = Arc::new(cgroup::NoCgroup);
         }
+        self.limits = limits;
+    }
+
+    /// The accounts kernels run as.
+    pub fn users(&self) -> &Arc<KernelUsers> {
+        &self.users
+    }
+
+    /// Puts every kernel started from now on in a device cgroup with the GPU device guard.
+    #[must_use]
+    pub fn with_device_cgroups(mut self, device_cgroups: SharedDeviceCgroups) -> Self {
+        self.device_cgroups = Some(device_cgroups);
+        self
     }
 
     /// Calls `watch` with every kernel process started from now on.
@@ -192,16 +258,55 @@ impl Kernels {
         all_env.push(("NBOS_KERNEL_ID".to_owned(), id.clone()));
         all_env.push(("NBOS_REPLICA".to_owned(), replica.to_string()));
         all_env.push(("NOTEBOOKOS_GPUS".to_owned(), gpus.to_string()));
-        let launch = LaunchSpec {
+        let identity = self
+            .users
+            .acquire(&id)
+            .map_err(|e| CreateError::Start(anyhow::Error::new(e).context("choosing the kernel's account")))?;
+        let cgroup_procs = match self.cgroup.create(&id, &self.limits) {
+            Ok(p) => p,
+            Err(e) => {
+                self.remove_cgroup(&id);
+                self.users.release(&id);
+                return Err(CreateError::Start(anyhow::Error::new(e).context("creating the kernel's cgroups")));
+            }
+        };
+        // Every spawn (restarts too) re-creates the cgroups, which a death removes.
+        let prepare = {
+            let (cg, limits, id) = (self.cgroup.clone(), self.limits, id.clone());
+            PrepareHook(Arc::new(move || {
+                cg.create(&id, &limits)
+                    .map(drop)
+                    .map_err(|e| anyhow::Error::new(e).context("re-creating the kernel's cgroups"))
+            }))
+        };
+        let mut launch = LaunchSpec {
             python: self.python.clone(),
             env: all_env,
             dir: self.dir.join(&id),
             memory_limit_bytes: self.memory_limit_bytes,
+            cgroup_procs,
+            identity,
+            cwd: self.notebook_dir.clone(),
+            prepare: Some(prepare),
         };
-        if let Some(limit) = self.memory_limit_bytes {
-            self.cgroup.create(&id, limit).map_err(|e| {
-                CreateError::Start(anyhow::Error::new(e).context("creating the kernel's memory cgroup"))
-            })?;
+        if let Some(dc) = &self.device_cgroups {
+            // A process is in one v2 cgroup only: share the kernel's v2 cgroup (memory, pids) if it has one.
+            let shared = if !launch.cgroup_procs.is_empty() && self.cgroup.backend() == "v2" {
+                self.cgroup.dir(&id)
+            } else {
+                None
+            };
+            match dc.prepare(&id, shared.as_deref()) {
+                // Joined before exec: no code of the kernel runs outside the guard.
+                Ok(procs) => launch.cgroup_procs.push(procs),
+                Err(e) => {
+                    self.remove_cgroup(&id);
+                    self.users.release(&id);
+                    return Err(CreateError::Start(
+                        anyhow::Error::new(e).context("creating the kernel's GPU device cgroup (gpu.device_guard)"),
+                    ));
+                }
+            }
         }
         self.metrics.kernels_started_total.inc();
         let dir = launch.dir.clone();
@@ -210,6 +315,7 @@ impl Kernels {
             Ok(k) => k,
             Err(e) => {
                 self.remove_cgroup(&id);
+                self.users.release(&id);
                 // Keep kernel.log for diagnosis; the connection file holds a key, remove it.
                 tracing::warn!(kernel = %id, dir = %dir.display(), error = format!("{e:#}"), "kernel failed to start");
                 let _ = std::fs::remove_file(dir.join("connection-0.json"));
@@ -217,19 +323,10 @@ impl Kernels {
             }
         };
         kernel.set_auto_restart(auto_restart);
-        // Right after the spawn, before any cell can run: children forked from now on inherit it.
-        for pid in kernel.pids() {
-            if let Err(e) = self.cgroup.add_process(&id, pid) {
-                kernel.shutdown().await;
-                self.remove_cgroup(&id);
-                return Err(CreateError::Start(
-                    anyhow::Error::new(e).context("moving the kernel into its memory cgroup"),
-                ));
-            }
-        }
         if let Err(e) = self.binder.add_kernel(&kernel) {
             kernel.shutdown().await;
             self.remove_cgroup(&id);
+            self.users.release(&id);
             return Err(CreateError::Refused(e));
         }
         self.observe(&kernel);
@@ -276,14 +373,8 @@ impl Kernels {
             }
         }));
         let (weak, watch) = (Arc::downgrade(&self.binder), self.process_watch.clone());
-        let (cg, limit) = (self.cgroup.clone(), self.memory_limit_bytes);
+        // A restart's new process joined its cgroups before exec (`LaunchSpec::prepare`).
         kernel.set_spawn_hook(Box::new(move |id, pid| {
-            // A restart's new process; create() again in case a death removed the cgroup.
-            if let Some(limit) = limit {
-                if let Err(e) = cg.create(id, limit).and_then(|()| cg.add_process(id, pid)) {
-                    tracing::warn!(kernel = %id, pid, error = %e, "restarted kernel is outside its memory cgroup");
-                }
-            }
             if let Some(b) = weak.upgrade() {
                 b.process_started(id, pid);
             }
@@ -293,10 +384,14 @@ impl Kernels {
         }));
         let binder = Arc::downgrade(&self.binder);
         let cg = self.cgroup.clone();
+        let dc = self.device_cgroups.clone();
         kernel.set_exit_hook(Box::new(move |id, pids| {
             // Death or shutdown: the kernel's processes are gone (leftover children are killed).
             if let Err(e) = cg.remove(id) {
-                tracing::warn!(kernel = %id, error = %e, "could not remove the kernel's memory cgroup");
+                tracing::warn!(kernel = %id, error = %e, "could not remove the kernel's cgroups");
+            }
+            if let Some(dc) = &dc {
+                dc.remove(id);
             }
             if let Some(b) = binder.upgrade() {
                 b.remove_kernel(id, pids);
@@ -304,11 +399,19 @@ impl Kernels {
         }));
     }
 
-    /// Removes a kernel's memory cgroup, logging a failure.
+    /// Removes a kernel's memory cgroup and device cgroup, logging a failure.
     fn remove_cgroup(&self, id: &str) {
         if let Err(e) = self.cgroup.remove(id) {
-            tracing::warn!(kernel = %id, error = %e, "could not remove the kernel's memory cgroup");
+            tracing::warn!(kernel = %id, error = %e, "could not remove the kernel's cgroups");
         }
+        if let Some(dc) = &self.device_cgroups {
+            dc.remove(id);
+        }
+    }
+
+    /// The GPU device guard's cgroups, when `gpu.device_guard = "ebpf"`.
+    pub fn device_cgroups(&self) -> Option<&SharedDeviceCgroups> {
+        self.device_cgroups.as_ref()
     }
 
     /// The kernel's memory cgroup directory, when a cgroup backend is active.
@@ -348,6 +451,8 @@ impl Kernels {
         k.shutdown().await;
         // The exit hook already removed it unless a death took the hook first; idempotent.
         self.remove_cgroup(id);
+        // Its files are gone: the uid may go to another kernel.
+        self.users.release(id);
         tracing::info!(kernel = %id, "kernel shut down");
         true
     }
@@ -359,6 +464,7 @@ impl Kernels {
         futures_util::future::join_all(stops).await;
         for k in &all {
             self.remove_cgroup(&k.id);
+            self.users.release(&k.id);
         }
     }
 }

@@ -30,13 +30,10 @@ impl ServerLeases {
 
 impl LeaseControl for ServerLeases {
     fn register(&self, kernel: &str, pid: u32, gpus: u32) {
-        self.server.register_process(KernelProcess {
-            kernel_id: kernel.to_owned(),
-            replica: 0,
-            pid,
-            uid: self.uid,
-            gpus,
-        });
+        // A root daemon's kernels run as their own account (kernel.user, kernel.uid_range):
+        // the shim connects with that uid, not the daemon's.
+        let uid = effective_uid_of(pid).unwrap_or(self.uid);
+        self.server.register_process(KernelProcess { kernel_id: kernel.to_owned(), replica: 0, pid, uid, gpus });
     }
 
     fn bind(&self, kernel: &str, pids: &[u32], gpus: &[u32]) {
@@ -60,5 +57,25 @@ impl LeaseControl for ServerLeases {
             self.server.unregister_process(pid);
         }
         self.server.clear_assignment(kernel);
+    }
+}
+
+/// The effective uid of process `pid` (what `SO_PEERCRED` reports for its connections),
+/// from `/proc/<pid>/status`. Read right after the spawn, once the kernel has exec'd as
+/// its own account and is still the daemon's unreaped child (its pid cannot be reused).
+fn effective_uid_of(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let ids = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+    ids.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_effective_uid_of_this_process_is_read_from_proc() {
+        // SAFETY: geteuid(2) has no arguments and cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        assert_eq!(super::effective_uid_of(std::process::id()), Some(euid));
+        assert_eq!(super::effective_uid_of(u32::MAX), None);
     }
 }

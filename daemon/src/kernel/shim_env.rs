@@ -4,8 +4,9 @@
 //! directory under `runtime_dir`; kernel processes get that directory first on
 //! `LD_LIBRARY_PATH` and the file in `LD_PRELOAD`, so any CUDA user in the kernel
 //! (ctypes, PyTorch, a subprocess) loads the shim instead of the driver. The shim
-//! forwards to the real driver by full path (`NBOS_CUDA_DRIVER`) and asks the
-//! host's lease server (`NBOS_LEASE_SOCKET`) for GPUs. With `gpu.driver = "fake"`
+//! asks the host's lease server (`NBOS_LEASE_SOCKET`) for GPUs and forwards to the real
+//! driver by the full path the server names when it accepts the process (not in the
+//! environment: a kernel is not told where the driver is). With `gpu.driver = "fake"`
 //! the driver is the fake-cuda TEST DOUBLE, and every kernel gets the same
 //! `FAKE_CUDA_*` settings so they all share the same simulated GPUs.
 
@@ -100,7 +101,6 @@ impl ShimEnvironment {
         let mut env = vec![
             ("LD_LIBRARY_PATH".to_owned(), ld_library_path(&dir)),
             ("LD_PRELOAD".to_owned(), path(&lib)),
-            ("NBOS_CUDA_DRIVER".to_owned(), path(&driver)),
             ("NBOS_LEASE_SOCKET".to_owned(), path(lease_socket)),
             ("NBOS_SHIM_COUNTERS_DIR".to_owned(), path(&counters_dir)),
         ];
@@ -161,7 +161,8 @@ mod tests {
         assert_eq!(std::fs::read(env.dir.join("libcuda.so.1")).expect("copied"), b"shim");
         assert_eq!(get("LD_PRELOAD"), env.dir.join("libcuda.so.1").display().to_string());
         assert!(get("LD_LIBRARY_PATH").starts_with(&env.dir.display().to_string()));
-        assert_eq!(get("NBOS_CUDA_DRIVER"), fake.display().to_string());
+        assert_eq!(env.driver, fake);
+        assert!(env.env.iter().all(|(k, _)| k != "NBOS_CUDA_DRIVER"), "the lease server names the driver");
         assert_eq!(get("NBOS_LEASE_SOCKET"), sock.display().to_string());
         assert_eq!(get("FAKE_CUDA_GPUS"), "3");
         assert!(env.counters_dir.is_dir());

@@ -17,7 +17,8 @@ pub struct EvictionLabels {
 /// Labels of `notebookos_lease_refused_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RefusedLabels {
-    /// Why: `unregistered`, `pid_mismatch`, `kernel_mismatch`, `bad_frame`, `bad_peer`.
+    /// Why: `unregistered`, `pid_reused` (descends from a registered pid that now names a later
+    /// process), `peer_exited`, `pid_mismatch`, `kernel_mismatch`, `bad_frame`, `bad_peer`.
     /// (Connections over a cap are counted in `notebookos_lease_connections_refused_total`.)
     pub reason: String,
 }

@@ -73,6 +73,9 @@ pub struct LeaseServerConfig {
     pub activity_interval: Duration,
     /// Device memory limit per kernel process told to shims, bytes (0: none).
     pub memory_limit_bytes: u64,
+    /// The real CUDA driver library told to shims in `Registered` (the kernel's environment
+    /// does not name it). At most `nbos_lease_proto::MAX_PATH` bytes (checked at start).
+    pub driver_path: PathBuf,
 }
 
 /// A kernel process the daemon started (the root of a process tree allowed to lease).
@@ -119,6 +122,9 @@ pub enum LeaseServerError {
     /// Starting a thread failed.
     #[error("cannot start lease server thread: {0}")]
     Thread(std::io::Error),
+    /// The driver path cannot be told to shims (not UTF-8 or longer than the protocol's cap).
+    #[error("the CUDA driver path {0} cannot be sent to shims: it must be UTF-8 and at most {max} bytes", max = nbos_lease_proto::MAX_PATH)]
+    DriverPath(PathBuf),
 }
 
 enum Event {
@@ -137,6 +143,12 @@ enum Event {
 /// observer with it). Runs on the lease actor's thread: it must be quick.
 pub type ActivityHook = Arc<dyn Fn(u32, u64) + Send + Sync>;
 
+/// Called with `(kernel id, GPU indices)` whenever the GPUs a kernel's processes hold
+/// change (the GPU device guard opens and closes their device files). Runs on the lease
+/// actor's thread before a `Grant` (and its restore) reaches the process, and after a
+/// release: it must be quick.
+pub type DeviceHook = Arc<dyn Fn(&str, &[usize]) + Send + Sync>;
+
 struct Shared {
     /// The table and everything that writes frames; taken by connection threads and the
     /// timer thread. Lock order: `actor` before `queue` and `status`.
@@ -145,8 +157,9 @@ struct Shared {
     queue: Mutex<VecDeque<Event>>,
     /// Signalled when `queue` gets an event.
     queued: Condvar,
-    registry: Mutex<HashMap<u32, KernelProcess>>,
+    registry: Mutex<HashMap<u32, Registered>>,
     activity_hook: Mutex<Option<ActivityHook>>,
+    device_hook: Mutex<Option<DeviceHook>>,
     status: Mutex<Vec<ProcessStatus>>,
     changed: Condvar,
     stop: AtomicBool,
@@ -194,6 +207,10 @@ impl LeaseServer {
         limits: ConnectionLimits,
     ) -> Result<Self, LeaseServerError> {
         let bind_err = |source| LeaseServerError::Bind { path: cfg.socket.clone(), source };
+        // Checked once here: the codec would cut a longer path, and shims must load this one.
+        if cfg.driver_path.to_str().is_none_or(|p| p.len() > nbos_lease_proto::MAX_PATH) {
+            return Err(LeaseServerError::DriverPath(cfg.driver_path.clone()));
+        }
         if cfg.socket.exists() {
             std::fs::remove_file(&cfg.socket).map_err(bind_err)?;
         }
@@ -210,6 +227,7 @@ impl LeaseServer {
             cfg: cfg.clone(),
             checkpointing: true,
             assigned: HashMap::new(),
+            devices_told: HashMap::new(),
             stopped: false,
         };
         let shared = Arc::new(Shared {
@@ -218,6 +236,7 @@ impl LeaseServer {
             queued: Condvar::new(),
             registry: Mutex::new(HashMap::new()),
             activity_hook: Mutex::new(None),
+            device_hook: Mutex::new(None),
             status: Mutex::new(Vec::new()),
             changed: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -249,14 +268,25 @@ impl LeaseServer {
 
     /// Allows `p` (and its descendants) to lease GPUs.
     pub fn register_process(&self, p: KernelProcess) {
+        // Opened now, while the process is the daemon's unreaped child: the pidfd then refers
+        // to this process for good, and says when it has exited even if its pid is reused.
+        let pidfd = peer::pidfd_open(p.pid);
+        if let Err(e) = &pidfd {
+            tracing::warn!(pid = p.pid, kernel = %p.kernel_id, error = %e, "no pidfd of the kernel process; it cannot lease");
+        }
         tracing::info!(pid = p.pid, kernel = %p.kernel_id, gpus = p.gpus, "kernel process may lease GPUs");
-        lock(&self.shared.registry).insert(p.pid, p);
+        lock(&self.shared.registry).insert(p.pid, Registered { process: p, pidfd: pidfd.ok() });
     }
 
     /// Installs the hook told every shim `Activity { calls }` report, by the reporting pid
     /// (authenticated with `SO_PEERCRED`).
     pub fn set_activity_hook(&self, hook: ActivityHook) {
         *lock(&self.shared.activity_hook) = Some(hook);
+    }
+
+    /// Installs the hook told every change of the GPUs a kernel holds.
+    pub fn set_device_hook(&self, hook: DeviceHook) {
+        *lock(&self.shared.device_hook) = Some(hook);
     }
 
     /// Withdraws a registration (new connections from its tree are refused).
@@ -355,7 +385,8 @@ impl Shared {
             }
             let mut actions = actor.handle(e, Instant::now(), self);
             actions.extend(actor.table.tick(Instant::now()));
-            actor.perform(actions);
+            actor.perform(actions, self);
+            actor.sync_devices(self);
             actor.publish(self);
             any = true;
         }
@@ -365,7 +396,8 @@ impl Shared {
         if !any {
             // A timer wake-up with nothing queued.
             let actions = actor.table.tick(Instant::now());
-            actor.perform(actions);
+            actor.perform(actions, self);
+            actor.sync_devices(self);
             actor.publish(self);
         }
         true
@@ -560,11 +592,40 @@ fn serve_conn(conn: u64, cred: PeerCred, mut s: UnixStream, shared: &Shared, met
         Ok(other) => return refuse(s, metrics, "bad_frame", format!("expected Register, got tag {}", other.tag())),
         Err(e) => return refuse(s, metrics, "bad_frame", e.to_string()),
     };
-    let root = {
+    // Pinned before /proc is read: while the pidfd's process lives, its pid names nothing else.
+    let pidfd = match peer::peer_pidfd(&s, cred.pid) {
+        Ok(fd) => fd,
+        Err(e) => return refuse(s, metrics, "bad_peer", format!("cannot open a pidfd of process {}: {e}", cred.pid)),
+    };
+    // The nearest registered ancestor that is still the process registered under its pid (a
+    // registered kernel process that exited is skipped, even if its pid now names another).
+    let (root, stale) = {
         let reg = lock(&shared.registry);
-        peer::lineage(cred.pid).into_iter().find_map(|p| reg.get(&p).filter(|k| k.uid == cred.uid).cloned())
+        let mut stale = None;
+        let mut root = None;
+        for p in peer::lineage(cred.pid) {
+            let Some(k) = reg.get(&p).filter(|k| k.process.uid == cred.uid) else { continue };
+            if k.pidfd.as_ref().is_some_and(peer::is_alive) {
+                root = Some(k.process.clone());
+                break;
+            }
+            stale.get_or_insert(k.process.clone());
+        }
+        (root, stale)
     };
     let Some(root) = root else {
+        if let Some(k) = stale {
+            return refuse(
+                s,
+                metrics,
+                "pid_reused",
+                format!(
+                    "process {} is not a kernel process of this host: pid {} was kernel {}'s process, which \
+                     exited; the pid was reused",
+                    cred.pid, k.pid, k.kernel_id
+                ),
+            );
+        }
         return refuse(
             s,
             metrics,
@@ -572,6 +633,9 @@ fn serve_conn(conn: u64, cred: PeerCred, mut s: UnixStream, shared: &Shared, met
             format!("process {} (uid {}) is not a kernel process of this host", cred.pid, cred.uid),
         );
     };
+    if !peer::is_alive(&pidfd) {
+        return refuse(s, metrics, "peer_exited", format!("process {} exited while it was checked", cred.pid));
+    }
     if pid != cred.pid {
         return refuse(s, metrics, "pid_mismatch", format!("claims pid {pid} but is pid {}", cred.pid));
     }
@@ -606,6 +670,12 @@ fn serve_conn(conn: u64, cred: PeerCred, mut s: UnixStream, shared: &Shared, met
     }
 }
 
+/// A registered kernel process and a pidfd of it (None: it was gone at registration).
+struct Registered {
+    process: KernelProcess,
+    pidfd: Option<std::os::fd::OwnedFd>,
+}
+
 struct Conn {
     pid: u32,
     kernel_id: String,
@@ -623,6 +693,8 @@ struct Actor {
     checkpointing: bool,
     /// The scheduler's GPU assignment per kernel id (applied to every process of it).
     assigned: HashMap<String, Vec<usize>>,
+    /// The GPUs each kernel was last told to the device hook to hold (absent: none).
+    devices_told: HashMap<String, Vec<usize>>,
     /// `Stop` was handled: nothing more is applied.
     stopped: bool,
 }
@@ -659,6 +731,7 @@ impl Actor {
                     device_count: want as u32,
                     activity_interval_ms: u32::try_from(self.cfg.activity_interval.as_millis()).unwrap_or(u32::MAX),
                     memory_limit_bytes: self.cfg.memory_limit_bytes,
+                    driver_path: self.cfg.driver_path.to_string_lossy().into_owned(),
                 };
                 if write_message(&mut writer, &reply).is_err() {
                     return self.table.remove(pid, now);
@@ -754,10 +827,49 @@ impl Actor {
         write_message(&mut conn.writer, m).is_ok()
     }
 
-    fn perform(&mut self, mut actions: Vec<Action>) {
+    /// GPUs held (bound, idle-held, or being revoked) per kernel, from the table.
+    fn held_by_kernel(&self) -> HashMap<String, Vec<usize>> {
+        let mut held: HashMap<String, Vec<usize>> = HashMap::new();
+        for (pid, e) in self.table.entries() {
+            if !matches!(e.state, LeaseState::Bound | LeaseState::IdleHeld | LeaseState::Revoking) {
+                continue;
+            }
+            let Some(c) = self.by_pid.get(pid).and_then(|c| self.conns.get(c)) else { continue };
+            let gpus = held.entry(c.kernel_id.clone()).or_default();
+            for g in &e.gpus {
+                if !gpus.contains(g) {
+                    gpus.push(*g);
+                }
+            }
+        }
+        for gpus in held.values_mut() {
+            gpus.sort_unstable();
+        }
+        held
+    }
+
+    /// Tells the device hook every kernel whose held GPUs changed since it was last told.
+    fn sync_devices(&mut self, shared: &Shared) {
+        let Some(hook) = lock(&shared.device_hook).clone() else { return };
+        let held = self.held_by_kernel();
+        for (kernel, gpus) in &held {
+            if self.devices_told.get(kernel) != Some(gpus) {
+                hook(kernel, gpus);
+            }
+        }
+        for kernel in self.devices_told.keys().filter(|k| !held.contains_key(*k)) {
+            hook(kernel, &[]);
+        }
+        self.devices_told = held;
+    }
+
+    fn perform(&mut self, mut actions: Vec<Action>, shared: &Shared) {
         while let Some(a) = actions.pop() {
             match a {
                 Action::Grant { pid, lease, gpus, restore_from } => {
+                    // The device files open to the process before the restore and the grant
+                    // (the table already shows the GPUs bound).
+                    self.sync_devices(shared);
                     if let Some(from) = restore_from {
                         let pairs: Vec<_> =
                             from.iter().zip(&gpus).map(|(f, t)| (self.uuid(*f), self.uuid(*t))).collect();

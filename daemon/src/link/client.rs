@@ -2,6 +2,7 @@
 //! cluster front-end's internal WebSocket to another host's replica.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -12,24 +13,53 @@ use super::endpoint::{Endpoint, ENDPOINT_FILE};
 use super::token::read_token_file;
 use crate::kernel::KernelModel;
 
-/// A WebSocket to a kernel's channels.
-pub type ChannelsSocket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+/// A connection's byte stream, plain or TLS.
+pub trait ClientIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + std::fmt::Debug + 'static {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + std::fmt::Debug + 'static> ClientIo for T {}
 
-/// Where the gateway is and the token it wants.
-#[derive(Debug, Clone)]
+/// A WebSocket to a kernel's channels.
+pub type ChannelsSocket = tokio_tungstenite::WebSocketStream<Box<dyn ClientIo>>;
+
+/// Kernel start waits for the kernel to answer; allow for a slow machine.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Where the gateway is and the credential it wants.
+#[derive(Clone)]
 pub struct GatewayClient {
     /// Base URL without a trailing slash.
     pub url: String,
     token: Option<String>,
     agent: ureq::Agent,
+    /// TLS for https:// URLs (servers chain to its roots; its client certificate, if any, is presented).
+    tls: Option<Arc<rustls::ClientConfig>>,
+    /// Host-to-host calls: this host's node id, proved by the node certificate in `tls`.
+    node_id: Option<u64>,
+}
+
+impl std::fmt::Debug for GatewayClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayClient").field("url", &self.url).field("node_id", &self.node_id).finish_non_exhaustive()
+    }
 }
 
 impl GatewayClient {
     /// A client for `url` with `token`.
     pub fn new(url: &str, token: Option<String>) -> Self {
-        // Kernel start waits for the kernel to answer; allow for a slow machine.
-        let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
-        Self { url: url.trim_end_matches('/').to_owned(), token, agent }
+        let agent = ureq::AgentBuilder::new().timeout(REQUEST_TIMEOUT).build();
+        Self { url: url.trim_end_matches('/').to_owned(), token, agent, tls: None, node_id: None }
+    }
+
+    /// Speaks TLS with `config` (https:// URLs, REST and WebSockets).
+    pub fn with_tls(mut self, config: Arc<rustls::ClientConfig>) -> Self {
+        self.agent = ureq::AgentBuilder::new().timeout(REQUEST_TIMEOUT).tls_config(config.clone()).build();
+        self.tls = Some(config);
+        self
+    }
+
+    /// Calls as host `node_id` of the cluster (its node certificate must be in the TLS config).
+    pub fn as_node(mut self, node_id: u64) -> Self {
+        self.node_id = Some(node_id);
+        self
     }
 
     /// Resolves the URL and token: explicit values, then a token file, then the
@@ -62,6 +92,9 @@ impl GatewayClient {
         let mut r = self.agent.request(method, &format!("{}{path}", self.url));
         if let Some(t) = &self.token {
             r = r.set("Authorization", &format!("token {t}"));
+        }
+        if let Some(id) = self.node_id {
+            r = r.set(super::credential::NODE_HEADER, &id.to_string());
         }
         r
     }
@@ -138,14 +171,36 @@ impl GatewayClient {
             req.headers_mut()
                 .insert("Authorization", HeaderValue::from_str(&format!("token {t}")).context("token is not ASCII")?);
         }
+        if let Some(id) = self.node_id {
+            req.headers_mut().insert(super::credential::NODE_HEADER, HeaderValue::from(id));
+        }
         if v1 {
             req.headers_mut()
                 .insert("Sec-WebSocket-Protocol", HeaderValue::from_static(crate::jupyter::ws::V1_SUBPROTOCOL));
         }
-        let (socket, _resp) = tokio_tungstenite::connect_async_with_config(req, None, true)
+        let stream = self.connect_stream().await.with_context(|| format!("opening WebSocket {ws_url}"))?;
+        let (socket, _resp) = tokio_tungstenite::client_async_with_config(req, stream, None)
             .await
             .with_context(|| format!("opening WebSocket {ws_url}"))?;
         Ok(socket)
+    }
+
+    /// A TCP (and for https://, TLS) connection to the gateway.
+    async fn connect_stream(&self) -> anyhow::Result<Box<dyn ClientIo>> {
+        let url = url::Url::parse(&self.url).with_context(|| format!("bad gateway URL {}", self.url))?;
+        let host = url.host_str().context("the gateway URL has no host")?.to_owned();
+        let port = url.port_or_known_default().context("the gateway URL has no port")?;
+        let tcp = tokio::net::TcpStream::connect((host.trim_matches(['[', ']']), port)).await?;
+        // Small WebSocket frames (a cell's messages) must not wait for Nagle's algorithm.
+        tcp.set_nodelay(true)?;
+        if url.scheme() != "https" {
+            return Ok(Box::new(tcp));
+        }
+        let config = self.tls.clone().context("an https:// gateway needs a CA certificate (--ca-cert)")?;
+        let name = rustls::pki_types::ServerName::try_from(host.trim_matches(['[', ']']).to_owned())
+            .with_context(|| format!("{host} is not a valid TLS server name"))?;
+        let tls = tokio_rustls::TlsConnector::from(config).connect(name, tcp).await?;
+        Ok(Box::new(tls))
     }
 }
 

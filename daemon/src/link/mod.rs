@@ -7,5 +7,8 @@
 //! use it, and it uses nothing above the kernel model.
 
 pub mod client;
+pub mod credential;
 pub mod endpoint;
+pub mod host;
+pub mod tls;
 pub mod token;

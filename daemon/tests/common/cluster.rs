@@ -19,6 +19,8 @@ pub const NOTEBOOKOSD: &str = env!("CARGO_BIN_EXE_notebookosd");
 pub const NBOS: &str = env!("CARGO_BIN_EXE_nbos");
 /// The API token every host shares.
 pub const TOKEN: &str = "cluster-test-token-0123456789abcdef";
+/// The operator token every host shares (membership, drain, re-placement).
+pub const OPERATOR_TOKEN: &str = "cluster-test-operator-token-fedcba9876543210";
 
 /// How the hosts are configured.
 #[derive(Debug, Clone)]
@@ -75,8 +77,11 @@ impl Host {
 pub struct TestCluster {
     pub hosts: Vec<Host>,
     pub options: Options,
-    /// Mutual TLS on the raft transport (a test PKI for node ids 1..=8), else plaintext.
+    /// A test PKI (`pki/`, node ids 1..=8): mutual TLS on the raft transport, HTTPS with
+    /// client certificates, node certificates on host-to-host calls; else plaintext.
     tls: bool,
+    /// HTTP agent of the test's own requests (trusts the test CA when `tls`).
+    agent: ureq::Agent,
     seeds: Vec<String>,
     dir: tempfile::TempDir,
 }
@@ -114,15 +119,24 @@ impl TestCluster {
 
     fn configure(seeds: u64, options: Options, tls: bool) -> TestCluster {
         let dir = tempfile::tempdir().expect("tempdir");
+        // Kernels run as another uid (kernel.user): they pass through (0711), never list.
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o711)).expect("chmod");
         std::fs::write(dir.path().join("token"), format!("{TOKEN}\n")).expect("token");
+        std::fs::write(dir.path().join("operator-token"), format!("{OPERATOR_TOKEN}\n")).expect("operator token");
         std::fs::create_dir_all(dir.path().join("objects")).expect("objects dir");
+        let mut agent = ureq::AgentBuilder::new();
         if tls {
-            raft_store::generate_cluster_pki(&dir.path().join("pki"), &(1..=8).collect::<Vec<u64>>()).expect("pki");
+            let pki = notebookosd::pki::Pki::at(&dir.path().join("pki"));
+            pki.init().expect("pki");
+            for id in 1..=8 {
+                pki.issue_node(id, &[], &["127.0.0.1".parse().expect("ip")]).expect("node cert");
+            }
+            agent = agent.tls_config(notebookosd::link::tls::client_config(&pki.ca_cert(), None).expect("tls"));
         }
         let addrs: Vec<SocketAddr> =
             (0..seeds).map(|_| raft_store::service::free_loopback_addr().expect("free port")).collect();
         let seed_list = addrs.iter().zip(1u64..).map(|(a, id)| format!("{id}={a}")).collect();
-        let mut c = TestCluster { hosts: Vec::new(), options, tls, seeds: seed_list, dir };
+        let mut c = TestCluster { hosts: Vec::new(), options, tls, agent: agent.build(), seeds: seed_list, dir };
         for (addr, id) in addrs.into_iter().zip(1u64..) {
             c.create_host(id, addr);
         }
@@ -151,21 +165,28 @@ impl TestCluster {
             "[gpu]\ndriver = \"none\"\n".to_owned()
         };
         let seeds = self.seeds.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ");
-        let tls = if self.tls {
+        let (tls, http_tls) = if self.tls {
             let files = raft_store::NodeTlsFiles::in_dir(&self.dir.path().join("pki"), node_id);
-            format!("tls = {{ ca_cert = {:?}, cert = {:?}, key = {:?} }}\n", files.ca_cert, files.cert, files.key)
+            (
+                format!("tls = {{ ca_cert = {:?}, cert = {:?}, key = {:?} }}\n", files.ca_cert, files.cert, files.key),
+                format!(
+                    "tls = {{ cert = {:?}, key = {:?}, client_ca = {:?} }}\n",
+                    files.cert, files.key, files.ca_cert
+                ),
+            )
         } else {
-            String::new()
+            (String::new(), String::new())
         };
         let text = format!(
             "[node]\nname = \"host{node_id}\"\nstate_dir = {state:?}\nruntime_dir = {run:?}\n\
-             [http]\nlisten = \"127.0.0.1:0\"\ntoken_file = {token:?}\n\
+             [http]\nlisten = \"127.0.0.1:0\"\ntoken_file = {token:?}\noperator_token_file = {operator:?}\n{http_tls}\
              {gpu}[kernel]\npython = {python:?}\n\
              [cluster]\nenabled = true\nnode_id = {node_id}\nraft_listen = \"{raft_addr}\"\nseeds = [{seeds}]\n\
              host_ttl = \"{ttl}\"\nobject_store = \"file://{objects}\"\n{tls}{extra}",
             state = dir.join("state"),
             run = dir.join("run"),
             token = self.dir.path().join("token"),
+            operator = self.dir.path().join("operator-token"),
             ttl = self.options.host_ttl,
             objects = self.dir.path().join("objects").display(),
             extra = self.options.extra_toml,
@@ -258,17 +279,27 @@ impl TestCluster {
 
     /// `GET path` on a host with the cluster token; status and JSON body (`Null` if none).
     pub fn get(&self, node_id: u64, path: &str) -> (u16, serde_json::Value) {
-        request("GET", &self.host(node_id).url, path, None)
+        request(&self.agent, "GET", &self.host(node_id).url, path, None, TOKEN)
     }
 
     /// `POST path` with a JSON body on a host.
     pub fn post(&self, node_id: u64, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
-        request("POST", &self.host(node_id).url, path, Some(body))
+        request(&self.agent, "POST", &self.host(node_id).url, path, Some(body), TOKEN)
+    }
+
+    /// `POST path` with a JSON body on a host, with the operator token.
+    pub fn post_as_operator(&self, node_id: u64, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+        request(&self.agent, "POST", &self.host(node_id).url, path, Some(body), OPERATOR_TOKEN)
+    }
+
+    /// The test's HTTP agent (trusts the test CA in a TLS cluster).
+    pub fn agent(&self) -> &ureq::Agent {
+        &self.agent
     }
 
     /// `DELETE path` on a host.
     pub fn delete(&self, node_id: u64, path: &str) -> (u16, serde_json::Value) {
-        request("DELETE", &self.host(node_id).url, path, None)
+        request(&self.agent, "DELETE", &self.host(node_id).url, path, None, TOKEN)
     }
 
     /// The host's `/api/v1/cluster/status`, or `None` if it did not answer 200.
@@ -306,6 +337,9 @@ impl TestCluster {
             .arg(&self.host(node_id).url)
             .arg("--token")
             .arg(TOKEN)
+            .arg("--operator-token")
+            .arg(OPERATOR_TOKEN)
+            .args(if self.tls { vec!["--ca-cert".into(), self.dir.path().join("pki/ca.pem")] } else { Vec::new() })
             .args(args)
             .output()
             .expect("run nbos");
@@ -379,10 +413,18 @@ pub fn wait_for<T>(within: Duration, what: &str, mut f: impl FnMut() -> Option<T
     }
 }
 
-fn request(method: &str, base: &str, path: &str, body: Option<serde_json::Value>) -> (u16, serde_json::Value) {
-    let req = ureq::request(method, &format!("{base}{path}"))
+fn request(
+    agent: &ureq::Agent,
+    method: &str,
+    base: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+    token: &str,
+) -> (u16, serde_json::Value) {
+    let req = agent
+        .request(method, &format!("{base}{path}"))
         .timeout(Duration::from_secs(15))
-        .set("Authorization", &format!("token {TOKEN}"));
+        .set("Authorization", &format!("token {token}"));
     let res = match body {
         Some(b) => req.set("Content-Type", "application/json").send_string(&b.to_string()),
         None => req.call(),

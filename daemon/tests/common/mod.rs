@@ -16,6 +16,16 @@ pub fn python() -> PathBuf {
     p
 }
 
+/// A temporary directory kernels can pass through (0711: enter, not list): a root
+/// daemon's kernels run as another uid (kernel.user) and refuse to start under a 0700 one.
+#[allow(dead_code)] // used by the start helpers below and by some test crates directly
+pub fn kernel_traversable_tempdir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod 0711");
+    dir
+}
+
 /// A daemon child process, stopped with SIGTERM and reaped on drop.
 pub struct Daemon {
     pub child: Child,
@@ -43,7 +53,7 @@ pub fn start_daemon(extra_toml: &str, stderr: Stdio) -> Daemon {
 /// [`start_daemon`] with the daemon's command line run by `wrapper` (a program and its
 /// arguments, e.g. `setpriv …`), which must exec the command it is given.
 pub fn start_daemon_under(wrapper: &[&str], extra_toml: &str, stderr: Stdio) -> Daemon {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = kernel_traversable_tempdir();
     let token = dir.path().join("token");
     std::fs::write(&token, format!("{TOKEN}\n")).expect("token");
     let config = dir.path().join("c.toml");

@@ -200,15 +200,37 @@ impl Forwarder {
 
     /// Leader side: runs a forwarded request from `peer` locally and returns the ANSWER frame.
     pub(crate) async fn serve(self: Arc<Self>, peer: u64, request_id: u64, req: ForwardRequest) -> Option<Bytes> {
+        let mut outsider = false;
         let response = if self.acquire(&self.serving, peer, MAX_SERVED_PER_PEER) {
             let timeout = Duration::from_millis(req.timeout_ms).min(MAX_SERVE_TIME);
-            let r = execute_local(&self.control, req.group, req.op, timeout).await;
+            // A node may write only to groups it belongs to (`peer` is the id its TLS
+            // certificate proved): a host of one kernel must not rewrite another's state.
+            let r = match membership_of(&self.control, req.group, peer).await {
+                Ok(true) => execute_local(&self.control, req.group, req.op, timeout)
+                    .await
+                    .map_err(|e| WireError::from_error(&e)),
+                Ok(false) => {
+                    outsider = true;
+                    tracing::warn!(
+                        peer,
+                        group = req.group,
+                        "raft transport: forwarded request from a node outside the group; refused"
+                    );
+                    Err(WireError::InvalidArgument(format!(
+                        "node {peer} is not a member of group {}; it may not propose to it",
+                        req.group
+                    )))
+                }
+                // Fail closed: a request is never run on a group whose members are not known.
+                Err(e) => Err(WireError::from_error(&e)),
+            };
             self.release(&self.serving, peer);
-            r.map_err(|e| WireError::from_error(&e))
+            r
         } else {
             Err(WireError::Overloaded)
         };
         let outcome = match &response {
+            _ if outsider => "not_a_member",
             Ok(_) => "ok",
             Err(WireError::NotLeader { .. }) => "not_leader",
             Err(WireError::Overloaded) => "overloaded",
@@ -309,6 +331,19 @@ pub(crate) async fn local_leader(control: &crossbeam_channel::Sender<Control>, g
     status.leader
 }
 
+/// Whether `peer` is a member of `group` here (voter, outgoing voter or learner); an
+/// error when the membership is not known (no such group here, no status in time), so
+/// that the caller fails closed.
+async fn membership_of(control: &crossbeam_channel::Sender<Control>, group: u64, peer: u64) -> Result<bool> {
+    let s = call(control, group, Duration::from_secs(1), |reply| Control::Group {
+        group,
+        req: GroupRequest::Status { reply },
+    })
+    .await?;
+    let m = &s.membership;
+    Ok(m.voters.contains(&peer) || m.voters_outgoing.contains(&peer) || m.learners.contains(&peer))
+}
+
 /// Time left until `deadline`.
 pub(crate) fn remaining(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now())
@@ -351,6 +386,74 @@ mod tests {
         let response: ForwardResponse = postcard::from_bytes(&payload).expect("decode");
         assert!(matches!(response, Err(WireError::Overloaded)), "{response:?}");
         assert!(rx.try_recv().is_err(), "nothing reached the engine");
+    }
+
+    /// Answers the engine's Status requests for group 1 with voters {1, 2}, and a
+    /// LeaseKeepAlive with a TTL of 9.
+    fn fake_engine(rx: crossbeam_channel::Receiver<Control>) -> std::thread::JoinHandle<usize> {
+        std::thread::spawn(move || {
+            let mut keepalives = 0;
+            while let Ok(c) = rx.recv() {
+                match c {
+                    Control::Group { req: GroupRequest::Status { reply }, group } => {
+                        let _ = reply.send(Ok(crate::engine::request::GroupStatus {
+                            group,
+                            node: 1,
+                            role: "leader".into(),
+                            leader: Some(1),
+                            term: 1,
+                            commit: 0,
+                            applied: 0,
+                            last_index: 0,
+                            snapshot_index: 0,
+                            membership: crate::engine::request::Membership { voters: vec![1, 2], ..Default::default() },
+                            hibernating: false,
+                        }));
+                    }
+                    Control::Group { req: GroupRequest::LeaseKeepAlive { reply, .. }, .. } => {
+                        keepalives += 1;
+                        let _ = reply.send(Ok(9));
+                    }
+                    _ => {}
+                }
+            }
+            keepalives
+        })
+    }
+
+    fn answer_of(frame_bytes: Bytes) -> ForwardResponse {
+        let frame::Frame::Answer { payload, .. } =
+            frame::decode(frame_bytes.slice(frame::HEADER_LEN..)).expect("frame")
+        else {
+            panic!("not an answer frame");
+        };
+        postcard::from_bytes(&payload).expect("decode")
+    }
+
+    #[tokio::test]
+    async fn a_node_outside_the_group_may_not_propose_to_it() {
+        let (tx, rx) = crossbeam_channel::bounded(16);
+        let f = Arc::new(Forwarder::new(tx, 64 << 10, Arc::new(Metrics::default())));
+        let engine = fake_engine(rx);
+        let req = || ForwardRequest { group: 1, timeout_ms: 1000, op: ForwardOp::LeaseKeepAlive(1) };
+        // Node 9 is not in group 1: refused with a clear error, counted, never run.
+        let response = answer_of(f.clone().serve(9, 1, req()).await.expect("answer"));
+        assert!(
+            matches!(&response, Err(WireError::InvalidArgument(m)) if m.contains("node 9 is not a member of group 1")),
+            "{response:?}"
+        );
+        assert_eq!(
+            f.metrics
+                .forward_served
+                .get_or_create(&crate::metrics::OutcomeLabel { outcome: "not_a_member".into() })
+                .get(),
+            1
+        );
+        // Node 2 is: its request runs.
+        let response = answer_of(f.clone().serve(2, 2, req()).await.expect("answer"));
+        assert!(matches!(response, Ok(ForwardReply::LeaseTtl(9))), "{response:?}");
+        drop(f);
+        assert_eq!(engine.join().expect("engine"), 1, "only the member's request reached the engine");
     }
 
     #[tokio::test]

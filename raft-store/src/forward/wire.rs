@@ -115,9 +115,86 @@ impl WireError {
     }
 }
 
+/// Decodes a FORWARD body (`answer == false`: a [`ForwardRequest`]) or an ANSWER body (a
+/// [`ForwardResponse`]) as the receiving node does, and checks that what decodes encodes to bytes
+/// that decode to the same encoding again. Public only for the fuzz targets (`fuzz/`), which
+/// cannot name these crate-private types. `Ok(true)`: decoded; `Ok(false)`: refused, as the node
+/// refuses it (it closes the connection); `Err`: an encoding that does not round-trip.
+#[doc(hidden)]
+pub fn fuzz_forward_payload(payload: &[u8], answer: bool) -> std::result::Result<bool, String> {
+    fn check<T: Serialize + for<'de> Deserialize<'de>>(payload: &[u8]) -> std::result::Result<bool, String> {
+        let Ok(decoded) = postcard::from_bytes::<T>(payload) else { return Ok(false) };
+        let once = postcard::to_stdvec(&decoded).map_err(|e| format!("re-encoding: {e}"))?;
+        let again = postcard::from_bytes::<T>(&once).map_err(|e| format!("re-encoded bytes do not decode: {e}"))?;
+        let twice = postcard::to_stdvec(&again).map_err(|e| format!("re-encoding again: {e}"))?;
+        if once != twice {
+            return Err(format!("encoding is not stable: {once:?} then {twice:?}"));
+        }
+        Ok(true)
+    }
+    if answer {
+        check::<ForwardResponse>(payload)
+    } else {
+        check::<ForwardRequest>(payload)
+    }
+}
+
+/// FORWARD bodies (`false`) and ANSWER bodies (`true`) as nodes send them, one of each kind of
+/// operation and answer: the seed corpus of the fuzz target (`fuzz/`).
+#[doc(hidden)]
+pub fn fuzz_forward_seeds() -> Vec<(bool, Vec<u8>)> {
+    use crate::state_machine::{Compare, KeyValue, Txn, TxnOp};
+    let request = |op| ForwardRequest { group: 7, timeout_ms: 5000, op };
+    let requests = [
+        request(ForwardOp::Propose(Command::Put {
+            key: b"kernels/k1".to_vec(),
+            value: b"{}".to_vec(),
+            lease: Some(3),
+        })),
+        request(ForwardOp::Propose(Command::Cas { key: b"k".to_vec(), expected: None, value: b"v".to_vec() })),
+        request(ForwardOp::Propose(Command::Txn(
+            Txn::new().when(Compare::absent("a")).and_then(TxnOp::put("a", "1")).or_else(TxnOp::delete_prefix("b/")),
+        ))),
+        request(ForwardOp::Read(Query::Range { prefix: b"hosts/".to_vec(), limit: 100 })),
+        request(ForwardOp::LeaseKeepAlive(42)),
+    ];
+    let answers: [ForwardResponse; 4] = [
+        Ok(ForwardReply::Command(CommandOutput::Put)),
+        Ok(ForwardReply::Read(ReadOutput {
+            kvs: vec![KeyValue {
+                key: b"k".to_vec(),
+                value: b"v".to_vec(),
+                create_revision: 4,
+                mod_revision: 5,
+                lease: None,
+            }],
+            applied_index: 5,
+            stale: false,
+        })),
+        Ok(ForwardReply::LeaseTtl(9000)),
+        Err(WireError::NotLeader { hint: Some(2) }),
+    ];
+    let mut out = Vec::new();
+    out.extend(requests.iter().filter_map(|r| postcard::to_stdvec(r).ok()).map(|b| (false, b)));
+    out.extend(answers.iter().filter_map(|a| postcard::to_stdvec(a).ok()).map(|b| (true, b)));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fuzz_seeds_are_payloads_a_node_decodes_and_garbage_is_refused() {
+        let seeds = fuzz_forward_seeds();
+        assert!(seeds.iter().any(|(answer, _)| *answer) && seeds.iter().any(|(answer, _)| !*answer));
+        for (answer, payload) in seeds {
+            assert_eq!(fuzz_forward_payload(&payload, answer), Ok(true), "{payload:?}");
+        }
+        // An operation tag no request has, and an empty answer.
+        assert_eq!(fuzz_forward_payload(&[7, 0x88, 0x27, 9], false), Ok(false));
+        assert_eq!(fuzz_forward_payload(&[], true), Ok(false));
+    }
 
     #[test]
     fn typed_errors_survive_the_trip() {

@@ -50,6 +50,10 @@ struct Locked {
 fn open_locked(gpu: &FakeGpu) -> Result<Locked, LedgerError> {
     std::fs::create_dir_all(&config().state_dir)?;
     let mut file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path(gpu))?;
+    // One simulated GPU is shared by the daemon (root) and kernels running as other uids
+    // (kernel.user, kernel.uid_range): whoever creates the ledger lets all of them write it.
+    // Only the owner may chmod; for everyone else this fails harmlessly.
+    let _ = file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
     // SAFETY: the fd is owned by `file`, alive for the call; the lock is released when it closes.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
         return Err(std::io::Error::last_os_error().into());

@@ -16,6 +16,7 @@ use super::stats::{percentile, round3};
 use crate::jupyter::{ws, Channel, Message};
 use crate::kernel::connection::ConnectionInfo;
 use crate::kernel::hub::{Hub, Outgoing};
+use crate::kernel::identity::{self, KernelUsers};
 use crate::kernel::process::LaunchSpec;
 use crate::kernel::replica::Replica;
 use crate::link::client::GatewayClient;
@@ -110,6 +111,8 @@ fn start_daemon(python: &std::path::Path) -> anyhow::Result<TempDaemon> {
     let daemon = exe.with_file_name("notebookosd");
     anyhow::ensure!(daemon.exists(), "notebookosd is not next to nbos ({})", daemon.display());
     let dir = tempfile::Builder::new().prefix("nbos-bench-cell-").tempdir()?;
+    // The daemon's kernels run as another uid (kernel.user) and must pass through it.
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o711))?;
     let python = if python.components().count() > 1 { std::path::absolute(python)? } else { python.to_owned() };
     let config = dir.path().join("notebookosd.toml");
     std::fs::write(
@@ -198,7 +201,14 @@ async fn bench(args: &Args) -> anyhow::Result<CellBench> {
     } else {
         args.python.clone()
     };
-    let launch = LaunchSpec { python, env: Vec::new(), dir: dir.path().to_owned(), memory_limit_bytes: None };
+    // As the daemon's kernels run: never as root (the shipped kernel.user when we are root).
+    let users = KernelUsers::from_config(&crate::config::KernelConfig::default(), identity::daemon_is_root())?;
+    let launch = LaunchSpec {
+        python,
+        dir: dir.path().to_owned(),
+        identity: users.acquire("bench-direct")?,
+        ..Default::default()
+    };
     let replica =
         Replica::start(0, &launch, ConnectionInfo::new_loopback("bench")?, hub.clone(), Arc::new(Metrics::new()))
             .await?;

@@ -3,9 +3,9 @@
 //!
 //! A child process (this executable again, `bench observe --child`) runs the launch loop of
 //! `nbos_ebpf::bench::child_main` with the environment the daemon gives kernel processes
-//! ([`ShimEnvironment::prepare`]: the CUDA shim as `libcuda.so.1` in `LD_PRELOAD`, the driver in
-//! `NBOS_CUDA_DRIVER`, `NBOS_SHIM_COUNTERS_DIR`, `NBOS_LEASE_SOCKET`), registered with a lease
-//! server (the daemon's code, in this process) whose activity interval is the daemon's
+//! ([`ShimEnvironment::prepare`]: the CUDA shim as `libcuda.so.1` in `LD_PRELOAD`,
+//! `NBOS_SHIM_COUNTERS_DIR`, `NBOS_LEASE_SOCKET`), registered with a lease server (the
+//! daemon's code, in this process, which names the driver in its `Registered` reply) whose activity interval is the daemon's
 //! ([`shim_env::ACTIVITY_INTERVAL`]), so the shim holds a lease and reports activity as in a
 //! kernel. Rounds time the same loop with the observer attached as the node starts it (eBPF:
 //! launch counts from the counters file, uprobes on the driver's copy, memset and synchronise
@@ -140,6 +140,7 @@ fn measure(args: &Args) -> anyhow::Result<BenchReport> {
         policy: Policy { idle_grace: Duration::from_secs(3600), idle_release: Duration::from_secs(3600) },
         activity_interval: shim_env::ACTIVITY_INTERVAL,
         memory_limit_bytes: 0,
+        driver_path: shim_env.driver.clone(),
     };
     let server = LeaseServer::start(cfg, gpus, GpuControl::new(None, metrics.clone()), metrics)
         .context("starting the lease server")?;

@@ -3,7 +3,7 @@
 //! The shim runs as kernels get it: a child process (this executable again, with the
 //! hidden `--child` flag) started with the environment the daemon gives kernel processes
 //! ([`ShimEnvironment::prepare`]: the shim copied to a private `libcuda.so.1`, first on
-//! `LD_LIBRARY_PATH` and in `LD_PRELOAD`, `NBOS_CUDA_DRIVER`, `NBOS_LEASE_SOCKET`, and
+//! `LD_LIBRARY_PATH` and in `LD_PRELOAD`, `NBOS_LEASE_SOCKET`, and
 //! `NBOS_SHIM_COUNTERS_DIR`, so every counted call bumps the counters file), registered
 //! with a lease server (the daemon's own code, in this process) whose activity interval
 //! is the daemon's ([`shim_env::ACTIVITY_INTERVAL`]). The driver is the fake-cuda TEST
@@ -429,6 +429,7 @@ fn measure(args: &Args) -> anyhow::Result<Report> {
         policy: Policy { idle_grace: Duration::from_secs(3600), idle_release: Duration::from_secs(3600) },
         activity_interval: shim_env::ACTIVITY_INTERVAL,
         memory_limit_bytes: 0,
+        driver_path: driver_path.clone(),
     };
     let server = LeaseServer::start(cfg, gpus, control, metrics).context("starting the lease server")?;
 
@@ -438,6 +439,9 @@ fn measure(args: &Args) -> anyhow::Result<Report> {
         .envs(shim.env.iter().map(|(k, v)| (k, v)))
         .env("NBOS_KERNEL_ID", "bench")
         .env("NBOS_REPLICA", "0")
+        // For the child's own dlopen of the driver (the shim, under the lease server, ignores
+        // it: the server names the driver in `Registered`).
+        .env("NBOS_CUDA_DRIVER", &driver_path)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());

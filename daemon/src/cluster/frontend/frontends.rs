@@ -32,9 +32,9 @@ impl Drop for Frontends {
 
 impl Frontends {
     /// Front-ends reading the cluster from `meta` (the meta group's [`Kv`]) and, where this
-    /// host is a member of a kernel's group, the group from `store`; authenticating to
-    /// other hosts with `token` (the cluster's API token).
-    pub fn new(meta: Kv, store: Option<RaftStore>, token: Option<String>, metrics: FrontendMetrics) -> Arc<Self> {
+    /// host is a member of a kernel's group, the group from `store`; other hosts are called
+    /// with this host's own credential ([`crate::link::host`]).
+    pub fn new(meta: Kv, store: Option<RaftStore>, metrics: FrontendMetrics) -> Arc<Self> {
         let (tx, rx) = watch::channel(0u64);
         let watcher = tokio::spawn(watch_hosts_and_loads(meta.clone(), tx));
         Arc::new(Self {
@@ -42,7 +42,6 @@ impl Frontends {
             shared: Arc::new(Shared {
                 meta,
                 store,
-                token,
                 metrics,
                 changes: rx,
                 cache: Mutex::new(None),

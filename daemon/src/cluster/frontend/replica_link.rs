@@ -14,7 +14,7 @@ use super::kernel::{FrontendKernel, Link};
 use super::shared::Shared;
 use crate::cluster::local_link::LocalLink;
 use crate::jupyter::{ws, Channel, Message};
-use crate::link::client::{ChannelsSocket, GatewayClient};
+use crate::link::client::ChannelsSocket;
 
 /// Reconnect backoff of an internal WebSocket.
 const LINK_BACKOFF_MIN: Duration = Duration::from_millis(50);
@@ -99,7 +99,7 @@ impl Session {
 /// Opens the internal WebSocket to `node`'s replica of kernel `id` (`None`: not now).
 async fn connect_remote(shared: &Shared, node: u64, id: &str) -> Option<ChannelsSocket> {
     let url = shared.hosts().await.get(&node).map(|h| h.gateway_url.clone())?;
-    let client = GatewayClient::new(&url, shared.token.clone());
+    let client = crate::link::host::gateway_client(&url);
     match tokio::time::timeout(Duration::from_secs(5), client.connect_local_replica(id)).await {
         Ok(Ok(s)) => Some(s),
         Ok(Err(e)) => {

@@ -1,5 +1,5 @@
 //! What every front-end kernel of a host shares: the meta group, this host's raft store,
-//! the cluster token, the metrics, the in-process link to this host's replicas, and the
+//! the metrics, the in-process link to this host's replicas, and the
 //! `hosts/` and `load/` records pre-selection reads, cached until a watch sees them change.
 
 use std::collections::HashMap;
@@ -22,7 +22,6 @@ pub(super) struct Shared {
     pub(super) meta: Kv,
     /// This host's raft store, to read a kernel group's last executor when this host is a member.
     pub(super) store: Option<RaftStore>,
-    pub(super) token: Option<String>,
     pub(super) metrics: FrontendMetrics,
     /// Bumped on every `hosts/` or `load/` change.
     pub(super) changes: watch::Receiver<u64>,

@@ -72,13 +72,10 @@ impl Cluster {
         let url = format!("{}{path}", base.trim_end_matches('/'));
         let body = body.map(serde_json::to_string).transpose().map_err(|e| ClusterError::BadRequest(e.to_string()))?;
         let agent = self.http.clone();
-        let token = self.settings.token.clone();
         let base = base.to_owned();
         let res = tokio::task::spawn_blocking(move || {
-            let mut req = agent.request(method.as_str(), &url).set(FORWARDED_HEADER, "1");
-            if let Some(t) = &token {
-                req = req.set("Authorization", &format!("token {t}"));
-            }
+            let req = agent.request(method.as_str(), &url).set(FORWARDED_HEADER, "1");
+            let req = crate::link::host::authorize(req);
             let res = match body {
                 Some(b) => req.set("Content-Type", "application/json").send_string(&b),
                 None => req.call(),

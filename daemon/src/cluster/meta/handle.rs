@@ -88,7 +88,8 @@ impl Cluster {
     /// A handle over an open store. Nothing runs until [`Cluster::start`].
     pub fn new(settings: ClusterSettings, store: RaftStore, load_probe: LoadProbe) -> Arc<Self> {
         let meta = store.kv(META_GROUP);
-        let http = ureq::AgentBuilder::new().timeout(Duration::from_secs(10)).build();
+        // TLS with the node certificate when this host has one (see `link::host`).
+        let http = crate::link::host::agent(Duration::from_secs(10));
         Arc::new(Self {
             settings,
             store,

@@ -3,7 +3,7 @@
 //! ([`crate::sched::placement`]); this file reads the hosts and commits by compare-and-swap,
 //! one placement at a time.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -25,9 +25,30 @@ pub struct KernelSpec {
     /// GPUs each cell needs.
     #[serde(default)]
     pub gpus: u32,
-    /// Environment (already filtered by the gateway).
+    /// Environment: only names a client may set ([`crate::kernel::client_env`]); others are refused.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+}
+
+/// `notebookos_refused_total` reason of a cluster API kernel whose environment is not a client's to set.
+const KERNEL_ENV_NOT_ALLOWED: &str = "kernel_env_not_allowed";
+
+/// What any host checks of a [`KernelSpec`] before it is placed: a kernelspec name, and an
+/// environment a client may set ([`crate::kernel::client_env`], the gateway's allow-list).
+fn check_spec(spec: &KernelSpec) -> Result<()> {
+    if spec.name.is_empty() {
+        return Err(ClusterError::BadRequest("a kernel needs a kernelspec name".into()));
+    }
+    let refused = crate::kernel::client_env::refused_names(spec.env.keys());
+    if !refused.is_empty() {
+        crate::metrics::count_refusal(KERNEL_ENV_NOT_ALLOWED);
+        tracing::warn!(names = ?refused, "cluster API: refused a kernel whose environment is not a client's to set");
+        return Err(ClusterError::BadRequest(format!(
+            "a client may not set {} in a kernel's environment (only KERNEL_* and JPY_SESSION_NAME)",
+            refused.join(", ")
+        )));
+    }
+    Ok(())
 }
 
 fn now_ms() -> u64 {
@@ -61,9 +82,7 @@ impl Cluster {
     /// Creates a kernel: places its replicas on `replicas` distinct live hosts (on the meta
     /// leader, forwarded there when this host is not it) and commits its record.
     pub async fn create_kernel(&self, spec: KernelSpec) -> Result<KernelRecord> {
-        if spec.name.is_empty() {
-            return Err(ClusterError::BadRequest("a kernel needs a kernelspec name".into()));
-        }
+        check_spec(&spec)?;
         self.on_leader(HttpMethod::Post, "/api/v1/cluster/kernels", Some(&spec), || {
             self.create_kernel_here(spec.clone())
         })
@@ -73,6 +92,8 @@ impl Cluster {
     /// [`Cluster::create_kernel`] on this host, which must be the meta leader.
     pub async fn create_kernel_here(&self, spec: KernelSpec) -> Result<KernelRecord> {
         self.require_leader().await?;
+        // Forwarded requests come from other hosts' API: checked again here, where records are written.
+        check_spec(&spec)?;
         let id = spec.id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         // Ids become raft keys, and directory and cgroup names on every replica host.
         if !crate::kernel::is_kernel_id(&id) {
@@ -86,8 +107,9 @@ impl Cluster {
             usize::try_from(self.settings.replicas).unwrap_or(usize::MAX),
             self.settings.subscription_ratio,
         )?;
+        let group = self.allocate_kernel_group().await?;
         let record = KernelRecord {
-            group: records::kernel_group_id(&id),
+            group,
             id: id.clone(),
             name: spec.name,
             gpus: spec.gpus,
@@ -101,6 +123,30 @@ impl Cluster {
         }
         tracing::info!(kernel = %id, hosts = ?chosen, gpus = record.gpus, "kernel placed");
         Ok(record)
+    }
+
+    /// A kernel group id no kernel has had: the meta group's counter, moved on by
+    /// compare-and-swap (a number lost to a failed create is never handed out again).
+    async fn allocate_kernel_group(&self) -> Result<u64> {
+        let in_use: BTreeSet<u64> = self.kernels().await?.iter().map(|k| k.group).collect();
+        for _ in 0..5 {
+            let out = self.meta.get_stale(keys::NEXT_KERNEL_GROUP).await?;
+            let current = out.kvs.first().map(|kv| kv.value.clone());
+            let counter = match &current {
+                Some(v) => Some(
+                    records::decode::<u64>(keys::NEXT_KERNEL_GROUP.as_bytes(), v)
+                        .map_err(|e| ClusterError::Conflict(e.to_string()))?,
+                ),
+                None => None,
+            };
+            let group = records::next_kernel_group(counter, &in_use);
+            let cas =
+                self.meta.cas(keys::NEXT_KERNEL_GROUP, current, records::encode(&group.saturating_add(1))).await?;
+            if cas.succeeded {
+                return Ok(group);
+            }
+        }
+        Err(ClusterError::Conflict("the kernel group counter kept changing; try again".into()))
     }
 
     /// Deletes a kernel's record (its replicas' hosts stop them); true when it existed.

@@ -49,6 +49,8 @@ impl Cluster {
         if peer.node_id == 0 {
             return Err(ClusterError::BadRequest("node id must be non-zero".into()));
         }
+        // Before `add_peer`: re-adding a member under a new address would redirect its raft traffic.
+        self.refuse_existing_member(&peer).await?;
         self.store.add_peer(peer.node_id, peer.raft_addr);
         self.on_leader(HttpMethod::Post, "/api/v1/cluster/members", Some(&peer), || self.add_member_here(peer.clone()))
             .await
@@ -57,12 +59,10 @@ impl Cluster {
     /// [`Cluster::add_member`] on this host, which must be the meta leader.
     pub async fn add_member_here(&self, peer: PeerRecord) -> Result<Membership> {
         self.require_leader().await?;
+        self.refuse_existing_member(&peer).await?;
         self.store.add_peer(peer.node_id, peer.raft_addr);
         self.meta.put(peer_key(peer.node_id), serde_json::to_vec(&peer).unwrap_or_default()).await?;
         let status = self.store.status(META_GROUP).await?;
-        if status.membership.voters.contains(&peer.node_id) {
-            return Ok(status.membership);
-        }
         if !status.membership.learners.contains(&peer.node_id) {
             self.store.change_membership(META_GROUP, &[MembershipChange::AddLearner(peer.node_id)]).await?;
         }
@@ -78,6 +78,33 @@ impl Cluster {
         let m = self.store.change_membership(META_GROUP, &[MembershipChange::AddVoter(peer.node_id)]).await?;
         tracing::info!(node = peer.node_id, addr = %peer.raft_addr, voters = ?m.voters, "host joined the meta group");
         Ok(m)
+    }
+
+    /// A node id that is already a voter is refused (another host claiming it would take
+    /// over its raft traffic); so is a learner, unless it is a join of the same address
+    /// that stopped half-way.
+    async fn refuse_existing_member(&self, peer: &PeerRecord) -> Result<()> {
+        let membership = self.store.status(META_GROUP).await?.membership;
+        let learner = membership.learners.contains(&peer.node_id);
+        if !learner && !membership.voters.contains(&peer.node_id) {
+            return Ok(());
+        }
+        if learner {
+            let recorded = self
+                .meta
+                .get(peer_key(peer.node_id))
+                .await?
+                .and_then(|kv| serde_json::from_slice::<PeerRecord>(&kv.value).ok());
+            if recorded.as_ref() == Some(peer) {
+                return Ok(());
+            }
+        }
+        crate::metrics::count_auth_refusal("member_exists");
+        Err(ClusterError::Conflict(format!(
+            "host {} is already a member of the cluster; a node id joins once (remove it first: \
+             `nbos cluster leave` on that host, or DELETE /api/v1/cluster/members/{})",
+            peer.node_id, peer.node_id
+        )))
     }
 
     /// Removes a host from the meta group. Runs on the meta leader.

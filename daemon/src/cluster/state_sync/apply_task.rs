@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use super::config::SyncConfig;
 use super::kernel_calls::{call_sync, py_str};
-use super::manifest::{scratch_dir, Manifest, ManifestEntry};
+use super::manifest::{hand_to_kernel, scratch_dir, Manifest, ManifestEntry};
 use super::records::{NsCell, NsValue, Payload};
 use crate::cluster::election::Proposer;
 use crate::cluster::objects::{sha256_hex, Objects};
@@ -333,6 +333,7 @@ impl Run {
         tokio::fs::write(&path, serde_json::to_vec(&manifest).context("encoding the manifest")?)
             .await
             .context("writing the manifest")?;
+        hand_to_kernel(dir.path(), &self.kernel)?;
         let call = format!("apply_cell({})", py_str(&dir.path().display().to_string()));
         let result = call_sync(&self.kernel, &call, self.cfg.kernel_timeout).await?;
         if let Some(failed) = result.get("failed").and_then(|f| f.as_array()).filter(|f| !f.is_empty()) {

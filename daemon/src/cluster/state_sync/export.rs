@@ -13,7 +13,7 @@ use raft_store::Kv;
 use super::applier::Applier;
 use super::config::SyncConfig;
 use super::kernel_calls::{call_sync, py_str};
-use super::manifest::{check_file, check_name, scratch_dir, Manifest, Unpicklable};
+use super::manifest::{check_file, check_name, hand_to_kernel, read_kernel_file, scratch_dir, Manifest, Unpicklable};
 use super::records::{NsCell, NsValue, Payload, RESET_PREFIX};
 use crate::cluster::election::{Proposer, YIELD_PREFIX};
 use crate::cluster::objects::{sha256_hex, Objects};
@@ -54,13 +54,12 @@ pub async fn export_and_commit(
     applier: &Applier,
 ) -> anyhow::Result<Exported> {
     let dir = scratch_dir(cfg, "export-")?;
+    hand_to_kernel(dir.path(), kernel)?;
     call_sync(kernel, &format!("export_cell({})", py_str(&dir.path().display().to_string())), cfg.kernel_timeout)
         .await
         .context("exporting the cell's namespace changes")?;
     let manifest_path = dir.path().join("manifest.json");
-    let raw = tokio::fs::read(&manifest_path)
-        .await
-        .with_context(|| format!("reading the export manifest {}", manifest_path.display()))?;
+    let raw = read_kernel_file(&manifest_path).context("reading the export manifest")?;
     let manifest: Manifest = serde_json::from_slice(&raw).context("undecodable export manifest")?;
     anyhow::ensure!(manifest.version == 1, "export manifest version {} is not 1", manifest.version);
 
@@ -92,11 +91,10 @@ pub async fn export_and_commit(
                 .map(|e| {
                     let path = dir.join(&e.file);
                     let data = match e.offset {
-                        None => std::fs::read(&path).with_context(|| format!("reading payload {}", path.display()))?,
+                        None => read_kernel_file(&path).context("reading a payload")?,
                         Some(offset) => {
                             if !packs.contains_key(&e.file) {
-                                let pack = std::fs::read(&path)
-                                    .with_context(|| format!("reading payload pack {}", path.display()))?;
+                                let pack = read_kernel_file(&path).context("reading a payload pack")?;
                                 packs.insert(e.file.clone(), pack);
                             }
                             let pack = &packs[&e.file];

@@ -8,6 +8,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use super::config::SyncConfig;
+use crate::kernel::Kernel;
 
 /// One object in a manifest (`nbos_kernel.sync`'s format).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,9 +74,51 @@ pub(super) fn check_file(file: &str) -> anyhow::Result<()> {
 
 /// A fresh manifest directory under the sync work directory (removed when dropped).
 pub(super) fn scratch_dir(cfg: &SyncConfig, what: &str) -> anyhow::Result<tempfile::TempDir> {
+    use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(&cfg.work_dir)
         .with_context(|| format!("creating the sync work directory {}", cfg.work_dir.display()))?;
+    // Kernels run as another uid: they pass through (not list) to their own manifest directory.
+    std::fs::set_permissions(&cfg.work_dir, std::fs::Permissions::from_mode(0o711))
+        .with_context(|| format!("making the sync work directory {} 0711", cfg.work_dir.display()))?;
     tempfile::Builder::new().prefix(what).tempdir_in(&cfg.work_dir).context("creating a manifest directory")
+}
+
+/// Gives a manifest directory and what is in it to the kernel's uid, so the kernel (not
+/// root) writes its export there or reads what it applies.
+pub(super) fn hand_to_kernel(dir: &Path, kernel: &Kernel) -> anyhow::Result<()> {
+    let Some(id) = kernel.identity() else { return Ok(()) };
+    let chown = |p: &Path| {
+        std::os::unix::fs::lchown(p, Some(id.uid), Some(id.gid))
+            .with_context(|| format!("giving {} to the kernel's uid {}", p.display(), id.uid))
+    };
+    chown(dir)?;
+    for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+        chown(&entry.with_context(|| format!("listing {}", dir.display()))?.path())?;
+    }
+    Ok(())
+}
+
+/// Reads a file the kernel wrote: never through a symlink, only a plain file, so a kernel
+/// cannot make the root daemon read (and replicate) a file it may not read itself.
+/// `O_NONBLOCK`: opening a FIFO the kernel put there must not block the daemon (it is
+/// then refused as no plain file); on a plain file the flag changes nothing.
+pub(super) fn read_kernel_file(path: &Path) -> anyhow::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .with_context(|| format!("opening {} (no symlinks)", path.display()))?;
+    let meta = f.metadata().with_context(|| format!("examining {}", path.display()))?;
+    anyhow::ensure!(
+        meta.is_file() && meta.nlink() == 1,
+        "{} is not a plain file of the kernel's own; refusing it",
+        path.display()
+    );
+    let mut data = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    f.read_to_end(&mut data).with_context(|| format!("reading {}", path.display()))?;
+    Ok(data)
 }
 
 #[cfg(test)]

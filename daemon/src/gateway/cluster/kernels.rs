@@ -1,7 +1,7 @@
 //! `/api/kernels…` in cluster mode: through the meta store (create places the replicas
 //! and waits for them), interrupt and restart on the replica hosts (`?replica=local`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
@@ -13,7 +13,8 @@ use super::mode::ClusterMode;
 use crate::cluster::records::KernelRecord;
 use crate::cluster::KernelSpec;
 use crate::gateway::error::ApiError;
-use crate::gateway::kernel_request::{allowed_env, CreateKernel};
+use crate::gateway::kernel_request::{settable_env, CreateKernel};
+use crate::gateway::limits::KernelReservation;
 
 impl ClusterMode {
     /// The gateway URLs of `record`'s live replica hosts, by node id.
@@ -26,16 +27,12 @@ impl ClusterMode {
             .collect()
     }
 
-    /// `POST {url}{path}?replica=local` on another host (or this one) with the token.
+    /// `POST {url}{path}?replica=local` on another host (or this one) as this host.
     async fn post_local(&self, url: &str, path: &str) -> Result<(), String> {
         let target = format!("{}{path}?replica=local", url.trim_end_matches('/'));
-        let token = self.token.clone();
         tokio::task::spawn_blocking(move || {
-            let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
-            let mut req = agent.post(&target);
-            if let Some(t) = token {
-                req = req.set("Authorization", &format!("token {t}"));
-            }
+            let agent = crate::link::host::agent(Duration::from_secs(120));
+            let req = crate::link::host::authorize(agent.post(&target));
             match req.call() {
                 Ok(_) => Ok(()),
                 Err(ureq::Error::Status(code, r)) => {
@@ -49,8 +46,18 @@ impl ClusterMode {
     }
 }
 
+/// The ids of the cluster's kernels (for the caps of `[limits]`).
+pub async fn kernel_ids(mode: &ClusterMode) -> Result<HashSet<String>, ApiError> {
+    Ok(mode.cluster.kernels().await.map_err(cluster_error)?.into_iter().map(|r| r.id).collect())
+}
+
 /// `POST /api/kernels` in cluster mode: place, then wait for every replica.
-pub async fn create(mode: &ClusterMode, req: CreateKernel, gpus: Option<u32>) -> Result<Response, ApiError> {
+pub async fn create(
+    mode: &ClusterMode,
+    req: CreateKernel,
+    gpus: Option<u32>,
+    reservation: KernelReservation,
+) -> Result<Response, ApiError> {
     let name = req.name.unwrap_or_else(|| crate::kernel::spec::DEFAULT_SPEC.to_owned());
     let spec_gpus = crate::kernel::spec::gpus_of(&name)
         .ok_or_else(|| ApiError::not_found(format!("no such kernelspec: {name}")))?;
@@ -61,8 +68,10 @@ pub async fn create(mode: &ClusterMode, req: CreateKernel, gpus: Option<u32>) ->
             crate::kernel::registry::MAX_GPUS_PER_KERNEL
         )));
     }
-    let env = req.env.into_iter().filter(|(k, _)| allowed_env(k)).collect();
+    let env = settable_env(req.env).into_iter().collect();
     let record = mode.cluster.create_kernel(KernelSpec { id: None, name, gpus, env }).await.map_err(cluster_error)?;
+    // The record exists (until deleted, below or by the client): it counts from now on.
+    reservation.created(&record.id);
     let deadline = Instant::now() + mode.ready_timeout;
     let wanted: Vec<u64> = record.replicas.iter().map(|r| r.node_id).collect();
     loop {

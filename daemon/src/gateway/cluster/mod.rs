@@ -2,7 +2,7 @@
 //! cluster. `/api/kernels…` go through the meta store; a client's channels go to this
 //! host's [`FrontendKernel`], which elects a replica per cell. `?replica=local` on
 //! the channels, interrupt and restart routes is the cluster-internal way to reach
-//! *this host's* replica (front-ends of other hosts use it; it needs the token).
+//! *this host's* replica (front-ends of other hosts use it, with their node certificate).
 //!
 //! Cluster mode is on when the router carries a [`ClusterMode`] extension
 //! ([`with_cluster`]); without it every handler keeps its single-host behaviour.
@@ -23,6 +23,6 @@ pub mod mode;
 pub mod model;
 pub mod replica_routes;
 
-pub use kernels::{create, delete, get, interrupt, list, restart};
+pub use kernels::{create, delete, get, interrupt, kernel_ids, list, restart};
 pub use mode::{enable, wants_local_replica, with_cluster, ClusterMode, Mode, DEFAULT_READY_TIMEOUT};
 pub use model::{ClusterKernelModel, ReplicaModel};

@@ -1,0 +1,336 @@
+//! Who a kernel runs as: never root.
+//!
+//! A root daemon runs every kernel as `kernel.user` (kernels of that account trust each
+//! other), or, with `kernel.uid_range`, each kernel as a uid of its own (gid = that uid:
+//! no group is shared either, so files, SysV IPC or `/dev/shm` objects a kernel makes
+//! group-accessible stay its own). A daemon that is not root runs kernels as itself.
+//! Resolution and allocation are here; the switch itself happens in the child between
+//! fork and exec ([`super::process`]).
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::config::KernelConfig;
+
+/// The account one kernel process runs as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelIdentity {
+    /// User id (never 0).
+    pub uid: u32,
+    /// Group id; the kernel has no supplementary groups.
+    pub gid: u32,
+    /// What `USER` and `LOGNAME` say.
+    pub user: String,
+}
+
+/// Why kernels cannot run as configured.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    /// `kernel.user` names no account.
+    #[error(
+        "kernel.user {user:?} does not exist; create it with: \
+         useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin {user}"
+    )]
+    NoSuchUser {
+        /// The configured name.
+        user: String,
+    },
+    /// `kernel.group` names no group.
+    #[error("kernel.group {group:?} does not exist; create it with: groupadd --system {group}")]
+    NoSuchGroup {
+        /// The configured name.
+        group: String,
+    },
+    /// The account is root (uid or gid 0): kernels are never root.
+    #[error("{what} resolves to {id} 0 (root); kernels never run as root: name an unprivileged account")]
+    Root {
+        /// `kernel.user` or `kernel.group` and its value.
+        what: String,
+        /// `uid` or `gid`.
+        id: &'static str,
+    },
+    /// The account database could not be read.
+    #[error("looking up {what}: {source}")]
+    Lookup {
+        /// What was looked up.
+        what: String,
+        /// The error of getpwnam_r/getgrnam_r.
+        source: nix::Error,
+    },
+    /// Every uid of `kernel.uid_range` is in use.
+    #[error("every uid of kernel.uid_range [{first}, {last}] is taken by a running kernel (or an account)")]
+    RangeExhausted {
+        /// First uid of the range.
+        first: u32,
+        /// Last uid of the range.
+        last: u32,
+    },
+    /// A directory above the kernel's files cannot be entered by the kernel's uid.
+    #[error(
+        "directory {dir} is not traversable by the kernel's uid {uid} (mode {mode:o}, owner {owner}): \
+         give others execute permission on it (chmod o+x) or move node.runtime_dir / kernel.notebook_dir"
+    )]
+    NotTraversable {
+        /// The directory.
+        dir: PathBuf,
+        /// The kernel's uid.
+        uid: u32,
+        /// Its permission bits.
+        mode: u32,
+        /// Its owner's uid.
+        owner: u32,
+    },
+    /// A directory on the path could not be examined.
+    #[error("examining {dir}: {source}")]
+    Stat {
+        /// The directory.
+        dir: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+#[derive(Debug)]
+enum Mode {
+    /// The daemon is not root: kernels run as the daemon's own user, no switch.
+    Daemon,
+    /// Every kernel runs as this account.
+    Shared(KernelIdentity),
+    /// A uid per kernel from `[first, last]`.
+    Range { first: u32, last: u32 },
+}
+
+/// The kernel accounts of this host and the per-kernel uids handed out.
+#[derive(Debug)]
+pub struct KernelUsers {
+    mode: Mode,
+    /// Kernel id -> uid, for [`Mode::Range`]; in memory, lowest free first.
+    allocated: Mutex<BTreeMap<String, u32>>,
+}
+
+/// Whether this process runs as root (so kernels must switch to another account).
+pub fn daemon_is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+impl KernelUsers {
+    /// The accounts `cfg` names, for a daemon that is root when `is_root`; a non-root
+    /// daemon runs kernels as itself. Logs which, once (the daemon calls it at start).
+    pub fn from_config(cfg: &KernelConfig, is_root: bool) -> Result<Self, IdentityError> {
+        let users = Self::resolve(cfg, is_root)?;
+        match &users.mode {
+            Mode::Daemon => tracing::info!(
+                uid = nix::unistd::geteuid().as_raw(),
+                "the daemon is not root: kernels run as the daemon's own user (kernel.user is not used)"
+            ),
+            Mode::Shared(id) => {
+                tracing::info!(user = %id.user, uid = id.uid, gid = id.gid, "kernels run as kernel.user");
+            }
+            Mode::Range { first, last } => {
+                tracing::info!(first, last, "kernels run as a uid of their own from kernel.uid_range");
+            }
+        }
+        Ok(users)
+    }
+
+    /// [`Self::from_config`] without the log line.
+    pub fn resolve(cfg: &KernelConfig, is_root: bool) -> Result<Self, IdentityError> {
+        let mode = match (is_root, cfg.uid_range) {
+            (false, _) => Mode::Daemon,
+            (true, Some([first, last])) => Mode::Range { first, last },
+            (true, None) => Mode::Shared(shared_identity(&cfg.user, cfg.group.as_deref())?),
+        };
+        Ok(Self { mode, allocated: Mutex::new(BTreeMap::new()) })
+    }
+
+    /// Kernels run as the daemon's own user, with no switch (a daemon that is not root;
+    /// tests and benchmarks that start kernels themselves).
+    pub fn daemon_user() -> Self {
+        Self { mode: Mode::Daemon, allocated: Mutex::new(BTreeMap::new()) }
+    }
+
+    /// Every kernel as `id` (tests).
+    pub fn shared(id: KernelIdentity) -> Self {
+        Self { mode: Mode::Shared(id), allocated: Mutex::new(BTreeMap::new()) }
+    }
+
+    /// The identity kernel `kernel_id` runs as (`None`: the daemon's own, no switch).
+    /// With a uid range the same kernel id keeps its uid until [`Self::release`].
+    pub fn acquire(&self, kernel_id: &str) -> Result<Option<KernelIdentity>, IdentityError> {
+        match &self.mode {
+            Mode::Daemon => Ok(None),
+            Mode::Shared(id) => Ok(Some(id.clone())),
+            Mode::Range { first, last } => {
+                let mut allocated = self.allocated.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                if let Some(&uid) = allocated.get(kernel_id) {
+                    return Ok(Some(range_identity(uid)));
+                }
+                let taken: std::collections::BTreeSet<u32> = allocated.values().copied().collect();
+                let uid = (*first..=*last)
+                    .filter(|u| !taken.contains(u))
+                    .find(|&u| !names_an_account(u))
+                    .ok_or(IdentityError::RangeExhausted { first: *first, last: *last })?;
+                allocated.insert(kernel_id.to_owned(), uid);
+                Ok(Some(range_identity(uid)))
+            }
+        }
+    }
+
+    /// Gives kernel `kernel_id`'s uid back to the range (its files are gone or going).
+    pub fn release(&self, kernel_id: &str) {
+        self.allocated.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(kernel_id);
+    }
+
+    /// Whether kernels run as another account than the daemon's.
+    pub fn switches_user(&self) -> bool {
+        !matches!(self.mode, Mode::Daemon)
+    }
+
+    /// Uids currently handed out (kernel id -> uid), for a range.
+    pub fn allocated(&self) -> BTreeMap<String, u32> {
+        self.allocated.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
+
+/// `kernel.user` (and `kernel.group`, else the user's primary group), never root.
+fn shared_identity(user: &str, group: Option<&str>) -> Result<KernelIdentity, IdentityError> {
+    let lookup = |what: String| move |source| IdentityError::Lookup { what, source };
+    let account = nix::unistd::User::from_name(user)
+        .map_err(lookup(format!("kernel.user {user:?}")))?
+        .ok_or_else(|| IdentityError::NoSuchUser { user: user.to_owned() })?;
+    if account.uid.is_root() {
+        return Err(IdentityError::Root { what: format!("kernel.user {user:?}"), id: "uid" });
+    }
+    let gid = match group {
+        Some(g) => {
+            nix::unistd::Group::from_name(g)
+                .map_err(lookup(format!("kernel.group {g:?}")))?
+                .ok_or_else(|| IdentityError::NoSuchGroup { group: g.to_owned() })?
+                .gid
+        }
+        None => account.gid,
+    };
+    if gid.as_raw() == 0 {
+        let what = match group {
+            Some(g) => format!("kernel.group {g:?}"),
+            None => format!("kernel.user {user:?}'s primary group"),
+        };
+        return Err(IdentityError::Root { what, id: "gid" });
+    }
+    Ok(KernelIdentity { uid: account.uid.as_raw(), gid: gid.as_raw(), user: user.to_owned() })
+}
+
+fn range_identity(uid: u32) -> KernelIdentity {
+    KernelIdentity { uid, gid: uid, user: format!("nbos-kernel-{uid}") }
+}
+
+/// A uid some account already has is never handed to a kernel (it would own that
+/// account's files); a failed lookup counts as taken.
+fn names_an_account(uid: u32) -> bool {
+    !matches!(nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)), Ok(None))
+}
+
+/// Whether a directory with `meta` lets `uid`/`gid` (no supplementary groups) enter it.
+pub fn can_traverse(meta: &std::fs::Metadata, uid: u32, gid: u32) -> bool {
+    let mode = meta.mode();
+    if meta.uid() == uid {
+        mode & 0o100 != 0
+    } else if meta.gid() == gid {
+        mode & 0o010 != 0
+    } else {
+        mode & 0o001 != 0
+    }
+}
+
+/// Checks that `uid`/`gid` can enter every directory from `/` down to and including
+/// `dir`'s parent (the kernel's own directory is made its own afterwards); the error
+/// names the first that it cannot.
+pub fn check_traversable(dir: &Path, id: &KernelIdentity) -> Result<(), IdentityError> {
+    let mut chain: Vec<&Path> = dir.ancestors().skip(1).collect();
+    chain.reverse();
+    for d in chain {
+        let meta = std::fs::metadata(d).map_err(|source| IdentityError::Stat { dir: d.to_owned(), source })?;
+        if !can_traverse(&meta, id.uid, id.gid) {
+            return Err(IdentityError::NotTraversable {
+                dir: d.to_owned(),
+                uid: id.uid,
+                mode: meta.mode() & 0o7777,
+                owner: meta.uid(),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range(first: u32, last: u32) -> KernelUsers {
+        KernelUsers { mode: Mode::Range { first, last }, allocated: Mutex::new(BTreeMap::new()) }
+    }
+
+    #[test]
+    fn a_range_hands_out_the_lowest_free_uid_and_takes_it_back() {
+        // High uids no account has on a test host.
+        let users = range(3_900_000_000, 3_900_000_002);
+        let uid = |k: &str| users.acquire(k).expect("acquire").expect("identity").uid;
+        assert_eq!(uid("a"), 3_900_000_000);
+        assert_eq!(uid("b"), 3_900_000_001);
+        assert_eq!(uid("a"), 3_900_000_000, "the same kernel keeps its uid");
+        let id = users.acquire("c").expect("c").expect("identity");
+        assert_eq!((id.uid, id.gid), (3_900_000_002, 3_900_000_002), "gid = uid");
+        assert!(matches!(users.acquire("d"), Err(IdentityError::RangeExhausted { .. })));
+        users.release("b");
+        assert_eq!(uid("d"), 3_900_000_001, "a released uid is the lowest free");
+    }
+
+    #[test]
+    fn a_range_skips_uids_that_accounts_have() {
+        // uid 0 (root) always names an account.
+        let users = range(0, 0);
+        assert!(matches!(users.acquire("a"), Err(IdentityError::RangeExhausted { .. })));
+    }
+
+    #[test]
+    fn a_missing_user_says_how_to_create_it_and_root_is_refused() {
+        let e = shared_identity("nbos-no-such-user-xyz", None).expect_err("missing").to_string();
+        assert!(
+            e.contains("useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin nbos-no-such-user-xyz"),
+            "{e}"
+        );
+        let e = shared_identity("root", None).expect_err("root").to_string();
+        assert!(e.contains("uid 0 (root)"), "{e}");
+        // An account whose primary group is root's, or an explicit root group.
+        let e = shared_identity("nobody", Some("root")).expect_err("gid 0").to_string();
+        assert!(e.contains("gid 0 (root)"), "{e}");
+    }
+
+    #[test]
+    fn the_daemon_user_mode_switches_nothing() {
+        let users = KernelUsers::daemon_user();
+        assert!(!users.switches_user());
+        assert_eq!(users.acquire("k").expect("acquire"), None);
+    }
+
+    #[test]
+    fn traversal_names_the_first_closed_directory() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().expect("tmp");
+        let closed = t.path().join("closed");
+        std::fs::create_dir_all(closed.join("inner")).expect("dirs");
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod");
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        let nobody = KernelIdentity { uid: 3_900_000_000, gid: 3_900_000_000, user: "x".into() };
+        let e = check_traversable(&closed.join("inner/kernel"), &nobody).expect_err("closed");
+        assert!(matches!(&e, IdentityError::NotTraversable { dir, .. } if dir == &closed), "{e}");
+        assert!(e.to_string().contains(&closed.display().to_string()), "{e}");
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o711)).expect("chmod");
+        check_traversable(&closed.join("inner/kernel"), &nobody).expect("open");
+        // The owner needs its own x bit, not others'.
+        let meta = std::fs::metadata(&closed).expect("meta");
+        assert!(can_traverse(&meta, meta.uid(), 3_900_000_000));
+    }
+}

@@ -1,0 +1,152 @@
+//! Attacks on the cluster's HTTP authentication, each next to the legitimate path, on a
+//! cluster with a test PKI (raft mutual TLS, HTTPS with client certificates):
+//!
+//! - the users' token on a host-to-host route (`?replica=local`, a forwarded cluster call) -> 403;
+//! - a node certificate claiming another node id -> 403;
+//! - the users' token or a node certificate on an operator route (membership) -> 403;
+//! - `add_member` of a node id that is already a member -> 409 with a clear message;
+//! - without node certificates (a loopback cluster with no PKI), the users' token on a
+//!   host-to-host route -> 403: hosts then use the operator token.
+//!
+//! Every refusal is counted in `notebookos_http_auth_refusals_total{reason}`.
+
+#[path = "common/cluster.rs"]
+mod cluster;
+
+use std::time::Duration;
+
+use cluster::{Options, TestCluster, OPERATOR_TOKEN, TOKEN};
+use serde_json::json;
+
+/// A kernel id no host has: a request that passes authentication gets 404.
+const NO_KERNEL: &str = "0b6c4a83-2a36-4f7e-9d3c-6f2b7f0b9a11";
+
+fn metric(c: &TestCluster, node: u64, reason: &str) -> f64 {
+    let text =
+        c.agent().get(&format!("{}/metrics", c.host(node).url)).call().expect("metrics").into_string().expect("text");
+    let name = format!("notebookos_http_auth_refusals_total{{reason=\"{reason}\"}}");
+    text.lines().find_map(|l| l.strip_prefix(&name)).and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
+}
+
+/// Calls `method url` as host `as_node` (its node certificate), naming itself `claimed`.
+fn as_node(c: &TestCluster, as_node: u64, claimed: u64, method: &str, url: &str, forwarded: bool) -> u16 {
+    let pki = c.dir().join("pki");
+    let config = notebookosd::link::tls::client_config(
+        &pki.join("ca.pem"),
+        Some((&pki.join(format!("node-{as_node}.pem")), &pki.join(format!("node-{as_node}.key")))),
+    )
+    .expect("node tls");
+    let agent = ureq::AgentBuilder::new().tls_config(config).timeout(Duration::from_secs(30)).build();
+    let mut req = agent.request(method, url).set(notebookosd::link::credential::NODE_HEADER, &claimed.to_string());
+    if forwarded {
+        req = req.set(notebookosd::cluster::meta::FORWARDED_HEADER, "1");
+    }
+    status(req.call())
+}
+
+fn with_token(c: &TestCluster, token: &str, method: &str, url: &str, body: Option<serde_json::Value>) -> (u16, String) {
+    let req = c.agent().request(method, url).set("Authorization", &format!("token {token}"));
+    let res = match body {
+        Some(b) => req.send_json(b),
+        None => req.call(),
+    };
+    match res {
+        Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        Err(e) => panic!("{method} {url}: {e}"),
+    }
+}
+
+fn status(res: Result<ureq::Response, ureq::Error>) -> u16 {
+    match res {
+        Ok(r) => r.status(),
+        Err(ureq::Error::Status(code, _)) => code,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+fn host_to_host_routes_take_node_certificates_and_membership_takes_the_operator() {
+    let c = TestCluster::start_tls(2, Options { fake_gpus: 0, ..Options::default() });
+    c.wait_ready(&[1, 2], Duration::from_secs(60));
+    let base = c.host(1).url.clone();
+    let interrupt = format!("{base}/api/kernels/{NO_KERNEL}/interrupt?replica=local");
+    let channels = format!("{base}/api/kernels/{NO_KERNEL}/channels?replica=local");
+
+    // Attack: the users' token on host-to-host routes -> 403, counted.
+    let before = metric(&c, 1, "not_a_node");
+    assert_eq!(with_token(&c, TOKEN, "POST", &interrupt, None).0, 403);
+    assert_eq!(with_token(&c, TOKEN, "GET", &channels, None).0, 403);
+    let members = format!("{base}/api/v1/cluster/members");
+    let forged = c
+        .agent()
+        .post(&members)
+        .set("Authorization", &format!("token {TOKEN}"))
+        .set(notebookosd::cluster::meta::FORWARDED_HEADER, "1")
+        .send_json(json!({ "node_id": 7, "raft_addr": "127.0.0.1:1" }));
+    assert_eq!(status(forged), 403, "a 'forwarded' call with the users' token");
+    // A node certificate claiming to be another host.
+    assert_eq!(as_node(&c, 2, 1, "POST", &interrupt, false), 403);
+    assert_eq!(metric(&c, 1, "not_a_node") - before, 4.0);
+    // Legitimate: host 2's certificate, naming host 2, passes authentication (no such kernel here: 404).
+    assert_eq!(as_node(&c, 2, 2, "POST", &interrupt, false), 404);
+
+    // Attack: the users' token, or a host's certificate, on membership -> 403, counted.
+    let before = metric(&c, 1, "not_an_operator");
+    let (code, body) =
+        with_token(&c, TOKEN, "POST", &members, Some(json!({ "node_id": 7, "raft_addr": "127.0.0.1:1" })));
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("operator token"), "{body}");
+    assert_eq!(as_node(&c, 2, 2, "DELETE", &format!("{members}/2"), false), 403);
+    assert_eq!(metric(&c, 1, "not_an_operator") - before, 2.0);
+    assert_eq!(c.up_seen_by(1), vec![1, 2], "nothing changed");
+
+    // Attack: adding a node id that is already a member (it would take over its raft traffic).
+    let before = metric(&c, 1, "member_exists");
+    let (code, body) =
+        with_token(&c, OPERATOR_TOKEN, "POST", &members, Some(json!({ "node_id": 2, "raft_addr": "127.0.0.1:1" })));
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("host 2 is already a member"), "{body}");
+    assert!(metric(&c, 1, "member_exists") + metric(&c, 2, "member_exists") - before >= 1.0);
+    // Legitimate: the operator removes a host that is not a member (a no-op), on either host:
+    // whichever is not the meta leader forwards it with its node certificate.
+    for node in [1, 2] {
+        let url = format!("{}/api/v1/cluster/members/99", c.host(node).url);
+        let (code, body) = with_token(&c, OPERATOR_TOKEN, "DELETE", &url, None);
+        assert_eq!(code, 200, "host {node}: {body}");
+    }
+    c.wait_ready(&[1, 2], Duration::from_secs(30));
+}
+
+#[test]
+fn without_node_certificates_hosts_call_each_other_with_the_operator_token_never_the_users() {
+    // A loopback cluster without a PKI (explicit config; the dev flags always make one):
+    // there are no certificates to check, so host-to-host routes take the operator token.
+    let c = TestCluster::start(2, Options { fake_gpus: 0, ..Options::default() });
+    c.wait_ready(&[1, 2], Duration::from_secs(60));
+    let base = c.host(1).url.clone();
+    let interrupt = format!("{base}/api/kernels/{NO_KERNEL}/interrupt?replica=local");
+    let members = format!("{base}/api/v1/cluster/members");
+
+    // Attack: the users' token on a host-to-host route, and on a "forwarded" membership call.
+    let before = metric(&c, 1, "not_an_operator");
+    assert_eq!(with_token(&c, TOKEN, "POST", &interrupt, None).0, 403);
+    let forged = c
+        .agent()
+        .post(&members)
+        .set("Authorization", &format!("token {TOKEN}"))
+        .set(notebookosd::cluster::meta::FORWARDED_HEADER, "1")
+        .send_json(json!({ "node_id": 7, "raft_addr": "127.0.0.1:1" }));
+    assert_eq!(status(forged), 403, "a 'forwarded' call with the users' token");
+    assert_eq!(metric(&c, 1, "not_an_operator") - before, 2.0);
+    assert_eq!(c.up_seen_by(1), vec![1, 2], "nothing changed");
+
+    // Legitimate: what a host sends (the operator token) passes authentication (404: no such
+    // kernel), and the operator's call made on either host is forwarded to the leader.
+    assert_eq!(with_token(&c, OPERATOR_TOKEN, "POST", &interrupt, None).0, 404);
+    for node in [1, 2] {
+        let url = format!("{}/api/v1/cluster/members/99", c.host(node).url);
+        let (code, body) = with_token(&c, OPERATOR_TOKEN, "DELETE", &url, None);
+        assert_eq!(code, 200, "host {node}: {body}");
+    }
+}

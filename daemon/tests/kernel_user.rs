@@ -1,0 +1,293 @@
+//! Kernels are never root: a root daemon (default config) runs each kernel as
+//! `kernel.user`, or with `kernel.uid_range` as a uid of its own, with `no_new_privs`,
+//! inside a pids cgroup joined before exec, in a private directory it owns. What a user
+//! (or an attacker in a cell) can observe: `/proc/<pid>/status` and `/proc/<pid>/cgroup`,
+//! `ps`, file modes, what a cell's `os.getuid()`, `open()` and `os.fork()` get. Needs
+//! root, the `notebookos-kernel` account (scripts/install-deps.sh) and a pids cgroup
+//! hierarchy; fails instead of skipping when `NBOS_REQUIRE_PRIVILEGED=1`.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use tokio_tungstenite::tungstenite::Message as WsFrame;
+
+mod common;
+mod required;
+use common::{http, python, start_daemon, Daemon, NOTEBOOKOSD, TOKEN};
+
+/// The first uid of the range the isolation test hands out (no account has it).
+const RANGE_FIRST: u32 = 2_000_000;
+
+/// Why this host cannot run these tests, if it cannot.
+fn cannot_run() -> Option<String> {
+    // SAFETY: geteuid(2) has no arguments and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("needs root (a root daemon is what drops kernels to another uid)".to_owned());
+    }
+    if account("-u").is_none() {
+        return Some("no notebookos-kernel account: run scripts/install-deps.sh".to_owned());
+    }
+    let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers").unwrap_or_default();
+    if !Path::new("/sys/fs/cgroup/pids/cgroup.procs").exists() && !v2.split_whitespace().any(|c| c == "pids") {
+        return Some("no pids cgroup hierarchy (v1 or v2) on this host".to_owned());
+    }
+    None
+}
+
+/// `id <flag> notebookos-kernel` (`-u`: uid, `-g`: primary gid).
+fn account(flag: &str) -> Option<u32> {
+    let o = Command::new("id").arg(flag).arg("notebookos-kernel").output().ok()?;
+    String::from_utf8_lossy(&o.stdout).trim().parse().ok()
+}
+
+fn start(extra_kernel_toml: &str) -> Daemon {
+    start_daemon(
+        &format!("[gpu]\ndriver = \"none\"\n[kernel]\npython = {:?}\n{extra_kernel_toml}", python()),
+        Stdio::inherit(),
+    )
+}
+
+/// Creates a kernel; returns its id and pid.
+fn create_kernel(d: &Daemon) -> (String, u32) {
+    let (code, body) = http("POST", &format!("{}/api/kernels", d.url), Some(TOKEN), Some(r#"{"name":"python3"}"#));
+    assert_eq!(code, 201, "{body}");
+    let model: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let id = model["id"].as_str().expect("id").to_owned();
+    let pid = model["pids"][0].as_u64().and_then(|p| u32::try_from(p).ok()).expect("pid");
+    (id, pid)
+}
+
+/// The values of a `/proc/<pid>/status` line, e.g. `Uid:` -> its four ids.
+fn status(pid: u32, key: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let line = text.lines().find(|l| l.starts_with(&format!("{key}:"))).unwrap_or_else(|| panic!("no {key} in {text}"));
+    line[key.len() + 1..].split_whitespace().map(str::to_owned).collect()
+}
+
+/// The kernel's pids cgroup directory, from `/proc/<pid>/cgroup` (v1 `pids` line, else v2).
+fn pids_cgroup_of(pid: u32) -> PathBuf {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("/proc/<pid>/cgroup");
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next(), parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        if controllers.split(',').any(|c| c == "pids") {
+            return Path::new("/sys/fs/cgroup/pids").join(path.trim_start_matches('/'));
+        }
+        if controllers.is_empty() && path.contains("notebookos-kernels") {
+            return Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+        }
+    }
+    panic!("no pids cgroup for pid {pid} in:\n{text}");
+}
+
+/// The connection file the kernel was started with (`-f` on its command line).
+fn connection_file_of(pid: u32) -> PathBuf {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).expect("cmdline");
+    let args: Vec<String> = raw.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+    let i = args.iter().position(|a| a == "-f").expect("-f");
+    PathBuf::from(&args[i + 1])
+}
+
+/// Runs `code` in the kernel: the execute_result's text, or `ename: evalue` of an error.
+async fn run_cell(url: &str, kernel: &str, code: &str) -> String {
+    let ws = format!("{}/api/kernels/{kernel}/channels?token={TOKEN}", url.replacen("http", "ws", 1));
+    let (socket, _) = tokio_tungstenite::connect_async(ws).await.expect("websocket");
+    let (mut tx, mut rx) = socket.split();
+    let msg_id = uuid::Uuid::new_v4().to_string();
+    let req = serde_json::json!({
+        "header": {"msg_id": msg_id, "msg_type": "execute_request", "session": "s", "version": "5.3"},
+        "parent_header": {}, "metadata": {}, "content": {"code": code, "silent": false},
+    });
+    tx.send(WsFrame::Text(req.to_string().into())).await.expect("send");
+    let (mut replied, mut value, mut idle) = (false, String::new(), false);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while !replied || !idle {
+        let frame =
+            tokio::time::timeout_at(deadline, rx.next()).await.expect("reply in time").expect("open").expect("ok");
+        let WsFrame::Text(t) = frame else { continue };
+        let v: serde_json::Value = serde_json::from_str(t.as_str()).expect("json");
+        if v["parent_header"]["msg_id"] != msg_id.as_str() {
+            continue;
+        }
+        match v["msg_type"].as_str() {
+            Some("execute_result") => value = v["content"]["data"]["text/plain"].as_str().unwrap_or("").to_owned(),
+            Some("error") => value = format!("{}: {}", v["content"]["ename"], v["content"]["evalue"]),
+            Some("status") => idle |= v["content"]["execution_state"] == "idle",
+            Some("execute_reply") => replied = true,
+            _ => {}
+        }
+    }
+    value.replace('"', "")
+}
+
+fn delete(d: &Daemon, id: &str) {
+    assert_eq!(http("DELETE", &format!("{}/api/kernels/{id}", d.url), Some(TOKEN), None).0, 204);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kernel_of_a_root_daemon_runs_unprivileged_in_its_pids_cgroup_with_private_files() {
+    if let Some(why) = cannot_run() {
+        required::cannot_run("kernel_user", &why);
+        return;
+    }
+    let (uid, gid) = (account("-u").expect("uid"), account("-g").expect("gid"));
+    let d = start("");
+    let (id, pid) = tokio::task::block_in_place(|| create_kernel(&d));
+
+    // The process: the kernel account in all four ids, no groups, no_new_privs.
+    assert_eq!(status(pid, "Uid"), vec![uid.to_string(); 4], "kernel pid {pid}");
+    assert_eq!(status(pid, "Gid"), vec![gid.to_string(); 4], "kernel pid {pid}");
+    assert!(status(pid, "Groups").is_empty(), "supplementary groups: {:?}", status(pid, "Groups"));
+    assert_eq!(status(pid, "NoNewPrivs"), vec!["1"]);
+
+    // In its own pids cgroup, limited to kernel.pids_max's default.
+    let cg = pids_cgroup_of(pid);
+    let name = cg.file_name().and_then(|n| n.to_str()).expect("cgroup name");
+    assert!(name.starts_with(&format!("{id}.")), "{cg:?}");
+    assert!(cg.parent().is_some_and(|p| p.ends_with("notebookos") || p.ends_with("notebookos-kernels")), "{cg:?}");
+    assert_eq!(std::fs::read_to_string(cg.join("pids.max")).expect("pids.max").trim(), "4096");
+    let procs = std::fs::read_to_string(cg.join("cgroup.procs")).expect("cgroup.procs");
+    assert!(procs.lines().any(|l| l.trim() == pid.to_string()), "pid {pid} not in {procs}");
+
+    // Its files: the directory and the connection file are the kernel's, private.
+    let conn = connection_file_of(pid);
+    let dir = conn.parent().expect("dir").to_owned();
+    let (cm, dm) = (std::fs::metadata(&conn).expect("conn"), std::fs::metadata(&dir).expect("dir"));
+    assert_eq!((cm.uid(), cm.mode() & 0o777), (uid, 0o600), "{}", conn.display());
+    assert_eq!((dm.uid(), dm.mode() & 0o777), (uid, 0o700), "{}", dir.display());
+
+    // What the cell sees: its uid, and HOME/USER of its own account, not root's.
+    let cell = "import os; ' '.join(map(str, (os.getuid(), os.getgid(), os.environ['HOME'], os.environ['USER'])))";
+    let seen = run_cell(&d.url, &id, cell).await;
+    assert_eq!(seen, format!("'{uid} {gid} {} notebookos-kernel'", dir.display()));
+
+    // `ps`: no ipykernel of this daemon runs as root.
+    let ps = Command::new("ps").args(["-eo", "user:32,args"]).output().expect("ps");
+    let ours: Vec<String> = String::from_utf8_lossy(&ps.stdout)
+        .lines()
+        .filter(|l| {
+            l.contains("ipykernel_launcher") && l.contains(&dir.parent().expect("kernels").display().to_string())
+        })
+        .map(str::to_owned)
+        .collect();
+    assert!(!ours.is_empty(), "ps does not show the kernel");
+    assert!(ours.iter().all(|l| !l.starts_with("root ")), "{ours:?}");
+
+    tokio::task::block_in_place(|| delete(&d, &id));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cg.exists() {
+        assert!(Instant::now() < deadline, "pids cgroup {} still there after DELETE", cg.display());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Forks children that sleep until too many: how many, and what the failing fork raised.
+const FORK_PAST_THE_LIMIT: &str = r#"import os, errno, time
+kids, err = [], None
+try:
+    for _ in range(200):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        kids.append(pid)
+except OSError as e:
+    err = (type(e).__name__, errno.errorcode.get(e.errno))
+for k in kids:
+    os.kill(k, 9)
+    os.waitpid(k, 0)
+(len(kids) < 200, err)"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_past_pids_max_fails_with_eagain_and_the_kernel_lives_on() {
+    if let Some(why) = cannot_run() {
+        required::cannot_run("kernel_user", &why);
+        return;
+    }
+    let d = start("pids_max = 48\n");
+    let (id, pid) = tokio::task::block_in_place(|| create_kernel(&d));
+    let cg = pids_cgroup_of(pid);
+    assert_eq!(std::fs::read_to_string(cg.join("pids.max")).expect("pids.max").trim(), "48");
+    let out = run_cell(&d.url, &id, FORK_PAST_THE_LIMIT).await;
+    assert_eq!(out, "(True, ('BlockingIOError', 'EAGAIN'))");
+    // The cgroup counted the refusals (pids.events: `max N`).
+    let events = std::fs::read_to_string(cg.join("pids.events")).expect("pids.events");
+    let refused: u64 = events.lines().find_map(|l| l.strip_prefix("max ")).and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert!(refused >= 1, "pids.events: {events}");
+    // The kernel itself survived and still runs cells.
+    assert_eq!(run_cell(&d.url, &id, "6 * 7").await, "42");
+    tokio::task::block_in_place(|| delete(&d, &id));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kernels_with_uids_of_their_own_cannot_read_each_others_connection_files() {
+    if let Some(why) = cannot_run() {
+        required::cannot_run("kernel_user", &why);
+        return;
+    }
+    let d = start(&format!("uid_range = [{RANGE_FIRST}, {}]\n", RANGE_FIRST + 9));
+    let (a, pid_a) = tokio::task::block_in_place(|| create_kernel(&d));
+    let (b, pid_b) = tokio::task::block_in_place(|| create_kernel(&d));
+    // Lowest free first, gid = uid.
+    assert_eq!(status(pid_a, "Uid")[0], RANGE_FIRST.to_string());
+    assert_eq!(status(pid_a, "Gid")[0], RANGE_FIRST.to_string());
+    assert_eq!(status(pid_b, "Uid")[0], (RANGE_FIRST + 1).to_string());
+    assert_eq!(status(pid_b, "Gid")[0], (RANGE_FIRST + 1).to_string());
+    let (conn_a, conn_b) = (connection_file_of(pid_a), connection_file_of(pid_b));
+    assert_eq!(std::fs::metadata(&conn_b).expect("b").uid(), RANGE_FIRST + 1);
+
+    // The attack: kernel A reads kernel B's connection file (its HMAC key) and directory.
+    let read = |p: &Path| format!("len(open({:?}).read()) > 0", p.display().to_string());
+    let stolen = run_cell(&d.url, &a, &read(&conn_b)).await;
+    assert!(stolen.starts_with("PermissionError: [Errno 13] Permission denied"), "{stolen}");
+    let listed = run_cell(&d.url, &a, &format!("import os; os.listdir({:?})", conn_b.parent().expect("dir"))).await;
+    assert!(listed.starts_with("PermissionError"), "{listed}");
+    // Its own is readable.
+    assert_eq!(run_cell(&d.url, &a, &read(&conn_a)).await, "True");
+
+    // B's uid goes back to the range when B is deleted: the next kernel gets it.
+    tokio::task::block_in_place(|| delete(&d, &b));
+    let (c, pid_c) = tokio::task::block_in_place(|| create_kernel(&d));
+    assert_eq!(status(pid_c, "Uid")[0], (RANGE_FIRST + 1).to_string());
+    tokio::task::block_in_place(|| {
+        delete(&d, &a);
+        delete(&d, &c);
+    });
+}
+
+#[test]
+fn a_root_daemon_refuses_a_kernel_account_that_is_root_or_missing() {
+    if let Some(why) = cannot_run() {
+        required::cannot_run("kernel_user", &why);
+        return;
+    }
+    let dir = common::kernel_traversable_tempdir();
+    for (kernel_toml, says) in [
+        ("user = \"root\"\n", "kernel.user`: must name an unprivileged account"),
+        ("group = \"root\"\n", "kernel.group`: must name an unprivileged group"),
+        ("uid_range = [0, 10]\n", "must not include uid 0 (root)"),
+        (
+            "user = \"nbos-no-such-user\"\n",
+            "useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin nbos-no-such-user",
+        ),
+    ] {
+        let cfg = dir.path().join("c.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[node]\nstate_dir = {:?}\nruntime_dir = {:?}\n[http]\nlisten = \"127.0.0.1:0\"\n\
+                 allow_unauthenticated_loopback = true\n[gpu]\ndriver = \"none\"\n[kernel]\n{kernel_toml}",
+                dir.path().join("state"),
+                dir.path().join("run"),
+            ),
+        )
+        .expect("config");
+        let out = Command::new(NOTEBOOKOSD).arg("--config").arg(&cfg).output().expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{kernel_toml}: started");
+        assert!(err.contains(says), "{kernel_toml}: {err}");
+    }
+}
