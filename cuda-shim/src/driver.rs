@@ -30,6 +30,16 @@ pub struct Driver {
 
 static DRIVER: OnceLock<Option<Driver>> = OnceLock::new();
 
+/// Asks the host which driver library to load (under a lease socket): the lease client's
+/// `registered_driver_path`, wired in by the crate root when the library loads, so that
+/// this lower layer never imports the client (which loads entry points from here).
+static HOST_LOCATOR: OnceLock<fn() -> Option<String>> = OnceLock::new();
+
+/// Sets where the host's answer comes from (once; the crate root does it at load time).
+pub fn set_host_locator(locate: fn() -> Option<String>) {
+    let _ = HOST_LOCATOR.set(locate);
+}
+
 /// The real driver, loading it on first use; `None` when it cannot be loaded.
 #[inline]
 pub fn get() -> Option<&'static Driver> {
@@ -80,7 +90,7 @@ fn own_path() -> Option<std::path::PathBuf> {
 fn candidate() -> Option<String> {
     if std::env::var_os("NBOS_LEASE_SOCKET").is_some() {
         // Registration does not touch the driver, so this cannot re-enter the load.
-        let p = crate::client::registered_driver_path();
+        let p = HOST_LOCATOR.get().and_then(|locate| locate());
         return match p {
             Some(p) if p.starts_with('/') => Some(p),
             Some(p) => {

@@ -22,6 +22,7 @@ pub mod counters;
 pub mod driver;
 pub mod gate;
 pub mod hooks;
+mod host_driver;
 pub mod lease_view;
 pub mod memory_hooks;
 pub mod memory_limit;
