@@ -232,6 +232,10 @@ impl LocalCluster {
         let token = hex::encode(rand_bytes()?);
         let token_file = dir.path().join("token");
         std::fs::write(&token_file, format!("{token}\n"))?;
+        // Hosts without node certificates call each other with the operator token, never the
+        // users' (docs/security.md): the bench's loopback cluster has one of its own.
+        let operator_token_file = dir.path().join("operator-token");
+        std::fs::write(&operator_token_file, format!("{}\n", hex::encode(rand_bytes()?)))?;
         let objects = dir.path().join("objects");
         std::fs::create_dir_all(&objects)?;
         let python =
@@ -259,7 +263,7 @@ impl LocalCluster {
             };
             let config = format!(
                 "[node]\nname = \"h{n}\"\nstate_dir = {state:?}\nruntime_dir = {run:?}\n\
-                 [http]\nlisten = \"127.0.0.1:{http}\"\ntoken_file = {token:?}\n\
+                 [http]\nlisten = \"127.0.0.1:{http}\"\ntoken_file = {token:?}\noperator_token_file = {operator:?}\n\
                  [kernel]\npython = {python:?}\n{gpu}\
                  [cluster]\nenabled = true\nnode_id = {n}\nraft_listen = \"127.0.0.1:{raft}\"\nseeds = [{seeds}]\n\
                  host_ttl = \"{ttl}ms\"\nobject_store = \"file://{objects}\"\n\
@@ -269,6 +273,7 @@ impl LocalCluster {
                 run = hdir.join("run"),
                 http = http_ports[i],
                 token = token_file,
+                operator = operator_token_file,
                 raft = raft_ports[i],
                 seeds = seeds.join(", "),
                 ttl = cfg.host_ttl.as_millis(),
