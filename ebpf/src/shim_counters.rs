@@ -220,6 +220,23 @@ impl ShimCountersWriter {
 mod tests {
     use super::*;
 
+    /// The directory is writable by every kernel: a FIFO or a link named like a counters
+    /// file is ignored at once (an open of a FIFO would block the observer forever).
+    #[test]
+    fn a_fifo_or_a_symlink_in_place_of_a_counters_file_is_ignored_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = path_for(dir.path(), 4243);
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo(3) reads a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+        assert!(read(dir.path(), 4243).is_none());
+        let w = ShimCountersWriter::create(dir.path(), 4244).unwrap();
+        w.record_launch();
+        std::os::unix::fs::symlink(path_for(dir.path(), 4244), path_for(dir.path(), 4245)).unwrap();
+        assert!(read(dir.path(), 4245).is_none(), "a symlink to a real counters file");
+        assert!(read(dir.path(), 4244).is_some(), "the real one still reads");
+    }
+
     #[test]
     fn written_counts_read_back() {
         let dir = tempfile::tempdir().unwrap();

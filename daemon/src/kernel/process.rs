@@ -284,7 +284,7 @@ fn make_own_dir(dir: &Path, id: &KernelIdentity) -> anyhow::Result<()> {
 /// daemon never writes through one to a file elsewhere. `O_NONBLOCK`: a FIFO put there
 /// must not block the daemon's open (it is then refused as no plain file); regular files
 /// ignore the flag.
-fn open_in_kernel_dir(path: &Path, options: &mut std::fs::OpenOptions) -> anyhow::Result<std::fs::File> {
+pub fn open_in_kernel_dir(path: &Path, options: &mut std::fs::OpenOptions) -> anyhow::Result<std::fs::File> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let f = options
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
@@ -318,4 +318,37 @@ fn open_log(path: &Path, id: Option<&KernelIdentity>) -> anyhow::Result<std::fs:
             .with_context(|| format!("giving kernel log {} to uid {}", path.display(), id.uid))?;
     }
     Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::open_in_kernel_dir;
+
+    /// What a kernel may leave in its directories instead of a plain file: the daemon
+    /// refuses each at once (a FIFO must not block it; a link must not lead it elsewhere).
+    #[test]
+    fn fifos_and_links_in_a_kernel_directory_are_refused_without_blocking() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let fifo = dir.path().join("manifest.json");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: mkfifo(3) reads a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+        let err = open_in_kernel_dir(&fifo, std::fs::OpenOptions::new().read(true)).expect_err("a FIFO");
+        assert!(format!("{err:#}").contains("not a plain file"), "{err:#}");
+
+        let target = dir.path().join("secret");
+        std::fs::write(&target, "root's").expect("write");
+        let symlink = dir.path().join("kernel.log");
+        std::os::unix::fs::symlink(&target, &symlink).expect("symlink");
+        let err = open_in_kernel_dir(&symlink, std::fs::OpenOptions::new().read(true)).expect_err("a symlink");
+        assert!(format!("{err:#}").contains("no symlinks"), "{err:#}");
+        let hardlink = dir.path().join("connection.json");
+        std::fs::hard_link(&target, &hardlink).expect("hard link");
+        let err = open_in_kernel_dir(&hardlink, std::fs::OpenOptions::new().read(true)).expect_err("a hard link");
+        assert!(format!("{err:#}").contains("not a plain file"), "{err:#}");
+
+        let plain = dir.path().join("plain");
+        std::fs::write(&plain, "ok").expect("write");
+        assert!(open_in_kernel_dir(&plain, std::fs::OpenOptions::new().read(true)).is_ok());
+    }
 }

@@ -98,25 +98,14 @@ pub(super) fn hand_to_kernel(dir: &Path, kernel: &Kernel) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// Reads a file the kernel wrote: never through a symlink, only a plain file, so a kernel
-/// cannot make the root daemon read (and replicate) a file it may not read itself.
-/// `O_NONBLOCK`: opening a FIFO the kernel put there must not block the daemon (it is
-/// then refused as no plain file); on a plain file the flag changes nothing.
+/// Reads a file the kernel wrote, opened as the daemon opens every file in a kernel's
+/// directories ([`crate::kernel::process::open_in_kernel_dir`]: no symlink, no hard link,
+/// no FIFO), so a kernel cannot make the root daemon read (and replicate) a file it may
+/// not read itself, nor block it.
 pub(super) fn read_kernel_file(path: &Path) -> anyhow::Result<Vec<u8>> {
     use std::io::Read;
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .with_context(|| format!("opening {} (no symlinks)", path.display()))?;
-    let meta = f.metadata().with_context(|| format!("examining {}", path.display()))?;
-    anyhow::ensure!(
-        meta.is_file() && meta.nlink() == 1,
-        "{} is not a plain file of the kernel's own; refusing it",
-        path.display()
-    );
-    let mut data = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    let mut f = crate::kernel::process::open_in_kernel_dir(path, std::fs::OpenOptions::new().read(true))?;
+    let mut data = Vec::new();
     f.read_to_end(&mut data).with_context(|| format!("reading {}", path.display()))?;
     Ok(data)
 }
