@@ -533,12 +533,13 @@ mod sync {
         let (other_client, _other_rx, _) = other.hub.connect();
 
         // Host 1 runs a cell whose value the followers cannot apply until `apply_gate`
-        // exists: host 0's replica stays behind until the test opens it.
+        // exists: host 0's replica stays behind until the test opens it. (The instance
+        // needs state: pickle calls `__setstate__` only for an object with some.)
         let apply_gate = dir.path().join("apply-gate");
         let held = format!(
             "class Held:\n    def __setstate__(self, state):\n        import os, time\n        \
              while not os.path.exists({gate:?}):\n            time.sleep(0.01)\n        \
-             self.__dict__.update(state)\nheld = Held()",
+             self.__dict__.update(state)\nheld = Held()\nheld.ready = True",
             gate = apply_gate.display().to_string()
         );
         run_cell(&mut hosts, 1, &held).await;
