@@ -3,7 +3,8 @@
 //!
 //! - the users' token on a host-to-host route (`?replica=local`, a forwarded cluster call) -> 403;
 //! - a node certificate claiming another node id -> 403;
-//! - the users' token or a node certificate on an operator route (membership) -> 403;
+//! - the users' token or a node certificate on an operator route (membership, creating a
+//!   kernel record past the `[limits]` caps) -> 403;
 //! - `add_member` of a node id that is already a member -> 409 with a clear message;
 //! - without node certificates (a loopback cluster with no PKI), the users' token on a
 //!   host-to-host route -> 403: hosts then use the operator token.
@@ -98,8 +99,14 @@ fn host_to_host_routes_take_node_certificates_and_membership_takes_the_operator(
     assert_eq!(code, 403, "{body}");
     assert!(body.contains("operator token"), "{body}");
     assert_eq!(as_node(&c, 2, 2, "DELETE", &format!("{members}/2"), false), 403);
-    assert_eq!(metric(&c, 1, "not_an_operator") - before, 2.0);
+    // The users' token creating a kernel record directly (that would bypass the `[limits]`
+    // caps of `POST /api/kernels`) -> 403, and no record.
+    let records = format!("{base}/api/v1/cluster/kernels");
+    let (code, body) = with_token(&c, TOKEN, "POST", &records, Some(json!({ "name": "python3", "gpus": 0 })));
+    assert_eq!(code, 403, "{body}");
+    assert_eq!(metric(&c, 1, "not_an_operator") - before, 3.0);
     assert_eq!(c.up_seen_by(1), vec![1, 2], "nothing changed");
+    assert_eq!(c.get(1, "/api/v1/cluster/kernels").1, json!([]), "no kernel record");
 
     // Attack: adding a node id that is already a member (it would take over its raft traffic).
     let before = metric(&c, 1, "member_exists");

@@ -73,13 +73,14 @@ fn hosts_form_a_cluster_fail_rejoin_join_and_leave() {
 
     // A kernel id that is not a UUID (it would become a directory on every host) is refused.
     for bad in ["..", "../../etc", "K1"] {
-        let (code, body) = c.post(1, "/api/v1/cluster/kernels", json!({ "id": bad, "name": "python3", "gpus": 0 }));
+        let (code, body) =
+            c.post_as_operator(1, "/api/v1/cluster/kernels", json!({ "id": bad, "name": "python3", "gpus": 0 }));
         assert_eq!(code, 400, "{bad}: {body}");
         assert!(body["message"].as_str().unwrap_or_default().contains("UUID"), "{body}");
     }
 
     // Placement needs three live hosts: refused, naming what is up.
-    let (code, body) = c.post(1, "/api/v1/cluster/kernels", json!({ "name": "python3", "gpus": 0 }));
+    let (code, body) = c.post_as_operator(1, "/api/v1/cluster/kernels", json!({ "name": "python3", "gpus": 0 }));
     assert_eq!(code, 409, "{body}");
     let msg = body["message"].as_str().unwrap_or_default();
     assert!(msg.contains("needs 3 replicas") && msg.contains("only 2 host(s) are up"), "{msg}");
@@ -110,7 +111,7 @@ fn hosts_form_a_cluster_fail_rejoin_join_and_leave() {
     // follower (forwarded to the meta leader).
     let leader = s1["meta_leader"].as_u64().expect("leader");
     let via = (1..=4).find(|&id| id != leader).expect("a follower");
-    let (code, kernel) = c.post(via, "/api/v1/cluster/kernels", json!({ "name": "python3", "gpus": 1 }));
+    let (code, kernel) = c.post_as_operator(via, "/api/v1/cluster/kernels", json!({ "name": "python3", "gpus": 1 }));
     assert_eq!(code, 201, "{kernel}");
     assert_eq!(replica_nodes(&kernel), vec![1, 2, 3], "{kernel}");
     let id = kernel["id"].as_str().expect("id").to_owned();
@@ -125,7 +126,7 @@ fn hosts_form_a_cluster_fail_rejoin_join_and_leave() {
     let (ok, table, _) = c.nbos(2, &["kernels"]);
     assert!(ok && table.lines().filter(|l| l.contains(&id) && l.contains("follower")).count() == 3, "{table}");
     // The next kernel goes to the least subscribed hosts: 4 first.
-    let (code, second) = c.post(1, "/api/v1/cluster/kernels", json!({ "name": "python3", "gpus": 1 }));
+    let (code, second) = c.post_as_operator(1, "/api/v1/cluster/kernels", json!({ "name": "python3", "gpus": 1 }));
     assert_eq!(code, 201, "{second}");
     assert!(replica_nodes(&second).contains(&4), "{second}");
     let (code, _) = c.delete(1, &format!("/api/v1/cluster/kernels/{}", second["id"].as_str().unwrap_or_default()));
@@ -194,7 +195,7 @@ fn a_host_without_a_quorum_serves_and_says_not_ready() {
     assert_eq!((s["ready"].clone(), s["registered"].clone()), (json!(false), json!(false)), "{s}");
     let (ok, table, _) = c.nbos(1, &["cluster", "status"]);
     assert!(ok && table.contains("meta leader none (not ready)"), "{table}");
-    let (code, body) = c.post(1, "/api/v1/cluster/kernels", json!({ "name": "python3" }));
+    let (code, body) = c.post_as_operator(1, "/api/v1/cluster/kernels", json!({ "name": "python3" }));
     assert_eq!(code, 503, "{body}");
     // A second seed makes a quorum of the three.
     c.restart(2);
@@ -207,7 +208,7 @@ fn hosts_form_a_cluster_over_mutual_tls() {
     c.wait_ready(&[1, 2, 3], Duration::from_secs(30));
     let log = c.host(1).log();
     assert!(!log.contains("PLAINTEXT"), "the raft transport must use the configured TLS:\n{log}");
-    let (code, k) = c.post(2, "/api/v1/cluster/kernels", json!({ "name": "python3", "gpus": 0 }));
+    let (code, k) = c.post_as_operator(2, "/api/v1/cluster/kernels", json!({ "name": "python3", "gpus": 0 }));
     assert_eq!(code, 201, "{k}");
     assert_eq!(replica_nodes(&k), vec![1, 2, 3], "{k}");
 }

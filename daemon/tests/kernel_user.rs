@@ -7,6 +7,7 @@
 //! hierarchy; fails instead of skipping when `NBOS_REQUIRE_PRIVILEGED=1`.
 
 use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -248,10 +249,48 @@ async fn kernels_with_uids_of_their_own_cannot_read_each_others_connection_files
     // Its own is readable.
     assert_eq!(run_cell(&d.url, &a, &read(&conn_a)).await, "True");
 
-    // B's uid goes back to the range when B is deleted: the next kernel gets it.
+    // The attack on a reused uid: B leaves files in the shared temporary directories and a
+    // SysV shared memory segment, hoping the next kernel with its uid reads them (or that
+    // they outlive it). Deleting B removes them, as systemd's RemoveIPC does.
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let leftovers =
+        [format!("/tmp/nbos-left-{tag}"), format!("/dev/shm/nbos-left-{tag}"), format!("/tmp/nbos-dir-{tag}")];
+    let plant = format!(
+        "import os, ctypes\nopen({f0:?}, 'w').write('secret'); open({f1:?}, 'w').write('secret')\n\
+         os.mkdir({d:?}); open({d:?} + '/inner', 'w').write('secret')\n\
+         libc = ctypes.CDLL(None, use_errno=True)\nshmid = libc.shmget(0, 4096, 0o1600)\nshmid",
+        f0 = leftovers[0],
+        f1 = leftovers[1],
+        d = leftovers[2],
+    );
+    let shmid: i32 = run_cell(&d.url, &b, &plant).await.trim().parse().expect("a segment id");
+    assert!(shmid >= 0, "shmget failed in the kernel");
+    let segments = || std::fs::read_to_string("/proc/sysvipc/shm").expect("sysvipc");
+    let has_segment =
+        |text: &str| text.lines().skip(1).any(|l| l.split_whitespace().nth(1) == Some(&shmid.to_string()));
+    assert!(has_segment(&segments()), "the segment exists while B lives");
+    for p in &leftovers {
+        assert_eq!(std::fs::symlink_metadata(p).expect("planted").uid(), RANGE_FIRST + 1);
+    }
     tokio::task::block_in_place(|| delete(&d, &b));
+    for p in &leftovers {
+        assert!(std::fs::symlink_metadata(p).is_err(), "{p} outlived the kernel whose uid owned it");
+    }
+    assert!(!has_segment(&segments()), "B's shared memory segment outlived it");
+
+    // A uid that still has a live process (here one started as it by hand) is not handed
+    // out, and a given-back uid is the last to be taken again (next fit): C gets neither.
+    let squatter = Command::new("sleep")
+        .arg("120")
+        .uid(RANGE_FIRST + 2)
+        .gid(RANGE_FIRST + 2)
+        .spawn()
+        .expect("a process as the next uid");
     let (c, pid_c) = tokio::task::block_in_place(|| create_kernel(&d));
-    assert_eq!(status(pid_c, "Uid")[0], (RANGE_FIRST + 1).to_string());
+    assert_eq!(status(pid_c, "Uid")[0], (RANGE_FIRST + 3).to_string());
+    let mut squatter = squatter;
+    let _ = squatter.kill();
+    let _ = squatter.wait();
     tokio::task::block_in_place(|| {
         delete(&d, &a);
         delete(&d, &c);

@@ -172,7 +172,7 @@ fn cluster_api_checks_the_environment_and_allocates_kernel_groups() {
     // leaves no record behind.
     let before = refusals(&url, "kernel_env_not_allowed");
     let evil = serde_json::json!({"name": "python3", "env": {"LD_PRELOAD": "/tmp/evil.so", "KERNEL_X": "1"}});
-    let (code, body) = c.post(1, "/api/v1/cluster/kernels", evil);
+    let (code, body) = c.post_as_operator(1, "/api/v1/cluster/kernels", evil);
     assert_eq!(code, 400, "{body}");
     let message = body["message"].as_str().unwrap_or_default();
     assert!(message.contains("LD_PRELOAD") && message.contains("KERNEL_*"), "{message}");
@@ -184,17 +184,17 @@ fn cluster_api_checks_the_environment_and_allocates_kernel_groups() {
     // kernel another one (with groups hashed from ids, both would be the first's).
     let id = "6f1c1c0e-8d5e-4b7e-9a51-0c3f1f7f2b11";
     let spec = serde_json::json!({"name": "python3", "id": id, "env": {"KERNEL_X": "1"}});
-    let (code, first) = c.post(1, "/api/v1/cluster/kernels", spec.clone());
+    let (code, first) = c.post_as_operator(1, "/api/v1/cluster/kernels", spec.clone());
     assert_eq!(code, 201, "{first}");
     assert_eq!(first["env"]["KERNEL_X"], "1");
     let g1 = first["group"].as_u64().expect("group");
     assert!(g1 >= 16, "{g1} is a reserved group id");
     assert_eq!(c.delete(1, &format!("/api/v1/cluster/kernels/{id}")).0, 200);
-    let (code, again) = c.post(1, "/api/v1/cluster/kernels", spec);
+    let (code, again) = c.post_as_operator(1, "/api/v1/cluster/kernels", spec);
     assert_eq!(code, 201, "{again}");
     let g2 = again["group"].as_u64().expect("group");
     assert_ne!(g1, g2, "the same kernel id got its old raft group again");
-    let (code, other) = c.post(1, "/api/v1/cluster/kernels", serde_json::json!({"name": "python3"}));
+    let (code, other) = c.post_as_operator(1, "/api/v1/cluster/kernels", serde_json::json!({"name": "python3"}));
     assert_eq!(code, 201, "{other}");
     let g3 = other["group"].as_u64().expect("group");
     assert!(g3 != g1 && g3 != g2, "groups {g1}, {g2}, {g3} collide");

@@ -2,16 +2,18 @@
 //! cluster mode. Other hosts call it to forward leader-only work; `nbos cluster` calls
 //! it for status, join and leave.
 //!
-//! Credentials ([`Credentials`]): reading, and creating or deleting a kernel record,
-//! take the users' credential; membership, leave (drain) and re-placement take the
+//! Credentials ([`Credentials`]): reading, and deleting a kernel record, take the users'
+//! credential; creating a record, membership, leave (drain) and re-placement take the
 //! operator token; a call another host forwarded ([`FORWARDED_HEADER`], run here
 //! without forwarding again) takes that host's node certificate, whatever the route.
+//! Users create kernels through the Jupyter API (`POST /api/kernels`), which applies the
+//! caps of `[limits]`; a record created here bypasses them, so only operators may.
 //!
 //! | route | what |
 //! |---|---|
 //! | `GET /api/v1/cluster/status` | [`ClusterStatus`] as this host sees it |
 //! | `GET /api/v1/cluster/kernels` | every [`KernelRecord`] |
-//! | `POST /api/v1/cluster/kernels` | [`KernelSpec`] → placed [`KernelRecord`] (meta leader) |
+//! | `POST /api/v1/cluster/kernels` | [`KernelSpec`] → placed [`KernelRecord`] (meta leader; operator) |
 //! | `GET /api/v1/cluster/kernels/{id}` | one record |
 //! | `DELETE /api/v1/cluster/kernels/{id}` | delete the record (meta leader) |
 //! | `POST /api/v1/cluster/kernels/{id}/replace` | `{"node_id": n}` → re-placed record or `null` (meta leader) |
@@ -41,11 +43,12 @@ pub fn router(cluster: Arc<Cluster>, credentials: Credentials) -> Router {
     let credentials = Arc::new(credentials);
     let users = Router::new()
         .route("/api/v1/cluster/status", get(status))
-        .route("/api/v1/cluster/kernels", get(list_kernels).post(create_kernel))
+        .route("/api/v1/cluster/kernels", get(list_kernels))
         .route("/api/v1/cluster/kernels/{id}", get(get_kernel).delete(delete_kernel))
         .route("/api/v1/cluster/kernels/{id}/ready", get(ready_hosts))
         .route_layer(middleware::from_fn_with_state(credentials.clone(), require_user));
     let operators = Router::new()
+        .route("/api/v1/cluster/kernels", post(create_kernel))
         .route("/api/v1/cluster/kernels/{id}/replace", post(replace_replica))
         .route("/api/v1/cluster/members", post(add_member))
         .route("/api/v1/cluster/members/{id}", axum::routing::delete(remove_member))

@@ -12,6 +12,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use super::uid_leftovers;
 use crate::config::KernelConfig;
 
 /// The account one kernel process runs as.
@@ -106,8 +107,16 @@ enum Mode {
 #[derive(Debug)]
 pub struct KernelUsers {
     mode: Mode,
-    /// Kernel id -> uid, for [`Mode::Range`]; in memory, lowest free first.
-    allocated: Mutex<BTreeMap<String, u32>>,
+    /// The uids handed out, for [`Mode::Range`].
+    allocated: Mutex<Allocated>,
+}
+
+/// Kernel id -> uid, and where the next search starts: the uid after the last one handed
+/// out (next fit), so a uid just given back is the last to be taken again.
+#[derive(Debug, Default)]
+struct Allocated {
+    by_kernel: BTreeMap<String, u32>,
+    next: Option<u32>,
 }
 
 /// Whether this process runs as root (so kernels must switch to another account).
@@ -142,18 +151,18 @@ impl KernelUsers {
             (true, Some([first, last])) => Mode::Range { first, last },
             (true, None) => Mode::Shared(shared_identity(&cfg.user, cfg.group.as_deref())?),
         };
-        Ok(Self { mode, allocated: Mutex::new(BTreeMap::new()) })
+        Ok(Self { mode, allocated: Mutex::default() })
     }
 
     /// Kernels run as the daemon's own user, with no switch (a daemon that is not root;
     /// tests and benchmarks that start kernels themselves).
     pub fn daemon_user() -> Self {
-        Self { mode: Mode::Daemon, allocated: Mutex::new(BTreeMap::new()) }
+        Self { mode: Mode::Daemon, allocated: Mutex::default() }
     }
 
     /// Every kernel as `id` (tests).
     pub fn shared(id: KernelIdentity) -> Self {
-        Self { mode: Mode::Shared(id), allocated: Mutex::new(BTreeMap::new()) }
+        Self { mode: Mode::Shared(id), allocated: Mutex::default() }
     }
 
     /// The identity kernel `kernel_id` runs as (`None`: the daemon's own, no switch).
@@ -164,23 +173,36 @@ impl KernelUsers {
             Mode::Shared(id) => Ok(Some(id.clone())),
             Mode::Range { first, last } => {
                 let mut allocated = self.allocated.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                if let Some(&uid) = allocated.get(kernel_id) {
+                if let Some(&uid) = allocated.by_kernel.get(kernel_id) {
                     return Ok(Some(range_identity(uid)));
                 }
-                let taken: std::collections::BTreeSet<u32> = allocated.values().copied().collect();
-                let uid = (*first..=*last)
+                let mut taken: std::collections::BTreeSet<u32> = allocated.by_kernel.values().copied().collect();
+                // A uid with a live process (a kernel of an earlier daemon run, something it
+                // started) is still someone's.
+                taken.extend(uid_leftovers::uids_with_processes());
+                let start = allocated.next.filter(|u| (*first..=*last).contains(u)).unwrap_or(*first);
+                let uid = (start..=*last)
+                    .chain(*first..start)
                     .filter(|u| !taken.contains(u))
                     .find(|&u| !names_an_account(u))
                     .ok_or(IdentityError::RangeExhausted { first: *first, last: *last })?;
-                allocated.insert(kernel_id.to_owned(), uid);
+                // Whatever an earlier holder left (also after a crash of the daemon) is not
+                // the new kernel's.
+                uid_leftovers::remove(uid);
+                allocated.by_kernel.insert(kernel_id.to_owned(), uid);
+                allocated.next = uid.checked_add(1);
                 Ok(Some(range_identity(uid)))
             }
         }
     }
 
-    /// Gives kernel `kernel_id`'s uid back to the range (its files are gone or going).
+    /// Gives kernel `kernel_id`'s uid back to the range, with what it left in the shared
+    /// temporary directories and IPC objects removed (its processes are gone).
     pub fn release(&self, kernel_id: &str) {
-        self.allocated.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(kernel_id);
+        let uid = self.allocated.lock().unwrap_or_else(std::sync::PoisonError::into_inner).by_kernel.remove(kernel_id);
+        if let Some(uid) = uid {
+            uid_leftovers::remove(uid);
+        }
     }
 
     /// Whether kernels run as another account than the daemon's.
@@ -190,7 +212,7 @@ impl KernelUsers {
 
     /// Uids currently handed out (kernel id -> uid), for a range.
     pub fn allocated(&self) -> BTreeMap<String, u32> {
-        self.allocated.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.allocated.lock().unwrap_or_else(std::sync::PoisonError::into_inner).by_kernel.clone()
     }
 }
 
@@ -269,22 +291,23 @@ mod tests {
     use super::*;
 
     fn range(first: u32, last: u32) -> KernelUsers {
-        KernelUsers { mode: Mode::Range { first, last }, allocated: Mutex::new(BTreeMap::new()) }
+        KernelUsers { mode: Mode::Range { first, last }, allocated: Mutex::default() }
     }
 
     #[test]
-    fn a_range_hands_out_the_lowest_free_uid_and_takes_it_back() {
-        // High uids no account has on a test host.
-        let users = range(3_900_000_000, 3_900_000_002);
+    fn a_range_hands_out_uids_in_turn_and_a_given_back_one_last() {
+        // High uids no account (and no process) has on a test host.
+        let users = range(3_900_000_000, 3_900_000_003);
         let uid = |k: &str| users.acquire(k).expect("acquire").expect("identity").uid;
         assert_eq!(uid("a"), 3_900_000_000);
         assert_eq!(uid("b"), 3_900_000_001);
         assert_eq!(uid("a"), 3_900_000_000, "the same kernel keeps its uid");
-        let id = users.acquire("c").expect("c").expect("identity");
-        assert_eq!((id.uid, id.gid), (3_900_000_002, 3_900_000_002), "gid = uid");
-        assert!(matches!(users.acquire("d"), Err(IdentityError::RangeExhausted { .. })));
         users.release("b");
-        assert_eq!(uid("d"), 3_900_000_001, "a released uid is the lowest free");
+        let id = users.acquire("c").expect("c").expect("identity");
+        assert_eq!((id.uid, id.gid), (3_900_000_002, 3_900_000_002), "next fit, not b's uid; gid = uid");
+        assert_eq!(uid("d"), 3_900_000_003);
+        assert_eq!(uid("e"), 3_900_000_001, "b's uid again, once the range wrapped");
+        assert!(matches!(users.acquire("f"), Err(IdentityError::RangeExhausted { .. })));
     }
 
     #[test]

@@ -31,6 +31,7 @@ pub mod replica;
 pub mod server_leases;
 pub mod shim_env;
 pub mod spec;
+pub mod uid_leftovers;
 
 pub use distributed::{Kernel, KernelModel};
 pub use id::is_kernel_id;
