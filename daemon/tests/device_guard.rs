@@ -4,15 +4,17 @@
 //! (the kernel's cgroup), an allowed one gets past the cgroup and fails with `ENXIO` (no
 //! driver behind major 195 here). Root only; under NBOS_REQUIRE_PRIVILEGED=1 it must run.
 
+#[path = "../../ebpf/tests/support/cgroup_child.rs"]
+mod cgroup_child;
 mod required;
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
+use cgroup_child::{errnos_in_cgroup, mknod};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nbos_ebpf::NVIDIA_MAJOR;
 use nbos_lease_proto::{read_message, write_message, Message};
 use notebookosd::gpu::control::GpuControl;
 use notebookosd::gpu::GpuInfo;
@@ -23,69 +25,6 @@ use notebookosd::lease::{KernelProcess, LeaseServer, LeaseServerConfig, LeaseSta
 
 const KERNEL: &str = "3e5b7a10-2c4d-4e6f-8a9b-0c1d2e3f4a5b";
 const WAIT: Duration = Duration::from_secs(10);
-
-fn mknod(path: &Path, minor: u32) {
-    let c = CString::new(path.as_os_str().as_bytes()).expect("path");
-    // SAFETY: mknod reads the NUL-terminated path and integers only.
-    let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(195, minor)) };
-    assert_eq!(rc, 0, "mknod {}: {}", path.display(), std::io::Error::last_os_error());
-}
-
-/// Opens each of `paths` from a child process that first joins the cgroup of `procs`, as a
-/// kernel process does; 0 for an open that succeeded, else its errno.
-fn errnos_in_cgroup(procs: &Path, paths: &[&Path]) -> Vec<i32> {
-    let procs = CString::new(procs.as_os_str().as_bytes()).expect("procs");
-    let paths: Vec<CString> = paths.iter().map(|p| CString::new(p.as_os_str().as_bytes()).expect("path")).collect();
-    let mut fds = [0i32; 2];
-    // SAFETY: pipe writes two fds into our array.
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    // SAFETY: the child only makes async-signal-safe calls (open, write, close, _exit) on
-    // memory prepared before the fork.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
-    if pid == 0 {
-        // SAFETY: see above.
-        unsafe {
-            libc::close(fds[0]);
-            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-            if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                libc::_exit(2);
-            }
-            libc::close(fd);
-            for p in &paths {
-                let fd = libc::open(p.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
-                let errno = if fd >= 0 {
-                    libc::close(fd);
-                    0
-                } else {
-                    *libc::__errno_location()
-                };
-                libc::write(fds[1], (&raw const errno).cast(), 4);
-            }
-            libc::_exit(0);
-        }
-    }
-    // SAFETY: our copy of the write end.
-    unsafe { libc::close(fds[1]) };
-    let mut bytes = Vec::new();
-    let mut buf = [0u8; 64];
-    loop {
-        // SAFETY: read into a local buffer from our read end.
-        let n = unsafe { libc::read(fds[0], buf.as_mut_ptr().cast(), buf.len()) };
-        if n <= 0 {
-            break;
-        }
-        bytes.extend_from_slice(&buf[..n as usize]);
-    }
-    let mut status = 0;
-    // SAFETY: our own child and fd.
-    unsafe {
-        libc::waitpid(pid, &mut status, 0);
-        libc::close(fds[0]);
-    }
-    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child could not join the cgroup: {status}");
-    bytes.chunks_exact(4).map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect()
-}
 
 fn gpu(index: u32) -> GpuInfo {
     GpuInfo {
@@ -130,8 +69,8 @@ fn a_kernel_opens_its_leased_gpu_only_while_the_lease_is_held() {
 
     let nodes = tempfile::tempdir().expect("tempdir");
     let (gpu0, gpu1) = (nodes.path().join("nvidia0"), nodes.path().join("nvidia1"));
-    mknod(&gpu0, 0);
-    mknod(&gpu1, 1);
+    mknod(&gpu0, NVIDIA_MAJOR, 0);
+    mknod(&gpu1, NVIDIA_MAJOR, 1);
     let null = Path::new("/dev/null");
     let all: [&Path; 3] = [&gpu0, &gpu1, null];
 

@@ -142,6 +142,7 @@ fn choose(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sched::prop::cases;
 
     fn host(node_id: u64, gpus_total: u32, subscribed_gpus: u32, replicas: u32) -> HostLoad {
         HostLoad { node_id, gpus_total, subscribed_gpus, replicas }
@@ -203,5 +204,55 @@ mod tests {
         assert_eq!(replace(&hosts, 1, 3.0, &[1, 2, 3, 5]), Some(4));
         assert_eq!(replace(&hosts, 4, 3.0, &[1, 2, 3]), None);
         assert_eq!(replace(&hosts, 1, 3.0, &[1, 2, 3, 4, 5]), None);
+    }
+
+    #[test]
+    fn property_placement_is_valid_least_subscribed_and_order_independent() {
+        cases(500, |g| {
+            let n = g.u32(0, 10);
+            let mut hosts: Vec<HostLoad> = (1..=u64::from(n))
+                .map(|id| host(id, [0, 1, 2, 4, 8][g.u32(0, 4) as usize], g.u32(0, 40), g.u32(0, 12)))
+                .collect();
+            let gpus = [0, 1, 2, 4, 8][g.u32(0, 4) as usize];
+            let replicas = g.u32(1, 4) as usize;
+            let ratio = f64::from(g.u32(2, 42)) / 2.0;
+            let fitting: Vec<&HostLoad> = hosts.iter().filter(|h| fits(h, gpus, ratio)).collect();
+            let got = place(&hosts, gpus, replicas, ratio);
+            match &got {
+                Ok(ids) => {
+                    assert_eq!(ids.len(), replicas);
+                    let mut distinct = ids.clone();
+                    distinct.sort_unstable();
+                    distinct.dedup();
+                    assert_eq!(distinct.len(), replicas, "replicas on distinct hosts: {ids:?}");
+                    for id in ids {
+                        let h = hosts.iter().find(|h| h.node_id == *id).expect("a listed host");
+                        assert!(fits(h, gpus, ratio), "host {id} over the ratio {ratio}");
+                    }
+                    // Least subscribed first: no host left out is strictly better than one chosen.
+                    let worst = ids
+                        .iter()
+                        .map(|id| subscription(hosts.iter().find(|h| h.node_id == *id).expect("host"), gpus))
+                        .fold(f64::NEG_INFINITY, f64::max);
+                    for h in fitting.iter().filter(|h| !ids.contains(&h.node_id)) {
+                        assert!(subscription(h, gpus) >= worst, "host {} was less subscribed", h.node_id);
+                    }
+                }
+                Err(PlacementError::TooFewHosts { .. }) => assert!(hosts.len() < replicas),
+                Err(PlacementError::NoRoom { eligible, .. }) => {
+                    assert!(hosts.len() >= replicas);
+                    assert_eq!(*eligible, fitting.len());
+                    assert!(fitting.len() < replicas);
+                }
+            }
+            hosts.reverse();
+            assert_eq!(place(&hosts, gpus, replicas, ratio), got, "input order does not matter");
+            // A replacement never lands on an excluded host, and exists exactly when one fits.
+            let exclude: Vec<u64> = hosts.iter().map(|h| h.node_id).filter(|_| g.bool()).collect();
+            let re = replace(&hosts, gpus, ratio, &exclude);
+            let any = hosts.iter().any(|h| !exclude.contains(&h.node_id) && fits(h, gpus, ratio));
+            assert_eq!(re.is_some(), any);
+            assert!(re.is_none_or(|id| !exclude.contains(&id)));
+        });
     }
 }

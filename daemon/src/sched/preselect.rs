@@ -62,6 +62,7 @@ pub fn preselect(candidates: &[Candidate], gpus: u32, previous: Option<u32>, yie
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sched::prop::cases;
 
     fn c(replica: u32, live: bool, gpus_idle: u32) -> Candidate {
         Candidate { replica, node_id: u64::from(replica) * 10, live, gpus_idle, local: false }
@@ -132,5 +133,46 @@ mod tests {
         cs[0].gpus_idle = 2;
         assert_eq!(preselect(&cs, 1, None, &[]).expect("round").lead, 1, "more idle GPUs beat locality");
         assert_eq!(preselect(&cs, 1, None, &[1]).expect("round").lead, 2, "then locality among the rest");
+    }
+
+    #[test]
+    fn property_the_designee_is_live_and_every_other_live_replica_yields() {
+        cases(500, |g| {
+            let n = g.u32(0, 5);
+            let mut cs: Vec<Candidate> = (1..=n)
+                .map(|replica| Candidate {
+                    replica,
+                    node_id: u64::from(g.u32(1, 6)),
+                    live: g.u32(0, 3) > 0,
+                    gpus_idle: g.u32(0, 8),
+                    local: g.bool(),
+                })
+                .collect();
+            let gpus = g.u32(0, 8);
+            let previous = g.bool().then(|| g.u32(1, 5));
+            let yielded: Vec<u32> = (1..=n).filter(|_| g.u32(0, 3) == 0).collect();
+            let live: Vec<&Candidate> = cs.iter().filter(|c| c.live).collect();
+            let got = preselect(&cs, gpus, previous, &yielded);
+            let Some(round) = got.clone() else {
+                assert!(live.is_empty(), "no round although replicas are live");
+                return;
+            };
+            let lead = live.iter().find(|c| c.replica == round.lead).expect("the designee is live");
+            let mut expected: Vec<u32> = live.iter().map(|c| c.replica).filter(|r| *r != round.lead).collect();
+            expected.sort_unstable();
+            assert_eq!(round.yielders, expected, "every other live replica yields, in order");
+            // The previous executor stays when it can commit now and has not yielded.
+            if let Some(p) = previous.and_then(|p| live.iter().find(|c| c.replica == p)) {
+                if p.gpus_idle >= gpus && !yielded.contains(&p.replica) {
+                    assert_eq!(round.lead, p.replica);
+                }
+            }
+            // A replica that has not yielded comes before one that has.
+            if yielded.contains(&lead.replica) {
+                assert!(live.iter().all(|c| yielded.contains(&c.replica)), "a fresh replica was passed over");
+            }
+            cs.reverse();
+            assert_eq!(preselect(&cs, gpus, previous, &yielded), got, "input order does not matter");
+        });
     }
 }
