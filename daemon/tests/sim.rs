@@ -115,4 +115,15 @@ fn bad_inputs_are_named() {
     let out = Command::new(NBOS).args(["sim"]).output().expect("run");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--trace"));
+    // Model values that make no cluster are refused with what is wrong, not a panic.
+    for (flags, says) in [
+        (&["--paper-max-ratio", "0.5"][..], "max ratio must be >= 1"),
+        (&["--provision-s", "1", "--provision-jitter-s", "5"][..], "must not exceed the provisioning time"),
+        (&["--scaling-interval-s", "0"][..], "scaling interval"),
+    ] {
+        let out = Command::new(NBOS).args(["sim", "--synthetic"]).args(flags).output().expect("run");
+        assert!(!out.status.success(), "{flags:?} accepted");
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(e.contains(says) && !e.contains("panicked"), "{flags:?}: {e}");
+    }
 }

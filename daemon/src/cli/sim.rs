@@ -94,6 +94,21 @@ pub struct Args {
     /// notebookos: minutes of demand history the autoscaler covers.
     #[arg(long, default_value_t = 5)]
     pub peak_window_min: u64,
+    /// Cluster: half-width of the uniform jitter on --provision-s, seconds.
+    #[arg(long, default_value_t = 2)]
+    pub provision_jitter_s: u64,
+    /// Replicated policies: milliseconds of an executor election.
+    #[arg(long, default_value_t = Model::default().election_ms)]
+    pub election_ms: u64,
+    /// notebookos-paper: the cap on its moving subscription ratio.
+    #[arg(long, default_value_t = Model::default().paper_max_ratio)]
+    pub paper_max_ratio: f64,
+    /// middle-ground and notebookos-paper: pre-warmed containers per host.
+    #[arg(long, default_value_t = Model::default().prewarm_per_host)]
+    pub prewarm_per_host: u32,
+    /// Autoscaling policies: seconds between autoscaler runs.
+    #[arg(long, default_value_t = 30)]
+    pub scaling_interval_s: u64,
 }
 
 fn read(path: &Path) -> anyhow::Result<String> {
@@ -185,8 +200,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         subscription_ratio: a.subscription_ratio,
         spare_hosts: a.spare_hosts,
         peak_window_ms: a.peak_window_min * 60_000,
+        provision_jitter_ms: a.provision_jitter_s * 1000,
+        election_ms: a.election_ms,
+        paper_max_ratio: a.paper_max_ratio,
+        prewarm_per_host: a.prewarm_per_host,
+        scaling_interval_ms: a.scaling_interval_s * 1000,
         seed: a.seed,
-        ..Model::default()
     };
     let started = Instant::now();
     let w = load(&a)?;

@@ -179,6 +179,15 @@ fn validate(w: &Workload, m: &Model) -> Result<(), SimError> {
     if m.scaling_interval_ms == 0 {
         return Err(SimError::Model("the scaling interval must be longer than 0".into()));
     }
+    if !(m.paper_max_ratio.is_finite() && m.paper_max_ratio >= 1.0) {
+        return Err(SimError::Model(format!("the paper's max ratio must be >= 1, got {}", m.paper_max_ratio)));
+    }
+    if m.provision_jitter_ms > m.provision_ms {
+        return Err(SimError::Model(format!(
+            "the provisioning jitter ({} ms) must not exceed the provisioning time ({} ms)",
+            m.provision_jitter_ms, m.provision_ms
+        )));
+    }
     for (i, s) in w.sessions.iter().enumerate() {
         let gpus = s.trainings.iter().map(|t| t.gpus).max().unwrap_or(0).max(s.gpus);
         if gpus > m.gpus_per_host {

@@ -107,6 +107,30 @@ pub fn generate(name: String, jobs: &[Job], p: &SessionParams, seed: u64) -> Wor
 mod tests {
     use super::*;
 
+    /// The defaults are the template's own statistics (the calibration the docs state), so
+    /// a change to either shows here.
+    #[test]
+    fn the_defaults_are_the_calibration_templates_statistics() {
+        let json = include_str!("../../../traces/templates/Template-8Session-39.53IAT-22.95Dur.json");
+        let t = crate::sched::template::Template::parse(json).expect("template");
+        let w = Workload::from_template("template".into(), &t);
+        let st = w.stats();
+        let d = SessionParams::default();
+        let min = |ms: u64| ms as f64 / 60_000.0;
+        assert_eq!((st.sessions, st.trainings), (8, 53));
+        assert!((st.trainings_per_session - d.mean_trainings).abs() < 0.05, "{st:?}");
+        assert!((st.gap_min - d.mean_gap_min).abs() < 1.0, "{st:?}");
+        assert!((st.lead_min - d.mean_lead_min).abs() < 0.1, "{st:?}");
+        let gaps =
+            w.sessions.iter().flat_map(|s| s.trainings.windows(2).map(|p| p[1].submit - (p[0].submit + p[0].duration)));
+        assert_eq!(gaps.map(min).fold(0.0, f64::max), d.max_gap_min);
+        for s in &w.sessions {
+            let last = s.trainings.last().expect("a training");
+            assert_eq!(min(s.stop - (last.submit + last.duration)), d.tail_min, "session at {}", s.start);
+            assert!(s.trainings.iter().all(|t| t.gpus == s.trainings[0].gpus), "one GPU count per session");
+        }
+    }
+
     fn jobs(n: u64) -> Vec<Job> {
         (0..n)
             .map(|i| Job { id: i, gpus: [1, 4, 8][(i % 3) as usize], submit_min: i * 7, duration_min: 5 + i % 11 })
