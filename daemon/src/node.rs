@@ -64,6 +64,9 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
     if credentials.operator_token.is_some() && credentials.operator_token == token {
         anyhow::bail!("http.operator_token_file must hold a different token from http.token_file");
     }
+    if let Some(t) = &credentials.operator_token {
+        crate::link::host::set_operator_token(t.clone());
+    }
     if config.cluster.enabled && !credentials.node_certificates {
         // No certificates to check: hosts call each other with the operator token, never
         // with the users' (which would let any notebook user act as a host).

@@ -4,7 +4,8 @@
 //! - the users' token on a host-to-host route (`?replica=local`, a forwarded cluster call) -> 403;
 //! - a node certificate claiming another node id -> 403;
 //! - the users' token or a node certificate on an operator route (membership, creating a
-//!   kernel record past the `[limits]` caps) -> 403;
+//!   kernel record past the `[limits]` caps) -> 403, a node certificate on a membership call
+//!   marked forwarded too (the forwarding host also sends the operator token);
 //! - `add_member` of a node id that is already a member -> 409 with a clear message;
 //! - without node certificates (a loopback cluster with no PKI), the users' token on a
 //!   host-to-host route -> 403: hosts then use the operator token.
@@ -99,12 +100,18 @@ fn host_to_host_routes_take_node_certificates_and_membership_takes_the_operator(
     assert_eq!(code, 403, "{body}");
     assert!(body.contains("operator token"), "{body}");
     assert_eq!(as_node(&c, 2, 2, "DELETE", &format!("{members}/2"), false), 403);
+    // A node key alone, even on a call marked forwarded: membership also takes the operator token.
+    assert_eq!(
+        as_node(&c, 2, 2, "DELETE", &format!("{members}/2"), true),
+        403,
+        "a forwarded call without the operator token"
+    );
     // The users' token creating a kernel record directly (that would bypass the `[limits]`
     // caps of `POST /api/kernels`) -> 403, and no record.
     let records = format!("{base}/api/v1/cluster/kernels");
     let (code, body) = with_token(&c, TOKEN, "POST", &records, Some(json!({ "name": "python3", "gpus": 0 })));
     assert_eq!(code, 403, "{body}");
-    assert_eq!(metric(&c, 1, "not_an_operator") - before, 3.0);
+    assert_eq!(metric(&c, 1, "not_an_operator") - before, 4.0);
     assert_eq!(c.up_seen_by(1), vec![1, 2], "nothing changed");
     assert_eq!(c.get(1, "/api/v1/cluster/kernels").1, json!([]), "no kernel record");
 
@@ -116,7 +123,7 @@ fn host_to_host_routes_take_node_certificates_and_membership_takes_the_operator(
     assert!(body.contains("host 2 is already a member"), "{body}");
     assert!(metric(&c, 1, "member_exists") + metric(&c, 2, "member_exists") - before >= 1.0);
     // Legitimate: the operator removes a host that is not a member (a no-op), on either host:
-    // whichever is not the meta leader forwards it with its node certificate.
+    // whichever is not the meta leader forwards it with its node certificate and the token.
     for node in [1, 2] {
         let url = format!("{}/api/v1/cluster/members/99", c.host(node).url);
         let (code, body) = with_token(&c, OPERATOR_TOKEN, "DELETE", &url, None);

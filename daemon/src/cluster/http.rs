@@ -5,7 +5,9 @@
 //! Credentials ([`Credentials`]): reading, and deleting a kernel record, take the users'
 //! credential; creating a record, membership, leave (drain) and re-placement take the
 //! operator token; a call another host forwarded ([`FORWARDED_HEADER`], run here
-//! without forwarding again) takes that host's node certificate, whatever the route.
+//! without forwarding again) takes that host's node certificate, and for membership the
+//! operator token as well (the forwarding host sends it), so a node key alone cannot
+//! change the cluster.
 //! Users create kernels through the Jupyter API (`POST /api/kernels`), which applies the
 //! caps of `[limits]`; a record created here bypasses them, so only operators may.
 //!
@@ -50,11 +52,13 @@ pub fn router(cluster: Arc<Cluster>, credentials: Credentials) -> Router {
     let operators = Router::new()
         .route("/api/v1/cluster/kernels", post(create_kernel))
         .route("/api/v1/cluster/kernels/{id}/replace", post(replace_replica))
+        .route("/api/v1/cluster/leave", post(leave))
+        .route_layer(middleware::from_fn_with_state(credentials.clone(), require_operator));
+    let membership = Router::new()
         .route("/api/v1/cluster/members", post(add_member))
         .route("/api/v1/cluster/members/{id}", axum::routing::delete(remove_member))
-        .route("/api/v1/cluster/leave", post(leave))
-        .route_layer(middleware::from_fn_with_state(credentials, require_operator));
-    users.merge(operators).with_state(cluster)
+        .route_layer(middleware::from_fn_with_state(credentials, require_operator_always));
+    users.merge(operators).merge(membership).with_state(cluster)
 }
 
 async fn require_user(State(creds): State<Arc<Credentials>>, req: Request, next: Next) -> Response {
@@ -68,6 +72,19 @@ async fn require_user(State(creds): State<Arc<Credentials>>, req: Request, next:
 async fn require_operator(State(creds): State<Arc<Credentials>>, req: Request, next: Next) -> Response {
     // A forwarded call: the host that forwarded it checked the operator; it proves itself.
     let checked = if forwarded(req.headers()) { creds.node(&req) } else { creds.operator(&req) };
+    match checked {
+        Ok(()) => next.run(req).await,
+        Err(refusal) => refusal.respond(req.uri().path()),
+    }
+}
+
+async fn require_operator_always(State(creds): State<Arc<Credentials>>, req: Request, next: Next) -> Response {
+    // Forwarded: the host proves itself and passes on the operator's token.
+    let checked = if forwarded(req.headers()) {
+        creds.node(&req).and_then(|()| creds.operator(&req))
+    } else {
+        creds.operator(&req)
+    };
     match checked {
         Ok(()) => next.run(req).await,
         Err(refusal) => refusal.respond(req.uri().path()),

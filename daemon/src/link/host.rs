@@ -26,6 +26,7 @@ pub struct HostIdentity {
 
 static IDENTITY: OnceLock<HostIdentity> = OnceLock::new();
 static FALLBACK_TOKEN: OnceLock<String> = OnceLock::new();
+static OPERATOR_TOKEN: OnceLock<String> = OnceLock::new();
 
 /// Sets this process's identity (once; later calls are ignored and return false).
 pub fn set_identity(identity: HostIdentity) -> bool {
@@ -36,6 +37,12 @@ pub fn set_identity(identity: HostIdentity) -> bool {
 /// operator token (set once by `node.rs`; later calls are ignored and return false).
 pub fn set_fallback_token(operator_token: String) -> bool {
     FALLBACK_TOKEN.set(operator_token).is_ok()
+}
+
+/// The operator token this host sends with the membership calls it forwards for an
+/// operator (set once by `node.rs` when `http.operator_token_file` is configured).
+pub fn set_operator_token(operator_token: String) -> bool {
+    OPERATOR_TOKEN.set(operator_token).is_ok()
 }
 
 /// This process's identity, when it has one.
@@ -58,6 +65,17 @@ pub fn authorize(req: ureq::Request) -> ureq::Request {
         (Some(id), _) => req.set(NODE_HEADER, &id.node_id.to_string()),
         (None, Some(t)) => req.set("Authorization", &format!("token {t}")),
         (None, None) => req,
+    }
+}
+
+/// Adds this host's credential and the operator token to a call this host forwards for an
+/// operator (membership): the receiver checks both, so a node key alone cannot change the
+/// cluster. Without a node identity the host's credential is the operator token already.
+pub fn authorize_as_operator(req: ureq::Request) -> ureq::Request {
+    let req = authorize(req);
+    match (identity(), OPERATOR_TOKEN.get()) {
+        (Some(_), Some(t)) => req.set("Authorization", &format!("token {t}")),
+        _ => req,
     }
 }
 

@@ -25,13 +25,14 @@ impl Cluster {
     }
 
     /// Runs `local` when this host leads the meta group, else sends the request to the
-    /// leader's HTTP API. Retries while there is no leader, or it changes, for up to two
-    /// election timeouts.
+    /// leader's HTTP API with `authority`. Retries while there is no leader, or it
+    /// changes, for up to two election timeouts.
     pub(super) async fn on_leader<B, T, F, Fut>(
         &self,
         method: HttpMethod,
         path: &str,
         body: Option<&B>,
+        authority: Authority,
         local: F,
     ) -> Result<T>
     where
@@ -45,7 +46,7 @@ impl Cluster {
             let outcome = match self.meta_leader().await {
                 Some(l) if l == self.settings.node_id => local().await,
                 Some(l) => match self.host(l).await? {
-                    Some(h) => self.forward(method, &h.gateway_url, path, body).await,
+                    Some(h) => self.forward(method, &h.gateway_url, path, body, authority).await,
                     None => Err(ClusterError::NotReady(format!("the meta leader (host {l}) has no host record yet"))),
                 },
                 None => Err(ClusterError::NotReady("the meta group has no leader".into())),
@@ -64,7 +65,14 @@ impl Cluster {
     }
 
     /// One HTTP call to another host's cluster API.
-    async fn forward<B, T>(&self, method: HttpMethod, base: &str, path: &str, body: Option<&B>) -> Result<T>
+    async fn forward<B, T>(
+        &self,
+        method: HttpMethod,
+        base: &str,
+        path: &str,
+        body: Option<&B>,
+        authority: Authority,
+    ) -> Result<T>
     where
         B: Serialize + ?Sized,
         T: serde::de::DeserializeOwned,
@@ -75,7 +83,10 @@ impl Cluster {
         let base = base.to_owned();
         let res = tokio::task::spawn_blocking(move || {
             let req = agent.request(method.as_str(), &url).set(FORWARDED_HEADER, "1");
-            let req = crate::link::host::authorize(req);
+            let req = match authority {
+                Authority::Host => crate::link::host::authorize(req),
+                Authority::Operator => crate::link::host::authorize_as_operator(req),
+            };
             let res = match body {
                 Some(b) => req.set("Content-Type", "application/json").send_string(&b),
                 None => req.call(),
@@ -99,6 +110,17 @@ impl Cluster {
         .map_err(|e| ClusterError::NotReady(format!("forwarding task failed: {e}")))??;
         serde_json::from_str(&res).map_err(|e| ClusterError::Conflict(format!("undecodable answer from {path}: {e}")))
     }
+}
+
+/// Who a forwarded call acts for: this host (its node certificate), or an operator (the
+/// node certificate and the operator token, so a stolen node key alone cannot change
+/// membership).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Authority {
+    /// Work a host asks for itself (placing a kernel, re-placing a dead host's replicas).
+    Host,
+    /// Membership changes, which only operators start.
+    Operator,
 }
 
 /// The HTTP methods forwarded calls use.

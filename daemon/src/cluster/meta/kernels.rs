@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use super::error::{ClusterError, Result};
-use super::forward::HttpMethod;
+use super::forward::{Authority, HttpMethod};
 use super::handle::Cluster;
 use crate::cluster::records::{self, keys, KernelRecord, ReplicaRecord};
 use crate::sched::placement::{self, HostLoad};
@@ -83,7 +83,7 @@ impl Cluster {
     /// leader, forwarded there when this host is not it) and commits its record.
     pub async fn create_kernel(&self, spec: KernelSpec) -> Result<KernelRecord> {
         check_spec(&spec)?;
-        self.on_leader(HttpMethod::Post, "/api/v1/cluster/kernels", Some(&spec), || {
+        self.on_leader(HttpMethod::Post, "/api/v1/cluster/kernels", Some(&spec), Authority::Host, || {
             self.create_kernel_here(spec.clone())
         })
         .await
@@ -153,7 +153,7 @@ impl Cluster {
     pub async fn delete_kernel(&self, id: &str) -> Result<bool> {
         let path = format!("/api/v1/cluster/kernels/{id}");
         let deleted: serde_json::Value = self
-            .on_leader(HttpMethod::Delete, &path, None::<&()>, || async {
+            .on_leader(HttpMethod::Delete, &path, None::<&()>, Authority::Host, || async {
                 let existed = self.meta.delete(keys::kernel(id)).await?;
                 Ok(serde_json::json!({ "deleted": existed }))
             })
@@ -168,7 +168,10 @@ impl Cluster {
     pub async fn replace_replica(&self, kernel: &str, dead_node: u64) -> Result<Option<KernelRecord>> {
         let path = format!("/api/v1/cluster/kernels/{kernel}/replace");
         let body = serde_json::json!({ "node_id": dead_node });
-        self.on_leader(HttpMethod::Post, &path, Some(&body), || self.replace_replica_here(kernel, dead_node)).await
+        self.on_leader(HttpMethod::Post, &path, Some(&body), Authority::Host, || {
+            self.replace_replica_here(kernel, dead_node)
+        })
+        .await
     }
 
     /// [`Cluster::replace_replica`] on this host, which must be the meta leader.

@@ -9,7 +9,7 @@ use raft_store::{Membership, MembershipChange};
 use serde::{Deserialize, Serialize};
 
 use super::error::{ClusterError, Result};
-use super::forward::HttpMethod;
+use super::forward::{Authority, HttpMethod};
 use super::handle::Cluster;
 use crate::cluster::records::{KernelRecord, META_GROUP};
 use crate::sched::placement::{self, HostLoad};
@@ -52,8 +52,10 @@ impl Cluster {
         // Before `add_peer`: re-adding a member under a new address would redirect its raft traffic.
         self.refuse_existing_member(&peer).await?;
         self.store.add_peer(peer.node_id, peer.raft_addr);
-        self.on_leader(HttpMethod::Post, "/api/v1/cluster/members", Some(&peer), || self.add_member_here(peer.clone()))
-            .await
+        self.on_leader(HttpMethod::Post, "/api/v1/cluster/members", Some(&peer), Authority::Operator, || {
+            self.add_member_here(peer.clone())
+        })
+        .await
     }
 
     /// [`Cluster::add_member`] on this host, which must be the meta leader.
@@ -110,7 +112,8 @@ impl Cluster {
     /// Removes a host from the meta group. Runs on the meta leader.
     pub async fn remove_member(&self, node_id: u64) -> Result<Membership> {
         let path = format!("/api/v1/cluster/members/{node_id}");
-        self.on_leader(HttpMethod::Delete, &path, None::<&()>, || self.remove_member_here(node_id)).await
+        self.on_leader(HttpMethod::Delete, &path, None::<&()>, Authority::Operator, || self.remove_member_here(node_id))
+            .await
     }
 
     /// [`Cluster::remove_member`] on this host, which must be the meta leader.
