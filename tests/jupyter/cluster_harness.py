@@ -111,6 +111,11 @@ format = "text"
     def _pki(self, *args: str) -> None:
         subprocess.run([self.nbos, "pki", args[0], "--dir", str(self.pki), *args[1:]], check=True, capture_output=True)
 
+    def client_certificate(self, name: str) -> tuple[Path, Path]:
+        """A client certificate from the cluster's CA (`nbos pki issue client`): cert, key."""
+        self._pki("issue", "client", name)
+        return self.pki / f"client-{name}.pem", self.pki / f"client-{name}.key"
+
     def start(self, i: int) -> None:
         log = open(self.dir / f"h{i + 1}" / "daemon.log", "ab")
         self.procs[i] = subprocess.Popen(
