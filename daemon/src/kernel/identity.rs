@@ -7,10 +7,10 @@
 //! Resolution and allocation are here; the switch itself happens in the child between
 //! fork and exec ([`super::process`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::uid_leftovers;
 use crate::config::KernelConfig;
@@ -107,8 +107,8 @@ enum Mode {
 #[derive(Debug)]
 pub struct KernelUsers {
     mode: Mode,
-    /// The uids handed out, for [`Mode::Range`].
-    allocated: Mutex<Allocated>,
+    /// The uids handed out, for [`Mode::Range`] (shared with the cleanup threads).
+    allocated: Arc<Mutex<Allocated>>,
 }
 
 /// Kernel id -> uid, and where the next search starts: the uid after the last one handed
@@ -117,6 +117,14 @@ pub struct KernelUsers {
 struct Allocated {
     by_kernel: BTreeMap<String, u32>,
     next: Option<u32>,
+    /// Given back, their leftovers being removed (off the async runtime: a kernel may
+    /// leave gigabytes); not handed out until that is done.
+    cleaning: BTreeSet<u32>,
+}
+
+fn lock(m: &Mutex<Allocated>) -> std::sync::MutexGuard<'_, Allocated> {
+    // Plain bookkeeping: a panic while it was held leaves it usable.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Whether this process runs as root (so kernels must switch to another account).
@@ -151,18 +159,18 @@ impl KernelUsers {
             (true, Some([first, last])) => Mode::Range { first, last },
             (true, None) => Mode::Shared(shared_identity(&cfg.user, cfg.group.as_deref())?),
         };
-        Ok(Self { mode, allocated: Mutex::default() })
+        Ok(Self { mode, allocated: Arc::default() })
     }
 
     /// Kernels run as the daemon's own user, with no switch (a daemon that is not root;
     /// tests and benchmarks that start kernels themselves).
     pub fn daemon_user() -> Self {
-        Self { mode: Mode::Daemon, allocated: Mutex::default() }
+        Self { mode: Mode::Daemon, allocated: Arc::default() }
     }
 
     /// Every kernel as `id` (tests).
     pub fn shared(id: KernelIdentity) -> Self {
-        Self { mode: Mode::Shared(id), allocated: Mutex::default() }
+        Self { mode: Mode::Shared(id), allocated: Arc::default() }
     }
 
     /// The identity kernel `kernel_id` runs as (`None`: the daemon's own, no switch).
@@ -172,11 +180,12 @@ impl KernelUsers {
             Mode::Daemon => Ok(None),
             Mode::Shared(id) => Ok(Some(id.clone())),
             Mode::Range { first, last } => {
-                let mut allocated = self.allocated.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let mut allocated = lock(&self.allocated);
                 if let Some(&uid) = allocated.by_kernel.get(kernel_id) {
                     return Ok(Some(range_identity(uid)));
                 }
-                let mut taken: std::collections::BTreeSet<u32> = allocated.by_kernel.values().copied().collect();
+                let mut taken: BTreeSet<u32> = allocated.by_kernel.values().copied().collect();
+                taken.extend(allocated.cleaning.iter().copied());
                 // A uid with a live process (a kernel of an earlier daemon run, something it
                 // started) is still someone's.
                 taken.extend(uid_leftovers::uids_with_processes());
@@ -196,12 +205,33 @@ impl KernelUsers {
         }
     }
 
-    /// Gives kernel `kernel_id`'s uid back to the range, with what it left in the shared
-    /// temporary directories and IPC objects removed (its processes are gone).
+    /// Gives kernel `kernel_id`'s uid back to the range once what it left in the shared
+    /// temporary directories and IPC objects is removed (its processes are gone), which a
+    /// thread of its own does.
     pub fn release(&self, kernel_id: &str) {
-        let uid = self.allocated.lock().unwrap_or_else(std::sync::PoisonError::into_inner).by_kernel.remove(kernel_id);
-        if let Some(uid) = uid {
+        let uid = {
+            let mut allocated = lock(&self.allocated);
+            let Some(uid) = allocated.by_kernel.remove(kernel_id) else { return };
+            allocated.cleaning.insert(uid);
+            uid
+        };
+        let shared = self.allocated.clone();
+        let cleanup = move || {
             uid_leftovers::remove(uid);
+            lock(&shared).cleaning.remove(&uid);
+        };
+        // Without a thread (none can be made), inline: slower, never skipped.
+        let inline = cleanup.clone();
+        if let Err(e) = std::thread::Builder::new().name(format!("uid-{uid}-cleanup")).spawn(cleanup) {
+            tracing::warn!(uid, error = %e, "no thread for a kernel uid's cleanup; cleaning up inline");
+            inline();
+        }
+    }
+
+    /// Waits until every given-back uid is clean (tests; a daemon never needs to).
+    pub fn settle(&self) {
+        while !lock(&self.allocated).cleaning.is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(5));
         }
     }
 
@@ -212,7 +242,7 @@ impl KernelUsers {
 
     /// Uids currently handed out (kernel id -> uid), for a range.
     pub fn allocated(&self) -> BTreeMap<String, u32> {
-        self.allocated.lock().unwrap_or_else(std::sync::PoisonError::into_inner).by_kernel.clone()
+        lock(&self.allocated).by_kernel.clone()
     }
 }
 
@@ -291,7 +321,7 @@ mod tests {
     use super::*;
 
     fn range(first: u32, last: u32) -> KernelUsers {
-        KernelUsers { mode: Mode::Range { first, last }, allocated: Mutex::default() }
+        KernelUsers { mode: Mode::Range { first, last }, allocated: Arc::default() }
     }
 
     #[test]
@@ -303,11 +333,23 @@ mod tests {
         assert_eq!(uid("b"), 3_900_000_001);
         assert_eq!(uid("a"), 3_900_000_000, "the same kernel keeps its uid");
         users.release("b");
+        users.settle();
         let id = users.acquire("c").expect("c").expect("identity");
         assert_eq!((id.uid, id.gid), (3_900_000_002, 3_900_000_002), "next fit, not b's uid; gid = uid");
         assert_eq!(uid("d"), 3_900_000_003);
         assert_eq!(uid("e"), 3_900_000_001, "b's uid again, once the range wrapped");
         assert!(matches!(users.acquire("f"), Err(IdentityError::RangeExhausted { .. })));
+    }
+
+    #[test]
+    fn a_uid_whose_leftovers_are_being_removed_is_not_handed_out() {
+        let users = range(3_900_000_010, 3_900_000_011);
+        let uid = |k: &str| users.acquire(k).expect("acquire").expect("identity").uid;
+        assert_eq!(uid("a"), 3_900_000_010);
+        lock(&users.allocated).cleaning.insert(3_900_000_011);
+        assert!(matches!(users.acquire("b"), Err(IdentityError::RangeExhausted { .. })));
+        lock(&users.allocated).cleaning.clear();
+        assert_eq!(uid("b"), 3_900_000_011);
     }
 
     #[test]
