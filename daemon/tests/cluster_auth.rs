@@ -106,12 +106,14 @@ fn host_to_host_routes_take_node_certificates_and_membership_takes_the_operator(
         403,
         "a forwarded call without the operator token"
     );
+    let leave = format!("{base}/api/v1/cluster/leave");
+    assert_eq!(as_node(&c, 2, 2, "POST", &leave, true), 403, "leaving (a membership change) with a node key alone");
     // The users' token creating a kernel record directly (that would bypass the `[limits]`
     // caps of `POST /api/kernels`) -> 403, and no record.
     let records = format!("{base}/api/v1/cluster/kernels");
     let (code, body) = with_token(&c, TOKEN, "POST", &records, Some(json!({ "name": "python3", "gpus": 0 })));
     assert_eq!(code, 403, "{body}");
-    assert_eq!(metric(&c, 1, "not_an_operator") - before, 4.0);
+    assert_eq!(metric(&c, 1, "not_an_operator") - before, 5.0);
     assert_eq!(c.up_seen_by(1), vec![1, 2], "nothing changed");
     assert_eq!(c.get(1, "/api/v1/cluster/kernels").1, json!([]), "no kernel record");
 

@@ -229,7 +229,20 @@ async fn kernels_with_uids_of_their_own_cannot_read_each_others_connection_files
         required::cannot_run("kernel_user", &why);
         return;
     }
+    // What an earlier run (a crash) left under a range uid: a process and a file. The
+    // daemon kills and removes them at start, before it hands that uid out.
+    let stale_uid = RANGE_FIRST + 5;
+    let stale_file = format!("/tmp/nbos-stale-{}", uuid::Uuid::new_v4().simple());
+    std::fs::write(&stale_file, "old").expect("stale file");
+    std::os::unix::fs::chown(&stale_file, Some(stale_uid), Some(stale_uid)).expect("chown");
+    let mut stale = Command::new("sleep").arg("300").uid(stale_uid).gid(stale_uid).spawn().expect("stale process");
     let d = start(&format!("uid_range = [{RANGE_FIRST}, {}]\n", RANGE_FIRST + 9));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while (stale.try_wait().expect("wait").is_none() || Path::new(&stale_file).exists()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(stale.try_wait().expect("wait").is_some(), "the stale process of a range uid still runs");
+    assert!(!Path::new(&stale_file).exists(), "the stale file of a range uid is still there");
     let (a, pid_a) = tokio::task::block_in_place(|| create_kernel(&d));
     let (b, pid_b) = tokio::task::block_in_place(|| create_kernel(&d));
     // Lowest free first, gid = uid.
@@ -272,6 +285,19 @@ async fn kernels_with_uids_of_their_own_cannot_read_each_others_connection_files
     for p in &leftovers {
         assert_eq!(std::fs::symlink_metadata(p).expect("planted").uid(), RANGE_FIRST + 1);
     }
+    // B also shares a sticky directory, where A keeps a private directory: B's cleanup runs
+    // as B's uid, which cannot enter A's directory, so A's file outlives it (as root, a
+    // recursive delete of B's directory would have taken it).
+    let shared = format!("/tmp/nbos-shared-{tag}");
+    run_cell(&d.url, &b, &format!("import os; os.mkdir({shared:?}); os.chmod({shared:?}, 0o1777)")).await;
+    let kept = format!("{shared}/a-dir/file");
+    run_cell(
+        &d.url,
+        &a,
+        &format!("import os; os.mkdir({shared:?} + '/a-dir', 0o700); open({kept:?}, 'w').write('mine')"),
+    )
+    .await;
+    assert_eq!(std::fs::metadata(&kept).expect("A's file").uid(), RANGE_FIRST);
     tokio::task::block_in_place(|| delete(&d, &b));
     // Removed by a thread of the daemon's, just after the delete.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -284,6 +310,8 @@ async fn kernels_with_uids_of_their_own_cannot_read_each_others_connection_files
         assert!(std::fs::symlink_metadata(p).is_err(), "{p} outlived the kernel whose uid owned it");
     }
     assert!(!has_segment(&segments()), "B's shared memory segment outlived it");
+    assert_eq!(std::fs::read_to_string(&kept).expect("A's file survives B's cleanup"), "mine");
+    std::fs::remove_dir_all(&shared).expect("remove the shared directory");
 
     // A uid that still has a live process (here one started as it by hand) is not handed
     // out, and a given-back uid is the last to be taken again (next fit): C gets neither.

@@ -52,11 +52,13 @@ pub fn router(cluster: Arc<Cluster>, credentials: Credentials) -> Router {
     let operators = Router::new()
         .route("/api/v1/cluster/kernels", post(create_kernel))
         .route("/api/v1/cluster/kernels/{id}/replace", post(replace_replica))
-        .route("/api/v1/cluster/leave", post(leave))
         .route_layer(middleware::from_fn_with_state(credentials.clone(), require_operator));
+    // Membership, and leaving (which removes this host from it): the operator token even
+    // on a call marked forwarded.
     let membership = Router::new()
         .route("/api/v1/cluster/members", post(add_member))
         .route("/api/v1/cluster/members/{id}", axum::routing::delete(remove_member))
+        .route("/api/v1/cluster/leave", post(leave))
         .route_layer(middleware::from_fn_with_state(credentials, require_operator_always));
     users.merge(operators).merge(membership).with_state(cluster)
 }

@@ -159,7 +159,32 @@ impl KernelUsers {
             (true, Some([first, last])) => Mode::Range { first, last },
             (true, None) => Mode::Shared(shared_identity(&cfg.user, cfg.group.as_deref())?),
         };
-        Ok(Self { mode, allocated: Arc::default() })
+        let users = Self { mode, allocated: Arc::default() };
+        if let Mode::Range { first, last } = users.mode {
+            users.sweep(first, last);
+        }
+        Ok(users)
+    }
+
+    /// At start (after a restart or a crash of the daemon): the range's uids that still
+    /// have processes, files or IPC objects are cleaned before any of them is handed out,
+    /// on a thread of their own.
+    fn sweep(&self, first: u32, last: u32) {
+        let in_range = |u: u32| (first..=last).contains(&u);
+        let mut dirty: BTreeSet<u32> =
+            uid_leftovers::uids_with_processes().into_iter().filter(|u| in_range(*u)).collect();
+        dirty.extend(uid_leftovers::owned_entries(in_range).into_keys());
+        dirty.extend(uid_leftovers::ipc_owners().into_iter().filter(|u| in_range(*u)));
+        // An account's uid is never a kernel's, and never cleaned.
+        dirty.retain(|u| !names_an_account(*u));
+        if dirty.is_empty() {
+            return;
+        }
+        tracing::info!(uids = dirty.len(), "cleaning kernel uids an earlier run left processes or files under");
+        lock(&self.allocated).cleaning.extend(dirty.iter().copied());
+        for uid in dirty {
+            self.clean_in_background(uid);
+        }
     }
 
     /// Kernels run as the daemon's own user, with no switch (a daemon that is not root;
@@ -195,9 +220,8 @@ impl KernelUsers {
                     .filter(|u| !taken.contains(u))
                     .find(|&u| !names_an_account(u))
                     .ok_or(IdentityError::RangeExhausted { first: *first, last: *last })?;
-                // Whatever an earlier holder left (also after a crash of the daemon) is not
-                // the new kernel's.
-                uid_leftovers::remove(uid);
+                // Clean: given back uids leave `cleaning` only once cleaned, and what an
+                // earlier run left is swept at start.
                 allocated.by_kernel.insert(kernel_id.to_owned(), uid);
                 allocated.next = uid.checked_add(1);
                 Ok(Some(range_identity(uid)))
@@ -215,6 +239,11 @@ impl KernelUsers {
             allocated.cleaning.insert(uid);
             uid
         };
+        self.clean_in_background(uid);
+    }
+
+    /// Cleans `uid` (in `cleaning`) on a thread of its own, then lets it be handed out.
+    fn clean_in_background(&self, uid: u32) {
         let shared = self.allocated.clone();
         let cleanup = move || {
             uid_leftovers::remove(uid);

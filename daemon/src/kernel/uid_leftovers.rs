@@ -1,89 +1,151 @@
-//! What a kernel uid of `kernel.uid_range` leaves behind when its kernel is gone: files
-//! in the shared temporary directories and IPC objects, which would pass, with the uid,
-//! to the next kernel that gets it. Removed before a uid is handed out again (and when it
-//! is given back), as systemd's `RemoveIPC=` does for a dynamic user; a uid that still
-//! has a live process is not handed out at all.
+//! What a kernel uid of `kernel.uid_range` leaves behind when its kernel is gone:
+//! processes that outlived it, files in the shared temporary directories, IPC objects.
+//! All of it would pass, with the uid, to the next kernel that gets it. Cleaned before the
+//! uid is handed out again, as systemd's `RemoveIPC=` does for a dynamic user.
 //!
-//! Only top-level entries owned by the uid are removed (a directory with everything in
-//! it); symlinks are never followed (`remove_dir_all` removes a link, not its target).
+//! Processes and files are cleaned by a child process that runs *as the uid* (`rm -rf`
+//! after `kill(-1, SIGKILL)`): it kills every process of the uid, wherever it hides, and
+//! removes only what the uid itself could remove (in a sticky
+//! `/tmp`, its own entries; nothing another user keeps in a directory it shared), so a
+//! swapped name, a foreign subtree or a deep tree cannot make the root daemon delete
+//! another user's files or crash. SysV IPC objects the uid owns or created are removed by
+//! id (`IPC_RMID`; an id reused meanwhile fails harmlessly).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
 /// Shared directories a kernel can leave files in: the temporary directories (the
 /// unit's private ones under systemd) and the POSIX shared memory and message queue
 /// file systems.
 const SHARED_DIRS: &[&str] = &["/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue"];
 
-/// What was removed for one uid.
+/// What was cleaned for one uid.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Removed {
-    /// Top-level entries of [`SHARED_DIRS`].
+    /// Top-level entries of [`SHARED_DIRS`] handed to the cleanup.
     pub files: usize,
     /// SysV shared memory segments, semaphore sets and message queues.
     pub ipc_objects: usize,
 }
 
-/// The uids that own a live process (from `/proc/<pid>`'s owner: the process's euid).
+/// The uids (real, effective, saved or file system) of live processes, from the `Uid:`
+/// line of `/proc/<pid>/status` (a process whose effective uid is another still counts
+/// for its real and saved ones, which it can switch back to).
 pub fn uids_with_processes() -> BTreeSet<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else { return BTreeSet::new() };
     entries
         .flatten()
         .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
-        .filter_map(|e| e.metadata().ok().map(|m| m.uid()))
+        .filter_map(|e| std::fs::read_to_string(e.path().join("status")).ok())
+        .flat_map(|status| status_uids(&status))
         .collect()
 }
 
-/// Removes what `uid` owns in the shared directories and its SysV IPC objects. Failures
-/// are logged and skipped: a leftover the daemon cannot remove must not stop a kernel.
-pub fn remove(uid: u32) -> Removed {
-    let mut removed = Removed::default();
+/// The four uids of a `/proc/<pid>/status` text.
+fn status_uids(status: &str) -> Vec<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .map(|ids| ids.split_whitespace().filter_map(|v| v.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// Top-level entries of the shared directories whose owner `wanted` accepts, by owner.
+/// `lstat`: a symlink is judged as itself.
+pub fn owned_entries(wanted: impl Fn(u32) -> bool) -> BTreeMap<u32, Vec<PathBuf>> {
+    let mut out: BTreeMap<u32, Vec<PathBuf>> = BTreeMap::new();
     for dir in SHARED_DIRS {
-        removed.files += remove_owned_entries(Path::new(dir), uid);
+        entries_in(Path::new(dir), &wanted, &mut out);
     }
-    for (table, kind) in [("shm", IpcKind::Shm), ("sem", IpcKind::Sem), ("msg", IpcKind::Msg)] {
-        let path = format!("/proc/sysvipc/{table}");
-        let Ok(text) = std::fs::read_to_string(&path) else { continue };
+    out
+}
+
+fn entries_in(dir: &Path, wanted: &impl Fn(u32) -> bool, out: &mut BTreeMap<u32, Vec<PathBuf>>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        // DirEntry::metadata is lstat.
+        if let Ok(meta) = e.metadata() {
+            if wanted(meta.uid()) {
+                out.entry(meta.uid()).or_default().push(e.path());
+            }
+        }
+    }
+}
+
+/// Cleans everything of `uid`: its processes, its entries in the shared directories, its
+/// SysV IPC objects. Failures are logged: a leftover the uid cannot remove itself stays
+/// (it is in someone else's directory, or is not the uid's to remove).
+pub fn remove(uid: u32) -> Removed {
+    let paths = owned_entries(|owner| owner == uid).remove(&uid).unwrap_or_default();
+    if let Err(e) = kill_and_remove_as(uid, &paths) {
+        tracing::warn!(uid, error = %e, "the cleanup of a kernel uid did not remove everything");
+    }
+    let ipc_objects = remove_ipc_of(uid);
+    let removed = Removed { files: paths.len(), ipc_objects };
+    if removed != Removed::default() {
+        tracing::info!(uid, files = removed.files, ipc_objects, "cleaned what a kernel uid left behind");
+    }
+    removed
+}
+
+/// Runs `rm -rf --one-file-system -- PATHS` as `uid` (gid the same, no groups), after
+/// killing every process of the uid from inside that child.
+fn kill_and_remove_as(uid: u32, paths: &[PathBuf]) -> Result<(), String> {
+    let rm = ["/usr/bin/rm", "/bin/rm"].into_iter().find(|p| Path::new(p).exists()).unwrap_or("rm");
+    let mut cmd = Command::new(rm);
+    cmd.args(["-rf", "--one-file-system", "--"])
+        .args(paths)
+        .env_clear()
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .uid(uid)
+        .gid(uid);
+    // SAFETY: runs in the forked child after the switch to `uid` (std applies uid/gid
+    // before pre_exec hooks) and only calls kill(2), which is async-signal-safe.
+    // kill(-1) signals every process the caller may signal, except itself: as `uid`,
+    // exactly that uid's processes.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::kill(-1, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let out = cmd.output().map_err(|e| format!("running {rm} as uid {uid}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        Err(format!("{rm} as uid {uid} ({}): {}", out.status, stderr.lines().take(3).collect::<Vec<_>>().join("; ")))
+    }
+}
+
+fn remove_ipc_of(uid: u32) -> usize {
+    let mut n = 0;
+    for (table, kind) in IPC_TABLES {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/sysvipc/{table}")) else { continue };
         for id in owned_ipc_ids(&text, uid) {
             if remove_ipc(kind, id) {
-                removed.ipc_objects += 1;
+                n += 1;
             } else {
                 tracing::warn!(uid, id, table, error = %std::io::Error::last_os_error(), "could not remove an IPC object");
             }
         }
     }
-    if removed != Removed::default() {
-        tracing::info!(
-            uid,
-            files = removed.files,
-            ipc_objects = removed.ipc_objects,
-            "removed what a kernel uid left behind"
-        );
-    }
-    removed
+    n
 }
 
-/// Removes the entries of `dir` owned by `uid`; returns how many.
-fn remove_owned_entries(dir: &Path, uid: u32) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
-    let mut n = 0;
-    for e in entries.flatten() {
-        let path = e.path();
-        // DirEntry::metadata is lstat: a symlink is judged (and removed) as itself.
-        let Ok(meta) = e.metadata() else { continue };
-        if meta.uid() != uid {
-            continue;
-        }
-        let result = if meta.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
-        match result {
-            Ok(()) => n += 1,
-            Err(error) => {
-                tracing::warn!(uid, path = %path.display(), %error, "could not remove a kernel uid's leftover")
-            }
-        }
-    }
-    n
+/// The owners and creators of every SysV IPC object.
+pub fn ipc_owners() -> BTreeSet<u32> {
+    IPC_TABLES
+        .iter()
+        .filter_map(|(table, _)| std::fs::read_to_string(format!("/proc/sysvipc/{table}")).ok())
+        .flat_map(|text| ipc_objects(&text).into_iter().flat_map(|o| [o.uid, o.cuid]))
+        .collect()
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -93,9 +155,19 @@ enum IpcKind {
     Msg,
 }
 
-/// Ids of the objects in a `/proc/sysvipc/*` table whose owner or creator is `uid`
-/// (columns found by the header's names, which differ between the tables).
-fn owned_ipc_ids(table: &str, uid: u32) -> Vec<i32> {
+const IPC_TABLES: [(&str, IpcKind); 3] = [("shm", IpcKind::Shm), ("sem", IpcKind::Sem), ("msg", IpcKind::Msg)];
+
+/// One row of a `/proc/sysvipc/*` table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct IpcObject {
+    id: i32,
+    uid: u32,
+    cuid: u32,
+}
+
+/// The rows of a `/proc/sysvipc/*` table (columns found by the header's names, which
+/// differ between the tables; a row that does not parse is skipped).
+fn ipc_objects(table: &str) -> Vec<IpcObject> {
     let mut lines = table.lines();
     let Some(header) = lines.next() else { return Vec::new() };
     let names: Vec<&str> = header.split_whitespace().collect();
@@ -107,10 +179,18 @@ fn owned_ipc_ids(table: &str, uid: u32) -> Vec<i32> {
     lines
         .filter_map(|line| {
             let f: Vec<&str> = line.split_whitespace().collect();
-            let owner = |c: usize| f.get(c).and_then(|v| v.parse::<u32>().ok()) == Some(uid);
-            (owner(uid_col) || owner(cuid_col)).then(|| f.get(id_col).and_then(|v| v.parse().ok())).flatten()
+            Some(IpcObject {
+                id: f.get(id_col)?.parse().ok()?,
+                uid: f.get(uid_col)?.parse().ok()?,
+                cuid: f.get(cuid_col)?.parse().ok()?,
+            })
         })
         .collect()
+}
+
+/// Ids of the objects of a table whose owner or creator is `uid`.
+fn owned_ipc_ids(table: &str, uid: u32) -> Vec<i32> {
+    ipc_objects(table).into_iter().filter(|o| o.uid == uid || o.cuid == uid).map(|o| o.id).collect()
 }
 
 fn remove_ipc(kind: IpcKind, id: i32) -> bool {
@@ -148,20 +228,29 @@ mod tests {
     }
 
     #[test]
-    fn only_entries_of_the_uid_are_removed_and_links_are_not_followed() {
+    fn a_process_counts_for_each_of_its_uids_whatever_owns_its_proc_entry() {
+        let status = "Name:\tsleep\nUmask:\t0022\nState:\tS (sleeping)\nUid:\t2000001\t2000002\t2000003\t2000004\nGid:\t0\t0\t0\t0\n";
+        assert_eq!(status_uids(status), vec![2_000_001, 2_000_002, 2_000_003, 2_000_004]);
+        assert!(status_uids("Name:\tx\n").is_empty());
+        let me = nix::unistd::getuid().as_raw();
+        assert!(uids_with_processes().contains(&me), "this test's own process");
+    }
+
+    #[test]
+    fn entries_are_listed_by_owner_and_symlinks_as_themselves() {
         let me = nix::unistd::getuid().as_raw();
         let dir = tempfile::tempdir().expect("tmp");
-        let outside = tempfile::tempdir().expect("tmp");
-        std::fs::write(outside.path().join("keep"), "x").expect("write");
         std::fs::write(dir.path().join("file"), "x").expect("write");
         std::fs::create_dir(dir.path().join("tree")).expect("mkdir");
-        std::fs::write(dir.path().join("tree/inner"), "x").expect("write");
-        std::os::unix::fs::symlink(outside.path(), dir.path().join("link")).expect("symlink");
-        assert_eq!(remove_owned_entries(dir.path(), me), 3);
-        assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 0);
-        assert!(outside.path().join("keep").exists(), "a symlink's target is not touched");
-        std::fs::write(dir.path().join("file"), "x").expect("write");
-        assert_eq!(remove_owned_entries(dir.path(), me.wrapping_add(12345)), 0, "another uid's: kept");
-        assert!(dir.path().join("file").exists());
+        std::os::unix::fs::symlink("/etc/passwd", dir.path().join("link")).expect("symlink");
+        let mut out = BTreeMap::new();
+        entries_in(dir.path(), &|owner| owner == me, &mut out);
+        let mut names: Vec<String> =
+            out[&me].iter().map(|p| p.file_name().expect("name").to_string_lossy().into()).collect();
+        names.sort();
+        assert_eq!(names, ["file", "link", "tree"]);
+        let mut none = BTreeMap::new();
+        entries_in(dir.path(), &|owner| owner != me, &mut none);
+        assert!(none.is_empty(), "another uid's: nothing");
     }
 }
