@@ -182,9 +182,7 @@ impl KernelUsers {
         }
         tracing::info!(uids = dirty.len(), "cleaning kernel uids an earlier run left processes or files under");
         lock(&self.allocated).cleaning.extend(dirty.iter().copied());
-        for uid in dirty {
-            self.clean_in_background(uid);
-        }
+        self.clean_in_background(dirty.into_iter().collect());
     }
 
     /// Kernels run as the daemon's own user, with no switch (a daemon that is not root;
@@ -239,20 +237,23 @@ impl KernelUsers {
             allocated.cleaning.insert(uid);
             uid
         };
-        self.clean_in_background(uid);
+        self.clean_in_background(vec![uid]);
     }
 
-    /// Cleans `uid` (in `cleaning`) on a thread of its own, then lets it be handed out.
-    fn clean_in_background(&self, uid: u32) {
+    /// Cleans `uids` (in `cleaning`) one after another on a thread of its own, letting
+    /// each be handed out once it is clean.
+    fn clean_in_background(&self, uids: Vec<u32>) {
         let shared = self.allocated.clone();
         let cleanup = move || {
-            uid_leftovers::remove(uid);
-            lock(&shared).cleaning.remove(&uid);
+            for &uid in &uids {
+                uid_leftovers::remove(uid);
+                lock(&shared).cleaning.remove(&uid);
+            }
         };
         // Without a thread (none can be made), inline: slower, never skipped.
         let inline = cleanup.clone();
-        if let Err(e) = std::thread::Builder::new().name(format!("uid-{uid}-cleanup")).spawn(cleanup) {
-            tracing::warn!(uid, error = %e, "no thread for a kernel uid's cleanup; cleaning up inline");
+        if let Err(e) = std::thread::Builder::new().name("uid-cleanup".into()).spawn(cleanup) {
+            tracing::warn!(error = %e, "no thread for the cleanup of kernel uids; cleaning up inline");
             inline();
         }
     }
