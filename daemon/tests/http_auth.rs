@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{python, NOTEBOOKOSD, TOKEN};
+use common::{python, wait_for_endpoint, NOTEBOOKOSD, TOKEN};
 use notebookosd::link::client::GatewayClient;
 use notebookosd::link::tls::client_config;
 use notebookosd::pki::Pki;
@@ -68,18 +68,7 @@ impl TlsDaemon {
             .spawn()
             .expect("spawn");
         let mut d = TlsDaemon { child, url: String::new(), pki, dir };
-        let endpoint = d.dir.path().join("run/endpoint.json");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        d.url = loop {
-            if let Some(e) = std::fs::read_to_string(&endpoint)
-                .ok()
-                .and_then(|t| serde_json::from_str::<notebookosd::link::endpoint::Endpoint>(&t).ok())
-            {
-                break e.url;
-            }
-            assert!(Instant::now() < deadline, "daemon did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        d.url = wait_for_endpoint(&d.dir.path().join("run"));
         d
     }
 

@@ -26,6 +26,8 @@ use aya::programs::cgroup_device::CgroupDeviceLinkId;
 use aya::programs::{CgroupAttachMode, CgroupDevice};
 use aya::{Ebpf, EbpfLoader};
 
+use crate::error::with_sources;
+
 /// The compiled object, built by `build.rs`.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/device_guard.bpf.o"));
 
@@ -225,21 +227,6 @@ fn take_map(bpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, Device
 
 fn map_err(map: &'static str) -> impl Fn(MapError) -> DeviceGuardError {
     move |e| DeviceGuardError::Map { map, reason: e.to_string() }
-}
-
-/// An error with its chain of causes (aya's top-level message omits the OS error).
-fn with_sources(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !msg.contains(&text) {
-            msg.push_str(": ");
-            msg.push_str(&text);
-        }
-        source = s.source();
-    }
-    msg
 }
 
 #[cfg(test)]

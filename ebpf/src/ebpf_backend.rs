@@ -47,7 +47,7 @@ impl EbpfBackend {
             .map_max_entries("activity", max_processes)
             .map_max_entries("watched", max_processes)
             .load(OBJECT)
-            .map_err(|e| ObserverError::Load(with_sources(&e)))?;
+            .map_err(|e| ObserverError::Load(load_error(&e)))?;
 
         let exit: &mut BtfTracePoint = program(&mut bpf, EXIT_PROGRAM)?;
         exit.load(EXIT_TRACEPOINT, &btf).map_err(|e| ObserverError::Load(format!("{EXIT_PROGRAM}: {e}")))?;
@@ -131,21 +131,9 @@ impl EbpfBackend {
     }
 }
 
-/// An error with its chain of causes (aya's top-level message omits the OS error, e.g.
-/// "failed to create map" without "Operation not permitted"), plus what is usually missing.
-fn with_sources(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !msg.contains(&text) {
-            msg.push_str(": ");
-            msg.push_str(&text);
-        }
-        source = s.source();
-    }
-    msg.push_str(" (needs root, or CAP_BPF and CAP_PERFMON, and kernel BTF)");
-    msg
+/// A load error with its causes, plus what is usually missing.
+fn load_error(e: &dyn std::error::Error) -> String {
+    format!("{} (needs root, or CAP_BPF and CAP_PERFMON, and kernel BTF)", crate::error::with_sources(e))
 }
 
 fn program<'a, T>(bpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, ObserverError>

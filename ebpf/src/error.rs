@@ -52,3 +52,19 @@ pub enum ObserverError {
     #[error("starting the observer thread: {0}")]
     Thread(std::io::Error),
 }
+
+/// An error with its chain of causes: aya's top-level message omits the OS error (e.g.
+/// "failed to create map" without "Operation not permitted").
+pub(crate) fn with_sources(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        source = s.source();
+    }
+    msg
+}

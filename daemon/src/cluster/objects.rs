@@ -346,6 +346,11 @@ mod tests {
             let err = ensure_private_dir(&theirs).expect_err("another user's directory is refused");
             assert!(err.to_string().contains("owned by uid 65534"), "{err}");
         } else {
+            // CI runs as root and sets NBOS_REQUIRE_PRIVILEGED=1: there this case must run.
+            assert!(
+                std::env::var("NBOS_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
+                "NBOS_REQUIRE_PRIVILEGED=1 but not root: cannot make another user's directory"
+            );
             eprintln!("skipped the other-owner case: not root");
         }
     }

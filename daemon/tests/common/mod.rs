@@ -1,7 +1,7 @@
 //! A real `notebookosd` started from a config file, for the integration tests that
 //! talk to its HTTP API.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -78,19 +78,25 @@ pub fn start_daemon_under(wrapper: &[&str], extra_toml: &str, stderr: Stdio) -> 
     let child = command.arg("--config").arg(&config).stdout(Stdio::null()).stderr(stderr).spawn().expect("spawn");
     // Owned from here on, so a failed start still stops and reaps the child.
     let mut daemon = Daemon { child, url: String::new(), _dir: dir };
-    let endpoint = daemon._dir.path().join("run/endpoint.json");
+    daemon.url = wait_for_endpoint(&daemon._dir.path().join("run"));
+    daemon
+}
+
+/// The URL a daemon with runtime directory `run_dir` serves, once it wrote its endpoint
+/// file (within 30 s).
+pub fn wait_for_endpoint(run_dir: &Path) -> String {
+    let endpoint = run_dir.join("endpoint.json");
     let deadline = Instant::now() + Duration::from_secs(30);
-    daemon.url = loop {
+    loop {
         if let Some(e) = std::fs::read_to_string(&endpoint)
             .ok()
             .and_then(|t| serde_json::from_str::<notebookosd::link::endpoint::Endpoint>(&t).ok())
         {
-            break e.url;
+            return e.url;
         }
         assert!(Instant::now() < deadline, "daemon did not start");
         std::thread::sleep(Duration::from_millis(20));
-    };
-    daemon
+    }
 }
 
 /// One HTTP request; returns the status code and body whatever the status.
