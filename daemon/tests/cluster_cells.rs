@@ -32,7 +32,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 fn start_cluster() -> TestCluster {
     // With the cluster's PKI: raft mutual TLS, HTTPS, node certificates between hosts.
-    let c = TestCluster::start_tls(3, Options { fake_gpus: 1, host_ttl: "1s".to_owned(), extra_toml: String::new() });
+    let c = TestCluster::start_tls(3, Options { fake_gpus: 1, host_ttl: "1s".to_owned(), ..Options::default() });
     c.wait_ready(&[1, 2, 3], Duration::from_secs(60));
     c
 }

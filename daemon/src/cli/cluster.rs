@@ -7,6 +7,7 @@ use anyhow::Context;
 
 use crate::cli::client::{Client, HttpStatus, Target};
 use crate::cluster::meta::{ClusterStatus, LeaveReport};
+use crate::cluster::records::KernelRecord;
 
 /// `nbos cluster …`.
 #[derive(Debug, clap::Subcommand)]
@@ -46,10 +47,11 @@ pub struct LeaveArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
-    /// How long to wait for the moved replicas to be ready before leaving the meta group.
+    /// How long to wait for the replicas' moves to finish before leaving the meta group (a
+    /// cell running on a replica ends first).
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
-    /// Leave without waiting for the moved replicas to be ready.
+    /// Only begin the moves: the host stays a member, draining; run `leave` again to finish.
     #[arg(long)]
     pub no_wait: bool,
 }
@@ -85,8 +87,9 @@ fn status(client: &Client) -> anyhow::Result<ClusterStatus> {
     })
 }
 
-/// Drains this host (its replicas move), waits until each moved replica is ready on its new
-/// host, then leaves the meta group.
+/// Drains this host (its replicas move), waits until each move has finished (the new replica
+/// caught up and took the old one's place, after the cell running on the old one, if any,
+/// ended), then leaves the meta group.
 fn leave(client: &Client, args: &LeaveArgs) -> anyhow::Result<()> {
     #[derive(serde::Deserialize)]
     struct Drained {
@@ -101,18 +104,25 @@ fn leave(client: &Client, args: &LeaveArgs) -> anyhow::Result<()> {
             println!("kernel {kernel}: replica moved to host {to}");
         }
     }
-    if !args.no_wait {
+    if args.no_wait {
+        println!(
+            "host {} is draining; its replicas are moving: run `nbos cluster leave` again to leave",
+            drained.node_id
+        );
+        return Ok(());
+    }
+    {
         let deadline = Instant::now() + args.timeout;
         for (kernel, to) in &drained.moved {
             loop {
-                let ready: Vec<u64> = client.get_json(&format!("/api/v1/cluster/kernels/{kernel}/ready"))?;
-                if ready.contains(to) {
+                let record: KernelRecord = client.get_json(&format!("/api/v1/cluster/kernels/{kernel}"))?;
+                if !record.hosts().contains(&drained.node_id) {
                     break;
                 }
                 anyhow::ensure!(
                     Instant::now() < deadline,
-                    "the replica of kernel {kernel} on host {to} is not ready after {}; host {} is still a member \
-                     (its replicas have moved): run `nbos cluster leave` again, or with --no-wait",
+                    "the replica of kernel {kernel} has not finished moving to host {to} after {}; host {} is still a \
+                     member and draining: run `nbos cluster leave` again",
                     humantime::format_duration(args.timeout),
                     drained.node_id
                 );
@@ -213,7 +223,11 @@ pub fn render(s: &ClusterStatus) -> String {
             "{:>4}  {:<7}  {:<4}  {:<16}  {:<26}  {:>4}  {:>4}  {:>9}  {:>8}  {:>10}",
             format!("{}{mark}", m.node_id),
             m.role,
-            if m.up { "up" } else { "DOWN" },
+            match (m.up, m.draining) {
+                (true, true) => "drain",
+                (true, false) => "up",
+                (false, _) => "DOWN",
+            },
             name,
             url,
             gpus,
@@ -223,14 +237,28 @@ pub fn render(s: &ClusterStatus) -> String {
             subscribed
         );
     }
+    for mv in &s.moving {
+        let m = &mv.moving;
+        let _ = writeln!(
+            out,
+            "moving    kernel {}: replica {} from host {} to host {} as replica {} ({}, since {} ms since the epoch)",
+            mv.kernel,
+            m.replica,
+            m.from,
+            m.to,
+            m.new_replica,
+            m.reason.as_str(),
+            m.started_ms
+        );
+    }
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::meta::MemberStatus;
-    use crate::cluster::records::{GpuRecord, HostRecord, LoadRecord};
+    use crate::cluster::meta::{MemberStatus, MovingStatus};
+    use crate::cluster::records::{GpuRecord, HostRecord, LoadRecord, MoveReason, MoveRecord};
 
     fn member(id: u64, up: bool) -> MemberStatus {
         MemberStatus {
@@ -254,6 +282,7 @@ mod tests {
                 replicas: 2,
                 subscribed_gpus: 3,
             }),
+            draining: id == 4,
         }
     }
 
@@ -267,11 +296,25 @@ mod tests {
             meta_leader: Some(2),
             term: 4,
             registered: true,
-            members: vec![member(1, true), member(2, true), member(3, false)],
+            members: vec![member(1, true), member(2, true), member(3, false), member(4, true)],
             kernels: 5,
+            moving: vec![MovingStatus {
+                kernel: "k1".into(),
+                moving: MoveRecord {
+                    replica: 2,
+                    from: 4,
+                    to: 1,
+                    new_replica: 4,
+                    reason: MoveReason::Drain,
+                    started_ms: 7,
+                },
+            }],
         };
         let t = render(&s);
-        assert!(t.contains("2 of 3 host(s) up; meta leader 2; term 4"), "{t}");
+        let row4 = t.lines().find(|l| l.trim_start().starts_with("4 ")).expect("draining row");
+        assert!(row4.contains("drain"), "{t}");
+        assert!(t.contains("moving    kernel k1: replica 2 from host 4 to host 1 as replica 4 (drain"), "{t}");
+        assert!(t.contains("3 of 4 host(s) up; meta leader 2; term 4"), "{t}");
         let row2 = t.lines().find(|l| l.trim_start().starts_with("2*")).expect("leader row");
         assert!(row2.contains("up") && row2.contains("h2") && row2.contains("http://127.0.0.1:8882"), "{t}");
         let row3 = t.lines().find(|l| l.trim_start().starts_with("3 ")).expect("down row");

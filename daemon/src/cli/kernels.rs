@@ -278,6 +278,7 @@ mod tests {
                 version: "0".into(),
             }),
             load: None,
+            draining: false,
         };
         let status = ClusterStatus {
             node_id: 1,
@@ -289,6 +290,7 @@ mod tests {
             registered: true,
             members: vec![member(1, true), member(2, true), member(3, true), member(4, false)],
             kernels: 1,
+            moving: Vec::new(),
         };
         let k = KernelRecord {
             id: "k1".into(),
@@ -298,6 +300,7 @@ mod tests {
             replicas: [(1, 1), (2, 2), (3, 4)].map(|(replica, node_id)| ReplicaRecord { replica, node_id }).to_vec(),
             created_ms: 0,
             env: Default::default(),
+            moving: None,
         };
         let row = |replica, role: &str, lag| HostedReplica {
             kernel_id: "k1".into(),
@@ -333,6 +336,7 @@ mod tests {
             replicas: vec![crate::cluster::records::ReplicaRecord { replica: 1, node_id: 1 }],
             created_ms: 0,
             env: Default::default(),
+            moving: None,
         }]
     }
 

@@ -4,7 +4,7 @@
 //!
 //! Credentials ([`Credentials`]): reading, and deleting a kernel record, take the users'
 //! credential; creating a record, membership, leave (drain) and re-placement take the
-//! operator token; a call another host forwarded ([`FORWARDED_HEADER`], run here
+//! operator token (moving a replica too); a call another host forwarded ([`FORWARDED_HEADER`], run here
 //! without forwarding again) takes that host's node certificate, and for membership the
 //! operator token as well (the forwarding host sends it), so a node key alone cannot
 //! change the cluster.
@@ -19,6 +19,7 @@
 //! | `GET /api/v1/cluster/kernels/{id}` | one record |
 //! | `DELETE /api/v1/cluster/kernels/{id}` | delete the record (meta leader) |
 //! | `POST /api/v1/cluster/kernels/{id}/replace` | `{"node_id": n}` → re-placed record or `null` (meta leader) |
+//! | `POST /api/v1/cluster/kernels/{id}/migrate` | [`MoveRequest`] → [`super::meta::MoveAnswer`]: begin moving a replica (meta leader) |
 //! | `GET /api/v1/cluster/kernels/{id}/ready` | node ids whose replica of the kernel is ready |
 //! | `POST /api/v1/cluster/members` | [`PeerRecord`] → add a host to the meta group (meta leader) |
 //! | `DELETE /api/v1/cluster/members/{id}` | remove a host from the meta group (meta leader) |
@@ -33,7 +34,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
-use super::meta::{Cluster, ClusterError, KernelSpec, PeerRecord, FORWARDED_HEADER};
+use super::meta::{Cluster, ClusterError, KernelSpec, MoveRequest, PeerRecord, FORWARDED_HEADER};
 #[cfg(doc)]
 use super::meta::{ClusterStatus, LeaveReport};
 #[cfg(doc)]
@@ -52,6 +53,7 @@ pub fn router(cluster: Arc<Cluster>, credentials: Credentials) -> Router {
     let operators = Router::new()
         .route("/api/v1/cluster/kernels", post(create_kernel))
         .route("/api/v1/cluster/kernels/{id}/replace", post(replace_replica))
+        .route("/api/v1/cluster/kernels/{id}/migrate", post(move_replica))
         .route_layer(middleware::from_fn_with_state(credentials.clone(), require_operator));
     // Membership, and leaving (which removes this host from it): the operator token even
     // on a call marked forwarded.
@@ -184,6 +186,17 @@ async fn replace_replica(
     } else {
         c.replace_replica(&id, body.node_id).await?
     };
+    Ok(Json(out).into_response())
+}
+
+async fn move_replica(
+    State(c): State<Arc<Cluster>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Json(body): Json<MoveRequest>,
+) -> Result<Response, ApiError> {
+    let out =
+        if forwarded(&headers) { c.move_replica_here(&id, &body).await? } else { c.move_replica(&id, body).await? };
     Ok(Json(out).into_response())
 }
 

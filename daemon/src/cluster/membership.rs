@@ -37,6 +37,7 @@ impl Cluster {
                 tokio::spawn(heartbeat(this.clone())),
                 tokio::spawn(learn_peers(this.clone())),
                 tokio::spawn(replace_lost_replicas(this.clone())),
+                tokio::spawn(super::moves::drive_moves(this.clone())),
             ];
             if let Ok(mut t) = this.tasks.lock() {
                 t.extend(tasks);

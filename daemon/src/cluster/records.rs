@@ -105,6 +105,67 @@ pub struct KernelRecord {
     /// Environment the client asked for (already filtered by the gateway).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// A replica on its way to another host ([`MoveRecord`]); at most one per kernel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moving: Option<MoveRecord>,
+}
+
+impl KernelRecord {
+    /// The replica this kernel has on `node_id`: a placed one, or the one moving there.
+    pub fn replica_on(&self, node_id: u64) -> Option<ReplicaRecord> {
+        self.replicas.iter().find(|r| r.node_id == node_id).cloned().or_else(|| {
+            self.moving.as_ref().filter(|m| m.to == node_id).map(|m| ReplicaRecord { replica: m.new_replica, node_id })
+        })
+    }
+
+    /// Every host that holds or is about to hold a replica (placed ones, then a move's target).
+    pub fn hosts(&self) -> Vec<u64> {
+        let mut hosts: Vec<u64> = self.replicas.iter().map(|r| r.node_id).collect();
+        hosts.extend(self.moving.as_ref().map(|m| m.to));
+        hosts
+    }
+}
+
+/// Why a replica moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MoveReason {
+    /// Every replica's host yielded a cell: the cell runs where GPUs are free.
+    AllYield,
+    /// Its host is being drained (leaving the cluster, or released by the autoscaler).
+    Drain,
+}
+
+impl MoveReason {
+    /// The metrics label and the wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MoveReason::AllYield => "all_yield",
+            MoveReason::Drain => "drain",
+        }
+    }
+}
+
+/// A replica moving between hosts (a kernel record's `moving`), in two steps that the meta
+/// leader commits: first this record, so that the target host starts a new replica that
+/// joins the kernel's group as a learner and catches up; then, once the target is ready and
+/// the source replica is quiesced (runs no cell, yields every new one), the record whose
+/// `replicas` has the new replica in place of the old one. The group's leader follows the
+/// record (learner, then promotion and removal) and the source host stops its replica.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveRecord {
+    /// The replica that leaves.
+    pub replica: u32,
+    /// Its host.
+    pub from: u64,
+    /// The host it moves to.
+    pub to: u64,
+    /// The number of the new replica there (past every number the kernel used).
+    pub new_replica: u32,
+    /// Why.
+    pub reason: MoveReason,
+    /// When the move began, ms since the Unix epoch (for its timeout and its duration).
+    pub started_ms: u64,
 }
 
 /// A cell's election (`elect/{cell}` in the kernel group). Only the replica the
@@ -133,6 +194,11 @@ pub mod keys {
     pub const KERNELS: &str = "kernels/";
     /// Prefix of replica readiness marks (`ready/{kernel}/{node}`, on the host's lease).
     pub const READY: &str = "ready/";
+    /// Prefix of quiesced marks (`quiesced/{kernel}/{node}`, on the host's lease): the
+    /// host's replica of the kernel runs no cell and yields new ones, so it may move.
+    pub const QUIESCED: &str = "quiesced/";
+    /// Prefix of draining marks (`draining/{node}`): placement puts nothing new there.
+    pub const DRAINING: &str = "draining/";
     /// The next kernel group id to allocate (a JSON number; see [`super::next_kernel_group`]).
     pub const NEXT_KERNEL_GROUP: &str = "counters/next-kernel-group";
     /// Prefix of election records in a kernel group.
@@ -157,6 +223,14 @@ pub mod keys {
     /// `ready/{kernel}/{node:020}`.
     pub fn ready(kernel_id: &str, node_id: u64) -> String {
         format!("{READY}{kernel_id}/{node_id:020}")
+    }
+    /// `quiesced/{kernel}/{node:020}`.
+    pub fn quiesced(kernel_id: &str, node_id: u64) -> String {
+        format!("{QUIESCED}{kernel_id}/{node_id:020}")
+    }
+    /// `draining/{node:020}`.
+    pub fn draining(node_id: u64) -> String {
+        format!("{DRAINING}{node_id:020}")
     }
     /// `elect/{cell}`.
     pub fn elect(cell: &str) -> String {

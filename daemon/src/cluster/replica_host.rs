@@ -23,6 +23,7 @@
 //!   before that (absent when the cell never reached the kernel).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -89,6 +90,28 @@ pub struct LocalReplica {
     pub applier: Applier,
     /// Cells this replica won (most recent last).
     won: Mutex<VecDeque<String>>,
+    /// Lead requests being decided and won cells running ([`Busy`] guards).
+    busy: AtomicU32,
+    /// A move takes this replica away: it yields every cell from now on.
+    moving_out: AtomicBool,
+}
+
+/// Counts a lead request or won cell as running on its replica while alive. Taken before a
+/// lead request reads [`LocalReplica::moving_out`], so that a replica seen idle after its
+/// move was flagged starts no cell (both sides use sequentially consistent atomics).
+struct Busy(Arc<LocalReplica>);
+
+impl Busy {
+    fn enter(local: &Arc<LocalReplica>) -> Self {
+        local.busy.fetch_add(1, Ordering::SeqCst);
+        Busy(local.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl std::fmt::Debug for LocalReplica {
@@ -100,7 +123,15 @@ impl std::fmt::Debug for LocalReplica {
 impl LocalReplica {
     /// A replica record for the host's map.
     pub fn new(kernel_id: String, replica: u32, group: u64, applier: Applier) -> Self {
-        Self { kernel_id, replica, group, applier, won: Mutex::new(VecDeque::new()) }
+        Self {
+            kernel_id,
+            replica,
+            group,
+            applier,
+            won: Mutex::new(VecDeque::new()),
+            busy: AtomicU32::new(0),
+            moving_out: AtomicBool::new(false),
+        }
     }
 
     /// Remembers `cell` as won here; false when it already was (a duplicate request).
@@ -248,6 +279,18 @@ impl ReplicaHost {
         self.lock().remove(kernel_id)
     }
 
+    /// Flags the local replica of `kernel_id` as moving away (it yields every cell) or not.
+    pub fn set_moving_out(&self, kernel_id: &str, moving: bool) {
+        if let Some(local) = self.replica(kernel_id) {
+            local.moving_out.store(moving, Ordering::SeqCst);
+        }
+    }
+
+    /// True unless the local replica of `kernel_id` is deciding or running a cell.
+    pub fn is_idle(&self, kernel_id: &str) -> bool {
+        self.replica(kernel_id).is_none_or(|local| local.busy.load(Ordering::SeqCst) == 0)
+    }
+
     /// The local replica of `kernel_id`, if this host has one.
     pub fn replica(&self, kernel_id: &str) -> Option<Arc<LocalReplica>> {
         self.lock().get(kernel_id).cloned()
@@ -279,7 +322,12 @@ impl ReplicaHost {
             tokio::spawn(async move { election::note_yield(&kv, &cell, round, replica).await });
             return Handled::Handled;
         }
-        let decision = if kernel.hub.activity().execution_state == "dead" {
+        let busy = Busy::enter(&local);
+        let decision = if local.moving_out.load(Ordering::SeqCst) {
+            Decision::Yield {
+                reason: format!("replica {} on host {} is moving to another host", local.replica, self.node_id),
+            }
+        } else if kernel.hub.activity().execution_state == "dead" {
             Decision::Yield { reason: format!("replica {} on host {} is dead", local.replica, self.node_id) }
         } else if let Some(why) = local.applier.broken() {
             Decision::Yield { reason: format!("replica {} cannot follow the namespace: {why}", local.replica) }
@@ -307,7 +355,10 @@ impl ReplicaHost {
                 if local.first_win(&req.cell) {
                     let (host, kernel) = (self.clone(), kernel.clone());
                     let won = Won { cell: req.cell, record, started };
-                    tokio::spawn(async move { host.run_won(kernel, local, client, msg, header.msg_id, won).await });
+                    tokio::spawn(async move {
+                        host.run_won(kernel, local, client, msg, header.msg_id, won).await;
+                        drop(busy);
+                    });
                 }
             }
             other => {

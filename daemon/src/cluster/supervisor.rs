@@ -68,6 +68,8 @@ pub struct Supervisor {
     retry: HashMap<String, (Instant, u32)>,
     /// Replicas whose group failed here: when to ask for their re-placement again.
     repairing: HashMap<String, Instant>,
+    /// Kernels whose replica here is quiesced for a move (this host put the mark).
+    quiesced: BTreeSet<String>,
 }
 
 impl Supervisor {
@@ -82,6 +84,7 @@ impl Supervisor {
             pending_membership: HashMap::new(),
             retry: HashMap::new(),
             repairing: HashMap::new(),
+            quiesced: BTreeSet::new(),
         };
         tokio::spawn(async move { sup.run().await })
     }
@@ -121,7 +124,7 @@ impl Supervisor {
             return;
         }
         let me = self.cluster.node_id();
-        let mine = record.replicas.iter().find(|r| r.node_id == me).cloned();
+        let mine = record.replica_on(me);
         let id = record.id.clone();
         match (mine, self.running.get(&id).cloned()) {
             (Some(r), None) => {
@@ -140,6 +143,7 @@ impl Supervisor {
             }
             (Some(_), Some(_)) => {
                 self.records.insert(id.clone(), record.clone());
+                self.quiesce(&record).await;
                 self.reconcile_membership(&record).await;
             }
             (None, Some(_)) => {
@@ -152,6 +156,7 @@ impl Supervisor {
     }
 
     async fn on_delete(&mut self, id: &str) {
+        self.forget_quiesced(id).await;
         self.records.remove(id);
         self.retry.remove(id);
         self.pending_membership.remove(id);
@@ -168,6 +173,7 @@ impl Supervisor {
         let records: Vec<KernelRecord> = self.records.values().cloned().collect();
         let me = self.cluster.node_id();
         for record in records {
+            self.quiesce(&record).await;
             if self.running.contains_key(&record.id) {
                 let dead = match self.host.kernels().get(&record.id).await {
                     Some(k) => k.hub.activity().execution_state == "dead",
@@ -188,7 +194,7 @@ impl Supervisor {
                 if self.retry.get(&record.id).is_some_and(|(at, _)| Instant::now() < *at) {
                     continue;
                 }
-                if let Some(r) = record.replicas.iter().find(|r| r.node_id == me).cloned() {
+                if let Some(r) = record.replica_on(me) {
                     if let Err(e) = self.start_replica(&record, &r).await {
                         tracing::warn!(kernel = %record.id, error = format!("{e:#}"), "local replica still not started");
                     }
@@ -310,6 +316,7 @@ impl Supervisor {
     }
 
     async fn stop_replica(&mut self, id: &str) {
+        self.forget_quiesced(id).await;
         self.repairing.remove(id);
         if let Some(t) = self.readying.remove(id) {
             t.abort();
@@ -328,18 +335,21 @@ impl Supervisor {
         }
     }
 
-    /// While this host leads the kernel's group: voters := the record's hosts. A change
-    /// waits [`MEMBERSHIP_GRACE`] after the record is first seen, so that a replacement
-    /// host has created its empty group replica when the leader starts sending to it.
+    /// While this host leads the kernel's group: voters := the record's replicas' hosts,
+    /// learners := a move's target (it catches up before it counts for the quorum; the
+    /// move's end makes it a voter and removes the old host). A change waits
+    /// [`MEMBERSHIP_GRACE`] after the record is first seen, so that a new host has created
+    /// its empty group replica when the leader starts sending to it.
     async fn reconcile_membership(&mut self, record: &KernelRecord) {
         let store = self.cluster.store().clone();
         let Ok(status) = store.status(record.group).await else { return };
         if status.role != "leader" || !status.membership.voters_outgoing.is_empty() {
             return;
         }
-        let want: BTreeSet<u64> = record.replicas.iter().map(|r| r.node_id).collect();
-        let have: BTreeSet<u64> = status.membership.voters.iter().copied().collect();
-        if want == have {
+        let voters: BTreeSet<u64> = status.membership.voters.iter().copied().collect();
+        let learners: BTreeSet<u64> = status.membership.learners.iter().copied().collect();
+        let changes = membership_changes(record, &voters, &learners);
+        if changes.is_empty() {
             self.pending_membership.remove(&record.id);
             return;
         }
@@ -353,28 +363,77 @@ impl Supervisor {
         if since.elapsed() < MEMBERSHIP_GRACE {
             return;
         }
-        let mut changes: Vec<MembershipChange> =
-            want.difference(&have).map(|n| MembershipChange::AddVoter(*n)).collect();
-        changes.extend(have.difference(&want).map(|n| MembershipChange::Remove(*n)));
         match store.change_membership(record.group, &changes).await {
             Ok(m) => {
                 self.pending_membership.remove(&record.id);
-                tracing::info!(kernel = %record.id, group = record.group, voters = ?m.voters, "kernel group membership changed");
+                tracing::info!(kernel = %record.id, group = record.group, voters = ?m.voters, learners = ?m.learners, "kernel group membership changed");
             }
             Err(e) => {
                 tracing::warn!(kernel = %record.id, group = record.group, error = %e, "kernel group membership change failed; retrying")
             }
         }
     }
+
+    /// While a move takes this host's replica away: the replica yields every new cell, and
+    /// once it runs none the host puts its quiesced mark, which lets the meta leader finish
+    /// the move (the replica is stopped then, with no cell on it). Otherwise: no mark.
+    async fn quiesce(&mut self, record: &KernelRecord) {
+        let me = self.cluster.node_id();
+        let leaving = record.moving.as_ref().is_some_and(|m| m.from == me);
+        self.host.set_moving_out(&record.id, leaving);
+        if !leaving {
+            self.forget_quiesced(&record.id).await;
+            return;
+        }
+        if self.quiesced.contains(&record.id) || !self.host.is_idle(&record.id) {
+            return;
+        }
+        match self.cluster.put_quiesced(&record.id).await {
+            Ok(()) => {
+                tracing::info!(kernel = %record.id, "local replica quiesced for its move");
+                self.quiesced.insert(record.id.clone());
+            }
+            Err(e) => tracing::debug!(kernel = %record.id, error = %e, "quiesced mark not put; retrying"),
+        }
+    }
+
+    /// Withdraws this host's quiesced mark for `id`, if it put one.
+    async fn forget_quiesced(&mut self, id: &str) {
+        if self.quiesced.remove(id) {
+            if let Err(e) = self.cluster.clear_quiesced(id).await {
+                tracing::debug!(kernel = %id, error = %e, "quiesced mark not withdrawn (it goes with the host lease)");
+            }
+        }
+    }
+}
+
+/// The membership changes that make a kernel group's voters the record's replicas' hosts
+/// and its learners the host a replica moves to (empty when it already is so).
+fn membership_changes(
+    record: &KernelRecord,
+    voters: &BTreeSet<u64>,
+    learners: &BTreeSet<u64>,
+) -> Vec<MembershipChange> {
+    let want_voters: BTreeSet<u64> = record.replicas.iter().map(|r| r.node_id).collect();
+    let want_learner = record.moving.as_ref().map(|m| m.to).filter(|t| !want_voters.contains(t));
+    let mut changes: Vec<MembershipChange> =
+        want_voters.difference(voters).map(|n| MembershipChange::AddVoter(*n)).collect();
+    if let Some(t) = want_learner.filter(|t| !voters.contains(t) && !learners.contains(t)) {
+        changes.push(MembershipChange::AddLearner(t));
+    }
+    let members = voters.union(learners);
+    changes.extend(
+        members.filter(|n| !want_voters.contains(n) && want_learner != Some(**n)).map(|n| MembershipChange::Remove(*n)),
+    );
+    changes
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn replacements_are_the_replicas_numbered_past_the_founders() {
-        let rec = |nums: &[(u32, u64)]| KernelRecord {
+    fn rec(nums: &[(u32, u64)]) -> KernelRecord {
+        KernelRecord {
             id: "k".into(),
             name: "python3".into(),
             gpus: 0,
@@ -382,7 +441,37 @@ mod tests {
             replicas: nums.iter().map(|&(replica, node_id)| ReplicaRecord { replica, node_id }).collect(),
             created_ms: 0,
             env: Default::default(),
-        };
+            moving: None,
+        }
+    }
+
+    #[test]
+    fn a_move_adds_its_target_as_a_learner_then_promotes_it_and_removes_the_source() {
+        use crate::cluster::records::{MoveReason, MoveRecord};
+        let set = |v: &[u64]| v.iter().copied().collect::<BTreeSet<u64>>();
+        let mut moving = rec(&[(1, 1), (2, 2), (3, 3)]);
+        let m = MoveRecord { replica: 2, from: 2, to: 4, new_replica: 4, reason: MoveReason::AllYield, started_ms: 0 };
+        moving.moving = Some(m.clone());
+        // The target is a replica of this host's (it joins instead of founding the group).
+        let incoming = moving.replica_on(4).expect("the target holds the new replica");
+        assert_eq!(incoming.replica, 4);
+        assert!(is_replacement(&moving, &incoming));
+        assert_eq!(moving.hosts(), vec![1, 2, 3, 4]);
+        // Step 1: learner.
+        let changes = membership_changes(&moving, &set(&[1, 2, 3]), &set(&[]));
+        assert_eq!(changes, vec![MembershipChange::AddLearner(4)]);
+        assert!(membership_changes(&moving, &set(&[1, 2, 3]), &set(&[4])).is_empty());
+        // Step 2 (the move finished): promote and remove, in one joint change.
+        let done = rec(&[(1, 1), (4, 4), (3, 3)]);
+        let changes = membership_changes(&done, &set(&[1, 2, 3]), &set(&[4]));
+        assert_eq!(changes, vec![MembershipChange::AddVoter(4), MembershipChange::Remove(2)]);
+        // An aborted move: the learner goes.
+        let aborted = rec(&[(1, 1), (2, 2), (3, 3)]);
+        assert_eq!(membership_changes(&aborted, &set(&[1, 2, 3]), &set(&[4])), vec![MembershipChange::Remove(4)]);
+    }
+
+    #[test]
+    fn replacements_are_the_replicas_numbered_past_the_founders() {
         let founded = rec(&[(1, 1), (2, 2), (3, 3)]);
         assert!(founded.replicas.iter().all(|r| !is_replacement(&founded, r)));
         let replaced = rec(&[(1, 1), (4, 5), (3, 3)]);

@@ -29,13 +29,15 @@ pub struct Options {
     pub fake_gpus: u32,
     /// `cluster.host_ttl`.
     pub host_ttl: String,
-    /// More TOML appended to every host's config (whole sections).
+    /// More TOML appended to every host's config (keys of `[cluster]`, or whole sections).
     pub extra_toml: String,
+    /// `gpu.subscription_ratio`.
+    pub subscription_ratio: f64,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { fake_gpus: 1, host_ttl: "1s".to_owned(), extra_toml: String::new() }
+        Self { fake_gpus: 1, host_ttl: "1s".to_owned(), extra_toml: String::new(), subscription_ratio: 3.0 }
     }
 }
 
@@ -160,9 +162,12 @@ impl TestCluster {
         let config = dir.join("notebookosd.toml");
         let python = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
         let gpu = if self.options.fake_gpus > 0 {
-            format!("[gpu]\ndriver = \"fake\"\nfake_gpus = {}\n[observer]\nmode = \"procfs\"\n", self.options.fake_gpus)
+            format!(
+                "[gpu]\ndriver = \"fake\"\nfake_gpus = {}\nsubscription_ratio = {:?}\n[observer]\nmode = \"procfs\"\n",
+                self.options.fake_gpus, self.options.subscription_ratio
+            )
         } else {
-            "[gpu]\ndriver = \"none\"\n".to_owned()
+            format!("[gpu]\ndriver = \"none\"\nsubscription_ratio = {:?}\n", self.options.subscription_ratio)
         };
         let seeds = self.seeds.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ");
         let (tls, http_tls) = if self.tls {

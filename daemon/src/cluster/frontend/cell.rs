@@ -13,7 +13,8 @@ use super::events::{Cell, Event};
 use super::kernel::{FrontendKernel, NO_REPLICA_TIMEOUT};
 use super::replica_link::ensure_link;
 use super::state::Current;
-use crate::cluster::records::ElectionRecord;
+use crate::cluster::meta::{MoveAnswer, MoveRequest};
+use crate::cluster::records::{ElectionRecord, MoveReason, MoveRecord};
 use crate::jupyter::Channel;
 use crate::sched::preselect::{preselect, Candidate};
 
@@ -21,6 +22,48 @@ use crate::sched::preselect::{preselect, Candidate};
 const OUTCOME_TIMEOUT: Duration = Duration::from_secs(15);
 /// Pause between retry rounds when every live replica yielded and no `load/` changed.
 const YIELD_RETRY: Duration = Duration::from_millis(500);
+
+/// How often a waiting cell asks again for a replica to move (no host could take one).
+const MOVE_ASK_EVERY: Duration = Duration::from_secs(5);
+
+/// Asks the meta leader, in the background, to move one of the kernel's replicas to a host
+/// that can commit its GPUs now ([`crate::sched::migrate::choose`]); the cell loop sees the
+/// move in the kernel's record.
+fn ask_to_move(k: &Arc<FrontendKernel>) {
+    let Some(cluster) = k.shared.cluster.get().cloned() else { return };
+    let id = k.id.clone();
+    tokio::spawn(async move {
+        let request = MoveRequest { reason: MoveReason::AllYield, from: None };
+        match cluster.move_replica(&id, request).await {
+            Ok(MoveAnswer::Moving { record }) => {
+                tracing::info!(kernel = %id, moving = ?record.moving, "every replica yielded: a replica moves");
+            }
+            Ok(MoveAnswer::NoHost) => {
+                tracing::debug!(kernel = %id, "every replica yielded and no host can take a replica now");
+            }
+            Ok(MoveAnswer::NotThere { .. }) => {}
+            Err(e) => tracing::warn!(kernel = %id, error = %e, "could not ask for a replica to move"),
+        }
+    });
+}
+
+/// Tells the clients of a waiting cell that a replica moves (a `stream` message, like the
+/// one that says the cell waits).
+async fn tell_moving(k: &Arc<FrontendKernel>, cell: &Cell, m: &MoveRecord) {
+    let hosts = k.shared.hosts().await;
+    let name = |n: u64| hosts.get(&n).map_or_else(|| format!("node {n}"), |h| h.name.clone());
+    let text = format!(
+        "[NotebookOS] moving replica {} of this kernel from host {} to host {} ({}); the cell runs there once its state has caught up\n",
+        m.replica,
+        name(m.from),
+        name(m.to),
+        match m.reason {
+            MoveReason::AllYield => "it can commit the GPUs now",
+            MoveReason::Drain => "its host is being drained",
+        },
+    );
+    k.publish(&cell.request, "stream", &serde_json::json!({ "name": "stderr", "text": text }));
+}
 
 /// Runs the kernel's cells one at a time.
 pub(super) async fn cell_worker(
@@ -50,6 +93,8 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
     let mut expected: Option<ElectionRecord> = None;
     let mut yielded: Vec<u32> = Vec::new();
     let mut told_waiting = false;
+    let mut told_moving: Option<u32> = None;
+    let mut asked_to_move: Option<Instant> = None;
     let no_replica_since = Instant::now();
     let failure = 'cell: loop {
         // Who is live now; a new replica (re-placed) gets a link.
@@ -86,6 +131,18 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
                     reason.map(|r| format!(" ({r})")).unwrap_or_default()
                 );
                 k.publish(&cell.request, "stream", &serde_json::json!({ "name": "stderr", "text": text }));
+            }
+            // A replica moves to a host that can run the cell now (the meta leader decides).
+            match &record.moving {
+                Some(m) if told_moving != Some(m.new_replica) => {
+                    told_moving = Some(m.new_replica);
+                    tell_moving(k, cell, m).await;
+                }
+                None if asked_to_move.is_none_or(|t| t.elapsed() >= MOVE_ASK_EVERY) => {
+                    asked_to_move = Some(Instant::now());
+                    ask_to_move(k);
+                }
+                _ => {}
             }
             yielded.clear();
             let _ = tokio::time::timeout(YIELD_RETRY, changes.changed()).await;

@@ -14,6 +14,7 @@ use super::metrics::{FrontendMetrics, MetricsRegistry};
 use super::replica_link::ensure_link;
 use super::shared::{watch_hosts_and_loads, Shared};
 use crate::cluster::local_link::LocalReplicas;
+use crate::cluster::meta::Cluster;
 use crate::cluster::records::{HostRecord, KernelRecord};
 
 /// The front-end kernels of this host.
@@ -46,6 +47,7 @@ impl Frontends {
                 changes: rx,
                 cache: Mutex::new(None),
                 local: std::sync::OnceLock::new(),
+                cluster: std::sync::OnceLock::new(),
             }),
             kernels: Mutex::new(HashMap::new()),
             watcher,
@@ -60,6 +62,12 @@ impl Frontends {
     /// instead of by WebSocket to this host's own gateway. Set once; later calls are ignored.
     pub fn set_local(&self, node_id: u64, replicas: Arc<dyn LocalReplicas>) {
         let _ = self.shared.local.set((node_id, replicas));
+    }
+
+    /// Lets front-ends ask the meta leader to move a replica when every replica yields a
+    /// cell. Set once; later calls are ignored.
+    pub fn set_cluster(&self, cluster: Arc<Cluster>) {
+        let _ = self.shared.cluster.set(cluster);
     }
 
     /// The front-end of `record`'s kernel, opened on first use.

@@ -11,6 +11,7 @@ use tokio::sync::watch;
 
 use super::metrics::FrontendMetrics;
 use crate::cluster::local_link::LocalReplicas;
+use crate::cluster::meta::Cluster;
 use crate::cluster::records::{decode, keys, HostRecord, KernelRecord, LoadRecord};
 use crate::cluster::state_sync::NsCell;
 
@@ -29,6 +30,8 @@ pub(super) struct Shared {
     pub(super) cache: Mutex<Option<MetaCache>>,
     /// This host's node id and its replicas, linked in-process (set once the gateway runs).
     pub(super) local: std::sync::OnceLock<(u64, Arc<dyn LocalReplicas>)>,
+    /// The cluster handle, to ask the meta leader to move a replica (set once the gateway runs).
+    pub(super) cluster: std::sync::OnceLock<Arc<Cluster>>,
 }
 
 /// The meta records a cell's pre-selection reads, kept between changes: reading them from

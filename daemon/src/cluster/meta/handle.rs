@@ -13,6 +13,7 @@ use raft_store::{Kv, LeaseId, RaftStore};
 use tokio::task::JoinHandle;
 
 use super::error::{ClusterError, Result};
+use crate::cluster::move_metrics::MoveMetrics;
 use crate::cluster::records::{self, keys, GpuRecord, HostRecord, KernelRecord, LoadRecord, META_GROUP};
 
 /// Produces this host's current load (from the local binder and kernel registry).
@@ -63,6 +64,8 @@ pub struct Cluster {
     pub(super) http: ureq::Agent,
     /// Background work, aborted at shutdown.
     pub(in crate::cluster) tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Replica moves this host began, finished, aborted or found no host for.
+    pub(super) moves: MoveMetrics,
 }
 
 /// This host's liveness state, shared with the heartbeat.
@@ -99,6 +102,7 @@ impl Cluster {
             placing: tokio::sync::Mutex::new(()),
             http,
             tasks: Mutex::new(Vec::new()),
+            moves: MoveMetrics::default(),
         })
     }
 
@@ -155,6 +159,11 @@ impl Cluster {
     /// The meta group's key-value API.
     pub fn meta(&self) -> &Kv {
         &self.meta
+    }
+
+    /// The metrics of replica moves.
+    pub fn move_metrics(&self) -> &MoveMetrics {
+        &self.moves
     }
 
     /// What this host was configured with.

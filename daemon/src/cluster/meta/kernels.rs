@@ -56,14 +56,17 @@ fn now_ms() -> u64 {
 }
 
 impl Cluster {
-    /// Hosts as placement sees them: live hosts with the subscriptions the kernel records place on them.
+    /// Hosts as placement sees them: live hosts that are not draining, with the
+    /// subscriptions the kernel records place on them (a move's target included).
     pub(super) async fn host_loads(&self) -> Result<Vec<HostLoad>> {
         let hosts = self.hosts().await?;
         let kernels = self.kernels().await?;
+        let draining = self.draining_hosts().await?;
         Ok(hosts
             .iter()
+            .filter(|h| !draining.contains(&h.node_id))
             .map(|h| {
-                let mine = kernels.iter().filter(|k| k.replicas.iter().any(|r| r.node_id == h.node_id));
+                let mine = kernels.iter().filter(|k| k.hosts().contains(&h.node_id));
                 let (mut subscribed, mut replicas) = (0u32, 0u32);
                 for k in mine {
                     subscribed = subscribed.saturating_add(k.gpus);
@@ -116,6 +119,7 @@ impl Cluster {
             replicas: chosen.iter().zip(1u32..).map(|(&node_id, replica)| ReplicaRecord { replica, node_id }).collect(),
             created_ms: now_ms(),
             env: spec.env,
+            moving: None,
         };
         let out = self.meta.cas(keys::kernel(&id), None, records::encode(&record)).await?;
         if !out.succeeded {
@@ -174,35 +178,66 @@ impl Cluster {
         .await
     }
 
-    /// [`Cluster::replace_replica`] on this host, which must be the meta leader.
+    /// [`Cluster::replace_replica`] on this host, which must be the meta leader. A move under
+    /// way ends here too: one whose source died is finished (its target takes the dead
+    /// replica's place), one whose target died is dropped.
     pub async fn replace_replica_here(&self, kernel: &str, dead_node: u64) -> Result<Option<KernelRecord>> {
         self.require_leader().await?;
         let _placing = self.placing.lock().await;
+        let hosts = self.host_loads().await?;
+        let (record, written) = self
+            .modify_kernel(kernel, |record| {
+                let mut new = record.clone();
+                if let Some(m) = record.moving.as_ref().filter(|m| m.from == dead_node || m.to == dead_node) {
+                    new.moving = None;
+                    if m.from == dead_node {
+                        for r in new.replicas.iter_mut().filter(|r| r.node_id == dead_node) {
+                            *r = ReplicaRecord { replica: m.new_replica, node_id: m.to };
+                        }
+                    }
+                    return Ok(Some(new));
+                }
+                if !record.replicas.iter().any(|r| r.node_id == dead_node) {
+                    return Ok(None);
+                }
+                let exclude = record.hosts();
+                let Some(new_node) =
+                    placement::replace(&hosts, record.gpus, self.settings.subscription_ratio, &exclude)
+                else {
+                    return Ok(None);
+                };
+                let next = record.replicas.iter().map(|r| r.replica).max().unwrap_or(0) + 1;
+                for r in new.replicas.iter_mut().filter(|r| r.node_id == dead_node) {
+                    *r = ReplicaRecord { replica: next, node_id: new_node };
+                }
+                Ok(Some(new))
+            })
+            .await?;
+        if written {
+            let hosts = record.hosts();
+            tracing::info!(kernel, dead_node, ?hosts, "replica re-placed");
+        }
+        // Unchanged with the dead host still in it: nowhere to go now.
+        Ok((!record.replicas.iter().any(|r| r.node_id == dead_node)).then_some(record))
+    }
+
+    /// Reads `kernel`'s record and commits `change(record)` by compare-and-swap (`None`: leave
+    /// it), again from the new record if another write got there first. Returns the record as
+    /// it is now, and whether this call wrote it.
+    pub(super) async fn modify_kernel(
+        &self,
+        kernel: &str,
+        mut change: impl FnMut(&KernelRecord) -> Result<Option<KernelRecord>>,
+    ) -> Result<(KernelRecord, bool)> {
         for _ in 0..5 {
             let out = self.meta.get_stale(keys::kernel(kernel)).await?;
             let Some(kv) = out.kvs.first() else { return Err(ClusterError::NoSuchKernel(kernel.to_owned())) };
             let record: KernelRecord =
                 records::decode(&kv.key, &kv.value).map_err(|e| ClusterError::Conflict(e.to_string()))?;
-            if !record.replicas.iter().any(|r| r.node_id == dead_node) {
-                return Ok(Some(record));
-            }
-            let exclude: Vec<u64> = record.replicas.iter().map(|r| r.node_id).collect();
-            let hosts = self.host_loads().await?;
-            let Some(new_node) = placement::replace(&hosts, record.gpus, self.settings.subscription_ratio, &exclude)
-            else {
-                return Ok(None);
-            };
-            let next = record.replicas.iter().map(|r| r.replica).max().unwrap_or(0) + 1;
-            let mut new = record.clone();
-            for r in &mut new.replicas {
-                if r.node_id == dead_node {
-                    *r = ReplicaRecord { replica: next, node_id: new_node };
-                }
-            }
+            let Some(new) = change(&record)? else { return Ok((record, false)) };
             let cas = self.meta.cas(keys::kernel(kernel), Some(kv.value.clone()), records::encode(&new)).await?;
             if cas.succeeded {
-                tracing::info!(kernel, dead_node, new_node, replica = next, "replica re-placed");
-                return Ok(Some(new));
+                return Ok((new, true));
             }
         }
         Err(ClusterError::Conflict(format!("kernel {kernel}: its record kept changing; try again")))

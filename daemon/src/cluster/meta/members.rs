@@ -11,8 +11,15 @@ use serde::{Deserialize, Serialize};
 use super::error::{ClusterError, Result};
 use super::forward::{Authority, HttpMethod};
 use super::handle::Cluster;
-use crate::cluster::records::{KernelRecord, META_GROUP};
+use super::moves::{MoveAnswer, MoveRequest};
+use crate::cluster::records::{keys, KernelRecord, MoveReason, META_GROUP};
 use crate::sched::placement::{self, HostLoad};
+
+/// How long `leave` waits for its replicas' moves to finish (a cell running on one ends
+/// first; `nbos cluster leave` waits with its own `--timeout` instead).
+const LEAVE_MOVES_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long a drain waits for another replica's move of the same kernel to finish.
+const OTHER_MOVE_WAIT: Duration = Duration::from_secs(60);
 
 /// Prefix of the durable raft addresses of members (`peers/{node:020}`), written when a
 /// host joins so that every host can reach it even while its `hosts/` record is gone.
@@ -37,7 +44,7 @@ pub struct PeerRecord {
 pub struct LeaveReport {
     /// The host that left.
     pub node_id: u64,
-    /// Kernels whose replica on this host was re-placed: (kernel, new host).
+    /// Kernels whose replica on this host moved: (kernel, new host).
     pub moved: Vec<(String, u64)>,
     /// Meta membership after the removal.
     pub membership: Membership,
@@ -127,6 +134,10 @@ impl Cluster {
         if m.voters == [node_id] {
             return Err(ClusterError::Conflict(format!("host {node_id} is the last meta voter; it cannot leave")));
         }
+        // Before the change: a leader that removes itself cannot write afterwards.
+        if let Err(e) = self.meta.delete(keys::draining(node_id)).await {
+            tracing::warn!(node = node_id, error = %e, "could not delete the draining mark of a leaving host");
+        }
         let m = self.store.change_membership(META_GROUP, &[MembershipChange::Remove(node_id)]).await?;
         if let Err(e) = self.meta.delete(peer_key(node_id)).await {
             tracing::warn!(node = node_id, error = %e, "could not delete the peer record of a removed host");
@@ -135,18 +146,31 @@ impl Cluster {
         Ok(m)
     }
 
-    /// This host leaves the cluster: [`Cluster::drain`], then [`Cluster::remove_self`].
+    /// This host leaves the cluster: [`Cluster::drain`], waits until every move is finished
+    /// (each replica's cell, if one runs, ends first), then [`Cluster::remove_self`].
     pub async fn leave(&self) -> Result<LeaveReport> {
         let moved = self.drain().await?;
+        let me = self.settings.node_id;
+        let deadline = Instant::now() + LEAVE_MOVES_TIMEOUT;
+        while self.kernels().await?.iter().any(|k| k.hosts().contains(&me)) {
+            if Instant::now() > deadline {
+                return Err(ClusterError::Conflict(format!(
+                    "host {me}: its replicas have not all moved within {LEAVE_MOVES_TIMEOUT:?}; still a member (moves begun: {moved:?})"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         let mut report = self.remove_self().await?;
         report.moved = moved;
         Ok(report)
     }
 
-    /// Moves every replica on this host to another host (the meta leader re-places each).
-    /// Refused, with nothing changed, when a replica cannot be re-placed (checked before
-    /// anything moves; should the leader still find no host for one, the moves already made
-    /// stay). The host stays a member. Returns (kernel, new host) per moved replica.
+    /// Marks this host draining (placement puts nothing new here) and begins moving every
+    /// replica on it to another host ([`Cluster::move_replica`]; a move finishes once its
+    /// new replica caught up and the old one runs no cell). Refused, with nothing changed,
+    /// when a replica has nowhere to go (checked before anything moves; should the leader
+    /// still find no host for one, the moves already begun go on and the mark is withdrawn).
+    /// The host stays a member. Returns (kernel, new host) per replica moving.
     pub async fn drain(&self) -> Result<Vec<(String, u64)>> {
         let me = self.settings.node_id;
         let mine: Vec<KernelRecord> =
@@ -155,8 +179,7 @@ impl Cluster {
         // decides each move for real), so that a refusal leaves everything where it was.
         let mut hosts: Vec<HostLoad> = self.host_loads().await?.into_iter().filter(|h| h.node_id != me).collect();
         for k in &mine {
-            let exclude: Vec<u64> = k.replicas.iter().map(|r| r.node_id).collect();
-            let Some(to) = placement::replace(&hosts, k.gpus, self.settings.subscription_ratio, &exclude) else {
+            let Some(to) = placement::replace(&hosts, k.gpus, self.settings.subscription_ratio, &k.hosts()) else {
                 return Err(ClusterError::Conflict(format!(
                     "host {me} cannot leave: no other live host can take its replica of kernel {} \
                      (every live host already holds it or has no room); nothing was changed",
@@ -168,22 +191,39 @@ impl Cluster {
                 h.replicas = h.replicas.saturating_add(1);
             }
         }
+        self.set_draining(true).await?;
+        let moved = self.begin_moves(&mine).await;
+        if moved.is_err() {
+            if let Err(e) = self.set_draining(false).await {
+                tracing::warn!(error = %e, "could not withdraw this host's draining mark");
+            }
+        }
+        moved
+    }
+
+    async fn begin_moves(&self, mine: &[KernelRecord]) -> Result<Vec<(String, u64)>> {
+        let me = self.settings.node_id;
         let mut moved = Vec::new();
-        for k in &mine {
-            match self.replace_replica(&k.id, me).await? {
-                Some(new) => {
-                    let to = new
-                        .replicas
-                        .iter()
-                        .map(|r| r.node_id)
-                        .find(|n| !k.replicas.iter().any(|r| r.node_id == *n))
-                        .unwrap_or(0);
-                    moved.push((k.id.clone(), to));
+        for k in mine {
+            let request = MoveRequest { reason: MoveReason::Drain, from: Some(me) };
+            // One move per kernel at a time: another replica of this kernel may be moving.
+            let deadline = Instant::now() + OTHER_MOVE_WAIT;
+            let answer = loop {
+                let busy = self.kernel(&k.id).await?.and_then(|r| r.moving).is_some_and(|m| m.from != me);
+                if !busy || Instant::now() > deadline {
+                    break self.move_replica(&k.id, request.clone()).await?;
                 }
-                None => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            };
+            match answer {
+                MoveAnswer::Moving { record } => {
+                    moved.push((k.id.clone(), record.moving.map_or(0, |m| m.to)));
+                }
+                MoveAnswer::NotThere { .. } => {}
+                MoveAnswer::NoHost => {
                     return Err(ClusterError::Conflict(format!(
-                        "host {me} cannot leave: no live host took its replica of kernel {}; still a member \
-                         (replicas already moved: {moved:?})",
+                        "host {me} cannot leave: no live host can take its replica of kernel {}; still a member \
+                         (replicas already moving: {moved:?})",
                         k.id
                     )));
                 }
@@ -196,7 +236,7 @@ impl Cluster {
     /// kernel record still places a replica here ([`Cluster::drain`] first).
     pub async fn remove_self(&self) -> Result<LeaveReport> {
         let me = self.settings.node_id;
-        if let Some(k) = self.kernels().await?.iter().find(|k| k.replicas.iter().any(|r| r.node_id == me)) {
+        if let Some(k) = self.kernels().await?.iter().find(|k| k.hosts().contains(&me)) {
             return Err(ClusterError::Conflict(format!(
                 "host {me} still holds a replica of kernel {}: drain it first (nbos cluster leave does)",
                 k.id

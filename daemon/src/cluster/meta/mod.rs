@@ -13,6 +13,7 @@
 //! - [`forward`]: running a call on the meta leader, forwarded over HTTP when it is another host.
 //! - [`kernels`]: kernel records: placement, deletion, re-placement (meta leader).
 //! - [`members`]: joining and leaving the meta group (meta leader), draining a host.
+//! - [`moves`]: moving a replica to another host (begin, finish, abort; meta leader).
 //! - [`status`]: the cluster as `nbos cluster status` shows it.
 //! - [`error`]: why a cluster call failed.
 //!
@@ -25,6 +26,7 @@ pub mod forward;
 pub mod handle;
 pub mod kernels;
 pub mod members;
+pub mod moves;
 pub mod status;
 pub mod watch;
 
@@ -33,5 +35,6 @@ pub use forward::FORWARDED_HEADER;
 pub use handle::{Cluster, ClusterSettings, LoadProbe};
 pub use kernels::KernelSpec;
 pub use members::{peer_key, LeaveReport, PeerRecord, PEERS};
-pub use status::{ClusterStatus, MemberStatus};
+pub use moves::{MoveAnswer, MoveRequest};
+pub use status::{ClusterStatus, MemberStatus, MovingStatus};
 pub use watch::KernelEvent;

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::Result;
 use super::handle::Cluster;
-use crate::cluster::records::{HostRecord, LoadRecord, META_GROUP};
+use crate::cluster::records::{HostRecord, LoadRecord, MoveRecord, META_GROUP};
 
 /// One member as `nbos cluster status` shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -24,6 +24,19 @@ pub struct MemberStatus {
     pub host: Option<HostRecord>,
     /// Its load, while up.
     pub load: Option<LoadRecord>,
+    /// It is being drained: its replicas move away and placement puts nothing new there.
+    #[serde(default)]
+    pub draining: bool,
+}
+
+/// A replica on its way to another host.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MovingStatus {
+    /// The kernel.
+    pub kernel: String,
+    /// The move as its record says.
+    #[serde(flatten)]
+    pub moving: MoveRecord,
 }
 
 /// `GET /api/v1/cluster/status`.
@@ -47,6 +60,9 @@ pub struct ClusterStatus {
     pub members: Vec<MemberStatus>,
     /// Kernels in the cluster.
     pub kernels: usize,
+    /// Replicas moving between hosts.
+    #[serde(default)]
+    pub moving: Vec<MovingStatus>,
 }
 
 impl Cluster {
@@ -72,7 +88,11 @@ impl Cluster {
         };
         let hosts = self.hosts().await.unwrap_or_default();
         let loads = self.loads().await.unwrap_or_default();
-        let kernels = self.kernels().await.map(|k| k.len()).unwrap_or(0);
+        let records = self.kernels().await.unwrap_or_default();
+        let kernels = records.len();
+        let moving: Vec<MovingStatus> =
+            records.into_iter().filter_map(|k| Some(MovingStatus { moving: k.moving?, kernel: k.id })).collect();
+        let draining = self.draining_hosts().await.unwrap_or_default();
         let mut ids: BTreeSet<u64> = st.membership.voters.iter().chain(&st.membership.learners).copied().collect();
         ids.extend(hosts.iter().map(|h| h.node_id));
         let hosts: HashMap<u64, HostRecord> = hosts.into_iter().map(|h| (h.node_id, h)).collect();
@@ -92,6 +112,7 @@ impl Cluster {
                 up: hosts.contains_key(&id),
                 host: hosts.get(&id).cloned(),
                 load: loads.get(&id).cloned(),
+                draining: draining.contains(&id),
             })
             .collect();
         Ok(ClusterStatus {
@@ -104,6 +125,7 @@ impl Cluster {
             registered: self.host_lease().is_some(),
             members,
             kernels,
+            moving,
         })
     }
 }

@@ -51,6 +51,7 @@ pub fn enable(
 ) -> Router {
     let frontends = Frontends::new(cluster.meta().clone(), Some(cluster.store().clone()), FrontendMetrics::default());
     frontends.set_local(cluster.node_id(), Arc::new(GatewayReplicas::new(state, replicas.clone())));
+    frontends.set_cluster(cluster.clone());
     let mode = ClusterMode { cluster, replicas, frontends, ready_timeout: DEFAULT_READY_TIMEOUT, token };
     with_cluster(router, Arc::new(mode))
 }
