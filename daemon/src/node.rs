@@ -282,6 +282,9 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
     // Leave the heartbeat first: the other hosts see this one down at once.
     if let Some(c) = &cluster {
         c.supervisor.abort();
+        if let Some(a) = &c.autoscaler {
+            a.abort();
+        }
         c.cluster.shutdown().await;
     }
     // Tell every kernel to stop, kill what does not, so nothing is orphaned.
@@ -326,11 +329,13 @@ async fn start_cluster(
     inventory: &gpu::Inventory,
     kernels: Arc<Kernels>,
 ) -> anyhow::Result<ClusterNode> {
+    use crate::cluster::autoscale::provider::ExecProvider;
     use crate::cluster::objects::Objects;
     use crate::cluster::records::{GpuRecord, LoadRecord};
     use crate::cluster::replica_host::ReplicaHost;
     use crate::cluster::state_sync::SyncConfig;
     use crate::cluster::supervisor::Supervisor;
+    use crate::config::AutoscaleProvider;
     use raft_store::{RaftStore, StoreConfig, TransportSecurity};
 
     let c = &config.cluster;
@@ -373,6 +378,10 @@ async fn start_cluster(
         host_ttl: c.host_ttl,
         replicas: c.replicas,
         subscription_ratio: config.gpu.subscription_ratio,
+        placement_wait: match config.autoscale.provider {
+            AutoscaleProvider::None => std::time::Duration::ZERO,
+            AutoscaleProvider::Exec => config.autoscale.placement_wait,
+        },
         sync_inline_max_bytes: c.sync_inline_max_bytes,
         object_store: config.object_store_url(),
         token,
@@ -412,7 +421,16 @@ async fn start_cluster(
     sync.inline_max_bytes = c.sync_inline_max_bytes;
     let replicas = Arc::new(ReplicaHost::new(node_id, store, kernels_for_replicas, objects, sync));
     let supervisor = Supervisor::start(cluster.clone(), replicas.clone());
-    Ok(ClusterNode { cluster, replicas, supervisor })
+    let autoscaler = match config.autoscale.provider {
+        AutoscaleProvider::None => None,
+        AutoscaleProvider::Exec => {
+            let a = &config.autoscale;
+            tracing::info!(command = ?a.command, rule = ?a.rule, min = a.min_hosts, max = a.max_hosts, "autoscaling through an exec provider");
+            let provider = Arc::new(ExecProvider::new(a.command.clone(), a.command_timeout));
+            Some(crate::cluster::autoscale::start(cluster.clone(), a.clone(), provider))
+        }
+    };
+    Ok(ClusterNode { cluster, replicas, supervisor, autoscaler })
 }
 
 /// The cluster side of a node.
@@ -420,6 +438,8 @@ struct ClusterNode {
     cluster: Arc<Cluster>,
     replicas: Arc<crate::cluster::replica_host::ReplicaHost>,
     supervisor: tokio::task::JoinHandle<()>,
+    /// The autoscaler, when `[autoscale]` names a provider (it acts while this host leads).
+    autoscaler: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// `MemTotal` from /proc/meminfo, in bytes (0 when unreadable).

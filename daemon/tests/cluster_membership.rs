@@ -326,6 +326,7 @@ mod in_process {
                     host_ttl: TTL,
                     replicas: 3,
                     subscription_ratio: 3.0,
+                    placement_wait: std::time::Duration::ZERO,
                     sync_inline_max_bytes: 1 << 20,
                     object_store: String::new(),
                     token: None,

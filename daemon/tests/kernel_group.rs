@@ -654,6 +654,7 @@ mod supervised {
             host_ttl: Duration::from_millis(800),
             replicas: 3,
             subscription_ratio: 1.0,
+            placement_wait: std::time::Duration::ZERO,
             sync_inline_max_bytes: 1 << 20,
             object_store: String::new(),
             token: None,

@@ -5,6 +5,7 @@
 //! - [`meta`]: the [`Cluster`] handle — hosts, loads, kernels, placement on the meta leader.
 //! - [`membership`]: this host's heartbeat (host and load records on a lease), peer
 //!   discovery, re-placement of replicas of hosts that stayed down; it starts the cluster.
+//! - [`autoscale`]: the meta leader adds hosts through a provider and releases idle ones.
 //! - [`moves`]: the meta leader's driver of replica moves (migration) to their end.
 //! - [`http`]: `/api/v1/cluster/…`, for forwarding to the meta leader and `nbos cluster`.
 //! - [`supervisor`]: starts and stops this host's replicas as the kernel records say.
@@ -16,13 +17,14 @@
 //! Layering: [`meta`] knows nothing of [`membership`] or [`http`]; nothing here uses the
 //! gateway (the front-ends reach other hosts through [`crate::link`]).
 
+pub mod autoscale;
+pub mod elastic_metrics;
 pub mod election;
 pub mod frontend;
 pub mod http;
 pub mod local_link;
 pub mod membership;
 pub mod meta;
-pub mod move_metrics;
 pub mod moves;
 pub mod objects;
 pub mod records;

@@ -119,6 +119,16 @@ impl TestCluster {
         Self::configure(seeds, options, false)
     }
 
+    /// Like [`TestCluster::create`], with the cluster's PKI ([`TestCluster::start_tls`]).
+    pub fn create_tls(seeds: u64, options: Options) -> TestCluster {
+        Self::configure(seeds, options, true)
+    }
+
+    /// The seeds as every host's config lists them (`"id=addr"`).
+    pub fn seed_list(&self) -> &[String] {
+        &self.seeds
+    }
+
     fn configure(seeds: u64, options: Options, tls: bool) -> TestCluster {
         let dir = tempfile::tempdir().expect("tempdir");
         // Kernels run as another uid (kernel.user): they pass through (0711), never list.

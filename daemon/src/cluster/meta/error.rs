@@ -3,6 +3,9 @@
 
 use crate::sched::placement::PlacementError;
 
+/// How a placement refusal's message begins (a forwarded one arrives as text).
+pub const PLACEMENT_REFUSAL: &str = "cannot place the kernel";
+
 /// Why a cluster call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {

@@ -65,7 +65,7 @@ impl Cluster {
     }
 
     /// One HTTP call to another host's cluster API.
-    async fn forward<B, T>(
+    pub(super) async fn forward<B, T>(
         &self,
         method: HttpMethod,
         base: &str,

@@ -12,8 +12,9 @@ use futures_util::future::BoxFuture;
 use raft_store::{Kv, LeaseId, RaftStore};
 use tokio::task::JoinHandle;
 
+use super::demand::Demand;
 use super::error::{ClusterError, Result};
-use crate::cluster::move_metrics::MoveMetrics;
+use crate::cluster::elastic_metrics::ElasticMetrics;
 use crate::cluster::records::{self, keys, GpuRecord, HostRecord, KernelRecord, LoadRecord, META_GROUP};
 
 /// Produces this host's current load (from the local binder and kernel registry).
@@ -38,6 +39,9 @@ pub struct ClusterSettings {
     pub replicas: u32,
     /// Subscription ratio bound used by placement.
     pub subscription_ratio: f64,
+    /// How long creating a kernel waits for a host when placement finds none (the
+    /// autoscaler adds hosts; zero without one: refused at once).
+    pub placement_wait: Duration,
     /// Namespace objects up to this size go through the raft log.
     pub sync_inline_max_bytes: u64,
     /// Large-object store URL.
@@ -65,7 +69,9 @@ pub struct Cluster {
     /// Background work, aborted at shutdown.
     pub(in crate::cluster) tasks: Mutex<Vec<JoinHandle<()>>>,
     /// Replica moves this host began, finished, aborted or found no host for.
-    pub(super) moves: MoveMetrics,
+    pub(super) moves: ElasticMetrics,
+    /// Demand this host (as meta leader) could not meet: what the autoscaler adds.
+    pub(super) demand: Demand,
 }
 
 /// This host's liveness state, shared with the heartbeat.
@@ -102,7 +108,8 @@ impl Cluster {
             placing: tokio::sync::Mutex::new(()),
             http,
             tasks: Mutex::new(Vec::new()),
-            moves: MoveMetrics::default(),
+            moves: ElasticMetrics::default(),
+            demand: Demand::default(),
         })
     }
 
@@ -161,8 +168,13 @@ impl Cluster {
         &self.meta
     }
 
-    /// The metrics of replica moves.
-    pub fn move_metrics(&self) -> &MoveMetrics {
+    /// Demand this host, as meta leader, could not meet (refused kernels, waiting cells).
+    pub fn demand(&self) -> &Demand {
+        &self.demand
+    }
+
+    /// The metrics of replica moves and scaling.
+    pub fn elastic_metrics(&self) -> &ElasticMetrics {
         &self.moves
     }
 

@@ -4,7 +4,7 @@
 //! one placement at a time.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
@@ -51,6 +51,15 @@ fn check_spec(spec: &KernelSpec) -> Result<()> {
     Ok(())
 }
 
+/// Placement found no room (here, or on the meta leader the call was forwarded to).
+fn is_placement_refusal(e: &ClusterError) -> bool {
+    match e {
+        ClusterError::Placement(_) => true,
+        ClusterError::Remote { status: 409, message, .. } => message.contains(super::error::PLACEMENT_REFUSAL),
+        _ => false,
+    }
+}
+
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
@@ -84,12 +93,25 @@ impl Cluster {
 
     /// Creates a kernel: places its replicas on `replicas` distinct live hosts (on the meta
     /// leader, forwarded there when this host is not it) and commits its record.
+    /// While placement finds no room and `placement_wait` lasts (an autoscaler adds hosts),
+    /// it tries again every second.
     pub async fn create_kernel(&self, spec: KernelSpec) -> Result<KernelRecord> {
         check_spec(&spec)?;
-        self.on_leader(HttpMethod::Post, "/api/v1/cluster/kernels", Some(&spec), Authority::Host, || {
-            self.create_kernel_here(spec.clone())
-        })
-        .await
+        let deadline = Instant::now() + self.settings.placement_wait;
+        loop {
+            let placed = self
+                .on_leader(HttpMethod::Post, "/api/v1/cluster/kernels", Some(&spec), Authority::Host, || {
+                    self.create_kernel_here(spec.clone())
+                })
+                .await;
+            match placed {
+                Err(e) if is_placement_refusal(&e) && Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "no room for a new kernel yet; waiting for the autoscaler");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// [`Cluster::create_kernel`] on this host, which must be the meta leader.
@@ -109,7 +131,8 @@ impl Cluster {
             spec.gpus,
             usize::try_from(self.settings.replicas).unwrap_or(usize::MAX),
             self.settings.subscription_ratio,
-        )?;
+        )
+        .inspect_err(|_| self.demand.note_refused(spec.gpus.saturating_mul(self.settings.replicas)))?;
         let group = self.allocate_kernel_group().await?;
         let record = KernelRecord {
             group,
@@ -241,5 +264,20 @@ impl Cluster {
             }
         }
         Err(ClusterError::Conflict(format!("kernel {kernel}: its record kept changing; try again")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_is_recognised_here_and_when_forwarded() {
+        let e = ClusterError::Placement(placement::PlacementError::TooFewHosts { needed: 3, up: 1, hosts_up: vec![1] });
+        assert!(is_placement_refusal(&e));
+        let forwarded = ClusterError::Remote { url: "https://h".into(), status: 409, message: e.to_string() };
+        assert!(is_placement_refusal(&forwarded));
+        let other = ClusterError::Conflict("kernel k already exists".into());
+        assert!(!is_placement_refusal(&other));
     }
 }

@@ -165,6 +165,13 @@ impl Cluster {
         Ok(report)
     }
 
+    /// Runs one phase of `leave` (`drain` or `remove`) on the host at `gateway_url`, with this
+    /// host's node certificate and the operator token (the autoscaler releasing a host).
+    pub async fn host_leave_phase(&self, gateway_url: &str, phase: &str) -> Result<serde_json::Value> {
+        let body = serde_json::json!({ "phase": phase });
+        self.forward(HttpMethod::Post, gateway_url, "/api/v1/cluster/leave", Some(&body), Authority::Operator).await
+    }
+
     /// Marks this host draining (placement puts nothing new here) and begins moving every
     /// replica on it to another host ([`Cluster::move_replica`]; a move finishes once its
     /// new replica caught up and the old one runs no cell). Refused, with nothing changed,

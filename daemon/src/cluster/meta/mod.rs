@@ -16,11 +16,13 @@
 //! - [`moves`]: moving a replica to another host (begin, finish, abort; meta leader).
 //! - [`status`]: the cluster as `nbos cluster status` shows it.
 //! - [`error`]: why a cluster call failed.
+//! - [`demand`]: demand the leader could not meet (for the autoscaler).
 //!
 //! The background work (heartbeat, peer discovery, re-placement of lost replicas) is
 //! [`super::membership`]'s, which starts it ([`Cluster::start`]): the handle does not call
 //! into it.
 
+pub mod demand;
 pub mod error;
 pub mod forward;
 pub mod handle;

@@ -147,6 +147,9 @@ impl Cluster {
             }
             (None, true) => {
                 self.moves.count(reason.as_str(), "no_host");
+                if reason == MoveReason::AllYield {
+                    self.demand.note_waiting(record.gpus);
+                }
                 Ok(MoveAnswer::NoHost)
             }
             (None, false) => Ok(MoveAnswer::NotThere { record }),
@@ -211,7 +214,7 @@ impl Cluster {
             #[expect(clippy::cast_precision_loss, reason = "milliseconds of a move")]
             self.moves
                 .seconds
-                .get_or_create(&crate::cluster::move_metrics::ReasonLabels { reason: m.reason.as_str() })
+                .get_or_create(&crate::cluster::elastic_metrics::ReasonLabels { reason: m.reason.as_str() })
                 .observe(took as f64 / 1000.0);
             tracing::info!(
                 kernel,
