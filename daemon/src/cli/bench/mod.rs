@@ -2,6 +2,7 @@
 
 pub mod cell;
 pub mod election;
+pub mod migration;
 pub mod observe;
 pub mod raft;
 pub mod shim;
@@ -20,6 +21,8 @@ pub enum BenchCmd {
     Cell(cell::Args),
     /// Cluster: executor election latency and state-sync throughput on 3 local hosts.
     Election(election::Args),
+    /// Cluster: a cell whose every replica's host is busy, until it runs on a moved replica.
+    Migration(migration::Args),
 }
 
 /// Runs the chosen benchmark.
@@ -30,5 +33,6 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Observe(a) => observe::run(a),
         BenchCmd::Cell(a) => cell::run(a),
         BenchCmd::Election(a) => election::run(a),
+        BenchCmd::Migration(a) => migration::run(a),
     }
 }

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use super::election_message::with_election;
 use super::events::{Cell, Event};
 use super::kernel::{FrontendKernel, NO_REPLICA_TIMEOUT};
-use super::replica_link::ensure_link;
+use super::replica_link::keep_links;
 use super::state::Current;
 use crate::cluster::meta::{MoveAnswer, MoveRequest};
 use crate::cluster::records::{ElectionRecord, MoveReason, MoveRecord};
@@ -23,8 +23,9 @@ const OUTCOME_TIMEOUT: Duration = Duration::from_secs(15);
 /// Pause between retry rounds when every live replica yielded and no `load/` changed.
 const YIELD_RETRY: Duration = Duration::from_millis(500);
 
-/// How often a waiting cell asks again for a replica to move (no host could take one).
-const MOVE_ASK_EVERY: Duration = Duration::from_secs(5);
+/// How often a waiting cell asks again for a replica to move (no host could take one; the
+/// hosts' `load/` records it was decided on are up to 100 ms old).
+const MOVE_ASK_EVERY: Duration = Duration::from_secs(1);
 
 /// Asks the meta leader, in the background, to move one of the kernel's replicas to a host
 /// that can commit its GPUs now ([`crate::sched::migrate::choose`]); the cell loop sees the
@@ -97,12 +98,11 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
     let mut asked_to_move: Option<Instant> = None;
     let no_replica_since = Instant::now();
     let failure = 'cell: loop {
-        // Who is live now; a new replica (re-placed) gets a link.
+        // Who is live now; links follow the record (a new or incoming replica gets one, a
+        // host that no longer holds one loses its link).
         let (cands, record) = k.candidates().await;
         let Some(record) = record else { break 'cell Failure::Deleted };
-        for r in &record.replicas {
-            ensure_link(k, r.node_id);
-        }
+        keep_links(k, &record.hosts());
         // The kernel's last executor whichever front-end sent its cell (the group's record),
         // else the last one this front-end saw.
         let last = k.shared.group_last_executor(record.group).await;

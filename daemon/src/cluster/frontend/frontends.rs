@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 use super::cell::cell_worker;
 use super::kernel::FrontendKernel;
 use super::metrics::{FrontendMetrics, MetricsRegistry};
-use super::replica_link::ensure_link;
+use super::replica_link::keep_links;
 use super::shared::{watch_hosts_and_loads, Shared};
 use crate::cluster::local_link::LocalReplicas;
 use crate::cluster::meta::Cluster;
@@ -133,9 +133,7 @@ impl Frontends {
 /// Opens the front-end of `record`'s kernel: its links to every replica host, then its cell worker.
 fn start(record: &KernelRecord, shared: Arc<Shared>) -> Arc<FrontendKernel> {
     let (k, cells, events) = FrontendKernel::new(record.clone(), shared);
-    for r in &record.replicas {
-        ensure_link(&k, r.node_id);
-    }
+    keep_links(&k, &record.hosts());
     k.set_worker(tokio::spawn(cell_worker(Arc::downgrade(&k), cells, events)));
     k
 }

@@ -32,6 +32,24 @@ pub(super) fn ensure_link(k: &Arc<FrontendKernel>, node: u64) {
     links.insert(node, Link { out: out_tx, connected: conn_rx, task });
 }
 
+/// Makes `k`'s links those to `hosts` (the record's replica hosts and a move's target):
+/// starts missing ones, and stops the links to hosts that no longer hold a replica. A
+/// replica that moves back to a host later gets a fresh link: the old one's WebSocket was
+/// attached to the replica that host stopped.
+pub(super) fn keep_links(k: &Arc<FrontendKernel>, hosts: &[u64]) {
+    let stale: Vec<Link> = {
+        let mut links = k.links();
+        let gone: Vec<u64> = links.keys().filter(|n| !hosts.contains(n)).copied().collect();
+        gone.iter().filter_map(|n| links.remove(n)).collect()
+    };
+    for l in stale {
+        l.task.abort();
+    }
+    for &node in hosts {
+        ensure_link(k, node);
+    }
+}
+
 /// Keeps the link to one replica host up while the kernel lives.
 async fn run_link(
     kernel: Weak<FrontendKernel>,
