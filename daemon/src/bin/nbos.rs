@@ -29,6 +29,9 @@ enum Cmd {
     Bench(cli::bench::BenchCmd),
     /// Replay a workload trace under the scheduling policies.
     Sim(cli::sim::Args),
+    /// Replay a session template on a real cluster (a loopback one it starts, or --url),
+    /// time compressed by --speedup, and report what `nbos sim` reports.
+    Replay(cli::replay::Args),
     /// Live view of per-process GPU activity.
     Observe(cli::observe::Args),
     /// Local ZMQ kernel facade that forwards to the gateway (used by kernelspecs).
@@ -48,6 +51,7 @@ fn main() -> ExitCode {
         Cmd::Cluster(c) => cli::cluster::run(&args.target, c),
         Cmd::Bench(b) => cli::bench::run(b),
         Cmd::Sim(a) => cli::sim::run(a),
+        Cmd::Replay(a) => cli::replay::run(&args.target, a),
         Cmd::Pki(c) => cli::pki::run(c),
         Cmd::Observe(a) => cli::observe::run(a),
         Cmd::KernelProxy(a) => {

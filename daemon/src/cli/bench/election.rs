@@ -213,6 +213,10 @@ pub struct LocalClusterConfig {
     pub python: PathBuf,
     /// Simulated GPUs per host (0: none).
     pub fake_gpus: u32,
+    /// `gpu.idle_release` of the GPU hosts (`None`: the daemon's default).
+    pub idle_release: Option<Duration>,
+    /// `gpu.subscription_ratio` of the hosts (`None`: the daemon's default).
+    pub subscription_ratio: Option<f64>,
     /// Heartbeat lease TTL.
     pub host_ttl: Duration,
     /// `notebookosd` binary.
@@ -253,14 +257,22 @@ impl LocalCluster {
         for i in 0..total {
             let hdir = dir.path().join(format!("h{}", i + 1));
             std::fs::create_dir_all(&hdir)?;
-            let gpu = if i >= cfg.hosts {
+            let mut gpu = "[gpu]\n".to_owned();
+            if let Some(r) = cfg.subscription_ratio {
+                gpu.push_str(&format!("subscription_ratio = {r:?}\n"));
+            }
+            if let Some(d) = cfg.idle_release {
+                gpu.push_str(&format!("idle_release = \"{}ms\"\n", d.as_millis().max(1)));
+            }
+            if i >= cfg.hosts {
                 // Not "auto": on a machine with real GPUs it would find them.
-                "[gpu]\ndriver = \"none\"\n".to_owned()
+                gpu.push_str("driver = \"none\"\n");
             } else if cfg.fake_gpus > 0 {
-                format!("[gpu]\ndriver = \"fake\"\nfake_gpus = {}\n[observer]\nmode = \"procfs\"\n", cfg.fake_gpus)
-            } else {
-                String::new()
-            };
+                gpu.push_str(&format!(
+                    "driver = \"fake\"\nfake_gpus = {}\n[observer]\nmode = \"procfs\"\n",
+                    cfg.fake_gpus
+                ));
+            }
             let config = format!(
                 "[node]\nname = \"h{n}\"\nstate_dir = {state:?}\nruntime_dir = {run:?}\n\
                  [http]\nlisten = \"127.0.0.1:{http}\"\ntoken_file = {token:?}\noperator_token_file = {operator:?}\n\
@@ -400,6 +412,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         gateway_hosts: 1,
         python: args.python.clone(),
         fake_gpus: args.fake_gpus,
+        idle_release: None,
+        subscription_ratio: None,
         host_ttl: Duration::from_secs(3),
         daemon: exe.with_file_name("notebookosd"),
         log_level: args.log_level.clone(),
