@@ -113,9 +113,19 @@ fn both_binaries_answer_help_and_version() {
         assert!(stdout(&h).contains("Usage:"), "{}", stdout(&h));
     }
     let h = stdout(&run(NBOS, &["--help"]));
-    for sub in ["status", "kernels", "bench", "sim", "kernel-proxy"] {
+    for sub in ["status", "kernels", "bench", "sim", "replay", "kernel-proxy"] {
         assert!(h.contains(sub), "nbos --help lacks {sub}: {h}");
     }
+}
+
+#[test]
+fn replay_refuses_a_trace_with_the_reason() {
+    let o = run(NBOS, &["replay", "traces/sensei_june_60sec.csv", "--speedup", "100"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("session template") && e.contains("nbos sim"), "{e}");
+    let o = run(NBOS, &["replay", "x.json", "--speedup", "0"]);
+    assert!(stderr(&o).contains("--speedup must be a positive number"), "{}", stderr(&o));
 }
 
 #[test]

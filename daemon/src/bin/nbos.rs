@@ -29,6 +29,22 @@ enum Cmd {
     Bench(cli::bench::BenchCmd),
     /// Replay a workload trace under the scheduling policies.
     Sim(cli::sim::Args),
+    /// Replay a session template on a real cluster (a loopback one it starts, or --url),
+    /// time compressed by --speedup, and report what `nbos sim` reports.
+    #[command(after_long_help = "\
+Sessions become kernels (created at their compressed start with the session's GPUs, deleted \
+at their stop); trainings become cells that sleep for duration / K while the daemon's binder \
+holds the kernel's GPUs. Measured per cell: submission -> the executor wrote the cell to \
+ipykernel with its GPUs committed (the reply's nbos_election.dispatched_unix_us); GPUs \
+committed and idle-held: the hosts' /metrics gauges, sampled every --sample-ms; provisioned: \
+hosts x GPUs x span. Every real time is multiplied by K back into trace time. Migrations \
+and scale events are read from /metrics counters when the daemons have them, else 0.
+
+The output prints the nbos sim flags that model the same cluster; docs/simulator.md \
+(\"Replay against a real cluster\") gives the tolerance within which both agree.
+
+Example: nbos replay traces/templates/single_session_3_trainings.json --speedup 10 --json")]
+    Replay(cli::replay::Args),
     /// Live view of per-process GPU activity.
     Observe(cli::observe::Args),
     /// Local ZMQ kernel facade that forwards to the gateway (used by kernelspecs).
@@ -48,6 +64,7 @@ fn main() -> ExitCode {
         Cmd::Cluster(c) => cli::cluster::run(&args.target, c),
         Cmd::Bench(b) => cli::bench::run(b),
         Cmd::Sim(a) => cli::sim::run(a),
+        Cmd::Replay(a) => cli::replay::run(&args.target, a),
         Cmd::Pki(c) => cli::pki::run(c),
         Cmd::Observe(a) => cli::observe::run(a),
         Cmd::KernelProxy(a) => {

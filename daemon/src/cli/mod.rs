@@ -8,6 +8,7 @@ pub mod not_yet;
 pub mod observe;
 pub mod pki;
 pub mod proxy;
+pub mod replay;
 pub mod sim;
 pub mod status;
 

@@ -11,7 +11,7 @@ use anyhow::{bail, Context as _};
 use crate::sched::template::Template;
 use crate::sim::sessions::{self, SessionParams};
 use crate::sim::synthetic::{self, SyntheticParams};
-use crate::sim::workload::{self, Workload};
+use crate::sim::workload::{self, Stats, Workload};
 use crate::sim::{report, Model, PolicyKind, PolicyResult};
 
 /// Options of `nbos sim`.
@@ -109,10 +109,21 @@ pub struct Args {
     /// Autoscaling policies: seconds between autoscaler runs.
     #[arg(long, default_value_t = 30)]
     pub scaling_interval_s: u64,
+    /// A fixed cluster of N hosts, all up from the start, no autoscaling (0: autoscaled).
+    /// With `--policy notebookos` this models a `notebookosd` cluster as it runs today
+    /// (see "Replay against a real cluster" in docs/simulator.md).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub fixed_hosts: u32,
 }
 
 fn read(path: &Path) -> anyhow::Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+/// A NotebookOS session template (`traces/templates/*.json`) as a workload.
+pub fn load_template(p: &Path) -> anyhow::Result<Workload> {
+    let t = Template::parse(&read(p)?).with_context(|| format!("{} is not a NotebookOS template", p.display()))?;
+    Ok(Workload::from_template(format!("{}", p.display()), &t))
 }
 
 fn load(a: &Args) -> anyhow::Result<Workload> {
@@ -155,8 +166,7 @@ fn load(a: &Args) -> anyhow::Result<Workload> {
         return Ok(sessions::generate(name, &jobs, &params, a.seed));
     }
     if let Some(p) = &a.template {
-        let t = Template::parse(&read(p)?).with_context(|| format!("{} is not a NotebookOS template", p.display()))?;
-        return Ok(Workload::from_template(format!("{}", p.display()), &t));
+        return load_template(p);
     }
     if a.synthetic {
         if !(a.synthetic_hours.is_finite() && a.synthetic_hours > 0.0) || a.sessions == 0 {
@@ -188,6 +198,33 @@ fn policies(spec: &str) -> anyhow::Result<Vec<PolicyKind>> {
     Ok(out)
 }
 
+/// Writes `--out DIR`: the plots (SVG), `report.md` and `results.json` (the `--json`
+/// document without `wall_s`, plus `extra` keys such as `nbos replay`'s own figures).
+pub fn write_out(
+    dir: &Path,
+    workload: &str,
+    stats: &Stats,
+    model: &Model,
+    results: &[(&str, PolicyResult)],
+    extra: Option<(&str, serde_json::Value)>,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    for (name, svg) in report::plots(results) {
+        let p = dir.join(name);
+        std::fs::write(&p, svg).with_context(|| format!("cannot write {}", p.display()))?;
+    }
+    let md = report::markdown(workload, stats, model, results);
+    let mut doc = report::json(workload, stats, model, results, None);
+    if let (Some((key, value)), Some(obj)) = (extra, doc.as_object_mut()) {
+        obj.insert(key.to_owned(), value);
+    }
+    for (name, text) in [("report.md", md), ("results.json", format!("{doc:#}\n"))] {
+        let p = dir.join(name);
+        std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))?;
+    }
+    Ok(())
+}
+
 /// Runs the subcommand.
 pub fn run(a: Args) -> anyhow::Result<()> {
     let kinds = policies(&a.policy)?;
@@ -205,6 +242,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         paper_max_ratio: a.paper_max_ratio,
         prewarm_per_host: a.prewarm_per_host,
         scaling_interval_ms: a.scaling_interval_s * 1000,
+        fixed_hosts: a.fixed_hosts,
         seed: a.seed,
     };
     let started = Instant::now();
@@ -217,17 +255,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let wall_s = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
     if let Some(dir) = &a.out {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        for (name, svg) in report::plots(&results) {
-            let p = dir.join(name);
-            std::fs::write(&p, svg).with_context(|| format!("cannot write {}", p.display()))?;
-        }
-        let md = report::markdown(&w.name, &stats, &model, &results);
-        let doc = report::json(&w.name, &stats, &model, &results, None);
-        for (name, text) in [("report.md", md), ("results.json", format!("{doc:#}\n"))] {
-            let p = dir.join(name);
-            std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))?;
-        }
+        write_out(dir, &w.name, &stats, &model, &results, None)?;
     }
     if a.json {
         println!("{}", report::json(&w.name, &stats, &model, &results, Some(wall_s)));

@@ -59,12 +59,17 @@ impl Ctx<'_> {
         self.q.push(end, Ev::TrainingEnd { session: s, host });
     }
 
-    /// Requests a host; a `HostUp` follows after the provisioning delay.
-    pub fn request_host(&mut self) -> u32 {
+    /// Requests a host; a `HostUp` follows after the provisioning delay. A fixed cluster
+    /// (`Model::fixed_hosts`) gets none: the request is dropped and `None` returned, and
+    /// whatever waited for the host waits for GPUs or room to free up instead.
+    pub fn request_host(&mut self) -> Option<u32> {
+        if self.m.fixed_hosts > 0 {
+            return None;
+        }
         let h = self.c.request(self.now);
         let j = self.m.provision_jitter_ms;
         let delay = self.m.provision_ms.saturating_sub(j) + self.rng.below(2 * j + 1);
         self.q.push(self.now + delay, Ev::HostUp(h));
-        h
+        Some(h)
     }
 }

@@ -69,7 +69,14 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
     }
     cx.now = t0;
     p.init(&mut cx);
-    cx.q.push(t0, Ev::ScaleTick);
+    for _ in 0..m.fixed_hosts {
+        let h = cx.c.request(t0);
+        cx.c.up(h);
+        p.host_up(&mut cx, h);
+    }
+    if m.fixed_hosts == 0 {
+        cx.q.push(t0, Ev::ScaleTick);
+    }
     cx.q.push(t0, Ev::Sample);
     let mut sessions_left = n;
     let mut series = Vec::new();
@@ -138,7 +145,7 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
         w.sessions.iter().flat_map(|s| &s.trainings).map(|t| u128::from(t.duration) * u128::from(t.gpus)).sum();
     let bound = cx.c.bound_gpu_ms(last);
     Ok(PolicyResult::new(
-        policy,
+        Some(policy),
         super::metrics::Totals {
             provisioned_gpu_ms: cx.c.provisioned_gpu_ms(),
             bound_gpu_ms: bound,
@@ -149,7 +156,8 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
             completed: cx.completed,
             migrations: cx.migrations,
             background_moves: cx.background_moves,
-            scale_outs: cx.c.hosts_added,
+            // A fixed cluster's hosts were there from the start: not scale-outs.
+            scale_outs: cx.c.hosts_added.saturating_sub(u64::from(m.fixed_hosts)),
             scale_ins: cx.c.hosts_released,
             violations: cx.c.violations.clone(),
         },
@@ -199,4 +207,30 @@ fn validate(w: &Workload, m: &Model) -> Result<(), SimError> {
 
 fn index(i: usize) -> u32 {
     u32::try_from(i).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::workload::{Session, Training};
+
+    #[test]
+    fn a_fixed_cluster_never_scales_and_bills_its_hosts_for_the_whole_span() {
+        // Two 2-GPU sessions at once on 3 hosts of 2 GPUs: both run at once (executors on
+        // different hosts), and no host is requested or released.
+        let session = |start| Session {
+            start,
+            stop: start + 600_000,
+            gpus: 2,
+            trainings: vec![Training { submit: start + 60_000, duration: 120_000, gpus: 2 }],
+        };
+        let w = Workload::new("t".into(), vec![session(0), session(0)]);
+        let m = Model { gpus_per_host: 2, fixed_hosts: 3, ..Model::default() };
+        let r = run(&w, PolicyKind::Notebookos, &m).expect("runs");
+        assert_eq!((r.scale_outs, r.scale_ins, r.hosts_peak, r.completed), (0, 0, 3, 2));
+        assert_eq!(r.violations, 0);
+        // 3 hosts × 2 GPUs × 600 s.
+        assert!((r.gpu_hours_provisioned - 1.0).abs() < 1e-9, "{}", r.gpu_hours_provisioned);
+        assert!((r.delay_max_s - 0.002).abs() < 1e-9, "GPUs for both at once: {}", r.delay_max_s);
+    }
 }

@@ -131,8 +131,8 @@ pub fn percentile(sorted: &[Millis], p: f64) -> Millis {
 }
 
 impl PolicyResult {
-    /// Assembles a result.
-    pub fn new(policy: PolicyKind, t: Totals, mut delays_ms: Vec<Millis>, series: Vec<Point>) -> Self {
+    /// Assembles a result (`policy` is `None` for a run measured on a real cluster).
+    pub fn new(policy: Option<PolicyKind>, t: Totals, mut delays_ms: Vec<Millis>, series: Vec<Point>) -> Self {
         delays_ms.sort_unstable();
         let n = delays_ms.len();
         #[expect(clippy::cast_precision_loss, reason = "display")]
@@ -170,7 +170,7 @@ impl PolicyResult {
             violation_samples: t.violations.into_iter().take(5).collect(),
             series,
             delays_ms,
-            policy: Some(policy),
+            policy,
         }
     }
 }

@@ -104,6 +104,9 @@ pub struct Model {
     pub spare_hosts: u32,
     /// How often the autoscaler runs.
     pub scaling_interval_ms: Millis,
+    /// A fixed cluster when above 0: this many hosts up from the start, none requested or
+    /// released later (no autoscaler), as a `notebookosd` cluster runs today.
+    pub fixed_hosts: u32,
     /// The seed of everything random.
     pub seed: u64,
 }
@@ -124,6 +127,7 @@ impl Default for Model {
             peak_window_ms: 300_000,
             spare_hosts: 1,
             scaling_interval_ms: 30_000,
+            fixed_hosts: 0,
             seed: 1,
         }
     }
