@@ -11,10 +11,13 @@ use crate::sched::Millis;
 use crate::sim::metrics::{round3, Point, Totals};
 use crate::sim::{Model, PolicyResult, Workload};
 
-/// Counters read from the hosts' `/metrics` as deltas over the replay, when the daemons
-/// have them (migration and scaling are not built into the daemon yet: absent means 0).
-pub const COUNTERS: [&str; 3] =
-    ["notebookos_migrations_total", "notebookos_scale_outs_total", "notebookos_scale_ins_total"];
+/// Counters read from the hosts' `/metrics` as deltas over the replay (absent means 0):
+/// completed replica moves, and hosts the autoscaler added and released.
+pub const COUNTERS: [&str; 3] = [
+    "notebookos_migrations_total{result=\"completed\"}",
+    "notebookos_autoscale_hosts_total{direction=\"out\",result=\"ok\"}",
+    "notebookos_autoscale_hosts_total{direction=\"in\",result=\"ok\"}",
+];
 
 /// Everything a replay collected.
 #[derive(Debug)]

@@ -22,16 +22,24 @@ pub struct Sample {
 
 /// The sum over a metric's series (every label set) in an OpenMetrics text, `None` when
 /// the text has no such metric.
-pub fn metric_sum(text: &str, name: &str) -> Option<f64> {
+pub fn metric_sum(text: &str, selector: &str) -> Option<f64> {
+    // `name{k="v",…}` selects the series whose labels include every `k="v"` given.
+    let (name, wanted) = match selector.split_once('{') {
+        Some((n, rest)) => (n, rest.trim_end_matches('}').split(',').filter(|l| !l.is_empty()).collect::<Vec<_>>()),
+        None => (selector, Vec::new()),
+    };
     let mut found = None;
     for line in text.lines() {
         let Some(rest) = line.strip_prefix(name) else { continue };
         // The name must end here: `notebookos_gpus` is not `notebookos_gpus_committed`.
-        let rest = match rest.chars().next() {
-            Some('{') => rest.split_once('}').map_or("", |(_, v)| v),
-            Some(' ') => rest,
+        let (labels, rest) = match rest.chars().next() {
+            Some('{') => rest[1..].split_once('}').unwrap_or(("", "")),
+            Some(' ') => ("", rest),
             _ => continue,
         };
+        if !wanted.iter().all(|w| labels.split(',').any(|l| l == *w)) {
+            continue;
+        }
         if let Some(v) = rest.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) {
             found = Some(found.unwrap_or(0.0) + v);
         }
@@ -118,6 +126,8 @@ mod tests {
         assert_eq!(metric_sum(text, "notebookos_gpus"), Some(8.0));
         assert_eq!(metric_sum(text, "notebookos_gpus_committed"), Some(2.0));
         assert_eq!(metric_sum(text, "notebookos_migrations_total"), Some(3.0));
+        assert_eq!(metric_sum(text, "notebookos_migrations_total{reason=\"b\"}"), Some(2.0));
+        assert_eq!(metric_sum(text, "notebookos_migrations_total{reason=\"c\"}"), None);
         assert_eq!(metric_sum(text, "notebookos_scale_outs_total"), None);
     }
 
