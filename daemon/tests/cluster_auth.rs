@@ -113,7 +113,16 @@ fn host_to_host_routes_take_node_certificates_and_membership_takes_the_operator(
     let records = format!("{base}/api/v1/cluster/kernels");
     let (code, body) = with_token(&c, TOKEN, "POST", &records, Some(json!({ "name": "python3", "gpus": 0 })));
     assert_eq!(code, 403, "{body}");
-    assert_eq!(metric(&c, 1, "not_an_operator") - before, 5.0);
+    // The users' token moving a replica (the meta leader's call, or a host's for a waiting cell).
+    let migrate = format!("{base}/api/v1/cluster/kernels/{NO_KERNEL}/migrate");
+    let (code, body) = with_token(&c, TOKEN, "POST", &migrate, Some(json!({ "reason": "all_yield" })));
+    assert_eq!(code, 403, "{body}");
+    assert_eq!(metric(&c, 1, "not_an_operator") - before, 6.0);
+    // Legitimate: the operator may ask; an unknown kernel is 404, a bad body 422, nothing moves.
+    let (code, body) = with_token(&c, OPERATOR_TOKEN, "POST", &migrate, Some(json!({ "reason": "all_yield" })));
+    assert_eq!(code, 404, "{body}");
+    let (code, body) = with_token(&c, OPERATOR_TOKEN, "POST", &migrate, Some(json!({ "reason": "whim" })));
+    assert!(code == 400 || code == 422, "{code} {body}");
     assert_eq!(c.up_seen_by(1), vec![1, 2], "nothing changed");
     assert_eq!(c.get(1, "/api/v1/cluster/kernels").1, json!([]), "no kernel record");
 
