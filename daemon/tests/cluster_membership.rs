@@ -430,3 +430,28 @@ mod in_process {
         }
     }
 }
+
+/// The meta leader itself leaves: it hands its leadership to another voter first (a leader
+/// that removed itself could commit nothing more, and the group would wait an election
+/// timeout for a new one), so its peer record goes too and the cluster keeps a leader.
+#[test]
+fn the_meta_leader_leaves_after_handing_off_its_leadership() {
+    let mut c = TestCluster::start(3, Options { fake_gpus: 0, ..Options::default() });
+    let four = c.add_host();
+    let (joined, out, err) = c.nbos(four, &["cluster", "join", &c.host(1).url.clone()]);
+    assert!(joined, "join: {out}{err}");
+    c.wait_ready(&[1, 2, 3, four], Duration::from_secs(60));
+    let leader = c.status(1).and_then(|s| s["meta_leader"].as_u64()).expect("a meta leader");
+    let (left, out, err) = c.nbos(leader, &["cluster", "leave"]);
+    assert!(left && out.contains("left the cluster"), "leave: {out}{err}\n{}", c.logs());
+    let log = c.host(leader).log();
+    assert!(log.contains("meta leadership handed off before leaving"), "{log}");
+    assert!(!log.contains("could not delete the peer record"), "{log}");
+    let other = [1, 2, 3, four].into_iter().find(|&h| h != leader).expect("another host");
+    wait_for(Duration::from_secs(30), "the left host to be gone under a new leader", || {
+        let s = c.status(other)?;
+        let new_leader = s["meta_leader"].as_u64().filter(|&l| l != leader)?;
+        let gone = !s["members"].as_array()?.iter().any(|m| m["node_id"] == leader);
+        (gone && new_leader != 0).then_some(())
+    });
+}

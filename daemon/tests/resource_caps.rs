@@ -256,5 +256,6 @@ async fn a_client_that_does_not_read_is_disconnected_at_its_queue_cap() {
     .expect("join");
     let (mut tx, mut rx) = client.connect_channels(&kernel_id, false).await.expect("socket").split();
     tx.send(request("ok", "execute_request", r#"{"code":"1+1","silent":false}"#)).await.expect("send");
-    assert_eq!(reply_to(&mut rx, "ok").await["content"]["status"], "ok");
+    let reply = reply_to(&mut rx, "ok").await;
+    assert_eq!(reply["content"]["status"], "ok", "{reply}");
 }

@@ -61,6 +61,8 @@ pub struct Client {
     token: Option<String>,
     operator_token: Option<String>,
     agent: ureq::Agent,
+    /// Overrides the agent's 10 s for every request ([`Client::with_timeout`]).
+    timeout: Option<Duration>,
 }
 
 impl Client {
@@ -87,6 +89,7 @@ impl Client {
             token,
             operator_token: target.operator_token.clone(),
             agent,
+            timeout: None,
         })
     }
 
@@ -97,6 +100,13 @@ impl Client {
              (the daemon's http.operator_token_file)",
         )?;
         Ok(Self { token: Some(token), ..self.clone() })
+    }
+
+    /// The same client, waiting up to `timeout` for each answer: for calls the daemon bounds
+    /// itself beyond the default 10 s (a membership change that first hands off the meta
+    /// group's leadership).
+    pub fn with_timeout(&self, timeout: Duration) -> Self {
+        Self { timeout: Some(timeout), ..self.clone() }
     }
 
     /// The same daemon credentials against another host of the cluster (same token).
@@ -123,6 +133,9 @@ impl Client {
         body: Option<&serde_json::Value>,
     ) -> anyhow::Result<T> {
         let mut req = self.agent.request(method, &format!("{}{path}", self.url));
+        if let Some(t) = self.timeout {
+            req = req.timeout(t);
+        }
         if let Some(t) = &self.token {
             req = req.set("Authorization", &format!("token {t}"));
         }

@@ -87,6 +87,11 @@ fn status(client: &Client) -> anyhow::Result<ClusterStatus> {
     })
 }
 
+/// How long one drain, remove or add call may take: the daemon bounds each itself (a drain
+/// may wait a minute for another move of the same kernel; a leader that removes itself hands
+/// its leadership off first), well past the CLI's usual 10 s.
+const MEMBERSHIP_CALL_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// Drains this host (its replicas move), waits until each move has finished (the new replica
 /// caught up and took the old one's place, after the cell running on the old one, if any,
 /// ended), then leaves the meta group.
@@ -97,7 +102,7 @@ fn leave(client: &Client, args: &LeaveArgs) -> anyhow::Result<()> {
         moved: Vec<(String, u64)>,
     }
     status(client)?;
-    let operator = client.as_operator()?;
+    let operator = client.as_operator()?.with_timeout(MEMBERSHIP_CALL_TIMEOUT);
     let drained: Drained = operator.post_json("/api/v1/cluster/leave", &serde_json::json!({ "phase": "drain" }))?;
     for (kernel, to) in &drained.moved {
         if !args.json {
@@ -150,7 +155,7 @@ fn join(client: &Client, args: &JoinArgs) -> anyhow::Result<()> {
         println!("host {} is already a member of the cluster", me.node_id);
         return Ok(());
     }
-    let member = client.with_url(&args.member).as_operator()?;
+    let member = client.with_url(&args.member).as_operator()?.with_timeout(MEMBERSHIP_CALL_TIMEOUT);
     let body = serde_json::json!({ "node_id": me.node_id, "raft_addr": me.raft_addr });
     let m: raft_store::Membership = member
         .post_json("/api/v1/cluster/members", &body)

@@ -146,6 +146,38 @@ impl Cluster {
         Ok(m)
     }
 
+    /// When this host leads the meta group, hands the leadership to another voter and waits
+    /// (three election timeouts at most) until it has: a leader that removes itself cannot
+    /// commit anything afterwards (the removed host's peer record would stay), and the
+    /// group would sit leaderless for an election timeout. As etcd does before a leader
+    /// leaves. A failed hand-off is logged; removing goes on from here.
+    async fn hand_off_meta_leadership(&self) {
+        let me = self.settings.node_id;
+        if self.meta_leader().await != Some(me) {
+            return;
+        }
+        let Ok(status) = self.store.status(META_GROUP).await else { return };
+        // A live voter (one with a host lease) when there is one.
+        let live: Vec<u64> = self.host_loads().await.unwrap_or_default().iter().map(|h| h.node_id).collect();
+        let others = || status.membership.voters.iter().copied().filter(|&v| v != me);
+        let Some(to) = others().find(|v| live.contains(v)).or_else(|| others().next()) else { return };
+        if let Err(e) = self.store.transfer_leader(META_GROUP, to).await {
+            tracing::warn!(to, error = %e, "could not hand off the meta leadership before leaving");
+            return;
+        }
+        let deadline = Instant::now() + self.store.config().election_timeout() * 3;
+        while Instant::now() < deadline {
+            match self.meta_leader().await {
+                Some(l) if l != me => {
+                    tracing::info!(leader = l, "meta leadership handed off before leaving");
+                    return;
+                }
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+        tracing::warn!(to, "the meta leadership was not handed off in time; leaving as the leader");
+    }
+
     /// This host leaves the cluster: [`Cluster::drain`], waits until every move is finished
     /// (each replica's cell, if one runs, ends first), then [`Cluster::remove_self`].
     pub async fn leave(&self) -> Result<LeaveReport> {
@@ -249,6 +281,7 @@ impl Cluster {
                 k.id
             )));
         }
+        self.hand_off_meta_leadership().await;
         let membership = self.remove_member(me).await?;
         let lease = self.state.lock().ok().and_then(|mut s| {
             s.left = true;
