@@ -22,6 +22,9 @@ const MAX_BUFFERED_BYTES: usize = 64 * 1024 * 1024;
 pub const CLIENT_QUEUE: usize = 4096;
 /// Silent requests remembered at once (each is forgotten at its `idle` status).
 const MAX_SILENT: usize = 10_000;
+/// Requests whose reply came, remembered so a `busy` status that arrives after its
+/// reply (IOPub lagging behind shell) does not mark an idle kernel busy again.
+const MAX_REPLIED: usize = 1_024;
 
 /// Identifies one connected client of a kernel.
 pub type ClientId = u64;
@@ -41,6 +44,10 @@ struct Inner {
     buffered_bytes: usize,
     dropped_from_buffer: u64,
     execution_state: String,
+    /// The request the kernel's last `busy` status was for (while busy).
+    busy_with: Option<String>,
+    /// The latest requests whose shell or control reply came (at most [`MAX_REPLIED`]).
+    replied: VecDeque<String>,
     last_activity: Option<SystemTime>,
     /// When each execute_request reached the daemon (for the interactivity delay).
     submitted: HashMap<String, std::time::Instant>,
@@ -207,6 +214,7 @@ impl Hub {
     pub fn set_state(&self, state: &str, now: SystemTime) {
         let mut g = self.lock();
         g.execution_state = state.to_owned();
+        g.busy_with = None;
         g.last_activity = Some(now);
     }
 
@@ -271,10 +279,18 @@ impl Hub {
         let parent_id = parent_msg_id(&msg);
         let mut g = self.lock();
         g.last_activity = Some(now);
-        if channel == Channel::Iopub {
-            if let Some(state) = status_of(&msg) {
-                g.execution_state = state;
+        match channel {
+            Channel::Iopub => {
+                if let Some(state) = status_of(&msg) {
+                    g.note_status(state, parent_id.as_deref());
+                }
             }
+            Channel::Shell | Channel::Control => {
+                if let Some(pid) = &parent_id {
+                    g.note_reply(pid);
+                }
+            }
+            Channel::Stdin | Channel::Hb => {}
         }
         let mut target = None;
         if channel != Channel::Iopub {
@@ -321,6 +337,33 @@ impl Hub {
                 inner.buffered_bytes -= old.size();
                 inner.dropped_from_buffer += 1;
             }
+        }
+    }
+}
+
+impl Inner {
+    /// An IOPub `status`. A `busy` for a request already answered is stale (IOPub lags
+    /// behind shell under load) and ignored.
+    fn note_status(&mut self, state: String, parent: Option<&str>) {
+        if state == "busy" && parent.is_some_and(|p| self.replied.iter().any(|r| r == p)) {
+            return;
+        }
+        self.busy_with = if state == "busy" { parent.map(str::to_owned) } else { None };
+        self.execution_state = state;
+    }
+
+    /// A shell or control reply to `parent`. The kernel publishes `idle` right after it,
+    /// but on IOPub, a PUB socket that drops messages past its high-water mark (1000 in
+    /// ipykernel) when the daemon reads slower than the kernel prints: without this, a
+    /// kernel that printed fast enough would be `busy` for good.
+    fn note_reply(&mut self, parent: &str) {
+        if self.replied.len() >= MAX_REPLIED {
+            self.replied.pop_front();
+        }
+        self.replied.push_back(parent.to_owned());
+        if self.execution_state == "busy" && self.busy_with.as_deref() == Some(parent) {
+            self.execution_state = "idle".to_owned();
+            self.busy_with = None;
         }
     }
 }
@@ -384,7 +427,8 @@ mod tests {
         assert_eq!(ra.try_recv().expect("status").1.header().expect("h").msg_id, "s");
         assert_eq!(rb.try_recv().expect("status").1.header().expect("h").msg_id, "s");
         assert!(rb.try_recv().is_err(), "b must not see a's reply");
-        assert_eq!(hub.activity().execution_state, "busy");
+        // The busy came after its own request's reply: stale, the kernel is idle.
+        assert_eq!(hub.activity().execution_state, "idle");
     }
 
     #[test]
@@ -420,6 +464,31 @@ mod tests {
         hub.deliver(Channel::Shell, msg("r2", "execute_reply", Some("sync2"), r#"{"status":"ok"}"#), t);
         assert_eq!(rx.try_recv().expect("reply").header().expect("h").msg_id, "r2");
         assert!(ra.try_recv().is_err(), "a client saw the daemon's silent request");
+    }
+
+    /// IOPub drops messages past its high-water mark when the daemon lags: the `idle`
+    /// after a flood may never come, and the `busy` may come after the reply. The reply
+    /// (on shell, which drops nothing) still ends the busy state, and only its own.
+    #[test]
+    fn a_reply_ends_the_busy_state_when_iopub_lost_the_idle() {
+        let hub = Hub::new("idle", SystemTime::UNIX_EPOCH);
+        let t = SystemTime::UNIX_EPOCH;
+        let busy = |id: &str, parent: &str| msg(id, "status", Some(parent), r#"{"execution_state":"busy"}"#);
+        hub.deliver(Channel::Iopub, busy("b1", "flood"), t);
+        hub.deliver(Channel::Shell, msg("r1", "execute_reply", Some("flood"), "{}"), t);
+        assert_eq!(hub.activity().execution_state, "idle", "the lost idle left the kernel busy");
+
+        // The busy of the next cell overtook the reply to the previous one: still busy.
+        hub.deliver(Channel::Iopub, busy("b2", "second"), t);
+        hub.deliver(Channel::Shell, msg("r0", "execute_reply", Some("earlier"), "{}"), t);
+        assert_eq!(hub.activity().execution_state, "busy", "another request's reply ended this one");
+        hub.deliver(Channel::Shell, msg("r2", "execute_reply", Some("second"), "{}"), t);
+        assert_eq!(hub.activity().execution_state, "idle");
+
+        // A busy that lagged behind its own reply is stale.
+        hub.deliver(Channel::Shell, msg("r3", "execute_reply", Some("third"), "{}"), t);
+        hub.deliver(Channel::Iopub, busy("b3", "third"), t);
+        assert_eq!(hub.activity().execution_state, "idle", "a stale busy marked the kernel busy");
     }
 
     #[test]
