@@ -241,6 +241,10 @@ pub struct KernelConfig {
     pub notebook_dir: Option<PathBuf>,
     /// Most processes (threads included) in one kernel's pids cgroup; 0 means no limit.
     pub pids_max: u64,
+    /// Pre-warmed kernel processes kept even when none is taken (`docs/prewarm.md`).
+    pub prewarm_min: u32,
+    /// Most pre-warmed kernel processes; 0 turns the pool off (whatever `prewarm_min` says).
+    pub prewarm_max: u32,
 }
 
 /// `kernel.user`'s default: a system account made by `scripts/install-deps.sh` and
@@ -507,6 +511,10 @@ impl Default for KernelConfig {
             uid_range: None,
             notebook_dir: None,
             pids_max: 4096,
+            // NotebookOS keeps 3 per host; ours keeps 1 when nothing is taken and grows
+            // to 3 with demand (sched::prewarm).
+            prewarm_min: 1,
+            prewarm_max: 3,
         }
     }
 }
@@ -719,6 +727,15 @@ impl Config {
             if last >= u32::MAX - 1 {
                 return Err(invalid("kernel.uid_range", format!("{last} is not a usable uid")));
             }
+        }
+        if k.prewarm_max > 0 && k.prewarm_min > k.prewarm_max {
+            return Err(invalid(
+                "kernel.prewarm_min",
+                format!("{} exceeds kernel.prewarm_max = {}", k.prewarm_min, k.prewarm_max),
+            ));
+        }
+        if k.prewarm_max > 64 {
+            return Err(invalid("kernel.prewarm_max", format!("{} is more than 64 idle Pythons", k.prewarm_max)));
         }
         if let Some(d) = &k.notebook_dir {
             if !d.is_absolute() {

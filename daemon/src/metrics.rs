@@ -107,6 +107,14 @@ pub struct OutcomeLabels {
     pub outcome: String,
 }
 
+/// Labels of `notebookos_prewarm_takes_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PrewarmTakeLabels {
+    /// `hit` (a ready process), `warming` (one still importing), `empty` (none left: a
+    /// new Python), `mismatch` (the kernel needs another account or environment).
+    pub result: String,
+}
+
 /// The daemon's metrics and their registry.
 pub struct Metrics {
     registry: Registry,
@@ -144,6 +152,12 @@ pub struct Metrics {
     pub gpu_revocations_total: Counter,
     /// GPUs requested by hosted kernels divided by GPUs on the host.
     pub subscription_ratio: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// `notebookos_prewarm_pool_processes{state="ready|warming"}`
+    pub prewarm_pool_processes: Family<StateLabels, Gauge>,
+    /// `notebookos_prewarm_takes_total`
+    pub prewarm_takes_total: Family<PrewarmTakeLabels, Counter>,
+    /// `notebookos_prewarm_started_total`
+    pub prewarm_started_total: Counter,
 }
 
 impl Metrics {
@@ -230,6 +244,24 @@ impl Metrics {
             "Requests, connections and objects refused at a cap or a check, by reason",
             REFUSED.clone(),
         );
+        let prewarm_pool_processes = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "notebookos_prewarm_pool_processes",
+            "Pre-warmed kernel processes waiting to be taken over, ready or still importing",
+            prewarm_pool_processes.clone(),
+        );
+        let prewarm_takes_total = Family::<PrewarmTakeLabels, Counter>::default();
+        registry.register(
+            "notebookos_prewarm_takes",
+            "Kernel starts that asked the pre-warm pool, by result",
+            prewarm_takes_total.clone(),
+        );
+        let prewarm_started_total = Counter::default();
+        registry.register(
+            "notebookos_prewarm_started",
+            "Pre-warmed kernel processes started",
+            prewarm_started_total.clone(),
+        );
         Self {
             registry,
             build_info,
@@ -249,6 +281,9 @@ impl Metrics {
             gpus_idle_held,
             gpu_revocations_total,
             subscription_ratio,
+            prewarm_pool_processes,
+            prewarm_takes_total,
+            prewarm_started_total,
         }
     }
 

@@ -168,7 +168,9 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
         binder,
         config.kernel.memory_limit_mib,
     )
-    .with_accounts(kernel_users, config.kernel.notebook_dir.clone(), config.kernel.pids_max);
+    .with_accounts(kernel_users, config.kernel.notebook_dir.clone(), config.kernel.pids_max)
+    .with_prewarm(config.kernel.prewarm_min, config.kernel.prewarm_max)
+    .context("starting the kernel pre-warm pool (kernel.prewarm_max)")?;
     if let Some(o) = &observer {
         let o = o.clone();
         kernels = kernels.with_process_watch(Arc::new(move |kernel, pid| {

@@ -33,6 +33,15 @@ fn expected_name(name: &str) -> bool {
 
 #[test]
 fn a_kernel_sees_only_allow_listed_and_deliberate_variables() {
+    // A new Python: /proc shows the kernel's whole environment.
+    check_environment("prewarm_max = 0\n", true);
+    // A pre-warmed one: /proc shows what the pool's process started with (the daemon's
+    // allow-list and the shim's, never its secrets); the kernel's own variables were set
+    // when it took the process over (tests/kernel_prewarm.rs checks them from a cell).
+    check_environment("prewarm_min = 1\nprewarm_max = 1\n", false);
+}
+
+fn check_environment(prewarm_toml: &str, started_afresh: bool) {
     let wrapper = [
         "env",
         "AWS_SECRET_ACCESS_KEY=daemon-secret",
@@ -42,7 +51,7 @@ fn a_kernel_sees_only_allow_listed_and_deliberate_variables() {
     ];
     let d = start_daemon_under(
         &wrapper,
-        &format!("[kernel]\npython = {:?}\n[gpu]\ndriver = \"fake\"\nfake_gpus = 1\n", python()),
+        &format!("[kernel]\npython = {:?}\n{prewarm_toml}[gpu]\ndriver = \"fake\"\nfake_gpus = 1\n", python()),
         Stdio::inherit(),
     );
     let body = serde_json::json!({
@@ -70,9 +79,11 @@ fn a_kernel_sees_only_allow_listed_and_deliberate_variables() {
     assert!(unexpected.is_empty(), "variables outside the allow-list: {unexpected:?}");
     assert_eq!(env.get("LC_ALL").map(String::as_str), Some("C.UTF-8"), "the locale is inherited");
     assert!(env.contains_key("PATH"));
-    assert_eq!(env.get("KERNEL_PROJECT").map(String::as_str), Some("vision"), "the client's KERNEL_* arrive");
     assert_ne!(env.get("LD_PRELOAD").map(String::as_str), Some("/tmp/evil.so"), "the client cannot preload");
-    assert_eq!(env.get("NOTEBOOKOS_KERNEL_ID"), Some(&id));
+    if started_afresh {
+        assert_eq!(env.get("KERNEL_PROJECT").map(String::as_str), Some("vision"), "the client's KERNEL_* arrive");
+        assert_eq!(env.get("NOTEBOOKOS_KERNEL_ID"), Some(&id));
+    }
     let (status, _) = http("DELETE", &format!("{}/api/kernels/{id}", d.url), Some(TOKEN), None);
     assert_eq!(status, 204);
 }

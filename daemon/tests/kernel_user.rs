@@ -84,7 +84,8 @@ fn pids_cgroup_of(pid: u32) -> PathBuf {
     panic!("no pids cgroup for pid {pid} in:\n{text}");
 }
 
-/// The connection file the kernel was started with (`-f` on its command line).
+/// The connection file the kernel was started with (`-f` on its command line; a new
+/// Python's, as with `kernel.uid_range`, which has no pre-warm pool).
 fn connection_file_of(pid: u32) -> PathBuf {
     let raw = std::fs::read(format!("/proc/{pid}/cmdline")).expect("cmdline");
     let args: Vec<String> = raw.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
@@ -154,7 +155,9 @@ async fn a_kernel_of_a_root_daemon_runs_unprivileged_in_its_pids_cgroup_with_pri
     assert!(procs.lines().any(|l| l.trim() == pid.to_string()), "pid {pid} not in {procs}");
 
     // Its files: the directory and the connection file are the kernel's, private.
-    let conn = connection_file_of(pid);
+    // As the kernel itself knows it (a pre-warmed kernel's command line does not name it).
+    let asked = run_cell(&d.url, &id, "from ipykernel.connect import get_connection_file; get_connection_file()").await;
+    let conn = PathBuf::from(asked.trim_matches('\''));
     let dir = conn.parent().expect("dir").to_owned();
     let (cm, dm) = (std::fs::metadata(&conn).expect("conn"), std::fs::metadata(&dir).expect("dir"));
     assert_eq!((cm.uid(), cm.mode() & 0o777), (uid, 0o600), "{}", conn.display());
@@ -165,12 +168,13 @@ async fn a_kernel_of_a_root_daemon_runs_unprivileged_in_its_pids_cgroup_with_pri
     let seen = run_cell(&d.url, &id, cell).await;
     assert_eq!(seen, format!("'{uid} {gid} {} notebookos-kernel'", dir.display()));
 
-    // `ps`: no ipykernel of this daemon runs as root.
+    // `ps`: no ipykernel of this daemon (started afresh or pre-warmed) runs as root.
     let ps = Command::new("ps").args(["-eo", "user:32,args"]).output().expect("ps");
     let ours: Vec<String> = String::from_utf8_lossy(&ps.stdout)
         .lines()
         .filter(|l| {
-            l.contains("ipykernel_launcher") && l.contains(&dir.parent().expect("kernels").display().to_string())
+            (l.contains("ipykernel_launcher") || l.contains(".prewarm.py"))
+                && l.contains(&dir.parent().expect("kernels").display().to_string())
         })
         .map(str::to_owned)
         .collect();

@@ -265,6 +265,16 @@ impl KernelUsers {
         }
     }
 
+    /// The one account every kernel runs as (`Some(None)`: the daemon's own), or `None`
+    /// with an account per kernel (`kernel.uid_range`), known only once the kernel is.
+    pub fn common_identity(&self) -> Option<Option<KernelIdentity>> {
+        match &self.mode {
+            Mode::Daemon => Some(None),
+            Mode::Shared(id) => Some(Some(id.clone())),
+            Mode::Range { .. } => None,
+        }
+    }
+
     /// Whether kernels run as another account than the daemon's.
     pub fn switches_user(&self) -> bool {
         !matches!(self.mode, Mode::Daemon)

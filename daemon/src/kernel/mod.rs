@@ -3,6 +3,7 @@
 //!
 //! - [`connection`]: ports and the random HMAC key of one process.
 //! - [`process`]: spawn, signal, wait.
+//! - [`prewarm`]: the pool of pre-warmed kernel processes new replicas take over.
 //! - [`replica`]: one process plus the daemon's ZMQ sockets to it.
 //! - [`hub`]: routing to clients, replay buffer for disconnected clients.
 //! - [`distributed`]: the distributed kernel (replicas + executor choice).
@@ -25,6 +26,7 @@ pub mod distributed;
 pub mod hub;
 pub mod id;
 pub mod identity;
+pub mod prewarm;
 pub mod process;
 pub mod registry;
 pub mod replica;

@@ -1,6 +1,8 @@
 //! One ipykernel process: spawn, signal, wait.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -8,6 +10,10 @@ use anyhow::Context;
 use tokio::sync::watch;
 
 use super::identity::{self, KernelIdentity};
+use super::prewarm::PrewarmPool;
+
+/// The kernel's log in its directory (stdout and stderr).
+pub const KERNEL_LOG: &str = "kernel.log";
 
 /// Variables of the daemon's own environment that a kernel inherits. Nothing else is
 /// inherited (the daemon's may hold cloud credentials, CA paths, its own settings): a
@@ -44,6 +50,8 @@ pub struct LaunchSpec {
     /// Runs before every spawn (first start and restarts): re-creates what the process
     /// joins, e.g. cgroups a death removed.
     pub prepare: Option<PrepareHook>,
+    /// The host's pool of pre-warmed processes, taken from when one fits.
+    pub prewarm: Option<Arc<PrewarmPool>>,
 }
 
 /// What [`LaunchSpec::prepare`] runs.
@@ -65,153 +73,47 @@ pub struct KernelProcess {
 }
 
 impl KernelProcess {
+    /// Starts the kernel for `connection_file`: a pre-warmed process from the host's pool
+    /// when it has one that fits ([`LaunchSpec::prewarm`]), else a new Python.
+    pub async fn start(spec: &LaunchSpec, connection_file: &Path) -> anyhow::Result<Self> {
+        if let Some(pool) = &spec.prewarm {
+            if let Some(warm) = pool.take(spec) {
+                let pid = warm.pid();
+                match warm.hand_over(spec, connection_file).await {
+                    Ok(process) => return Ok(process),
+                    Err(e) => tracing::warn!(
+                        pid, error = format!("{e:#}"),
+                        "could not hand the kernel to a pre-warmed process; starting a new one"
+                    ),
+                }
+            }
+        }
+        Self::spawn(spec, connection_file)
+    }
+
     /// Starts `python -m ipykernel_launcher -f <connection_file>`.
     ///
     /// The kernel runs in its own process group so a Ctrl-C aimed at the daemon's
     /// terminal does not interrupt every notebook; stdout and stderr go to
     /// `kernel.log` next to the connection file.
     pub fn spawn(spec: &LaunchSpec, connection_file: &Path) -> anyhow::Result<Self> {
-        if let Some(prepare) = &spec.prepare {
-            (prepare.0)()?;
-        }
-        match &spec.identity {
-            None if identity::daemon_is_root() => anyhow::bail!(
-                "refusing to start a kernel as root: the daemon is root and no kernel account is set (kernel.user)"
-            ),
-            Some(id) if id.uid == 0 || id.gid == 0 => {
-                anyhow::bail!("refusing to start a kernel as uid {} gid {}: kernels never run as root", id.uid, id.gid)
-            }
-            _ => {}
-        }
-        if let Some(id) = &spec.identity {
-            identity::check_traversable(&spec.dir, id)?;
-            if spec.python.is_absolute() {
-                // The interpreter (a venv under a private home would fail at exec, less clearly).
-                identity::check_traversable(&spec.python, id)?;
-            }
-            if let Some(cwd) = &spec.cwd {
-                // `cwd` itself too: the kernel must be able to enter it.
-                identity::check_traversable(&cwd.join("."), id)?;
-            }
-            make_own_dir(&spec.dir, id)?;
-            hand_over_connection_file(connection_file, id)?;
-        }
-        let log_path = spec.dir.join("kernel.log");
-        let log = open_log(&log_path, spec.identity.as_ref())?;
+        let log = admit(spec, connection_file)?;
         let log2 = log.try_clone().context("duplicating the kernel log handle")?;
-        // Opened here, before the fork: the child only write(2)s to them.
-        let cgroup_procs = spec
-            .cgroup_procs
-            .iter()
-            .map(|p| {
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(p)
-                    .with_context(|| format!("opening {} (the kernel's cgroup)", p.display()))
-            })
-            .collect::<anyhow::Result<Vec<std::fs::File>>>()?;
-        let mut cmd = tokio::process::Command::new(&spec.python);
-        cmd.arg("-m")
-            .arg("ipykernel_launcher")
-            .arg("-f")
-            .arg(connection_file)
-            // The NotebookOS helper (python/nbos_kernel): namespace tracking now,
-            // state export later. A Python without it logs the failed import in
-            // kernel.log and runs as a plain ipykernel.
-            .arg("--IPKernelApp.extra_extensions=nbos_kernel")
-            // The kernel has a process group of its own (interrupts, kills), so a daemon that
-            // dies by SIGKILL does not take it along: ipykernel's parent poller makes it exit
-            // within a second once its parent is gone, instead of running on as an orphan
-            // (a restarted daemon starts its replicas afresh).
-            .arg(format!("--IPKernelApp.parent_handle={}", std::process::id()))
-            .current_dir(spec.cwd.as_deref().unwrap_or(&spec.dir))
-            .stdin(std::process::Stdio::null())
-            .stdout(log)
-            .stderr(log2)
-            .process_group(0)
-            .kill_on_drop(true);
-        cmd.env_clear();
-        for (k, v) in std::env::vars_os() {
-            if k.to_str().is_some_and(inherited) {
-                cmd.env(k, v);
-            }
-        }
-        for (k, v) in &spec.env {
-            cmd.env(k, v);
-        }
-        if let Some(id) = &spec.identity {
-            // Last, so nothing above overrides them: the kernel's own account and its private
-            // directory as HOME (IPython, Jupyter, matplotlib write under it), not root's.
-            cmd.env("HOME", &spec.dir).env("USER", &id.user).env("LOGNAME", &id.user);
-        }
-        let rlimit_as = spec.memory_limit_bytes.map(|limit| libc::rlimit { rlim_cur: limit, rlim_max: limit });
-        let ids = spec.identity.as_ref().map(|id| (id.uid, id.gid));
-        let procs_fds: Vec<libc::c_int> = cgroup_procs.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
-        // SAFETY: the closure runs in the child between fork and exec, where only
-        // async-signal-safe calls are allowed: write(2), setrlimit(2), setgroups(2),
-        // setgid(2), setuid(2) and prctl(2) are, and the closure allocates nothing (it
-        // reads its own copies of plain integers and a Vec made before the fork; the
-        // fds stay open in the parent until spawn returns).
-        unsafe {
-            cmd.pre_exec(move || {
-                // Join the cgroups first, while still root (joining needs write access
-                // to cgroup.procs): no kernel code runs outside them.
-                for &fd in &procs_fds {
-                    if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                // RLIMIT_AS: an allocation beyond the limit fails inside the kernel
-                // (Python raises MemoryError) instead of the OOM killer taking the host's
-                // memory back from some other process. It bounds each process, not the
-                // tree; the memory cgroup bounds the tree (`cgroup.rs`).
-                if let Some(rlim) = &rlimit_as {
-                    if libc::setrlimit(libc::RLIMIT_AS, rlim) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                // Drop root for good: no supplementary groups, then the group, then the
-                // user (after setuid nothing else could be changed). Done here rather than
-                // with CommandExt::uid/gid, which std runs before pre_exec closures, so the
-                // cgroup writes above still run as root.
-                if let Some((uid, gid)) = ids {
-                    if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                // Nothing the kernel execs (setuid binaries, file capabilities) gains privileges.
-                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let as_whom = match &spec.identity {
-            Some(id) => format!(" as uid {} gid {} ({})", id.uid, id.gid, id.user),
-            None => String::new(),
+        let mut args: Vec<OsString> = vec!["-m".into(), "ipykernel_launcher".into()];
+        args.extend(ipykernel_args(connection_file));
+        let launch = Launch {
+            what: "the kernel",
+            python: &spec.python,
+            args,
+            cwd: kernel_cwd(spec),
+            env: kernel_env(spec),
+            stdio: (Stdio::null(), Stdio::from(log), Stdio::from(log2)),
+            cgroup_procs: &spec.cgroup_procs,
+            memory_limit_bytes: spec.memory_limit_bytes,
+            identity: spec.identity.as_ref(),
         };
-        let mut child = cmd.spawn().with_context(|| {
-            format!(
-                "starting the kernel{as_whom} with {} -m ipykernel_launcher (joining its cgroups, dropping privileges, exec)",
-                spec.python.display()
-            )
-        })?;
-        drop(cgroup_procs);
-        let pid = child.id().context("the kernel process exited before it could be watched")?;
-        let exited = Arc::new(AtomicBool::new(false));
-        let (tx, rx) = watch::channel(None);
-        let flag = exited.clone();
-        tokio::spawn(async move {
-            let status = child.wait().await;
-            // Set before anyone can see the exit, so no signal goes to a reused pid afterwards.
-            flag.store(true, Ordering::SeqCst);
-            let how = match status {
-                Ok(s) => s.to_string(),
-                Err(e) => format!("wait failed: {e}"),
-            };
-            let _ = tx.send(Some(how));
-        });
-        Ok(Self { pid, exited, exit: rx })
+        let (process, _) = launch.spawn()?;
+        Ok(process)
     }
 
     /// The process id.
@@ -268,8 +170,200 @@ impl KernelProcess {
     }
 }
 
+/// The checks and files every kernel start needs, pre-warmed or not: the prepare hook,
+/// no root, an account that can reach what it needs, its own directory and connection
+/// file. Returns `kernel.log`, opened for appending.
+pub(super) fn admit(spec: &LaunchSpec, connection_file: &Path) -> anyhow::Result<std::fs::File> {
+    if let Some(prepare) = &spec.prepare {
+        (prepare.0)()?;
+    }
+    match &spec.identity {
+        None if identity::daemon_is_root() => anyhow::bail!(
+            "refusing to start a kernel as root: the daemon is root and no kernel account is set (kernel.user)"
+        ),
+        Some(id) if id.uid == 0 || id.gid == 0 => {
+            anyhow::bail!("refusing to start a kernel as uid {} gid {}: kernels never run as root", id.uid, id.gid)
+        }
+        _ => {}
+    }
+    if let Some(id) = &spec.identity {
+        identity::check_traversable(&spec.dir, id)?;
+        if spec.python.is_absolute() {
+            // The interpreter (a venv under a private home would fail at exec, less clearly).
+            identity::check_traversable(&spec.python, id)?;
+        }
+        if let Some(cwd) = &spec.cwd {
+            // `cwd` itself too: the kernel must be able to enter it.
+            identity::check_traversable(&cwd.join("."), id)?;
+        }
+        make_own_dir(&spec.dir, id)?;
+        hand_over_connection_file(connection_file, id)?;
+    }
+    open_log(&spec.dir.join(KERNEL_LOG), spec.identity.as_ref())
+}
+
+/// ipykernel's arguments after `-m ipykernel_launcher`.
+pub(super) fn ipykernel_args(connection_file: &Path) -> Vec<OsString> {
+    vec![
+        "-f".into(),
+        connection_file.into(),
+        // The NotebookOS helper (python/nbos_kernel): namespace tracking now,
+        // state export later. A Python without it logs the failed import in
+        // kernel.log and runs as a plain ipykernel.
+        "--IPKernelApp.extra_extensions=nbos_kernel".into(),
+        // The kernel has a process group of its own (interrupts, kills), so a daemon that
+        // dies by SIGKILL does not take it along: ipykernel's parent poller makes it exit
+        // within a second once its parent is gone, instead of running on as an orphan
+        // (a restarted daemon starts its replicas afresh).
+        format!("--IPKernelApp.parent_handle={}", std::process::id()).into(),
+    ]
+}
+
+/// Where the kernel runs: `kernel.notebook_dir`, else its own directory.
+pub(super) fn kernel_cwd(spec: &LaunchSpec) -> &Path {
+    spec.cwd.as_deref().unwrap_or(&spec.dir)
+}
+
+/// The kernel's whole environment: the daemon's allowed variables, then what the spec
+/// sets, then its account's.
+pub(super) fn kernel_env(spec: &LaunchSpec) -> Vec<(OsString, OsString)> {
+    let mut env: Vec<(OsString, OsString)> =
+        std::env::vars_os().filter(|(k, _)| k.to_str().is_some_and(inherited)).collect();
+    env.extend(spec.env.iter().map(|(k, v)| (k.into(), v.into())));
+    if let Some(id) = &spec.identity {
+        // Last, so nothing above overrides them: the kernel's own account and its private
+        // directory as HOME (IPython, Jupyter, matplotlib write under it), not root's.
+        env.push(("HOME".into(), spec.dir.clone().into()));
+        env.push(("USER".into(), id.user.clone().into()));
+        env.push(("LOGNAME".into(), id.user.clone().into()));
+    }
+    env
+}
+
+/// One Python process to start as a kernel (or a pre-warmed one).
+pub(super) struct Launch<'a> {
+    /// What is started, for errors ("the kernel").
+    pub what: &'static str,
+    pub python: &'a Path,
+    pub args: Vec<OsString>,
+    pub cwd: &'a Path,
+    /// The whole environment (nothing else is inherited).
+    pub env: Vec<(OsString, OsString)>,
+    /// stdin, stdout, stderr.
+    pub stdio: (Stdio, Stdio, Stdio),
+    /// `cgroup.procs` files the child joins before it execs.
+    pub cgroup_procs: &'a [PathBuf],
+    pub memory_limit_bytes: Option<u64>,
+    pub identity: Option<&'a KernelIdentity>,
+}
+
+impl Launch<'_> {
+    /// Forks and execs: the child joins its cgroups, takes its limits and drops to its
+    /// account before any of its code runs. Returns the process and its stdio pipes.
+    pub fn spawn(self) -> anyhow::Result<(KernelProcess, Pipes)> {
+        // Opened here, before the fork: the child only write(2)s to them.
+        let cgroup_procs = self
+            .cgroup_procs
+            .iter()
+            .map(|p| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(p)
+                    .with_context(|| format!("opening {} (the kernel's cgroup)", p.display()))
+            })
+            .collect::<anyhow::Result<Vec<std::fs::File>>>()?;
+        let mut cmd = tokio::process::Command::new(self.python);
+        let (stdin, stdout, stderr) = self.stdio;
+        cmd.args(&self.args)
+            .current_dir(self.cwd)
+            .stdin(stdin)
+            .stdout(stdout)
+            .stderr(stderr)
+            .process_group(0)
+            .kill_on_drop(true);
+        cmd.env_clear();
+        cmd.envs(self.env);
+        let rlimit_as = self.memory_limit_bytes.map(|limit| libc::rlimit { rlim_cur: limit, rlim_max: limit });
+        let ids = self.identity.map(|id| (id.uid, id.gid));
+        let procs_fds: Vec<libc::c_int> = cgroup_procs.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
+        // SAFETY: the closure runs in the child between fork and exec, where only
+        // async-signal-safe calls are allowed: write(2), setrlimit(2), setgroups(2),
+        // setgid(2), setuid(2) and prctl(2) are, and the closure allocates nothing (it
+        // reads its own copies of plain integers and a Vec made before the fork; the
+        // fds stay open in the parent until spawn returns).
+        unsafe {
+            cmd.pre_exec(move || {
+                // Join the cgroups first, while still root (joining needs write access
+                // to cgroup.procs): no kernel code runs outside them.
+                for &fd in &procs_fds {
+                    if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                // RLIMIT_AS: an allocation beyond the limit fails inside the kernel
+                // (Python raises MemoryError) instead of the OOM killer taking the host's
+                // memory back from some other process. It bounds each process, not the
+                // tree; the memory cgroup bounds the tree (`cgroup.rs`).
+                if let Some(rlim) = &rlimit_as {
+                    if libc::setrlimit(libc::RLIMIT_AS, rlim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                // Drop root for good: no supplementary groups, then the group, then the
+                // user (after setuid nothing else could be changed). Done here rather than
+                // with CommandExt::uid/gid, which std runs before pre_exec closures, so the
+                // cgroup writes above still run as root.
+                if let Some((uid, gid)) = ids {
+                    if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                // Nothing the kernel execs (setuid binaries, file capabilities) gains privileges.
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let as_whom = match self.identity {
+            Some(id) => format!(" as uid {} gid {} ({})", id.uid, id.gid, id.user),
+            None => String::new(),
+        };
+        let mut child = cmd.spawn().with_context(|| {
+            format!(
+                "starting {}{as_whom} with {} (joining its cgroups, dropping privileges, exec)",
+                self.what,
+                self.python.display()
+            )
+        })?;
+        drop(cgroup_procs);
+        let pid = child.id().context("the kernel process exited before it could be watched")?;
+        let pipes = Pipes { stdin: child.stdin.take(), stdout: child.stdout.take() };
+        let exited = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = watch::channel(None);
+        let flag = exited.clone();
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            // Set before anyone can see the exit, so no signal goes to a reused pid afterwards.
+            flag.store(true, Ordering::SeqCst);
+            let how = match status {
+                Ok(s) => s.to_string(),
+                Err(e) => format!("wait failed: {e}"),
+            };
+            let _ = tx.send(Some(how));
+        });
+        Ok((KernelProcess { pid, exited, exit: rx }, pipes))
+    }
+}
+
+/// The pipes of a started process (those asked for with `Stdio::piped()`).
+pub(super) struct Pipes {
+    pub stdin: Option<tokio::process::ChildStdin>,
+    pub stdout: Option<tokio::process::ChildStdout>,
+}
+
 /// Makes the kernel's directory its own, mode 0700 (connection file, log, HOME).
-fn make_own_dir(dir: &Path, id: &KernelIdentity) -> anyhow::Result<()> {
+pub(super) fn make_own_dir(dir: &Path, id: &KernelIdentity) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(dir).with_context(|| format!("creating kernel directory {}", dir.display()))?;
     // lchown: the parent is the daemon's, so `dir` is no link a kernel made; never follow one.

@@ -11,6 +11,7 @@ use super::cgroup::{self, KernelCgroup, Limits};
 use super::device_cgroup::SharedDeviceCgroups;
 use super::distributed::{Kernel, KernelModel};
 use super::identity::{self, KernelUsers};
+use super::prewarm::{PoolSettings, PrewarmPool};
 use super::process::{LaunchSpec, PrepareHook};
 use super::spec;
 use crate::config::KernelConfig;
@@ -98,6 +99,7 @@ pub struct Kernels {
     process_watch: Option<ProcessWatch>,
     /// The GPU device guard's cgroup per kernel (`gpu.device_guard = "ebpf"`).
     device_cgroups: Option<SharedDeviceCgroups>,
+    prewarm: Option<Arc<PrewarmPool>>,
 }
 
 /// Called with every kernel process started (kernel id, pid).
@@ -138,6 +140,7 @@ impl Kernels {
             memory_limit_bytes,
             process_watch: None,
             device_cgroups: None,
+            prewarm: None,
         };
         kernels.set_limits(defaults.pids_max);
         kernels
@@ -178,6 +181,35 @@ impl Kernels {
     pub fn with_device_cgroups(mut self, device_cgroups: SharedDeviceCgroups) -> Self {
         self.device_cgroups = Some(device_cgroups);
         self
+    }
+
+    /// Keeps a pool of `min`..=`max` pre-warmed kernel processes that new kernels take
+    /// over (`max == 0`: none). Not with an account per kernel (`kernel.uid_range`): a
+    /// pre-warmed process must be started as its kernel's account before the kernel is
+    /// known. Call after [`Self::with_accounts`]; needs a tokio runtime.
+    pub fn with_prewarm(mut self, min: u32, max: u32) -> anyhow::Result<Self> {
+        let Some(identity) = self.users.common_identity() else {
+            if max > 0 {
+                tracing::info!("kernel.uid_range gives every kernel its own account: no pre-warm pool");
+            }
+            return Ok(self);
+        };
+        let settings = PoolSettings {
+            python: self.python.clone(),
+            kernels_dir: self.dir.clone(),
+            env: self.extra_env.clone(),
+            identity,
+            memory_limit_bytes: self.memory_limit_bytes,
+            min,
+            max,
+        };
+        self.prewarm = PrewarmPool::start(settings, self.metrics.clone())?;
+        Ok(self)
+    }
+
+    /// The pre-warm pool, if there is one.
+    pub fn prewarm(&self) -> Option<&Arc<PrewarmPool>> {
+        self.prewarm.as_ref()
     }
 
     /// Calls `watch` with every kernel process started from now on.
@@ -288,6 +320,7 @@ impl Kernels {
             identity,
             cwd: self.notebook_dir.clone(),
             prepare: Some(prepare),
+            prewarm: self.prewarm.clone(),
         };
         if let Some(dc) = &self.device_cgroups {
             // A process is in one v2 cgroup only: share the kernel's v2 cgroup (memory, pids) if it has one.

@@ -60,7 +60,7 @@ impl Replica {
     ) -> anyhow::Result<Self> {
         let file = launch.dir.join(format!("connection-{index}.json"));
         conn.write(&file)?;
-        let process = KernelProcess::spawn(launch, &file)?;
+        let process = KernelProcess::start(launch, &file).await?;
         let signer = Signer::new(conn.key.as_bytes());
         let sockets = async {
             // Shell, control and stdin share one identity: ipykernel addresses an

@@ -263,8 +263,8 @@ impl TestCluster {
         let _ = child.wait();
     }
 
-    /// Pids of the kernel processes a host started (found by their connection files, which
-    /// live under the host's directory), running or orphaned.
+    /// Pids of the kernel processes a host started (found by their connection files, or
+    /// the pre-warm launcher, which live under the host's directory), running or orphaned.
     pub fn kernel_pids(&self, node_id: u64) -> Vec<i32> {
         let dir = self.host(node_id).dir.display().to_string();
         let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
@@ -273,7 +273,7 @@ impl TestCluster {
             .filter(|pid| {
                 let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
                 let cmd = String::from_utf8_lossy(&cmd);
-                cmd.contains("ipykernel_launcher") && cmd.contains(&dir)
+                (cmd.contains("ipykernel_launcher") || cmd.contains(".prewarm.py")) && cmd.contains(&dir)
             })
             .collect()
     }

@@ -225,6 +225,10 @@ pub struct LocalClusterConfig {
     pub log_level: String,
     /// Keep the hosts' directories when the cluster stops.
     pub keep: bool,
+    /// More `[kernel]` settings of every host (TOML lines).
+    pub kernel_toml: String,
+    /// Hosts that form no cluster (no `[cluster]`): each serves its own kernels.
+    pub standalone: bool,
 }
 
 impl LocalCluster {
@@ -276,10 +280,11 @@ impl LocalCluster {
             let config = format!(
                 "[node]\nname = \"h{n}\"\nstate_dir = {state:?}\nruntime_dir = {run:?}\n\
                  [http]\nlisten = \"127.0.0.1:{http}\"\ntoken_file = {token:?}\noperator_token_file = {operator:?}\n\
-                 [kernel]\npython = {python:?}\n{gpu}\
-                 [cluster]\nenabled = true\nnode_id = {n}\nraft_listen = \"127.0.0.1:{raft}\"\nseeds = [{seeds}]\n\
+                 [kernel]\npython = {python:?}\n{kernel}{gpu}\
+                 [cluster]\nenabled = {cluster}\nnode_id = {n}\nraft_listen = \"127.0.0.1:{raft}\"\nseeds = [{seeds}]\n\
                  host_ttl = \"{ttl}ms\"\nobject_store = \"file://{objects}\"\n\
                  [log]\nlevel = {level:?}\nformat = \"text\"\n",
+                cluster = !cfg.standalone,
                 n = i + 1,
                 state = hdir.join("state"),
                 run = hdir.join("run"),
@@ -291,6 +296,7 @@ impl LocalCluster {
                 ttl = cfg.host_ttl.as_millis(),
                 objects = objects.display(),
                 level = cfg.log_level,
+                kernel = cfg.kernel_toml,
             );
             std::fs::write(hdir.join("notebookosd.toml"), config)?;
             hosts.push(LocalHost {
@@ -304,7 +310,11 @@ impl LocalCluster {
         for i in 0..total {
             cluster.spawn(i)?;
         }
-        cluster.wait_ready(Duration::from_secs(60))?;
+        if cfg.standalone {
+            cluster.wait_healthy(Duration::from_secs(60))?;
+        } else {
+            cluster.wait_ready(Duration::from_secs(60))?;
+        }
         Ok(cluster)
     }
 
@@ -355,6 +365,28 @@ impl LocalCluster {
             .ok()?
             .into_json()
             .ok()
+    }
+
+    /// The value of `series` (name and labels, as exposed) on host `i`'s /metrics.
+    pub fn metric(&self, i: usize, series: &str) -> Option<f64> {
+        let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(10)).build();
+        let text = agent.get(&format!("{}/metrics", self.hosts[i].url)).call().ok()?.into_string().ok()?;
+        text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+
+    /// Waits until every host answers `/healthz` (standalone hosts).
+    fn wait_healthy(&self, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(5)).build();
+        while !self.hosts.iter().all(|h| agent.get(&format!("{}/healthz", h.url)).call().is_ok()) {
+            if Instant::now() > deadline {
+                let logs: Vec<String> =
+                    self.hosts.iter().map(|h| format!("--- h{} ---\n{}", h.node_id, tail(&h.log(), 3000))).collect();
+                anyhow::bail!("the hosts did not start within {timeout:?}\n{}", logs.join("\n"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
     }
 
     /// Waits until every running host reports the cluster ready with every running host up.
@@ -418,6 +450,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         daemon: exe.with_file_name("notebookosd"),
         log_level: args.log_level.clone(),
         keep: args.keep_logs,
+        kernel_toml: String::new(),
+        standalone: false,
     };
     let cluster = LocalCluster::start(&cfg)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;

@@ -76,6 +76,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         daemon: exe.with_file_name("notebookosd"),
         log_level: args.log_level.clone(),
         keep: args.keep_logs,
+        kernel_toml: String::new(),
+        standalone: false,
     };
     let cluster = LocalCluster::start(&cfg)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;

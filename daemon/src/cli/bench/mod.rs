@@ -2,6 +2,7 @@
 
 pub mod cell;
 pub mod election;
+pub mod kernel_start;
 pub mod migration;
 pub mod observe;
 pub mod raft;
@@ -23,6 +24,8 @@ pub enum BenchCmd {
     Election(election::Args),
     /// Cluster: a cell whose every replica's host is busy, until it runs on a moved replica.
     Migration(migration::Args),
+    /// Cluster: a new kernel until its first cell is answered, with and without the pre-warm pool.
+    KernelStart(kernel_start::Args),
 }
 
 /// Runs the chosen benchmark.
@@ -34,5 +37,6 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Cell(a) => cell::run(a),
         BenchCmd::Election(a) => election::run(a),
         BenchCmd::Migration(a) => migration::run(a),
+        BenchCmd::KernelStart(a) => kernel_start::run(a),
     }
 }

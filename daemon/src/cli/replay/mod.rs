@@ -174,6 +174,8 @@ pub fn run(t: &crate::cli::client::Target, a: Args) -> anyhow::Result<()> {
             daemon: exe.with_file_name("notebookosd"),
             log_level: a.log_level.clone(),
             keep: a.keep_logs,
+            kernel_toml: String::new(),
+            standalone: false,
         })?
     };
     let target = Arc::new(target);

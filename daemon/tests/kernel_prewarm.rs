@@ -1,0 +1,212 @@
+//! Pre-warmed kernels (docs/prewarm.md): the daemon keeps Python processes with ipykernel
+//! imported, and a new kernel takes one over. What an operator and a user can check: the
+//! pool's processes in `ps` (`.prewarm.py`), `notebookos_prewarm_*` on /metrics, the new
+//! kernel's pid being one of them, and, from a cell, that the kernel is exactly what a
+//! newly started one would be (its environment, account, directory, cgroup, namespace).
+
+use std::collections::BTreeSet;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use tokio_tungstenite::tungstenite::Message as WsFrame;
+
+mod common;
+use common::{http, python, start_daemon, Daemon, TOKEN};
+
+/// How long a pool may take to fill (Pythons importing ipykernel beside other tests).
+const FILL: Duration = Duration::from_secs(90);
+
+/// Pids of processes started from the pool's launcher of the daemon whose kernels
+/// directory is `kernels_dir`: pool processes, and the kernels that took one over.
+fn launcher_pids(kernels_dir: &str) -> BTreeSet<u32> {
+    let launcher = format!("{kernels_dir}/.prewarm.py");
+    let Ok(entries) = std::fs::read_dir("/proc") else { return BTreeSet::new() };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmd).split('\0').any(|a| a == launcher)
+        })
+        .collect()
+}
+
+/// The pool's processes: launcher processes still in the pool's directory (a kernel
+/// runs in its own).
+fn pool_pids(kernels_dir: &str) -> BTreeSet<u32> {
+    let pool_dir = std::path::Path::new(kernels_dir).join(".prewarm");
+    launcher_pids(kernels_dir)
+        .into_iter()
+        .filter(|pid| std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd == pool_dir))
+        .collect()
+}
+
+/// The value of one series on /metrics (0 when absent).
+fn metric(d: &Daemon, series: &str) -> f64 {
+    let (_, text) = http("GET", &format!("{}/metrics", d.url), None, None);
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Waits until `n` pool processes are ready; returns their pids.
+fn wait_for_ready_pool(d: &Daemon, kernels_dir: &str, n: usize) -> BTreeSet<u32> {
+    let deadline = Instant::now() + FILL;
+    loop {
+        let ready = metric(d, r#"notebookos_prewarm_pool_processes{state="ready"}"#);
+        let warming = metric(d, r#"notebookos_prewarm_pool_processes{state="warming"}"#);
+        let pids = pool_pids(kernels_dir);
+        if ready == n as f64 && warming == 0.0 && pids.len() == n {
+            return pids;
+        }
+        assert!(Instant::now() < deadline, "pool not refilled to {n}: ready {ready}, warming {warming}, pids {pids:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn start(prewarm: &str) -> (Daemon, String) {
+    let d = start_daemon(
+        &format!(
+            "[gpu]\ndriver = \"fake\"\nfake_gpus = 1\n[kernel]\npython = {:?}\n{prewarm}",
+            python()
+        ),
+        Stdio::inherit(),
+    );
+    let (_, status) = http("GET", &format!("{}/api/v1/status", d.url), Some(TOKEN), None);
+    let status: serde_json::Value = serde_json::from_str(&status).expect("status json");
+    let state_dir = status["state_dir"].as_str().expect("state_dir").to_owned();
+    // The test daemons keep `run` beside `state` (common::start_daemon).
+    let kernels_dir = std::path::Path::new(&state_dir).with_file_name("run").join("kernels");
+    (d, kernels_dir.display().to_string())
+}
+
+fn create_kernel(d: &Daemon, body: &serde_json::Value) -> (String, u32) {
+    let (code, text) = http("POST", &format!("{}/api/kernels", d.url), Some(TOKEN), Some(&body.to_string()));
+    assert_eq!(code, 201, "{text}");
+    let model: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let pid = model["pids"][0].as_u64().and_then(|p| u32::try_from(p).ok()).expect("pid");
+    (model["id"].as_str().expect("id").to_owned(), pid)
+}
+
+/// Runs `code`; returns its execute_result's text, or `ename: evalue`.
+async fn run_cell(url: &str, kernel: &str, code: &str) -> String {
+    let ws = format!("{}/api/kernels/{kernel}/channels?token={TOKEN}", url.replacen("http", "ws", 1));
+    let (socket, _) = tokio_tungstenite::connect_async(ws).await.expect("websocket");
+    let (mut tx, mut rx) = socket.split();
+    let msg_id = uuid::Uuid::new_v4().to_string();
+    let req = serde_json::json!({
+        "header": {"msg_id": msg_id, "msg_type": "execute_request", "session": "s", "version": "5.3"},
+        "parent_header": {}, "metadata": {}, "content": {"code": code, "silent": false},
+    });
+    tx.send(WsFrame::Text(req.to_string().into())).await.expect("send");
+    let (mut replied, mut value) = (false, String::new());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while !replied {
+        let frame =
+            tokio::time::timeout_at(deadline, rx.next()).await.expect("reply in time").expect("open").expect("ok");
+        let WsFrame::Text(t) = frame else { continue };
+        let v: serde_json::Value = serde_json::from_str(t.as_str()).expect("json");
+        if v["parent_header"]["msg_id"] != msg_id.as_str() {
+            continue;
+        }
+        match v["msg_type"].as_str() {
+            Some("execute_result") => value = v["content"]["data"]["text/plain"].as_str().unwrap_or("").to_owned(),
+            Some("error") => value = format!("{}: {}", v["content"]["ename"], v["content"]["evalue"]),
+            Some("execute_reply") => replied = true,
+            _ => {}
+        }
+    }
+    value
+}
+
+/// A cell's view of its own kernel, as JSON.
+const SELF_PORTRAIT: &str = r#"import json, os, sys, ctypes
+from ipykernel.connect import get_connection_file
+json.dumps({
+    "uid": os.getuid(), "cwd": os.getcwd(), "home": os.environ.get("HOME"),
+    "project": os.environ.get("KERNEL_PROJECT"), "kernel_id": os.environ.get("NOTEBOOKOS_KERNEL_ID"),
+    "connection_file": get_connection_file(), "argv0": sys.argv[0],
+    "cgroup": open("/proc/self/cgroup").read(),
+    "cuInit": ctypes.CDLL("libcuda.so.1").cuInit(0),
+})"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_kernels_take_over_pre_warmed_processes_which_are_refilled() {
+    let (d, kernels_dir) = tokio::task::block_in_place(|| start("prewarm_min = 2\nprewarm_max = 2\n"));
+    let url = d.url.clone();
+    let before = tokio::task::block_in_place(|| wait_for_ready_pool(&d, &kernels_dir, 2));
+
+    // A GPU kernel with a client variable: it is one of the pool's processes.
+    let body = serde_json::json!({ "name": "notebookos-python-1gpu", "env": { "KERNEL_PROJECT": "vision" } });
+    let (id, pid) = tokio::task::block_in_place(|| create_kernel(&d, &body));
+    assert!(before.contains(&pid), "kernel pid {pid} is not one of the pool's {before:?}");
+    assert_eq!(tokio::task::block_in_place(|| metric(&d, r#"notebookos_prewarm_takes_total{result="hit"}"#)), 1.0);
+
+    // From inside, it is the kernel a new Python would have been.
+    let portrait = run_cell(&url, &id, SELF_PORTRAIT).await;
+    let p: serde_json::Value = serde_json::from_str(portrait.trim_matches('\'')).unwrap_or_else(|e| panic!("{e}: {portrait}"));
+    let own_dir = format!("{kernels_dir}/{id}");
+    assert_eq!(p["cwd"], own_dir.as_str(), "{p}");
+    assert_eq!(p["connection_file"], format!("{own_dir}/connection-0.json").as_str(), "{p}");
+    assert_eq!(p["project"], "vision", "the client's KERNEL_* did not arrive: {p}");
+    assert_eq!(p["kernel_id"], id.as_str(), "{p}");
+    assert_eq!(p["argv0"], "ipykernel_launcher", "{p}");
+    assert_eq!(p["cuInit"], 0, "the CUDA shim did not serve the pre-warmed kernel: {p}");
+    // SAFETY: geteuid(2) has no arguments and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        assert_ne!(p["uid"], 0, "a pre-warmed kernel runs as root: {p}");
+        assert_eq!(p["home"], own_dir.as_str(), "{p}");
+        // In the kernel's own cgroup (pids, memory, as a new kernel joins before exec).
+        assert!(p["cgroup"].as_str().is_some_and(|c| c.contains(&id)), "not in the kernel's cgroups: {p}");
+    }
+    assert_eq!(run_cell(&url, &id, "x = 20\nx + 22").await, "42", "the namespace");
+    assert_eq!(run_cell(&url, &id, "x").await, "20");
+
+    // The pool is refilled with a new process, and a dead idle one is replaced.
+    let refilled = tokio::task::block_in_place(|| wait_for_ready_pool(&d, &kernels_dir, 2));
+    assert!(!refilled.contains(&pid), "the taken process is still counted in the pool");
+    let victim = *refilled.iter().next().expect("a pool pid");
+    // SAFETY: kill(2) on a pid of a pool process this test's daemon started.
+    unsafe { libc::kill(i32::try_from(victim).expect("pid"), libc::SIGKILL) };
+    let replaced = tokio::task::block_in_place(|| wait_for_ready_pool(&d, &kernels_dir, 2));
+    assert!(!replaced.contains(&victim), "the killed process {victim} is still in the pool");
+
+    // A second kernel takes another one; deleting kernels and stopping the daemon leaves
+    // no pool process behind.
+    let (id2, pid2) = tokio::task::block_in_place(|| create_kernel(&d, &serde_json::json!({ "name": "python3" })));
+    assert!(replaced.contains(&pid2), "kernel pid {pid2} is not one of the pool's {replaced:?}");
+    assert_eq!(run_cell(&url, &id2, "1 + 1").await, "2");
+    for k in [&id, &id2] {
+        assert_eq!(http("DELETE", &format!("{url}/api/kernels/{k}"), Some(TOKEN), None).0, 204);
+    }
+    drop(d);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !launcher_pids(&kernels_dir).is_empty() {
+        assert!(Instant::now() < deadline, "pre-warmed processes outlived the daemon: {:?}", launcher_pids(&kernels_dir));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_daemon_without_a_pool_starts_kernels_afresh() {
+    let (d, kernels_dir) = start("prewarm_max = 0\n");
+    let (id, _) = create_kernel(&d, &serde_json::json!({ "name": "python3" }));
+    assert!(launcher_pids(&kernels_dir).is_empty(), "prewarm_max = 0 started pool processes");
+    assert_eq!(metric(&d, r#"notebookos_prewarm_takes_total{result="hit"}"#), 0.0);
+    assert_eq!(http("DELETE", &format!("{}/api/kernels/{id}", d.url), Some(TOKEN), None).0, 204);
+}
+
+#[test]
+fn a_pool_bigger_than_its_cap_is_refused_at_start() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let config = dir.path().join("c.toml");
+    std::fs::write(&config, "[kernel]\nprewarm_min = 4\nprewarm_max = 2\n").expect("write");
+    let out = std::process::Command::new(common::NOTEBOOKOSD)
+        .args(["--check-config", "--config"])
+        .arg(&config)
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("kernel.prewarm_min"), "{err}");
+}
