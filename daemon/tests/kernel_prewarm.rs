@@ -31,13 +31,13 @@ fn launcher_pids(kernels_dir: &str) -> BTreeSet<u32> {
         .collect()
 }
 
-/// The pool's processes: launcher processes still in the pool's directory (a kernel
-/// runs in its own).
+/// The pool's processes: launcher processes not yet dumpable (their `/proc` entries are
+/// files are root's), which a kernel is again once it took one over.
 fn pool_pids(kernels_dir: &str) -> BTreeSet<u32> {
-    let pool_dir = std::path::Path::new(kernels_dir).join(".prewarm");
+    use std::os::unix::fs::MetadataExt;
     launcher_pids(kernels_dir)
         .into_iter()
-        .filter(|pid| std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd == pool_dir))
+        .filter(|pid| std::fs::metadata(format!("/proc/{pid}/status")).is_ok_and(|m| m.uid() == 0))
         .collect()
 }
 
@@ -67,10 +67,7 @@ fn wait_for_ready_pool(d: &Daemon, kernels_dir: &str, n: usize) -> BTreeSet<u32>
 
 fn start(prewarm: &str) -> (Daemon, String) {
     let d = start_daemon(
-        &format!(
-            "[gpu]\ndriver = \"fake\"\nfake_gpus = 1\n[kernel]\npython = {:?}\n{prewarm}",
-            python()
-        ),
+        &format!("[gpu]\ndriver = \"fake\"\nfake_gpus = 1\n[kernel]\npython = {:?}\n{prewarm}", python()),
         Stdio::inherit(),
     );
     let (_, status) = http("GET", &format!("{}/api/v1/status", d.url), Some(TOKEN), None);
@@ -133,6 +130,8 @@ json.dumps({
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_kernels_take_over_pre_warmed_processes_which_are_refilled() {
+    // SAFETY: geteuid(2) has no arguments and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
     let (d, kernels_dir) = tokio::task::block_in_place(|| start("prewarm_min = 2\nprewarm_max = 2\n"));
     let url = d.url.clone();
     let before = tokio::task::block_in_place(|| wait_for_ready_pool(&d, &kernels_dir, 2));
@@ -145,7 +144,8 @@ async fn new_kernels_take_over_pre_warmed_processes_which_are_refilled() {
 
     // From inside, it is the kernel a new Python would have been.
     let portrait = run_cell(&url, &id, SELF_PORTRAIT).await;
-    let p: serde_json::Value = serde_json::from_str(portrait.trim_matches('\'')).unwrap_or_else(|e| panic!("{e}: {portrait}"));
+    let p: serde_json::Value =
+        serde_json::from_str(portrait.trim_matches('\'')).unwrap_or_else(|e| panic!("{e}: {portrait}"));
     let own_dir = format!("{kernels_dir}/{id}");
     assert_eq!(p["cwd"], own_dir.as_str(), "{p}");
     assert_eq!(p["connection_file"], format!("{own_dir}/connection-0.json").as_str(), "{p}");
@@ -153,12 +153,21 @@ async fn new_kernels_take_over_pre_warmed_processes_which_are_refilled() {
     assert_eq!(p["kernel_id"], id.as_str(), "{p}");
     assert_eq!(p["argv0"], "ipykernel_launcher", "{p}");
     assert_eq!(p["cuInit"], 0, "the CUDA shim did not serve the pre-warmed kernel: {p}");
-    // SAFETY: geteuid(2) has no arguments and cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
+    if root {
         assert_ne!(p["uid"], 0, "a pre-warmed kernel runs as root: {p}");
         assert_eq!(p["home"], own_dir.as_str(), "{p}");
         // In the kernel's own cgroup (pids, memory, as a new kernel joins before exec).
         assert!(p["cgroup"].as_str().is_some_and(|c| c.contains(&id)), "not in the kernel's cgroups: {p}");
+    }
+    // The attack: a kernel of the same account writes its own kernel to a pool process
+    // (its control socket) or reads what it was started with. Both are refused.
+    if root {
+        let target =
+            *tokio::task::block_in_place(|| wait_for_ready_pool(&d, &kernels_dir, 2)).iter().next().expect("pid");
+        for path in [format!("/proc/{target}/fd/0"), format!("/proc/{target}/environ")] {
+            let tried = run_cell(&url, &id, &format!("open({path:?}, 'rb').read(1)")).await;
+            assert!(tried.contains("PermissionError"), "a kernel opened {path}: {tried}");
+        }
     }
     assert_eq!(run_cell(&url, &id, "x = 20\nx + 22").await, "42", "the namespace");
     assert_eq!(run_cell(&url, &id, "x").await, "20");
@@ -183,7 +192,11 @@ async fn new_kernels_take_over_pre_warmed_processes_which_are_refilled() {
     drop(d);
     let deadline = Instant::now() + Duration::from_secs(15);
     while !launcher_pids(&kernels_dir).is_empty() {
-        assert!(Instant::now() < deadline, "pre-warmed processes outlived the daemon: {:?}", launcher_pids(&kernels_dir));
+        assert!(
+            Instant::now() < deadline,
+            "pre-warmed processes outlived the daemon: {:?}",
+            launcher_pids(&kernels_dir)
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }

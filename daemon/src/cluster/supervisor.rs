@@ -421,10 +421,12 @@ fn membership_changes(
     if let Some(t) = want_learner.filter(|t| !voters.contains(t) && !learners.contains(t)) {
         changes.push(MembershipChange::AddLearner(t));
     }
-    let members = voters.union(learners);
-    changes.extend(
-        members.filter(|n| !want_voters.contains(n) && want_learner != Some(**n)).map(|n| MembershipChange::Remove(*n)),
-    );
+    // A member no replica is on goes, also when a move now targets its host: a voter left
+    // over from an earlier move off that host keeps its old progress at the leader, which
+    // would send the new, empty replica there a commit index past its log (raft panics). It
+    // is added back as a learner, afresh, once removed.
+    let stale = |n: &&u64| !want_voters.contains(*n) && !(want_learner == Some(**n) && learners.contains(*n));
+    changes.extend(voters.union(learners).filter(stale).map(|n| MembershipChange::Remove(*n)));
     changes
 }
 
@@ -468,6 +470,27 @@ mod tests {
         // An aborted move: the learner goes.
         let aborted = rec(&[(1, 1), (2, 2), (3, 3)]);
         assert_eq!(membership_changes(&aborted, &set(&[1, 2, 3]), &set(&[4])), vec![MembershipChange::Remove(4)]);
+    }
+
+    /// A replica moved off host 2 and, before the group dropped host 2, moves back to it:
+    /// host 2's old membership goes first, and it is added afresh as a learner after.
+    #[test]
+    fn a_move_back_to_a_host_still_in_the_group_removes_it_before_adding_it_again() {
+        use crate::cluster::records::{MoveReason, MoveRecord};
+        let set = |v: &[u64]| v.iter().copied().collect::<BTreeSet<u64>>();
+        let mut back = rec(&[(1, 1), (4, 4), (3, 3)]);
+        back.moving = Some(MoveRecord {
+            replica: 4,
+            from: 4,
+            to: 2,
+            new_replica: 5,
+            reason: MoveReason::AllYield,
+            started_ms: 0,
+        });
+        let changes = membership_changes(&back, &set(&[1, 2, 3]), &set(&[4]));
+        assert_eq!(changes, vec![MembershipChange::AddVoter(4), MembershipChange::Remove(2)]);
+        assert_eq!(membership_changes(&back, &set(&[1, 3, 4]), &set(&[])), vec![MembershipChange::AddLearner(2)]);
+        assert!(membership_changes(&back, &set(&[1, 3, 4]), &set(&[2])).is_empty());
     }
 
     #[test]

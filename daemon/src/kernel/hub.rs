@@ -355,15 +355,22 @@ impl Inner {
     /// A shell or control reply to `parent`. The kernel publishes `idle` right after it,
     /// but on IOPub, a PUB socket that drops messages past its high-water mark (1000 in
     /// ipykernel) when the daemon reads slower than the kernel prints: without this, a
-    /// kernel that printed fast enough would be `busy` for good.
+    /// kernel that printed fast enough would be `busy` for good. Only when no other request
+    /// still waits for its reply (shell drops nothing): that one may be running, its own
+    /// `busy` lost too.
     fn note_reply(&mut self, parent: &str) {
         if self.replied.len() >= MAX_REPLIED {
             self.replied.pop_front();
         }
         self.replied.push_back(parent.to_owned());
-        if self.execution_state == "busy" && self.busy_with.as_deref() == Some(parent) {
-            self.execution_state = "idle".to_owned();
+        let others_waiting = self.pending.keys().any(|k| k != parent && !self.silent.contains_key(k));
+        let this_one = self.busy_with.as_deref().is_none_or(|b| b == parent);
+        if self.execution_state == "busy" && this_one {
+            // With others waiting it stays busy with one of them (IOPub or their replies say).
             self.busy_with = None;
+            if !others_waiting {
+                self.execution_state = "idle".to_owned();
+            }
         }
     }
 }
@@ -483,6 +490,22 @@ mod tests {
         hub.deliver(Channel::Shell, msg("r0", "execute_reply", Some("earlier"), "{}"), t);
         assert_eq!(hub.activity().execution_state, "busy", "another request's reply ended this one");
         hub.deliver(Channel::Shell, msg("r2", "execute_reply", Some("second"), "{}"), t);
+        assert_eq!(hub.activity().execution_state, "idle");
+
+        // Two cells queued, IOPub lost the first's idle and the second's busy: the first's
+        // reply leaves the kernel busy while the second waits for its reply.
+        let (client, _rx, _) = hub.connect();
+        hub.expect_reply("c1", client, t);
+        hub.expect_reply("c2", client, t);
+        hub.deliver(Channel::Iopub, busy("b4", "c1"), t);
+        hub.deliver(Channel::Shell, msg("r4", "execute_reply", Some("c1"), "{}"), t);
+        assert_eq!(hub.activity().execution_state, "busy", "idle while the second cell runs");
+        hub.deliver(Channel::Shell, msg("r5", "execute_reply", Some("c2"), "{}"), t);
+        assert_eq!(hub.activity().execution_state, "idle");
+
+        // A busy restored by the daemon (after a missed heartbeat) ends with the next reply.
+        hub.set_state("busy", t);
+        hub.deliver(Channel::Shell, msg("r6", "execute_reply", Some("c6"), "{}"), t);
         assert_eq!(hub.activity().execution_state, "idle");
 
         // A busy that lagged behind its own reply is stale.

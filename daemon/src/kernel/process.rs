@@ -82,7 +82,8 @@ impl KernelProcess {
                 match warm.hand_over(spec, connection_file).await {
                     Ok(process) => return Ok(process),
                     Err(e) => tracing::warn!(
-                        pid, error = format!("{e:#}"),
+                        pid,
+                        error = format!("{e:#}"),
                         "could not hand the kernel to a pre-warmed process; starting a new one"
                     ),
                 }
@@ -112,8 +113,7 @@ impl KernelProcess {
             memory_limit_bytes: spec.memory_limit_bytes,
             identity: spec.identity.as_ref(),
         };
-        let (process, _) = launch.spawn()?;
-        Ok(process)
+        launch.spawn()
     }
 
     /// The process id.
@@ -259,8 +259,8 @@ pub(super) struct Launch<'a> {
 
 impl Launch<'_> {
     /// Forks and execs: the child joins its cgroups, takes its limits and drops to its
-    /// account before any of its code runs. Returns the process and its stdio pipes.
-    pub fn spawn(self) -> anyhow::Result<(KernelProcess, Pipes)> {
+    /// account before any of its code runs.
+    pub fn spawn(self) -> anyhow::Result<KernelProcess> {
         // Opened here, before the fork: the child only write(2)s to them.
         let cgroup_procs = self
             .cgroup_procs
@@ -338,7 +338,6 @@ impl Launch<'_> {
         })?;
         drop(cgroup_procs);
         let pid = child.id().context("the kernel process exited before it could be watched")?;
-        let pipes = Pipes { stdin: child.stdin.take(), stdout: child.stdout.take() };
         let exited = Arc::new(AtomicBool::new(false));
         let (tx, rx) = watch::channel(None);
         let flag = exited.clone();
@@ -352,14 +351,8 @@ impl Launch<'_> {
             };
             let _ = tx.send(Some(how));
         });
-        Ok((KernelProcess { pid, exited, exit: rx }, pipes))
+        Ok(KernelProcess { pid, exited, exit: rx })
     }
-}
-
-/// The pipes of a started process (those asked for with `Stdio::piped()`).
-pub(super) struct Pipes {
-    pub stdin: Option<tokio::process::ChildStdin>,
-    pub stdout: Option<tokio::process::ChildStdout>,
 }
 
 /// Makes the kernel's directory its own, mode 0700 (connection file, log, HOME).

@@ -90,8 +90,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string(&result)?);
     } else {
-        println!("kernel start, create -> first cell answered, {} samples each, pool of {} per host:", args.samples, args.pool);
-        for (what, t) in [("one host (a replica)", &result.replica), ("3-host cluster (3 replicas)", &result.cluster_kernel)] {
+        println!(
+            "kernel start, create -> first cell answered, {} samples each, pool of {} per host:",
+            args.samples, args.pool
+        );
+        for (what, t) in
+            [("one host (a replica)", &result.replica), ("3-host cluster (3 replicas)", &result.cluster_kernel)]
+        {
             println!(
                 "  {what:<28} new Python p50 {:.1} ms p99 {:.1} ms | pre-warmed p50 {:.1} ms p99 {:.1} ms | p50 ratio {:.2}x ({} pool hits)",
                 t.cold_p50_ms, t.cold_p99_ms, t.pool_p50_ms, t.pool_p99_ms, t.speedup_p50, t.pool_hits

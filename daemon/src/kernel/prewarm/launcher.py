@@ -1,12 +1,20 @@
 """A pre-warmed NotebookOS kernel, started by notebookosd (docs/prewarm.md).
 
 Imports ipykernel and the NotebookOS helper ahead of time, prints "ready", then waits
-for one line on stdin: the kernel it becomes (JSON: argv, env, cwd, log). The daemon has
-moved this process into the kernel's cgroups before it sends that line. End of input
-(the daemon shrank the pool, or is gone) ends the process.
+for one line on stdin: the kernel it becomes (JSON: argv, env, cwd, log). Stdin and stdout
+are one socket to the daemon. The daemon has moved this process into the kernel's cgroups
+before it sends that line. End of input (the daemon shrank the pool, or is gone) ends
+the process.
 """
 
+import ctypes
 import sys
+
+# Not dumpable until it is a kernel: other processes of the kernels' account can then
+# neither trace this one nor open its files through /proc.
+_PR_SET_DUMPABLE = 4
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 # sys.path[0] is this file's directory (the daemon's kernels directory): no place to
 # import from. ipykernel puts the kernel's working directory first once it runs.
@@ -14,6 +22,7 @@ del sys.path[0]
 
 import json  # noqa: E402
 import os  # noqa: E402
+import site  # noqa: E402
 
 
 def become(order):
@@ -30,7 +39,15 @@ def become(order):
     os.environ.clear()
     os.environ.update(order["env"])
     os.chdir(order["cwd"])
+    # The user site of the kernel's HOME, as a new Python would have added it (started
+    # with -s, this one skipped the pool's).
+    site.USER_BASE = None
+    site.USER_SITE = None
+    user_site = site.getusersitepackages()
+    if os.path.isdir(user_site):
+        site.addsitedir(user_site)
     sys.argv = ["ipykernel_launcher", *order["argv"]]
+    _libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
 
 
 def main():

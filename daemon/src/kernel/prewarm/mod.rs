@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::identity::KernelIdentity;
 use super::process::{self, KernelProcess, Launch, LaunchSpec};
@@ -58,8 +58,13 @@ pub struct PoolSettings {
 /// One pre-warmed process.
 pub struct Warm {
     process: KernelProcess,
-    stdin: tokio::process::ChildStdin,
+    /// Its start time (`/proc/<pid>/stat`), to tell it from a later process with its pid.
+    start_time: Option<u64>,
+    /// Our end of its control socket (its stdin and stdout): a socket, not a pipe, so no
+    /// other process of the kernel account can open it through `/proc/<pid>/fd`.
+    control: tokio::net::unix::OwnedWriteHalf,
     ready: Arc<AtomicBool>,
+    metrics: Arc<Metrics>,
 }
 
 impl Warm {
@@ -74,23 +79,69 @@ impl Warm {
     pub async fn hand_over(mut self, spec: &LaunchSpec, connection_file: &Path) -> anyhow::Result<KernelProcess> {
         let handed = async {
             drop(process::admit(spec, connection_file)?);
-            let pid = self.process.pid().to_string();
+            let pid = self.process.pid();
+            // Our child, unreaped until its waiter saw it exit: the pid is still its own
+            // unless it died meanwhile (checked by its start time just before the move).
+            anyhow::ensure!(
+                !self.process.has_exited() && start_time(pid) == self.start_time,
+                "the pre-warmed process {pid} exited before it was handed its kernel"
+            );
             for procs in &spec.cgroup_procs {
-                std::fs::write(procs, &pid)
+                std::fs::write(procs, pid.to_string())
                     .with_context(|| format!("moving pre-warmed pid {pid} into {}", procs.display()))?;
             }
             let order = order(spec, connection_file)?;
-            self.stdin.write_all(&order).await.context("sending the kernel to the pre-warmed process")?;
-            self.stdin.flush().await.context("sending the kernel to the pre-warmed process")?;
+            self.control.write_all(&order).await.context("sending the kernel to the pre-warmed process")?;
+            self.control.shutdown().await.context("sending the kernel to the pre-warmed process")?;
             anyhow::Ok(())
         };
         match handed.await {
             Ok(()) => Ok(self.process),
             Err(e) => {
                 let _ = self.process.signal(libc::SIGKILL);
+                self.metrics.prewarm_takes_total.get_or_create(&PrewarmTakeLabels { result: "failed".into() }).inc();
                 Err(e)
             }
         }
+    }
+}
+
+/// Field 22 of `/proc/<pid>/stat`: when the process started, in clock ticks after boot.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name, which may hold spaces and parentheses: fields 3 onwards.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Reads the process's `ready` line (at most a few bytes: the process is not trusted to
+/// stop) and records how long it took.
+async fn await_ready(
+    mut from: tokio::net::unix::OwnedReadHalf,
+    flag: Arc<AtomicBool>,
+    pool: Weak<PrewarmPool>,
+    started: Instant,
+) {
+    let mut buf = [0u8; 8];
+    let mut got = 0;
+    while got < buf.len() {
+        match from.read(&mut buf[got..]).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => got += n,
+        }
+        if buf[..got].contains(&b'\n') {
+            break;
+        }
+    }
+    if &buf[..got] != b"ready\n" {
+        return;
+    }
+    flag.store(true, Ordering::SeqCst);
+    if let Some(pool) = pool.upgrade() {
+        let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        pool.refill_ms.store(ms, Ordering::SeqCst);
+        pool.failures.store(0, Ordering::SeqCst);
+        pool.publish_size();
     }
 }
 
@@ -177,6 +228,11 @@ impl PrewarmPool {
         set_mode(&tmp, 0o644)?;
         std::fs::rename(&tmp, &launcher).with_context(|| format!("installing {}", launcher.display()))?;
         let dir = settings.kernels_dir.join(POOL_DIR);
+        // Afresh: the kernels' account could write here (a `.pth` file, a module) for the
+        // next run's pool processes to load.
+        if dir.symlink_metadata().is_ok() {
+            std::fs::remove_dir_all(&dir).with_context(|| format!("removing the old {}", dir.display()))?;
+        }
         if let Some(id) = &settings.identity {
             process::make_own_dir(&dir, id)?;
         } else {
@@ -204,7 +260,7 @@ impl PrewarmPool {
     pub fn take(&self, spec: &LaunchSpec) -> Option<Warm> {
         let (warm, result) = if self.fits(spec) {
             let mut idle = lock(&self.idle);
-            idle.retain(|w| !w.process.has_exited());
+            self.reap(&mut idle);
             let at = idle.iter().position(|w| w.ready.load(Ordering::SeqCst)).or((!idle.is_empty()).then_some(0));
             match at.and_then(|i| idle.remove(i)) {
                 Some(w) if w.ready.load(Ordering::SeqCst) => (Some(w), TakeResult::Hit),
@@ -230,7 +286,8 @@ impl PrewarmPool {
     /// Whether a kernel of `spec` can use the pool's processes.
     fn fits(&self, spec: &LaunchSpec) -> bool {
         let s = &self.settings;
-        let loader = |env: &[(String, String)], name: &str| env.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+        let loader =
+            |env: &[(String, String)], name: &str| env.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.clone());
         spec.python == s.python
             && spec.identity.as_ref().map(|i| (i.uid, i.gid)) == s.identity.as_ref().map(|i| (i.uid, i.gid))
             && spec.memory_limit_bytes == s.memory_limit_bytes
@@ -246,7 +303,13 @@ impl PrewarmPool {
         }
         let n = u32::try_from(takes.len()).unwrap_or(u32::MAX);
         let window = u64::try_from(WINDOW.as_millis()).unwrap_or(u64::MAX);
-        crate::sched::prewarm::pool_size(n, window, self.refill_ms.load(Ordering::SeqCst), self.settings.min, self.settings.max)
+        crate::sched::prewarm::pool_size(
+            n,
+            window,
+            self.refill_ms.load(Ordering::SeqCst),
+            self.settings.min,
+            self.settings.max,
+        )
     }
 
     fn publish_size(&self) {
@@ -266,12 +329,17 @@ impl PrewarmPool {
     /// Starts one process and puts it in the pool.
     fn start_one(self: &Arc<Self>) -> anyhow::Result<()> {
         let s = &self.settings;
+        anyhow::ensure!(
+            s.identity.is_some() || !super::identity::daemon_is_root(),
+            "refusing to pre-warm a kernel as root: the daemon is root and no kernel account is set (kernel.user)"
+        );
         let log = process::open_in_kernel_dir(
             &self.dir.join("prewarm.log"),
             std::fs::OpenOptions::new().create(true).append(true),
         )?;
         if let Some(id) = &s.identity {
-            std::os::unix::fs::fchown(&log, Some(id.uid), Some(id.gid)).context("giving prewarm.log to the kernels' account")?;
+            std::os::unix::fs::fchown(&log, Some(id.uid), Some(id.gid))
+                .context("giving prewarm.log to the kernels' account")?;
         }
         let mut env: Vec<(std::ffi::OsString, std::ffi::OsString)> =
             std::env::vars_os().filter(|(k, _)| k.to_str().is_some_and(process::inherited)).collect();
@@ -281,71 +349,67 @@ impl PrewarmPool {
             env.push(("USER".into(), id.user.clone().into()));
             env.push(("LOGNAME".into(), id.user.clone().into()));
         }
+        // Both ends close on exec; the child gets its end as stdin and stdout.
+        let (ours, theirs) =
+            std::os::unix::net::UnixStream::pair().context("a control socket for a pre-warmed kernel")?;
+        let theirs_out = theirs.try_clone().context("a control socket for a pre-warmed kernel")?;
         let launch = Launch {
             what: "a pre-warmed kernel",
             python: &s.python,
-            args: vec![self.launcher.clone().into()],
+            // -s: no user site of the pool's HOME (the launcher adds the kernel's own).
+            args: vec!["-s".into(), self.launcher.clone().into()],
             cwd: &self.dir,
             env,
-            stdio: (std::process::Stdio::piped(), std::process::Stdio::piped(), log.into()),
+            stdio: (
+                std::process::Stdio::from(std::os::fd::OwnedFd::from(theirs)),
+                std::process::Stdio::from(std::os::fd::OwnedFd::from(theirs_out)),
+                log.into(),
+            ),
             cgroup_procs: &[],
             memory_limit_bytes: s.memory_limit_bytes,
             identity: s.identity.as_ref(),
         };
-        let (process, pipes) = launch.spawn()?;
-        let (Some(stdin), Some(stdout)) = (pipes.stdin, pipes.stdout) else {
-            anyhow::bail!("the pre-warmed process has no stdin or stdout pipe");
-        };
+        let process = launch.spawn()?;
         self.metrics.prewarm_started_total.inc();
+        let start_time = start_time(process.pid());
+        ours.set_nonblocking(true).context("the pre-warmed kernel's control socket")?;
+        let (from, control) =
+            tokio::net::UnixStream::from_std(ours).context("the pre-warmed kernel's control socket")?.into_split();
         let ready = Arc::new(AtomicBool::new(false));
-        let (flag, pool, started) = (ready.clone(), Arc::downgrade(self), Instant::now());
-        tokio::spawn(async move {
-            // Its one line ("ready"), then nothing until it becomes a kernel (then EOF).
-            let mut lines = tokio::io::BufReader::new(stdout).lines();
-            if let Ok(Some(line)) = lines.next_line().await {
-                if line == "ready" {
-                    flag.store(true, Ordering::SeqCst);
-                    if let Some(pool) = pool.upgrade() {
-                        let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-                        pool.refill_ms.store(ms, Ordering::SeqCst);
-                        pool.failures.store(0, Ordering::SeqCst);
-                        pool.publish_size();
-                    }
-                }
-            }
-            while let Ok(Some(_)) = lines.next_line().await {}
-        });
-        lock(&self.idle).push_back(Warm { process, stdin, ready });
+        tokio::spawn(await_ready(from, ready.clone(), Arc::downgrade(self), Instant::now()));
+        let metrics = self.metrics.clone();
+        lock(&self.idle).push_back(Warm { process, start_time, control, ready, metrics });
         Ok(())
     }
 
-    /// One refill round: forget the dead, start what is missing, stop what is too many.
-    fn refill_once(self: &Arc<Self>) -> Duration {
-        let target = self.target() as usize;
-        let (dead_unready, surplus) = {
-            let mut idle = lock(&self.idle);
-            let before = idle.len();
-            let mut dead_unready = 0;
-            idle.retain(|w| {
-                let dead = w.process.has_exited();
-                dead_unready += usize::from(dead && !w.ready.load(Ordering::SeqCst));
-                !dead
-            });
-            if before != idle.len() {
-                tracing::debug!(gone = before - idle.len(), "pre-warmed processes exited; replacing them");
-            }
-            let surplus: Vec<Warm> = (target..idle.len()).filter_map(|_| idle.pop_back()).collect();
-            (dead_unready, surplus)
-        };
-        // Closing its stdin ends a process that was never taken.
-        drop(surplus);
-        if dead_unready > 0 {
-            let n = self.failures.fetch_add(dead_unready as u64, Ordering::SeqCst) + dead_unready as u64;
+    /// Forgets the pool's dead processes; those that died before they were ready count
+    /// as failures (a Python that cannot start backs the refill off).
+    fn reap(&self, idle: &mut VecDeque<Warm>) {
+        let mut unready = 0u64;
+        idle.retain(|w| {
+            let dead = w.process.has_exited();
+            unready += u64::from(dead && !w.ready.load(Ordering::SeqCst));
+            !dead
+        });
+        if unready > 0 {
+            let n = self.failures.fetch_add(unready, Ordering::SeqCst) + unready;
             tracing::warn!(
                 failures = n, log = %self.dir.join("prewarm.log").display(),
                 "pre-warmed kernels exited before they were ready"
             );
         }
+    }
+
+    /// One refill round: forget the dead, start what is missing, stop what is too many.
+    fn refill_once(self: &Arc<Self>) -> Duration {
+        let target = self.target() as usize;
+        let surplus: Vec<Warm> = {
+            let mut idle = lock(&self.idle);
+            self.reap(&mut idle);
+            (target..idle.len()).filter_map(|_| idle.pop_back()).collect()
+        };
+        // Closing its control socket ends a process that was never taken.
+        drop(surplus);
         // A Python that cannot start (a broken kernel.python) is retried one at a time,
         // ever more slowly.
         let failures = self.failures.load(Ordering::SeqCst);
@@ -373,6 +437,11 @@ async fn refill(pool: Weak<PrewarmPool>, wake: Arc<tokio::sync::Notify>) {
             Some(pool) => pool.refill_once(),
             None => return,
         };
+        if wait > REFILL_EVERY {
+            // Backing off: kernel starts do not hurry a Python that keeps failing.
+            tokio::time::sleep(wait).await;
+            continue;
+        }
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
             () = wake.notified() => {}
