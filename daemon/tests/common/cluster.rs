@@ -436,13 +436,22 @@ fn request(
     body: Option<serde_json::Value>,
     token: &str,
 ) -> (u16, serde_json::Value) {
-    let req = agent
-        .request(method, &format!("{base}{path}"))
-        .timeout(Duration::from_secs(15))
-        .set("Authorization", &format!("token {token}"));
-    let res = match body {
-        Some(b) => req.set("Content-Type", "application/json").send_string(&b.to_string()),
-        None => req.call(),
+    let send = |agent: &ureq::Agent| {
+        let req = agent
+            .request(method, &format!("{base}{path}"))
+            .timeout(Duration::from_secs(15))
+            .set("Authorization", &format!("token {token}"));
+        match &body {
+            Some(b) => req.set("Content-Type", "application/json").send_string(&b.to_string()),
+            None => req.call(),
+        }
+    };
+    let res = match send(agent) {
+        // A pooled connection the server had closed after refusing the previous request
+        // (hyper does not keep a connection whose request body it did not read): the request
+        // never reached it, so once more (the agent dropped that connection: a new one).
+        Err(ureq::Error::Transport(t)) if t.to_string().contains("Unexpected EOF") => send(agent),
+        other => other,
     };
     let (code, text) = match res {
         Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
