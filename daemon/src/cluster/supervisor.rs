@@ -425,7 +425,8 @@ fn membership_changes(
     // over from an earlier move off that host keeps its old progress at the leader, which
     // would send the new, empty replica there a commit index past its log (raft panics). It
     // is added back as a learner, afresh, once removed.
-    let stale = |n: &&u64| !want_voters.contains(*n) && !(want_learner == Some(**n) && learners.contains(*n));
+    let kept = |n: &u64| want_voters.contains(n) || (want_learner == Some(*n) && learners.contains(n));
+    let stale = |n: &&u64| !kept(n);
     changes.extend(voters.union(learners).filter(stale).map(|n| MembershipChange::Remove(*n)));
     changes
 }

@@ -436,7 +436,7 @@ fn request(
     body: Option<serde_json::Value>,
     token: &str,
 ) -> (u16, serde_json::Value) {
-    let send = |agent: &ureq::Agent| {
+    let send = || -> Result<ureq::Response, Box<ureq::Error>> {
         let req = agent
             .request(method, &format!("{base}{path}"))
             .timeout(Duration::from_secs(15))
@@ -445,14 +445,16 @@ fn request(
             Some(b) => req.set("Content-Type", "application/json").send_string(&b.to_string()),
             None => req.call(),
         }
+        .map_err(Box::new)
     };
-    let res = match send(agent) {
+    let res = match send() {
         // A pooled connection the server had closed after refusing the previous request
         // (hyper does not keep a connection whose request body it did not read): the request
         // never reached it, so once more (the agent dropped that connection: a new one).
-        Err(ureq::Error::Transport(t)) if t.to_string().contains("Unexpected EOF") => send(agent),
+        Err(e) if matches!(&*e, ureq::Error::Transport(t) if t.to_string().contains("Unexpected EOF")) => send(),
         other => other,
-    };
+    }
+    .map_err(|e| *e);
     let (code, text) = match res {
         Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
         Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
