@@ -8,11 +8,8 @@ use std::collections::BTreeSet;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use futures_util::{SinkExt, StreamExt};
-use tokio_tungstenite::tungstenite::Message as WsFrame;
-
 mod common;
-use common::{http, python, start_daemon, Daemon, TOKEN};
+use common::{http, python, run_cell, start_daemon, Daemon, TOKEN};
 
 /// How long a pool may take to fill (Pythons importing ipykernel beside other tests).
 const FILL: Duration = Duration::from_secs(90);
@@ -84,37 +81,6 @@ fn create_kernel(d: &Daemon, body: &serde_json::Value) -> (String, u32) {
     let model: serde_json::Value = serde_json::from_str(&text).expect("json");
     let pid = model["pids"][0].as_u64().and_then(|p| u32::try_from(p).ok()).expect("pid");
     (model["id"].as_str().expect("id").to_owned(), pid)
-}
-
-/// Runs `code`; returns its execute_result's text, or `ename: evalue`.
-async fn run_cell(url: &str, kernel: &str, code: &str) -> String {
-    let ws = format!("{}/api/kernels/{kernel}/channels?token={TOKEN}", url.replacen("http", "ws", 1));
-    let (socket, _) = tokio_tungstenite::connect_async(ws).await.expect("websocket");
-    let (mut tx, mut rx) = socket.split();
-    let msg_id = uuid::Uuid::new_v4().to_string();
-    let req = serde_json::json!({
-        "header": {"msg_id": msg_id, "msg_type": "execute_request", "session": "s", "version": "5.3"},
-        "parent_header": {}, "metadata": {}, "content": {"code": code, "silent": false},
-    });
-    tx.send(WsFrame::Text(req.to_string().into())).await.expect("send");
-    let (mut replied, mut value) = (false, String::new());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while !replied {
-        let frame =
-            tokio::time::timeout_at(deadline, rx.next()).await.expect("reply in time").expect("open").expect("ok");
-        let WsFrame::Text(t) = frame else { continue };
-        let v: serde_json::Value = serde_json::from_str(t.as_str()).expect("json");
-        if v["parent_header"]["msg_id"] != msg_id.as_str() {
-            continue;
-        }
-        match v["msg_type"].as_str() {
-            Some("execute_result") => value = v["content"]["data"]["text/plain"].as_str().unwrap_or("").to_owned(),
-            Some("error") => value = format!("{}: {}", v["content"]["ename"], v["content"]["evalue"]),
-            Some("execute_reply") => replied = true,
-            _ => {}
-        }
-    }
-    value
 }
 
 /// A cell's view of its own kernel, as JSON.

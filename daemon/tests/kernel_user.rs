@@ -12,9 +12,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use futures_util::{SinkExt, StreamExt};
-use tokio_tungstenite::tungstenite::Message as WsFrame;
-
 mod common;
 mod required;
 use common::{http, python, start_daemon, Daemon, NOTEBOOKOSD, TOKEN};
@@ -93,36 +90,10 @@ fn connection_file_of(pid: u32) -> PathBuf {
     PathBuf::from(&args[i + 1])
 }
 
-/// Runs `code` in the kernel: the execute_result's text, or `ename: evalue` of an error.
+/// Runs `code` in the kernel: the execute_result's text, or `ename: evalue` of an error
+/// (without double quotes).
 async fn run_cell(url: &str, kernel: &str, code: &str) -> String {
-    let ws = format!("{}/api/kernels/{kernel}/channels?token={TOKEN}", url.replacen("http", "ws", 1));
-    let (socket, _) = tokio_tungstenite::connect_async(ws).await.expect("websocket");
-    let (mut tx, mut rx) = socket.split();
-    let msg_id = uuid::Uuid::new_v4().to_string();
-    let req = serde_json::json!({
-        "header": {"msg_id": msg_id, "msg_type": "execute_request", "session": "s", "version": "5.3"},
-        "parent_header": {}, "metadata": {}, "content": {"code": code, "silent": false},
-    });
-    tx.send(WsFrame::Text(req.to_string().into())).await.expect("send");
-    let (mut replied, mut value, mut idle) = (false, String::new(), false);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while !replied || !idle {
-        let frame =
-            tokio::time::timeout_at(deadline, rx.next()).await.expect("reply in time").expect("open").expect("ok");
-        let WsFrame::Text(t) = frame else { continue };
-        let v: serde_json::Value = serde_json::from_str(t.as_str()).expect("json");
-        if v["parent_header"]["msg_id"] != msg_id.as_str() {
-            continue;
-        }
-        match v["msg_type"].as_str() {
-            Some("execute_result") => value = v["content"]["data"]["text/plain"].as_str().unwrap_or("").to_owned(),
-            Some("error") => value = format!("{}: {}", v["content"]["ename"], v["content"]["evalue"]),
-            Some("status") => idle |= v["content"]["execution_state"] == "idle",
-            Some("execute_reply") => replied = true,
-            _ => {}
-        }
-    }
-    value.replace('"', "")
+    common::run_cell(url, kernel, code).await.replace('"', "")
 }
 
 fn delete(d: &Daemon, id: &str) {

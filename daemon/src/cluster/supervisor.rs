@@ -203,6 +203,17 @@ impl Supervisor {
             }
             if let Some(group) = self.running.get(&record.id).map(|r| r.group) {
                 if let Err(raft_store::Error::GroupFailed { reason, .. }) = self.cluster.store().status(group).await {
+                    if record.moving.as_ref().is_some_and(|m| m.to == me) {
+                        // The move's target: the group's leader may still count this host as
+                        // the member it was before (a replica moved off here, now moving back)
+                        // until it removes it and adds it afresh (`membership_changes`). An
+                        // empty replica again, a moment later, instead of giving the move up.
+                        tracing::warn!(kernel = %record.id, group, reason, "the moving replica's group failed here; joining again");
+                        self.stop_replica(&record.id).await;
+                        let failures = self.retry.get(&record.id).map_or(0, |(_, n)| *n) + 1;
+                        self.retry.insert(record.id.clone(), (Instant::now() + Duration::from_secs(1), failures));
+                        continue;
+                    }
                     self.hand_off_failed(&record, &reason).await;
                     continue;
                 }

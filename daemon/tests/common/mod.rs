@@ -115,3 +115,39 @@ pub fn http(method: &str, url: &str, token: Option<&str>, body: Option<&str>) ->
         Err(e) => panic!("{method} {url}: {e}"),
     }
 }
+
+/// Runs `code` in kernel `kernel` over its channels WebSocket, to its reply and `idle`:
+/// the execute_result's text, or `ename: evalue` (JSON-quoted) of an error.
+#[allow(dead_code)] // used by some test crates only
+pub async fn run_cell(url: &str, kernel: &str, code: &str) -> String {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message as WsFrame;
+    let ws = format!("{}/api/kernels/{kernel}/channels?token={TOKEN}", url.replacen("http", "ws", 1));
+    let (socket, _) = tokio_tungstenite::connect_async(ws).await.expect("websocket");
+    let (mut tx, mut rx) = socket.split();
+    let msg_id = uuid::Uuid::new_v4().to_string();
+    let req = serde_json::json!({
+        "header": {"msg_id": msg_id, "msg_type": "execute_request", "session": "s", "version": "5.3"},
+        "parent_header": {}, "metadata": {}, "content": {"code": code, "silent": false},
+    });
+    tx.send(WsFrame::Text(req.to_string().into())).await.expect("send");
+    let (mut replied, mut value, mut idle) = (false, String::new(), false);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while !replied || !idle {
+        let frame =
+            tokio::time::timeout_at(deadline, rx.next()).await.expect("reply in time").expect("open").expect("ok");
+        let WsFrame::Text(t) = frame else { continue };
+        let v: serde_json::Value = serde_json::from_str(t.as_str()).expect("json");
+        if v["parent_header"]["msg_id"] != msg_id.as_str() {
+            continue;
+        }
+        match v["msg_type"].as_str() {
+            Some("execute_result") => value = v["content"]["data"]["text/plain"].as_str().unwrap_or("").to_owned(),
+            Some("error") => value = format!("{}: {}", v["content"]["ename"], v["content"]["evalue"]),
+            Some("status") => idle |= v["content"]["execution_state"] == "idle",
+            Some("execute_reply") => replied = true,
+            _ => {}
+        }
+    }
+    value
+}
