@@ -10,7 +10,6 @@ use anyhow::Context;
 use tokio::sync::watch;
 
 use super::identity::{self, KernelIdentity};
-use super::prewarm::PrewarmPool;
 
 /// The kernel's log in its directory (stdout and stderr).
 pub const KERNEL_LOG: &str = "kernel.log";
@@ -51,7 +50,18 @@ pub struct LaunchSpec {
     /// joins, e.g. cgroups a death removed.
     pub prepare: Option<PrepareHook>,
     /// The host's pool of pre-warmed processes, taken from when one fits.
-    pub prewarm: Option<Arc<PrewarmPool>>,
+    pub prewarm: Option<Arc<dyn ProcessSource>>,
+}
+
+/// Where a kernel's process may come from instead of a new Python (`kernel/prewarm/`).
+pub trait ProcessSource: Send + Sync + std::fmt::Debug {
+    /// A started process made the kernel of `spec` and `connection_file`, or `None` (then
+    /// a new Python is started; a failed attempt has been logged and cleaned up).
+    fn take<'a>(
+        &'a self,
+        spec: &'a LaunchSpec,
+        connection_file: &'a Path,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<KernelProcess>> + Send + 'a>>;
 }
 
 /// What [`LaunchSpec::prepare`] runs.
@@ -73,20 +83,13 @@ pub struct KernelProcess {
 }
 
 impl KernelProcess {
-    /// Starts the kernel for `connection_file`: a pre-warmed process from the host's pool
-    /// when it has one that fits ([`LaunchSpec::prewarm`]), else a new Python.
+    /// Starts the kernel for `connection_file`: a started process from
+    /// [`LaunchSpec::prewarm`] (the host's pre-warm pool) when it has one that fits, else
+    /// a new Python.
     pub async fn start(spec: &LaunchSpec, connection_file: &Path) -> anyhow::Result<Self> {
-        if let Some(pool) = &spec.prewarm {
-            if let Some(warm) = pool.take(spec) {
-                let pid = warm.pid();
-                match warm.hand_over(spec, connection_file).await {
-                    Ok(process) => return Ok(process),
-                    Err(e) => tracing::warn!(
-                        pid,
-                        error = format!("{e:#}"),
-                        "could not hand the kernel to a pre-warmed process; starting a new one"
-                    ),
-                }
+        if let Some(source) = &spec.prewarm {
+            if let Some(process) = source.take(spec, connection_file).await {
+                return Ok(process);
             }
         }
         Self::spawn(spec, connection_file)

@@ -12,7 +12,7 @@ use super::device_cgroup::SharedDeviceCgroups;
 use super::distributed::{Kernel, KernelModel};
 use super::identity::{self, KernelUsers};
 use super::prewarm::{PoolSettings, PrewarmPool};
-use super::process::{LaunchSpec, PrepareHook};
+use super::process::{LaunchSpec, PrepareHook, ProcessSource};
 use super::spec;
 use crate::config::KernelConfig;
 use crate::jupyter::Channel;
@@ -320,7 +320,7 @@ impl Kernels {
             identity,
             cwd: self.notebook_dir.clone(),
             prepare: Some(prepare),
-            prewarm: self.prewarm.clone(),
+            prewarm: self.prewarm.clone().map(|p| p as Arc<dyn ProcessSource>),
         };
         if let Some(dc) = &self.device_cgroups {
             // A process is in one v2 cgroup only: share the kernel's v2 cgroup (memory, pids) if it has one.

@@ -19,7 +19,7 @@ use anyhow::Context;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::identity::KernelIdentity;
-use super::process::{self, KernelProcess, Launch, LaunchSpec};
+use super::process::{self, KernelProcess, Launch, LaunchSpec, ProcessSource};
 use crate::metrics::{Metrics, PrewarmTakeLabels, StateLabels};
 
 /// The launcher each pre-warmed process runs.
@@ -56,7 +56,7 @@ pub struct PoolSettings {
 }
 
 /// One pre-warmed process.
-pub struct Warm {
+struct Warm {
     process: KernelProcess,
     /// Its start time (`/proc/<pid>/stat`), to tell it from a later process with its pid.
     start_time: Option<u64>,
@@ -69,14 +69,14 @@ pub struct Warm {
 
 impl Warm {
     /// Its pid (it keeps it as the kernel).
-    pub fn pid(&self) -> u32 {
+    fn pid(&self) -> u32 {
         self.process.pid()
     }
 
     /// Makes this process the kernel of `spec`: the same checks and files as a new
     /// kernel, then it joins the kernel's cgroups, and only then is it told which
     /// kernel it is (no kernel code runs outside them). On error the process is killed.
-    pub async fn hand_over(mut self, spec: &LaunchSpec, connection_file: &Path) -> anyhow::Result<KernelProcess> {
+    async fn hand_over(mut self, spec: &LaunchSpec, connection_file: &Path) -> anyhow::Result<KernelProcess> {
         let handed = async {
             drop(process::admit(spec, connection_file)?);
             let pid = self.process.pid();
@@ -257,7 +257,7 @@ impl PrewarmPool {
     }
 
     /// Takes a process for `spec`, if one fits; counts the result.
-    pub fn take(&self, spec: &LaunchSpec) -> Option<Warm> {
+    fn take_one(&self, spec: &LaunchSpec) -> Option<Warm> {
         let (warm, result) = if self.fits(spec) {
             let mut idle = lock(&self.idle);
             self.reap(&mut idle);
@@ -427,6 +427,30 @@ impl PrewarmPool {
         } else {
             REFILL_EVERY
         }
+    }
+}
+
+impl ProcessSource for PrewarmPool {
+    fn take<'a>(
+        &'a self,
+        spec: &'a LaunchSpec,
+        connection_file: &'a Path,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<KernelProcess>> + Send + 'a>> {
+        Box::pin(async move {
+            let warm = self.take_one(spec)?;
+            let pid = warm.pid();
+            match warm.hand_over(spec, connection_file).await {
+                Ok(process) => Some(process),
+                Err(e) => {
+                    tracing::warn!(
+                        pid,
+                        error = format!("{e:#}"),
+                        "could not hand the kernel to a pre-warmed process; starting a new one"
+                    );
+                    None
+                }
+            }
+        })
     }
 }
 
