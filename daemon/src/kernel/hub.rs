@@ -25,6 +25,9 @@ const MAX_SILENT: usize = 10_000;
 /// Requests whose reply came, remembered so a `busy` status that arrives after its
 /// reply (IOPub lagging behind shell) does not mark an idle kernel busy again.
 const MAX_REPLIED: usize = 1_024;
+/// IOPub quiet this long after the reply to the request the kernel was busy with: its
+/// `idle` status was dropped (it would have come after the output before it).
+const IDLE_LOST_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Identifies one connected client of a kernel.
 pub type ClientId = u64;
@@ -48,6 +51,10 @@ struct Inner {
     busy_with: Option<String>,
     /// The latest requests whose shell or control reply came (at most [`MAX_REPLIED`]).
     replied: VecDeque<String>,
+    /// The request the kernel is busy with got its reply, and no other waits for one.
+    busy_replied: bool,
+    /// When the kernel's last IOPub message came.
+    last_iopub: Option<SystemTime>,
     last_activity: Option<SystemTime>,
     /// When each execute_request reached the daemon (for the interactivity delay).
     submitted: HashMap<String, std::time::Instant>,
@@ -215,14 +222,22 @@ impl Hub {
         let mut g = self.lock();
         g.execution_state = state.to_owned();
         g.busy_with = None;
+        g.busy_replied = false;
         g.last_activity = Some(now);
     }
 
-    /// The current activity.
+    /// The current activity. A kernel shows `idle` once the request it was busy with got
+    /// its reply and IOPub has been quiet for [`IDLE_LOST_AFTER`] since: ipykernel's IOPub is
+    /// a PUB socket that drops messages past its high-water mark (1000) when the daemon
+    /// reads slower than a cell prints, the `idle` status included, while shell drops
+    /// nothing. Without this such a kernel would be `busy` for good.
     pub fn activity(&self) -> Activity {
         let g = self.lock();
+        let idle_lost = g.execution_state == "busy"
+            && g.busy_replied
+            && g.last_iopub.is_none_or(|t| t.elapsed().unwrap_or_default() >= IDLE_LOST_AFTER);
         Activity {
-            execution_state: g.execution_state.clone(),
+            execution_state: if idle_lost { "idle".to_owned() } else { g.execution_state.clone() },
             last_activity: g.last_activity.unwrap_or(SystemTime::UNIX_EPOCH),
             connections: g.clients.len(),
         }
@@ -281,6 +296,7 @@ impl Hub {
         g.last_activity = Some(now);
         match channel {
             Channel::Iopub => {
+                g.last_iopub = Some(now);
                 if let Some(state) = status_of(&msg) {
                     g.note_status(state, parent_id.as_deref());
                 }
@@ -349,14 +365,12 @@ impl Inner {
             return;
         }
         self.busy_with = if state == "busy" { parent.map(str::to_owned) } else { None };
+        self.busy_replied = false;
         self.execution_state = state;
     }
 
-    /// A shell or control reply to `parent`. The kernel publishes `idle` right after it,
-    /// but on IOPub, a PUB socket that drops messages past its high-water mark (1000 in
-    /// ipykernel) when the daemon reads slower than the kernel prints: without this, a
-    /// kernel that printed fast enough would be `busy` for good. Only when no other request
-    /// still waits for its reply (shell drops nothing): that one may be running, its own
+    /// A shell or control reply to `parent` (see [`Hub::activity`] for what it ends). Only
+    /// when no other request still waits for its reply: that one may be running, its own
     /// `busy` lost too.
     fn note_reply(&mut self, parent: &str) {
         if self.replied.len() >= MAX_REPLIED {
@@ -364,13 +378,10 @@ impl Inner {
         }
         self.replied.push_back(parent.to_owned());
         let others_waiting = self.pending.keys().any(|k| k != parent && !self.silent.contains_key(k));
-        let this_one = self.busy_with.as_deref().is_none_or(|b| b == parent);
-        if self.execution_state == "busy" && this_one {
+        if self.execution_state == "busy" && self.busy_with.as_deref().is_none_or(|b| b == parent) {
             // With others waiting it stays busy with one of them (IOPub or their replies say).
             self.busy_with = None;
-            if !others_waiting {
-                self.execution_state = "idle".to_owned();
-            }
+            self.busy_replied = !others_waiting;
         }
     }
 }
@@ -479,11 +490,20 @@ mod tests {
     #[test]
     fn a_reply_ends_the_busy_state_when_iopub_lost_the_idle() {
         let hub = Hub::new("idle", SystemTime::UNIX_EPOCH);
+        // Messages stamped long ago: IOPub has been quiet since.
         let t = SystemTime::UNIX_EPOCH;
         let busy = |id: &str, parent: &str| msg(id, "status", Some(parent), r#"{"execution_state":"busy"}"#);
         hub.deliver(Channel::Iopub, busy("b1", "flood"), t);
         hub.deliver(Channel::Shell, msg("r1", "execute_reply", Some("flood"), "{}"), t);
         assert_eq!(hub.activity().execution_state, "idle", "the lost idle left the kernel busy");
+
+        // While the cell's output still arrives (IOPub behind shell), it is busy until it ends.
+        hub.deliver(Channel::Iopub, busy("b0", "flowing"), t);
+        hub.deliver(Channel::Shell, msg("r0f", "execute_reply", Some("flowing"), "{}"), t);
+        hub.deliver(Channel::Iopub, msg("o", "stream", Some("flowing"), "{}"), SystemTime::now());
+        assert_eq!(hub.activity().execution_state, "busy", "idle while its output still arrives");
+        hub.deliver(Channel::Iopub, msg("i", "status", Some("flowing"), r#"{"execution_state":"idle"}"#), t);
+        assert_eq!(hub.activity().execution_state, "idle");
 
         // The busy of the next cell overtook the reply to the previous one: still busy.
         hub.deliver(Channel::Iopub, busy("b2", "second"), t);
