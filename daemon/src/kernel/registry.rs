@@ -492,6 +492,9 @@ impl Kernels {
 
     /// Shuts every kernel down (daemon exit).
     pub async fn shutdown_all(&self) {
+        if let Some(pool) = &self.prewarm {
+            pool.shutdown().await;
+        }
         let all: Vec<_> = self.map.write().await.drain().map(|(_, k)| k).collect();
         let stops = all.iter().map(|k| k.shutdown());
         futures_util::future::join_all(stops).await;

@@ -182,6 +182,8 @@ pub struct PrewarmPool {
     failures: AtomicU64,
     wake: Arc<tokio::sync::Notify>,
     metrics: Arc<Metrics>,
+    /// Set by [`PrewarmPool::shutdown`]: nothing is started or taken any more.
+    stopped: AtomicBool,
 }
 
 impl std::fmt::Debug for PrewarmPool {
@@ -250,6 +252,7 @@ impl PrewarmPool {
             failures: AtomicU64::new(0),
             wake: Arc::new(tokio::sync::Notify::new()),
             metrics,
+            stopped: AtomicBool::new(false),
         });
         tokio::spawn(refill(Arc::downgrade(&pool), pool.wake.clone()));
         tracing::info!(min = pool.settings.min, max = pool.settings.max, "kernel pre-warm pool on");
@@ -258,6 +261,9 @@ impl PrewarmPool {
 
     /// Takes a process for `spec`, if one fits; counts the result.
     fn take_one(&self, spec: &LaunchSpec) -> Option<Warm> {
+        if self.stopped.load(Ordering::SeqCst) {
+            return None;
+        }
         let (warm, result) = if self.fits(spec) {
             let mut idle = lock(&self.idle);
             self.reap(&mut idle);
@@ -378,7 +384,12 @@ impl PrewarmPool {
         let ready = Arc::new(AtomicBool::new(false));
         tokio::spawn(await_ready(from, ready.clone(), Arc::downgrade(self), Instant::now()));
         let metrics = self.metrics.clone();
-        lock(&self.idle).push_back(Warm { process, start_time, control, ready, metrics });
+        let warm = Warm { process, start_time, control, ready, metrics };
+        let mut idle = lock(&self.idle);
+        // Not after a shutdown that began meanwhile (dropped: end of input ends it).
+        if !self.stopped.load(Ordering::SeqCst) {
+            idle.push_back(warm);
+        }
         Ok(())
     }
 
@@ -400,8 +411,31 @@ impl PrewarmPool {
         }
     }
 
+    /// Ends every pool process and removes the pool's files (daemon exit).
+    pub async fn shutdown(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        let all: Vec<Warm> = lock(&self.idle).drain(..).collect();
+        // End of input ends each; one that does not within the grace is killed.
+        let stops = all.into_iter().map(|w| async move {
+            drop(w.control);
+            w.process.stop(Duration::from_secs(2)).await;
+        });
+        futures_util::future::join_all(stops).await;
+        self.publish_size();
+        for (path, is_dir) in [(&self.dir, true), (&self.launcher, false)] {
+            let removed = if is_dir { std::fs::remove_dir_all(path) } else { std::fs::remove_file(path) };
+            if let Err(e) = removed.or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
+            {
+                tracing::warn!(path = %path.display(), error = %e, "could not remove a pre-warm file");
+            }
+        }
+    }
+
     /// One refill round: forget the dead, start what is missing, stop what is too many.
     fn refill_once(self: &Arc<Self>) -> Duration {
+        if self.stopped.load(Ordering::SeqCst) {
+            return REFILL_EVERY;
+        }
         let target = self.target() as usize;
         let surplus: Vec<Warm> = {
             let mut idle = lock(&self.idle);
