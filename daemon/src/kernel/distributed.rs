@@ -484,7 +484,11 @@ impl Kernel {
                 Some(c) => c.with_fresh_ports()?,
                 None => ConnectionInfo::new_loopback(&self.name)?,
             };
-            match Replica::start(0, &self.launch, conn, self.hub.clone(), self.metrics.clone()).await {
+            // A restart starts a new Python, not a pre-warmed one: JupyterLab's reconnection
+            // after the `restarting` status raced a kernel ready within ~250 ms (the notebook
+            // kept showing "Starting"; docs/prewarm.md).
+            let launch = LaunchSpec { prewarm: None, ..self.launch.clone() };
+            match Replica::start(0, &launch, conn, self.hub.clone(), self.metrics.clone()).await {
                 Ok(r) => break Arc::new(r),
                 Err(e) if attempt < START_ATTEMPTS && lost_a_port_race(&log, before) => {
                     tracing::warn!(kernel = %self.id, attempt, error = format!("{e:#}"), "a kernel port was taken while it restarted; retrying with fresh ports");
