@@ -140,7 +140,8 @@ async fn kernel_gateway_api_end_to_end() {
         }
     }
     assert_eq!(got.as_deref(), Some("'v1'"));
-    drop((tx, rx));
+    // This socket stays open through the DELETE below.
+    let (_open_tx, mut open_rx) = (tx, rx);
 
     // nbos kernels lists it, as a table and as JSON.
     let out = Command::new(NBOS).args(["--url", &url, "--token", TOKEN, "kernels"]).output().expect("nbos");
@@ -160,6 +161,18 @@ async fn kernel_gateway_api_end_to_end() {
     })
     .await
     .expect("join");
+    // A client still connected is told the kernel is gone: its socket is closed (1001), not
+    // left open to a kernel that no longer exists.
+    let close = loop {
+        match tokio::time::timeout(Duration::from_secs(10), open_rx.next()).await.expect("closed in time") {
+            Some(Ok(WsFrame::Close(frame))) => break frame,
+            Some(Ok(_)) => continue,
+            other => panic!("the socket ended without a close frame: {other:?}"),
+        }
+    };
+    let close = close.expect("a close frame with a code");
+    assert_eq!(u16::from(close.code), 1001, "{close:?}");
+    assert_eq!(close.reason.as_str(), "the kernel was shut down");
     let deadline = Instant::now() + Duration::from_secs(10);
     while Path::new(&format!("/proc/{pid}/stat")).exists()
         && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z")

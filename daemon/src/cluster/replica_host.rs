@@ -336,6 +336,9 @@ impl ReplicaHost {
         } else {
             Decision::Yield { reason: format!("host {} cannot commit {} GPU(s) now", self.node_id, kernel.gpus) }
         };
+        if let Decision::Yield { reason } = &decision {
+            tracing::debug!(kernel = %kernel.id, cell = %req.cell, round = req.round, reason, "replica yields");
+        }
         let me = Proposer { replica: local.replica, node_id: self.node_id };
         let started = Instant::now();
         let outcome = match election::propose(&kv, &req.cell, req.round, req.expected.as_ref(), me, decision).await {

@@ -118,6 +118,7 @@ async fn serve(socket: WebSocket, target: Target, st: Arc<AppState>, v1: bool, _
     let closing = Arc::new(AtomicBool::new(false));
     let writer_closing = closing.clone();
     let queued = limits.websocket_queued_messages;
+    let hub = target.hub().clone();
     let mut writer = tokio::spawn(async move {
         loop {
             let next = tokio::select! {
@@ -131,8 +132,13 @@ async fn serve(socket: WebSocket, target: Target, st: Arc<AppState>, v1: bool, _
                 next = outgoing.recv() => next,
             };
             let Some((channel, msg)) = next else {
-                // The hub let go of this client while it is connected: its queue was full.
-                if !writer_closing.load(Ordering::Acquire) {
+                if hub.is_closed() {
+                    let reason = "the kernel was shut down";
+                    let _ = sink
+                        .send(WsFrame::Close(Some(CloseFrame { code: close_code::AWAY, reason: reason.into() })))
+                        .await;
+                } else if !writer_closing.load(Ordering::Acquire) {
+                    // The hub let go of this client while it is connected: its queue was full.
                     crate::metrics::count_refusal(QUEUE_FULL);
                     let reason = format!("more than {queued} messages queued (limits.websocket_queued_messages)");
                     let _ = sink

@@ -600,6 +600,7 @@ impl Kernel {
             self.stop_replica(r).await;
         }
         self.hub.set_state("dead", SystemTime::now());
+        self.hub.close();
         let pids: Vec<u32> = replicas.iter().map(|r| r.process.pid()).collect();
         self.run_exit_hook(&pids);
         if let Err(e) = std::fs::remove_dir_all(&self.launch.dir) {

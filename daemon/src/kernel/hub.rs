@@ -65,6 +65,8 @@ struct Inner {
     /// Replies the daemon holds back from the client (the replica host commits the
     /// cell's namespace first), by request msg_id.
     held: HashMap<String, oneshot::Sender<Message>>,
+    /// The kernel was shut down: no client stays connected ([`Hub::close`]).
+    closed: bool,
 }
 
 /// Sees every message from the kernel: (channel, msg_type, parent msg_id, message).
@@ -118,6 +120,10 @@ impl Hub {
         let (tx, rx) = mpsc::channel(queue.max(1) + g.buffer.len());
         let id = g.next_client;
         g.next_client += 1;
+        if g.closed {
+            // Its sender dropped: the client's receiver ends at once.
+            return (id, rx, 0);
+        }
         let mut replayed = 0;
         while let Some(m) = g.buffer.pop_front() {
             if tx.try_send(m).is_err() {
@@ -129,6 +135,21 @@ impl Hub {
         g.buffered_bytes = 0;
         g.clients.push((id, tx));
         (id, rx, replayed)
+    }
+
+    /// The kernel was shut down for good: every client's receiver ends (its socket is
+    /// closed) and a client connecting later gets one that has ended. A socket left open
+    /// would send its messages to a kernel that is gone, e.g. a cluster front-end's link to
+    /// a replica stopped and started again on this host, which then never runs a cell.
+    pub fn close(&self) {
+        let mut g = self.lock();
+        g.closed = true;
+        g.clients.clear();
+    }
+
+    /// True once [`Hub::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
     }
 
     /// Forgets a client.
@@ -427,6 +448,20 @@ mod tests {
             assert_eq!(m.header().expect("h").msg_id, format!("m{i}"));
         }
         assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn a_closed_hub_ends_every_client_and_keeps_none_connecting_later() {
+        let hub = Hub::new("idle", SystemTime::UNIX_EPOCH);
+        let (_, mut before, _) = hub.connect();
+        hub.close();
+        assert!(hub.is_closed());
+        assert!(matches!(before.try_recv(), Err(mpsc::error::TryRecvError::Disconnected)));
+        hub.deliver(Channel::Iopub, msg("late", "stream", None, "{}"), SystemTime::UNIX_EPOCH);
+        let (_, mut after, replayed) = hub.connect();
+        assert_eq!(replayed, 0);
+        assert!(matches!(after.try_recv(), Err(mpsc::error::TryRecvError::Disconnected)));
+        assert_eq!(hub.activity().connections, 0);
     }
 
     #[test]
