@@ -12,7 +12,7 @@ export PATH := $(VENV)/bin:$(PATH)
 # Where cargo puts the binaries and libraries the Python tests and the demo run.
 export NBOS_BIN_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/debug
 
-.PHONY: all deps build test test-rust test-python check-layers demo demo-stop lint fmt package clean fuzz fuzz-ci fuzz-corpus
+.PHONY: all deps build test test-rust test-python test-packaging check-layers demo demo-stop lint fmt package clean fuzz fuzz-ci fuzz-corpus
 
 all: build
 
@@ -72,13 +72,17 @@ lint:
 fmt:
 	$(CARGO) fmt --all
 
-# Debian and RPM packages of notebookosd + nbos (installs cargo-deb / cargo-generate-rpm if missing).
+# Debian and RPM packages of notebookosd + nbos, with -dbgsym/-debuginfo packages, into
+# target/packages/ (installs cargo-deb / cargo-generate-rpm if missing).
 package: deps
-	@command -v cargo-deb >/dev/null || $(CARGO) install --locked cargo-deb@3.8.0
-	@command -v cargo-generate-rpm >/dev/null || $(CARGO) install --locked cargo-generate-rpm@0.21.0
-	$(CARGO) build --release -p notebookosd -p nbos-cuda-shim
-	$(CARGO) deb -p notebookosd --no-build
-	$(CARGO) generate-rpm -p daemon
+	bash scripts/package.sh
+
+# The packages installed as an operator would (tests/packaging/run.sh: a Debian 12 root, apt,
+# the installed daemon serving a cell, purge; the .rpm into a scratch root; lintian). Needs
+# root; its Debian root and apt downloads are cached in /var/cache/notebookos-packaging.
+# PACKAGE_PROFILE=dev PACKAGE_FAST=1: the test build's binaries, stripped the same way.
+test-packaging: deps
+	PACKAGE_PROFILE=$${PACKAGE_PROFILE:-dev} PACKAGE_FAST=$${PACKAGE_FAST:-1} bash tests/packaging/run.sh
 
 clean:
 	$(CARGO) clean

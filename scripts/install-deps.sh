@@ -15,8 +15,12 @@ cd "$(dirname "$0")/.."
 # etcd-server: `nbos bench raft --etcd` and its test.
 # chromium + chromium-driver: the JupyterLab browser tests (tests/browser); haproxy: the
 # load balancer in front of the gateways in the browser failover test (docs/operations.md).
+# prometheus: promtool and the Prometheus that daemon/tests/prometheus_rules.rs starts itself
+# to check packaging/prometheus/ and packaging/grafana/ against real daemons.
+# binutils (objcopy, readelf), debootstrap, lintian, rpm: `make package` and `make test-packaging`.
 packages=(clang llvm libbpf-dev bpftool gcc libc6-dev pkg-config python3-venv procps curl strace systemd
-  protobuf-compiler libprotobuf-dev etcd-server chromium chromium-driver haproxy)
+  protobuf-compiler libprotobuf-dev etcd-server chromium chromium-driver haproxy prometheus
+  binutils debootstrap lintian rpm)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -10,7 +10,11 @@ use notebookosd::node::{self, RunOptions};
 
 /// The NotebookOS node daemon: Jupyter kernels that hold GPUs only while a cell runs.
 #[derive(Debug, Parser)]
-#[command(name = "notebookosd", version, about)]
+#[command(
+    name = "notebookosd",
+    version,
+    about = "NotebookOS node daemon: Jupyter kernels whose replicas hold GPUs only while a cell runs"
+)]
 struct Args {
     /// Configuration file (TOML; see /usr/share/doc/notebookosd/notebookosd.toml).
     #[arg(long, value_name = "FILE", conflicts_with = "dev")]
@@ -65,6 +69,10 @@ struct Args {
     /// Validate the configuration and exit.
     #[arg(long)]
     check_config: bool,
+
+    /// Print the notebookosd(8) manual page (roff) and exit (used to build the packages).
+    #[arg(long, hide = true)]
+    manpage: bool,
 }
 
 /// Default config path when neither --config nor --dev is given.
@@ -72,6 +80,17 @@ const DEFAULT_CONFIG: &str = "/etc/notebookos/notebookosd.toml";
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if args.manpage {
+        let cmd = <Args as clap::CommandFactory>::command();
+        let page = clap_mangen::Man::new(cmd).section("8");
+        return match page.render(&mut std::io::stdout()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("notebookosd: writing the manual page: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let (config, opts) = match load(&args) {
         Ok(v) => v,
         Err(e) => {

@@ -17,7 +17,13 @@ pub fn append_registry(registry: &Registry, exposition: &mut String) {
         tracing::error!(error = %e, "encoding metrics failed");
         return;
     }
-    let body = mine.strip_suffix("# EOF\n").unwrap_or(&mine);
+    append_exposition(&mine, exposition);
+}
+
+/// Appends another component's encoded exposition (e.g. the raft store's) before the final
+/// `# EOF` of `exposition`.
+pub fn append_exposition(other: &str, exposition: &mut String) {
+    let body = other.strip_suffix("# EOF\n").unwrap_or(other);
     match exposition.rfind("# EOF") {
         Some(at) => exposition.insert_str(at, body),
         None => exposition.push_str(body),

@@ -7,7 +7,11 @@ use notebookosd::cli::{self, client::Target, NotYet};
 
 /// Operate a NotebookOS host: status, kernels, benchmarks, simulation.
 #[derive(Debug, Parser)]
-#[command(name = "nbos", version, about)]
+#[command(
+    name = "nbos",
+    version,
+    about = "NotebookOS operator CLI: hosts, kernels, cluster membership, benchmarks, simulation"
+)]
 struct Args {
     #[command(flatten)]
     target: Target,
@@ -54,6 +58,17 @@ Example: nbos replay traces/templates/single_session_3_trainings.json --speedup 
     Pki(cli::pki::PkiCmd),
     /// Install a Jupyter kernelspec that runs `nbos kernel-proxy` (for nbclient, papermill, VS Code).
     InstallKernelspec(cli::proxy::InstallArgs),
+    /// Print a shell completion script (e.g. `nbos completions bash > /etc/bash_completion.d/nbos`).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write the manual pages nbos(1) and nbos-SUBCOMMAND(1) into DIR (used to build the packages).
+    #[command(hide = true)]
+    Manpages {
+        /// Where to write them.
+        dir: std::path::PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -76,6 +91,16 @@ fn main() -> ExitCode {
             cli::proxy::run(&args.target, a)
         }
         Cmd::InstallKernelspec(a) => cli::proxy::install_kernelspec(&args.target, a),
+        Cmd::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut <Args as clap::CommandFactory>::command(),
+                "nbos",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
+        Cmd::Manpages { dir } => manpages(&dir),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -88,4 +113,12 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// nbos(1) and a page per subcommand (nbos-cluster(1), nbos-cluster-join(1), …).
+fn manpages(dir: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let cmd = <Args as clap::CommandFactory>::command();
+    clap_mangen::generate_to(cmd, dir).with_context(|| format!("writing manual pages into {}", dir.display()))
 }

@@ -118,7 +118,9 @@ fn leave(client: &Client, args: &LeaveArgs) -> anyhow::Result<()> {
     }
     {
         let deadline = Instant::now() + args.timeout;
+        let bar = progress(args.json, drained.moved.len(), "replicas moved off this host");
         for (kernel, to) in &drained.moved {
+            bar.set_message(format!("kernel {kernel} → host {to}"));
             loop {
                 let record: KernelRecord = client.get_json(&format!("/api/v1/cluster/kernels/{kernel}"))?;
                 if !record.hosts().contains(&drained.node_id) {
@@ -133,7 +135,9 @@ fn leave(client: &Client, args: &LeaveArgs) -> anyhow::Result<()> {
                 );
                 std::thread::sleep(Duration::from_millis(200));
             }
+            bar.inc(1);
         }
+        bar.finish_and_clear();
     }
     let mut report: LeaveReport =
         operator.post_json("/api/v1/cluster/leave", &serde_json::json!({ "phase": "remove" }))?;
@@ -162,9 +166,12 @@ fn join(client: &Client, args: &JoinArgs) -> anyhow::Result<()> {
         .with_context(|| format!("asking {} to add host {}", args.member, me.node_id))?;
     println!("host {} added to the meta group (voters {:?}); waiting for it to register", me.node_id, m.voters);
     let deadline = Instant::now() + args.timeout;
+    let spinner = progress(false, 0, "catching up with the meta group and registering");
     loop {
         let s = status(client)?;
+        spinner.tick();
         if is_member(&s) {
+            spinner.finish_and_clear();
             println!(
                 "host {} joined: up, meta leader {}",
                 s.node_id,
@@ -182,6 +189,26 @@ fn join(client: &Client, args: &JoinArgs) -> anyhow::Result<()> {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// A progress bar of `len` steps (a spinner when 0) on stderr, drawn only on a terminal
+/// (indicatif hides it otherwise) and never with `--json`.
+fn progress(json: bool, len: usize, what: &str) -> indicatif::ProgressBar {
+    if json {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = if len == 0 {
+        indicatif::ProgressBar::new_spinner()
+    } else {
+        indicatif::ProgressBar::new(u64::try_from(len).unwrap_or(u64::MAX))
+    };
+    let template =
+        if len == 0 { "{spinner} {elapsed} {prefix}" } else { "{bar:30} {pos}/{len} {prefix}: {msg} ({elapsed})" };
+    if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
+        bar.set_style(style);
+    }
+    bar.set_prefix(what.to_owned());
+    bar
 }
 
 /// The host is a voter of the meta group and its heartbeat record is up.
