@@ -118,7 +118,7 @@ fn leave(client: &Client, args: &LeaveArgs) -> anyhow::Result<()> {
     }
     {
         let deadline = Instant::now() + args.timeout;
-        let bar = progress(args.json, drained.moved.len(), "replicas moved off this host");
+        let bar = super::progress::bar(args.json, drained.moved.len(), "replicas moved off this host:");
         for (kernel, to) in &drained.moved {
             bar.set_message(format!("kernel {kernel} → host {to}"));
             loop {
@@ -166,7 +166,7 @@ fn join(client: &Client, args: &JoinArgs) -> anyhow::Result<()> {
         .with_context(|| format!("asking {} to add host {}", args.member, me.node_id))?;
     println!("host {} added to the meta group (voters {:?}); waiting for it to register", me.node_id, m.voters);
     let deadline = Instant::now() + args.timeout;
-    let spinner = progress(false, 0, "catching up with the meta group and registering");
+    let spinner = super::progress::bar(false, 0, "catching up with the meta group and registering");
     loop {
         let s = status(client)?;
         spinner.tick();
@@ -189,26 +189,6 @@ fn join(client: &Client, args: &JoinArgs) -> anyhow::Result<()> {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-}
-
-/// A progress bar of `len` steps (a spinner when 0) on stderr, drawn only on a terminal
-/// (indicatif hides it otherwise) and never with `--json`.
-fn progress(json: bool, len: usize, what: &str) -> indicatif::ProgressBar {
-    if json {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = if len == 0 {
-        indicatif::ProgressBar::new_spinner()
-    } else {
-        indicatif::ProgressBar::new(u64::try_from(len).unwrap_or(u64::MAX))
-    };
-    let template =
-        if len == 0 { "{spinner} {elapsed} {prefix}" } else { "{bar:30} {pos}/{len} {prefix}: {msg} ({elapsed})" };
-    if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
-        bar.set_style(style);
-    }
-    bar.set_prefix(what.to_owned());
-    bar
 }
 
 /// The host is a voter of the meta group and its heartbeat record is up.

@@ -7,6 +7,7 @@ pub mod kernels;
 pub mod not_yet;
 pub mod observe;
 pub mod pki;
+pub mod progress;
 pub mod proxy;
 pub mod replay;
 pub mod sim;

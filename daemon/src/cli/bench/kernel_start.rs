@@ -148,6 +148,8 @@ fn measure(
     let cluster = LocalCluster::start(&cfg)?;
     let pooled = kernel_toml.contains("prewarm_min");
     let mut samples = Vec::with_capacity(args.samples);
+    let what = format!("kernel starts on {hosts} host(s), {}", if pooled { "pool" } else { "no pool" });
+    let bar = crate::cli::progress::bar(args.json, args.samples, &what);
     for i in 0..args.samples {
         if pooled {
             wait_for_pools(&cluster, hosts, args.pool)?;
@@ -164,7 +166,9 @@ fn measure(
             anyhow::Ok(ms)
         })?;
         samples.push(ms);
+        bar.inc(1);
     }
+    bar.finish_and_clear();
     let hits = (0..hosts).filter_map(|h| cluster.metric(h, r#"notebookos_prewarm_takes_total{result="hit"}"#)).sum();
     Ok((samples, hits))
 }

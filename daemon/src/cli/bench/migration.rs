@@ -143,6 +143,7 @@ async fn bench(cluster: &LocalCluster, args: &Args) -> anyhow::Result<MigrationB
         blocker_clients.push(CellClient::connect(&cluster.client(0), b).await?);
     }
     let mut samples = Vec::new();
+    let bar = crate::cli::progress::bar(args.json, args.samples, "migrations");
     for round in 0..args.samples {
         // Every host's GPU taken by a blocker's long cell (one that finds its replicas' hosts
         // busy moves to the free one, as K will).
@@ -180,7 +181,9 @@ async fn bench(cluster: &LocalCluster, args: &Args) -> anyhow::Result<MigrationB
                 blocker_clients[j].wait(id, *t, CELL_TIMEOUT).await?;
             }
         }
+        bar.inc(1);
     }
+    bar.finish_and_clear();
     let n = samples.len();
     Ok(MigrationBench {
         samples: n,
