@@ -16,8 +16,10 @@ case "$PROFILE" in
     dev) PROFILE_DIR=debug ;;
     *) echo "package.sh: PACKAGE_PROFILE must be release or dev, not $PROFILE" >&2; exit 2 ;;
 esac
-command -v cargo-deb >/dev/null || "$CARGO" install --locked cargo-deb@3.8.0
-command -v cargo-generate-rpm >/dev/null || "$CARGO" install --locked cargo-generate-rpm@0.21.0
+# The versions this metadata was written for (cargo install needs crates.io once).
+cargo-deb --version 2>/dev/null | grep -q ' 3\.8\.0' || "$CARGO" install --locked --force cargo-deb@3.8.0
+cargo-generate-rpm --version 2>/dev/null | grep -q ' 0\.21\.0' ||
+    "$CARGO" install --locked --force cargo-generate-rpm@0.21.0
 for tool in objcopy gzip; do
     command -v "$tool" >/dev/null || { echo "package.sh: $tool is missing (make deps)" >&2; exit 1; }
 done

@@ -1,7 +1,6 @@
-# notebookosd %postun: on erase (not upgrade) the daemon's state goes; the account stays.
-if [ "$1" -eq 0 ]; then
-    rm -rf /var/lib/notebookos /run/notebookos
-fi
+# notebookosd %postun: RPM has no purge, so the daemon's state (/var/lib/notebookos: raft
+# logs, the node's identity) and the kernels' account stay after an erase; remove the
+# directory by hand to forget the host.
 if [ -d /run/systemd/system ]; then
     systemctl daemon-reload || :
 fi

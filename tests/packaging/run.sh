@@ -32,6 +32,30 @@ START=$(date +%s)
 CACHE=${NBOS_PACKAGING_CACHE:-/var/cache/notebookos-packaging}
 MIRROR=${NBOS_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 mkdir -p "$CACHE/apt-archives/partial" "$CACHE/apt-lists/partial"
+# One run at a time per cache (apt's locks, the base tarball).
+exec 9>"$CACHE/lock"
+flock 9
+
+# Everything this run makes goes in cleanup, whichever way it ends.
+X= B= ROOT= DAEMON_PID=
+cleanup() {
+    set +e
+    if [ -n "$DAEMON_PID" ]; then
+        kill "$DAEMON_PID" 2>/dev/null
+        timeout 30 tail --pid="$DAEMON_PID" -f /dev/null || kill -9 "$DAEMON_PID" 2>/dev/null
+    fi
+    if [ -n "$ROOT" ]; then
+        for m in var/cache/apt/archives var/lib/apt/lists sys dev proc; do
+            mountpoint -q "$ROOT/$m" && umount -R -l "$ROOT/$m"
+        done
+        rm -rf --one-file-system "$ROOT"
+    fi
+    [ -n "$B" ] && rm -rf --one-file-system "$B"
+    [ -n "$X" ] && rm -rf "$X"
+}
+trap cleanup EXIT
+# The simulated GPUs the installed daemon runs with (a test double, not in the packages).
+cargo build -q -p fake-cuda
 
 # 1. The packages.
 TARGET_DIR=$(cargo metadata --format-version 1 --no-deps |
@@ -52,12 +76,13 @@ say "installed size of $(basename "$DEB"): $(dpkg-deb -f "$DEB" Installed-Size) 
 
 # The .deb's binaries are stripped; their debug info is in -dbgsym, matched by build id.
 X=$(mktemp -d /tmp/nbos-pkgx.XXXXXX)
-trap 'rm -rf "$X"' EXIT
+# readelf into a file: `readelf | grep -q` under pipefail fails when grep stops reading first.
+not_stripped() { readelf -S "$1" > "$X/sections" && grep -q '\.debug_info' "$X/sections"; }
 dpkg-deb -x "$DEB" "$X/deb"
 dpkg-deb -x "$DBGSYM" "$X/dbg"
 for bin in usr/bin/notebookosd usr/bin/nbos usr/lib/notebookos/libnbos_cuda_shim.so; do
     [ -f "$X/deb/$bin" ] || fail "$bin is not in the .deb"
-    if readelf -S "$X/deb/$bin" | grep -q '\.debug_info'; then fail "$bin in the .deb is not stripped"; fi
+    if not_stripped "$X/deb/$bin"; then fail "$bin in the .deb is not stripped"; fi
     id=$(readelf -n "$X/deb/$bin" | awk '/Build ID/ {print $3}')
     [ -n "$id" ] || fail "$bin has no build id"
     [ -f "$X/dbg/usr/lib/debug/.build-id/${id:0:2}/${id:2}.debug" ] || fail "no debug symbols for $bin (build id $id) in -dbgsym"
@@ -76,21 +101,12 @@ if [ ! -f "$BASE" ]; then
     debootstrap --variant=minbase --cache-dir="$CACHE/apt-archives" bookworm "$B" "$MIRROR" >"$CACHE/debootstrap.log" 2>&1 ||
         { tail -20 "$CACHE/debootstrap.log" >&2; fail "debootstrap failed"; }
     tar -C "$B" -cf "$BASE.partial" . && mv "$BASE.partial" "$BASE"
-    rm -rf "$B"
+    rm -rf --one-file-system "$B"
+    B=
 fi
 ROOT=$(mktemp -d /tmp/nbos-pkgroot.XXXXXX)
 tar -C "$ROOT" -xf "$BASE"
 chmod 755 "$ROOT" # mktemp's 0700 would keep the kernels' account out of its own /
-DAEMON_PID=
-cleanup() {
-    set +e
-    [ -n "$DAEMON_PID" ] && kill "$DAEMON_PID" 2>/dev/null && wait "$DAEMON_PID" 2>/dev/null
-    for m in var/cache/apt/archives var/lib/apt/lists sys/fs/cgroup/unified sys/fs/cgroup sys dev/pts dev proc; do
-        mountpoint -q "$ROOT/$m" && umount -l "$ROOT/$m"
-    done
-    rm -rf "$ROOT" "$X"
-}
-trap cleanup EXIT
 mount -t proc proc "$ROOT/proc"
 mount --rbind /dev "$ROOT/dev" && mount --make-rslave "$ROOT/dev"
 mount --rbind /sys "$ROOT/sys" && mount --make-rslave "$ROOT/sys"
@@ -103,8 +119,8 @@ in_root() { chroot "$ROOT" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-
 apt_in_root() { in_root apt-get -o APT::Sandbox::User=root -y -qq "$@" >"$X/apt.log" 2>&1 || { tail -40 "$X/apt.log" >&2; fail "apt-get $*"; }; }
 
 # The dependencies first, so that the file lists before and after our package compare only it.
-lists_age=$(( $(date +%s) - $(stat -c %Y "$CACHE/apt-lists/lock" 2>/dev/null || echo 0) ))
-if [ "$lists_age" -gt 86400 ]; then apt_in_root update; fi
+lists_age=$(( $(date +%s) - $(stat -c %Y "$CACHE/apt-lists.stamp" 2>/dev/null || echo 0) ))
+if [ "$lists_age" -gt 86400 ]; then apt_in_root update && touch "$CACHE/apt-lists.stamp"; fi
 deps=$(dpkg-deb -f "$DEB" Depends | tr ',' '\n' | sed 's/([^)]*)//; s/|.*//; s/ //g' | grep -v '^$' | tr '\n' ' ')
 say "dependencies from the .deb: $deps"
 # shellcheck disable=SC2086
@@ -196,7 +212,7 @@ async def run():
     ws = await websocket.websocket_connect(
         HTTPRequest(f"{base.replace('http', 'ws')}/api/kernels/{kernel['id']}/channels", headers=hdr))
     msg_id = uuid.uuid4().hex
-    code = "import os, pwd; print(6 * 7, pwd.getpwuid(os.getuid()).pw_name, os.environ.get('CUDA_VISIBLE_DEVICES', ''))"
+    code = "import os, pwd; print(6 * 7, pwd.getpwuid(os.getuid()).pw_name)"
     ws.write_message(json.dumps({"channel": "shell", "header": {"msg_id": msg_id, "msg_type": "execute_request",
         "session": "s", "username": "u", "version": "5.3", "date": ""}, "parent_header": {}, "metadata": {},
         "content": {"code": code, "silent": False}}))
@@ -209,15 +225,18 @@ async def run():
             out += m["content"]["text"]
         if m["msg_type"] == "execute_reply":
             status = m["content"]["status"]
-    print(status, out.strip())
+    # The cell's GPU is committed or idle-held by its kernel right after it.
+    gpus = json.load(urlopen(Request(f"{base}/api/v1/gpus", headers=hdr)))
+    print(status, out.strip(), "held", gpus["committed"] + gpus["idle_held"], "of", gpus["total"])
 ioloop.IOLoop.current().run_sync(run, timeout=120)
 urlopen(Request(f"{base}/api/kernels/{kernel['id']}", headers=hdr, method="DELETE"))
 PY
 got=$(in_root python3 /tmp/cell.py "http://127.0.0.1:$PORT" "$TOKEN") || { tail -30 "$X/daemon.log" >&2; fail "the cell did not run"; }
-case "$got" in "ok 42 notebookos-kernel"*) ;; *) tail -30 "$X/daemon.log" >&2; fail "the cell answered: $got" ;; esac
+# The cell ran as the kernels' account, bound to the host's one simulated GPU.
+case "$got" in "ok 42 notebookos-kernel held 1 of 1") ;; *) tail -30 "$X/daemon.log" >&2; fail "the cell answered: $got" ;; esac
 say "a 1-GPU cell ran through the installed daemon's gateway as notebookos-kernel: $got"
 kill "$DAEMON_PID"
-wait "$DAEMON_PID" || true
+timeout 30 tail --pid="$DAEMON_PID" -f /dev/null || fail "the installed daemon did not stop within 30 s of SIGTERM"
 DAEMON_PID=
 rm -f "$ROOT/etc/notebookos/test.toml" "$ROOT/etc/notebookos/token" "$ROOT/tmp/cell.py"
 rm -rf "$ROOT/opt/nbos-test"
@@ -234,12 +253,15 @@ say "dpkg --purge left no file behind; the account stays"
 rpm -qpl "$RPM" > "$X/rpm.list"
 for f in /usr/bin/notebookosd /usr/bin/nbos /usr/lib/notebookos/libnbos_cuda_shim.so /etc/notebookos/notebookosd.toml \
     /usr/lib/systemd/system/notebookosd.service /usr/lib/sysusers.d/notebookos.conf \
-    /usr/lib/python3/site-packages/nbos_kernel/sync.py /usr/share/jupyter/kernels/notebookos/kernel.json \
+    /usr/lib/notebookos/python/nbos_kernel/sync.py /usr/share/jupyter/kernels/notebookos/kernel.json \
     /usr/share/man/man8/notebookosd.8.gz /usr/share/man/man1/nbos.1.gz \
     /usr/share/notebookosd/prometheus/notebookos.rules.yml /usr/share/notebookosd/grafana/notebookos.json; do
     grep -qx "$f" "$X/rpm.list" || fail "$f is not in $(basename "$RPM")"
 done
-rpm -qp --scripts "$RPM" | grep -q 'notebookos-kernel' || fail "the .rpm does not create the kernels' account"
+rpm -qp --scripts "$RPM" > "$X/rpm.scripts"
+grep -q 'notebookos-kernel' "$X/rpm.scripts" || fail "the .rpm does not create the kernels' account"
+grep -q 'notebookos.pth' "$X/rpm.scripts" || fail "the .rpm does not put the helper on python3's path"
+if grep -q 'rm -rf /var/lib/notebookos' "$X/rpm.scripts"; then fail "an rpm erase would remove the daemon's state"; fi
 rpm -qpR "$RPM" > "$X/rpm.requires"
 for dep in python3 python3-ipykernel python3-cloudpickle; do
     grep -q "^$dep" "$X/rpm.requires" || fail "the .rpm does not require $dep"
@@ -251,7 +273,7 @@ mkdir -p "$RROOT"
 rpm --root "$RROOT" --initdb
 rpm --root "$RROOT" -i --nodeps --noscripts "$RPM" "$DEBUGINFO"
 [ "$(stat -c '%a' "$RROOT/usr/bin/notebookosd")" = 755 ] || fail "the .rpm installs notebookosd with mode $(stat -c '%a' "$RROOT/usr/bin/notebookosd")"
-if readelf -S "$RROOT/usr/bin/notebookosd" | grep -q '\.debug_info'; then fail "the .rpm's notebookosd is not stripped"; fi
+if not_stripped "$RROOT/usr/bin/notebookosd"; then fail "the .rpm's notebookosd is not stripped"; fi
 "$RROOT/usr/bin/nbos" --version >/dev/null || fail "the .rpm's nbos does not run"
 rpm --root "$RROOT" -e --nodeps --noscripts notebookosd-debuginfo notebookosd
 [ ! -e "$RROOT/usr/bin/notebookosd" ] || fail "rpm -e left /usr/bin/notebookosd"
