@@ -1,7 +1,9 @@
-//! Progress of long CLI operations (drain, join, benchmarks) on stderr.
+//! Progress of long CLI operations (drain, join, benchmarks, the simulator) on stderr.
 //!
 //! Drawn only when stderr is a terminal (indicatif hides it otherwise, so logs and pipes
 //! stay clean) and never with `--json`.
+
+use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -23,6 +25,17 @@ pub fn bar(hidden: bool, len: usize, what: &str) -> ProgressBar {
     bar
 }
 
+/// A spinner that names the stage a multi-stage operation is in (`set_message`), ticking by
+/// itself: for benchmarks whose stages run for seconds each with nothing to count.
+pub fn stages(hidden: bool, what: &str) -> ProgressBar {
+    let spinner = bar(hidden, 0, what);
+    if let Ok(style) = ProgressStyle::with_template("{spinner} {elapsed} {prefix} {msg}") {
+        spinner.set_style(style);
+    }
+    spinner.enable_steady_tick(Duration::from_millis(200));
+    spinner
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -34,5 +47,8 @@ mod tests {
         b.inc(2);
         assert_eq!(b.position(), 2);
         assert_eq!(bar(false, 0, "joining").length(), None, "a spinner has no length");
+        let s = stages(true, "bench");
+        s.set_message("loading");
+        assert_eq!(s.message(), "loading");
     }
 }

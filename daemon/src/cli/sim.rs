@@ -249,10 +249,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let w = load(&a)?;
     let stats = w.stats();
     let mut results: Vec<(&str, PolicyResult)> = Vec::new();
+    let bar = crate::cli::progress::bar(a.json, kinds.len(), "policies simulated:");
     for k in kinds {
+        bar.set_message(k.name());
         let r = crate::sim::run(&w, k, &model).with_context(|| format!("simulating {}", k.name()))?;
         results.push((k.name(), r));
+        bar.inc(1);
     }
+    bar.finish_and_clear();
     let wall_s = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
     if let Some(dir) = &a.out {
         write_out(dir, &w.name, &stats, &model, &results, None)?;

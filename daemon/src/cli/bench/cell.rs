@@ -216,6 +216,7 @@ async fn bench(args: &Args) -> anyhow::Result<CellBench> {
 
     let mut gateway_ms = Vec::with_capacity(args.cells);
     let mut direct_ms = Vec::with_capacity(args.cells);
+    let bar = crate::cli::progress::bar(args.json, args.warmup + args.cells, "cells (gateway, then direct):");
     for i in 0..(args.warmup + args.cells) {
         // Gateway.
         let req = execute_request(&args.code);
@@ -257,7 +258,9 @@ async fn bench(args: &Args) -> anyhow::Result<CellBench> {
             gateway_ms.push(gw.as_secs_f64() * 1e3);
             direct_ms.push(direct.as_secs_f64() * 1e3);
         }
+        bar.inc(1);
     }
+    bar.finish_and_clear();
     let _ = ws_tx.close().await;
     replica.process.signal(libc::SIGTERM)?;
     replica.process.stop(Duration::from_secs(3)).await;

@@ -453,9 +453,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         kernel_toml: String::new(),
         standalone: false,
     };
+    let progress = crate::cli::progress::stages(args.json, "bench election:");
+    progress.set_message("starting 3 GPU hosts and a gateway-only host");
     let cluster = LocalCluster::start(&cfg)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
-    let result = runtime.block_on(bench(&cluster, &args))?;
+    let result = runtime.block_on(bench(&cluster, &args, &progress))?;
+    progress.finish_and_clear();
     if args.json {
         println!("{}", serde_json::to_string(&result)?);
     } else {
@@ -706,16 +709,23 @@ async fn time_cells(client: &mut CellClient, gateway: u64, args: &Args) -> anyho
     Ok(out)
 }
 
-async fn bench(cluster: &LocalCluster, args: &Args) -> anyhow::Result<ElectionBench> {
+async fn bench(
+    cluster: &LocalCluster,
+    args: &Args,
+    progress: &indicatif::ProgressBar,
+) -> anyhow::Result<ElectionBench> {
+    progress.set_message("creating the kernel");
     let id = create_kernel(cluster, 0, args.gpus).await?;
     let timeout = Duration::from_secs(120);
     // Local first: with every GPU idle, pre-selection breaks the tie toward host 1's own
     // replica, and keeps that previous executor while it can commit the GPUs. Then remote,
     // through the gateway-only host (the last one): it holds no replica, so each cell
     // crosses to the executor's host.
+    progress.set_message(format!("{} cells through host 1's gateway", args.cells));
     let mut client = CellClient::connect(&cluster.client(0), &id).await?;
     let mut l = time_cells(&mut client, cluster.hosts[0].node_id, args).await?;
     let remote = cluster.hosts.len() - 1;
+    progress.set_message(format!("{} cells through the gateway-only host", args.cells));
     let mut far = CellClient::connect(&cluster.client(remote), &id).await?;
     let mut r = time_cells(&mut far, cluster.hosts[remote].node_id, args).await?;
     drop(far);
@@ -725,6 +735,7 @@ async fn bench(cluster: &LocalCluster, args: &Args) -> anyhow::Result<ElectionBe
         n = args.small_objects / 2
     );
     let small_names = args.small_objects / 2 * 2;
+    progress.set_message("namespace sync: small objects, then a large array");
     let (small_bytes, small_s) = sync_cell(cluster, &mut client, &id, &small_code, timeout).await?;
     let large_code = format!(
         "import numpy as np\nlarge = np.random.default_rng(7).integers(0, 255, size={n}, dtype=np.uint8)\nprint(large.nbytes)",

@@ -88,7 +88,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let json = args.json;
+    let progress = crate::cli::progress::stages(json, "bench observe:");
+    progress.set_message("the observer's overhead on a launch loop, and its detection delay");
     let report = measure(&args)?;
+    progress.finish_and_clear();
     if json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

@@ -510,25 +510,33 @@ async fn bench(args: &Args) -> anyhow::Result<serde_json::Value> {
     let tmp = tempfile::tempdir()?;
     let half = args.duration / 2;
     let value = "x".repeat(args.value_bytes);
+    let progress = crate::cli::progress::stages(args.json, "bench raft:");
+    progress.set_message(format!("starting {} nodes", args.nodes));
     let mut cluster = Cluster::start(tmp.path(), args.nodes, args.hibernate_after_ticks)?;
     cluster.leader(Duration::from_secs(30)).await?;
     // Memory first, on fresh processes: 1,000 idle groups, not the keys the load phases write.
+    progress.set_message(format!("{} idle groups", args.idle_groups));
     let idle = measure_idle_groups(&cluster, args.idle_groups, args.hibernate_after_ticks > 0).await?;
+    progress.set_message("one client");
     raft_load(&cluster, 1, Duration::from_millis(500), &value).await; // warm-up
     let mut seq = raft_load(&cluster, 1, half, &value).await;
+    progress.set_message(format!("{} clients", args.clients));
     let mut conc = raft_load(&cluster, args.clients, half, &value).await;
+    progress.set_message("leader failover");
     let failover_ms = if args.nodes >= 3 { Some(measure_failover(&mut cluster).await?) } else { None };
     drop(cluster);
 
     let mut etcd_seq = None;
     let mut etcd_conc = None;
     if args.etcd {
+        progress.set_message("the same load on etcd");
         let etcd = start_etcd(&args.etcd_bin, tmp.path(), args.nodes)?;
         let leader = etcd_leader(&etcd, tmp.path()).await?;
         etcd_load(&leader, 1, Duration::from_millis(500), &value).await?; // warm-up
         etcd_seq = Some(etcd_load(&leader, 1, half, &value).await?);
         etcd_conc = Some(etcd_load(&leader, args.clients, half, &value).await?);
     }
+    progress.finish_and_clear();
     let etcd_tp = etcd_conc.as_ref().map(Phase::throughput);
     let etcd_seq_tp = etcd_seq.as_ref().map(Phase::throughput);
     Ok(json!({

@@ -338,7 +338,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.child {
         return child_main();
     }
+    let progress = crate::cli::progress::stages(args.json, "bench shim:");
+    progress.set_message("launch, copy, lease and eviction cycles in a child process");
     let report = measure(&args)?;
+    progress.finish_and_clear();
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

@@ -113,7 +113,13 @@ fn counters(target: &Target) -> [Option<f64>; 3] {
 }
 
 /// Runs the workload's sessions on `target` and collects what they measured.
-fn replay(w: &Workload, target: &Arc<Target>, clock: Clock, sample_every: Duration) -> anyhow::Result<Measured> {
+fn replay(
+    w: &Workload,
+    target: &Arc<Target>,
+    clock: Clock,
+    sample_every: Duration,
+    progress: &indicatif::ProgressBar,
+) -> anyhow::Result<Measured> {
     let before = counters(target);
     let sampler = Sampler::start(target.clone(), sample_every);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
@@ -128,6 +134,7 @@ fn replay(w: &Workload, target: &Arc<Target>, clock: Clock, sample_every: Durati
             let (i, r) = joined.context("a session's task failed")?;
             // The first failure ends the replay (the other sessions' tasks are dropped).
             out[i] = Some(r?);
+            progress.inc(1);
         }
         anyhow::Ok(out.into_iter().flatten().collect::<Vec<_>>())
     });
@@ -193,7 +200,9 @@ pub fn run(t: &crate::cli::client::Target, a: Args) -> anyhow::Result<()> {
     };
     let t0 = w.sessions.iter().map(|s| s.start).min().unwrap_or(0);
     let clock = Clock::start(t0, a.speedup);
-    let measured = replay(&w, &target, clock, Duration::from_millis(a.sample_ms.max(1)))?;
+    let progress = crate::cli::progress::bar(a.json, w.sessions.len(), "sessions replayed:");
+    let measured = replay(&w, &target, clock, Duration::from_millis(a.sample_ms.max(1)), &progress)?;
+    progress.finish_and_clear();
     let result = report::result(&w, &clock, &target.hosts, &measured);
     let details = report::details(&w, &clock, &target.hosts, &cm, &measured);
     let model = cm.model();
