@@ -12,7 +12,7 @@ export PATH := $(VENV)/bin:$(PATH)
 # Where cargo puts the binaries and libraries the Python tests and the demo run.
 export NBOS_BIN_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/debug
 
-.PHONY: all deps build test test-rust test-python test-packaging check-layers demo demo-stop lint fmt package clean fuzz fuzz-ci fuzz-corpus
+.PHONY: all deps build test test-rust test-python test-packaging test-upgrade check-layers demo demo-stop lint fmt package clean fuzz fuzz-ci fuzz-corpus
 
 all: build
 
@@ -83,6 +83,11 @@ package: deps
 # PACKAGE_PROFILE=dev PACKAGE_FAST=1: the test build's binaries, stripped the same way.
 test-packaging: deps
 	PACKAGE_PROFILE=$${PACKAGE_PROFILE:-dev} PACKAGE_FAST=$${PACKAGE_FAST:-1} bash tests/packaging/run.sh
+
+# A rolling upgrade from an older version's binaries (built from git, OLD_REF=<commit>) to
+# this checkout's: three hosts replaced one by one under a live kernel (tests/upgrade/).
+test-upgrade: deps
+	OLD_REF=$(OLD_REF) bash tests/upgrade/run.sh
 
 clean:
 	$(CARGO) clean

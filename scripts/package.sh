@@ -24,8 +24,9 @@ for tool in objcopy gzip; do
     command -v "$tool" >/dev/null || { echo "package.sh: $tool is missing (make deps)" >&2; exit 1; }
 done
 
-TARGET_DIR=$("$CARGO" metadata --format-version 1 --no-deps |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+METADATA=$("$CARGO" metadata --format-version 1 --no-deps)
+TARGET_DIR=$(python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])' <<<"$METADATA")
+VERSION=$(python3 -c 'import json, sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "notebookosd"))' <<<"$METADATA")
 BUILT="$TARGET_DIR/$PROFILE_DIR"
 "$CARGO" build --profile "$PROFILE" -p notebookosd -p nbos-cuda-shim --bins --lib
 
@@ -54,6 +55,8 @@ fast=() rpm_compress=zstd
 [ "${PACKAGE_FAST:-0}" = 1 ] && fast=(--fast) rpm_compress=gzip
 "$CARGO" deb -p notebookosd --no-build --profile "$PROFILE" --compress-debug-symbols=zlib "${fast[@]}" --output "$OUT/"
 "$CARGO" generate-rpm -p daemon --payload-compress "$rpm_compress" --output "$OUT"
-"$CARGO" generate-rpm -p daemon --variant debuginfo --payload-compress "$rpm_compress" --output "$OUT"
+# Debug symbols fit one build only: the -debuginfo RPM requires exactly this version-release.
+"$CARGO" generate-rpm -p daemon --variant debuginfo --set-metadata "requires = { notebookosd = \"= $VERSION-1\" }" \
+    --payload-compress "$rpm_compress" --output "$OUT"
 echo "package.sh: packages in $OUT:"
 ls -l "$OUT"

@@ -28,8 +28,22 @@ def free_port() -> int:
 
 
 class Cluster:
-    def __init__(self, hosts: int = 3, tls: bool = True) -> None:
+    def __init__(
+        self,
+        hosts: int = 3,
+        tls: bool = True,
+        founders: int | None = None,
+        host_bins: list[Path] | None = None,
+        host_python: list[str] | None = None,
+    ) -> None:
+        """`hosts` host slots, of which the first `founders` (default: all) found the meta
+        group and start now; the others are configured (ports, certificate, the founders as
+        seeds) and wait for `start` and `join`. `host_bins`/`host_python`: each slot's
+        notebookosd directory and kernel Python (a rolling upgrade mixes two versions)."""
+        founders = hosts if founders is None else founders
         self.bins = bin_dir()
+        self.host_bins = host_bins or [self.bins] * hosts
+        python = host_python or [sys.executable] * hosts
         self.nbos = str(self.bins / "nbos")
         self.dir = Path(tempfile.mkdtemp(prefix="nbos-cluster-test-"))
         # Kernels run as another uid (kernel.user): they pass through (0711), never list.
@@ -60,7 +74,8 @@ class Cluster:
         objects.mkdir()
         raft = [free_port() for _ in range(hosts)]
         http = [free_port() for _ in range(hosts)]
-        seeds = ", ".join(f'"{i + 1}=127.0.0.1:{p}"' for i, p in enumerate(raft))
+        self.raft = raft
+        seeds = ", ".join(f'"{i + 1}=127.0.0.1:{p}"' for i, p in enumerate(raft[:founders]))
         scheme = "https" if tls else "http"
         self.urls = [f"{scheme}://127.0.0.1:{p}" for p in http]
         self.configs = []
@@ -84,7 +99,7 @@ token_file = "{self.token_file}"
 operator_token_file = "{self.operator_token_file}"
 {http_tls}
 [kernel]
-python = "{sys.executable}"
+python = "{python[i]}"
 [gpu]
 driver = "fake"
 fake_gpus = 1
@@ -104,7 +119,7 @@ format = "text"
             )
             self.configs.append(config)
             self.procs.append(None)
-        for i in range(hosts):
+        for i in range(founders):
             self.start(i)
         self.wait_ready()
 
@@ -119,11 +134,43 @@ format = "text"
     def start(self, i: int) -> None:
         log = open(self.dir / f"h{i + 1}" / "daemon.log", "ab")
         self.procs[i] = subprocess.Popen(
-            [str(self.bins / "notebookosd"), "--config", str(self.configs[i])],
+            [str(self.host_bins[i] / "notebookosd"), "--config", str(self.configs[i])],
             stdout=subprocess.DEVNULL,
             stderr=log,
             start_new_session=True,
         )
+
+    def nbos_operator(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        """`nbos ARGS` with the operator token (membership, drain); raises with its output."""
+        env = {**os.environ, "NBOS_OPERATOR_TOKEN": self.operator_token, "NBOS_TOKEN": self.token}
+        r = subprocess.run(
+            [self.nbos, *self.nbos_tls_args, *args], env=env, capture_output=True, text=True, timeout=timeout
+        )
+        if r.returncode != 0:
+            raise AssertionError(f"nbos {' '.join(args)}: exit {r.returncode}\n{r.stdout}\n{r.stderr}\n{self.logs()}")
+        return r
+
+    def join(self, i: int, via: int) -> None:
+        """Host slot `i` (started) joins the meta group through member `via`."""
+        wait_for(lambda: self.get(i, "/api/v1/cluster/status") is not None, 60, f"host {i + 1} to listen")
+        self.nbos_operator("--url", self.urls[i], "cluster", "join", self.urls[via])
+
+    def leave(self, i: int) -> None:
+        """`nbos cluster leave` on host `i`: its replicas move away, then it leaves."""
+        self.nbos_operator("--url", self.urls[i], "cluster", "leave", "--timeout", "3m")
+
+    def stop_host(self, i: int) -> None:
+        """SIGTERM to host `i`'s daemon, as `systemctl stop` does."""
+        p = self.procs[i]
+        if p is None:
+            return
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        self.procs[i] = None
 
     def kill(self, i: int) -> None:
         """kill -9 of the host's daemon and every process of its group (its kernels)."""
@@ -160,16 +207,9 @@ format = "text"
         return "\n".join(
             f"--- h{i + 1} ---\n" + (self.dir / f"h{i + 1}" / "daemon.log").read_text()[-3000:]
             for i in range(len(self.procs))
+            if (self.dir / f"h{i + 1}" / "daemon.log").exists()
         )
 
     def stop(self) -> None:
-        for i, p in enumerate(self.procs):
-            if p is None:
-                continue
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-            self.procs[i] = None
+        for i in range(len(self.procs)):
+            self.stop_host(i)

@@ -154,7 +154,7 @@ check_file /usr/share/bash-completion/completions/nbos root:root 644
 check_file /usr/share/doc/notebookosd/copyright root:root 644
 check_file /usr/share/notebookosd/prometheus/notebookos.rules.yml root:root 644
 check_file /usr/share/notebookosd/grafana/notebookos.json root:root 644
-in_root dpkg-query -W -f='${Conffiles}\n' notebookosd | grep -q /etc/notebookos/notebookosd.toml ||
+grep -q /etc/notebookos/notebookosd.toml <<<"$(in_root dpkg-query -W -f='${Conffiles}\n' notebookosd)" ||
     fail "/etc/notebookos/notebookosd.toml is not a conffile"
 in_root python3 -c 'import nbos_kernel.sync, ipykernel, cloudpickle' || fail "the installed Python cannot import the helper"
 in_root nbos --version >/dev/null || fail "nbos does not run"
@@ -266,8 +266,12 @@ rpm -qpR "$RPM" > "$X/rpm.requires"
 for dep in python3 python3-ipykernel python3-cloudpickle; do
     grep -q "^$dep" "$X/rpm.requires" || fail "the .rpm does not require $dep"
 done
-rpm -qp --configfiles "$RPM" | grep -qx /etc/notebookos/notebookosd.toml || fail "notebookosd.toml is not %config in the .rpm"
-rpm -qpl "$DEBUGINFO" | grep -qx /usr/lib/debug/usr/bin/notebookosd.debug || fail "no notebookosd.debug in $(basename "$DEBUGINFO")"
+# Queries into a here-string: under pipefail, `rpm | grep -q` fails when grep stops reading first.
+grep -qx /etc/notebookos/notebookosd.toml <<<"$(rpm -qp --configfiles "$RPM")" || fail "notebookosd.toml is not %config in the .rpm"
+grep -qx /usr/lib/debug/usr/bin/notebookosd.debug <<<"$(rpm -qpl "$DEBUGINFO")" || fail "no notebookosd.debug in $(basename "$DEBUGINFO")"
+rpm_version=$(rpm -qp --queryformat '%{VERSION}-%{RELEASE}' "$RPM")
+grep -qx "notebookosd = $rpm_version" <<<"$(rpm -qpR "$DEBUGINFO")" ||
+  fail "$(basename "$DEBUGINFO") does not require exactly notebookosd $rpm_version: $(rpm -qpR "$DEBUGINFO" | tr '\n' ' ')"
 RROOT="$X/rpmroot"
 mkdir -p "$RROOT"
 rpm --root "$RROOT" --initdb
