@@ -158,6 +158,8 @@ pub struct Metrics {
     pub gpu_revocations_total: Counter,
     /// GPUs requested by hosted kernels divided by GPUs on the host.
     pub subscription_ratio: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Bytes free (to the daemon) on the filesystem of `node.state_dir`, read when scraped.
+    pub state_dir_free_bytes: Gauge,
     /// `notebookos_prewarm_pool_processes{state="ready|warming"}`
     pub prewarm_pool_processes: Family<StateLabels, Gauge>,
     /// `notebookos_prewarm_takes_total`
@@ -240,6 +242,12 @@ impl Metrics {
             "GPUs requested by hosted kernels / GPUs on this host",
             subscription_ratio.clone(),
         );
+        let state_dir_free_bytes = Gauge::default();
+        registry.register(
+            "notebookos_state_dir_free_bytes",
+            "Bytes available on the filesystem of node.state_dir (the raft log stops the host when it cannot write)",
+            state_dir_free_bytes.clone(),
+        );
         registry.register(
             "notebookos_http_auth_refusals",
             "HTTP requests refused by authentication, by reason",
@@ -287,6 +295,7 @@ impl Metrics {
             gpus_idle_held,
             gpu_revocations_total,
             subscription_ratio,
+            state_dir_free_bytes,
             prewarm_pool_processes,
             prewarm_takes_total,
             prewarm_started_total,

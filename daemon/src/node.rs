@@ -271,9 +271,34 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
         app = gateway::cluster::enable(app, state.clone(), c.cluster.clone(), c.replicas.clone(), token.clone());
         app = app.merge(crate::cluster::http::router(c.cluster.clone(), credentials.clone()));
     }
+    // A raft store whose log can no longer be written (a full disk) stops this host as a
+    // signal does, and the daemon then exits with the reason (fail-stop, as etcd on a failed
+    // WAL write): a host that looked alive with a dead store would never answer.
+    let store = cluster.as_ref().map(|c| c.cluster.store().clone());
+    let store_failure = Arc::new(std::sync::Mutex::new(None::<String>));
+    let stop = {
+        let store_failure = store_failure.clone();
+        async move {
+            let failed = async {
+                match &store {
+                    Some(s) => s.failed().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = shutdown_signal() => {}
+                reason = failed => {
+                    tracing::error!(reason = %reason, "the raft store stopped: stopping this host");
+                    if let Ok(mut f) = store_failure.lock() {
+                        *f = Some(reason);
+                    }
+                }
+            }
+        }
+    };
     // Each request carries its connection's `Peer` (the verified client certificate).
     let served = axum::serve(listener, app.into_make_service_with_connect_info::<crate::link::tls::Peer>())
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(stop)
         .await;
 
     if let Some(w) = watchdog {
@@ -305,7 +330,16 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
             tracing::warn!(dir = %dir.display(), error = %e, "could not remove the temporary state directory");
         }
     }
-    served.context("serving HTTP")
+    served.context("serving HTTP")?;
+    if let Some(reason) = store_failure.lock().ok().and_then(|mut f| f.take()) {
+        anyhow::bail!(
+            "{reason}\nThis host stopped (fail-stop: nothing it had not persisted was acknowledged; its kernels \
+             go on on their other replicas). Free space under {} and start it again (systemd restarts it): it \
+             recovers its raft log and catches up.",
+            config.node.state_dir.display()
+        );
+    }
+    Ok(())
 }
 
 /// This host's identity on calls to other hosts (see [`crate::link::host`]): its node

@@ -43,6 +43,8 @@ struct Inner {
     registry: Mutex<Registry>,
     engine_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     runtime: Mutex<Option<tokio::runtime::Runtime>>,
+    /// Why the driving loop stopped on its own (a failed log write), once it has.
+    failure: Arc<tokio::sync::watch::Sender<Option<String>>>,
 }
 
 impl Drop for Inner {
@@ -103,7 +105,9 @@ impl RaftStore {
         let (inbound_tx, inbound_rx) = crossbeam_channel::bounded::<Inbound>(INBOX_DEPTH);
         let views = Views::default();
         let forwarder = Arc::new(Forwarder::new(control_tx.clone(), cfg.max_frame_bytes, metrics.clone()));
+        let failure = Arc::new(tokio::sync::watch::Sender::new(None));
         let started = (|| {
+            let failed = failure.clone();
             let transport =
                 Transport::start(&cfg, metrics.clone(), inbound_tx, forwarder.clone(), runtime.handle().clone())?;
             let engine = Engine::open(cfg.clone(), log, transport.clone(), views.clone(), metrics.clone())?;
@@ -113,9 +117,16 @@ impl RaftStore {
                     // Fail-stop: a panic in the driving loop (a broken invariant in raft or the log)
                     // must not leave a process that looks alive but never answers.
                     let run = std::panic::AssertUnwindSafe(|| engine.run(control_rx, inbound_rx));
-                    if std::panic::catch_unwind(run).is_err() {
-                        tracing::error!("raft engine panicked; aborting the process");
-                        std::process::abort();
+                    match std::panic::catch_unwind(run) {
+                        Ok(None) => {}
+                        // The owner decides what the process does (notebookosd stops the host).
+                        Ok(Some(reason)) => {
+                            failed.send_replace(Some(reason));
+                        }
+                        Err(_) => {
+                            tracing::error!("raft engine panicked; aborting the process");
+                            std::process::abort();
+                        }
                     }
                 })
                 .map_err(|e| Error::io("spawn raft engine thread", e))?;
@@ -140,6 +151,7 @@ impl RaftStore {
                 registry: Mutex::new(registry),
                 engine_thread: Mutex::new(Some(thread)),
                 runtime: Mutex::new(Some(runtime)),
+                failure,
             }),
         })
     }
@@ -228,6 +240,20 @@ impl RaftStore {
     /// The store's metrics.
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
+    }
+
+    /// Resolves once the driving loop has stopped on a failure it cannot go on from (a log
+    /// write that failed: a full disk, an I/O error), with the reason; never on a shutdown.
+    /// Every group of this node is stopped then: its owner should stop the process, as
+    /// etcd does on a failed WAL write, rather than look alive and never answer.
+    pub async fn failed(&self) -> String {
+        let mut rx = self.inner.failure.subscribe();
+        let reason = rx.wait_for(Option::is_some).await.map(|r| r.clone().unwrap_or_default());
+        match reason {
+            Ok(reason) => reason,
+            // The sender lives as long as this store.
+            Err(_) => std::future::pending().await,
+        }
     }
 
     /// Metrics in the Prometheus text format.

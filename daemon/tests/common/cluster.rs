@@ -278,6 +278,25 @@ impl TestCluster {
             .collect()
     }
 
+    /// Waits up to `within` for a host's daemon to exit by itself; its exit status, or
+    /// `None` if it still runs.
+    #[allow(dead_code)] // used by some test crates only
+    pub fn wait_exit(&mut self, node_id: u64, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let h = self.host_mut(node_id);
+            let status = h.child.as_mut()?.try_wait().expect("try_wait");
+            if let Some(status) = status {
+                h.child = None;
+                return Some(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// SIGTERM (graceful stop: the host's lease is revoked, its kernels are stopped).
     pub fn stop(&mut self, node_id: u64) {
         let h = self.host_mut(node_id);

@@ -181,8 +181,8 @@ impl Engine {
     }
 
     /// Runs until shutdown. A failed log write stops the loop (fail-stop: nothing unpersisted is
-    /// ever acknowledged).
-    pub(crate) fn run(mut self, control: Receiver<Control>, inbound: Receiver<Inbound>) {
+    /// ever acknowledged) and returns why; a shutdown returns `None`.
+    pub(crate) fn run(mut self, control: Receiver<Control>, inbound: Receiver<Inbound>) -> Option<String> {
         let tick = self.cfg.tick_interval;
         let mut next_tick = Instant::now() + tick;
         let mut last_prune = Instant::now();
@@ -236,10 +236,11 @@ impl Engine {
             }
             if let Err(e) = self.process_ready() {
                 tracing::error!(error = %e, "raft log write failed; stopping the raft engine");
-                break;
+                return Some(format!("raft log write failed in {}: {e}", self.cfg.data_dir.display()));
             }
         }
         tracing::info!(node = self.cfg.node_id, "raft engine stopped");
+        None
     }
 
     fn on_control(&mut self, m: Control) {
