@@ -113,6 +113,12 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
 
     let kernels_dir = config.node.runtime_dir.join("kernels");
     create_private_dir(&kernels_dir)?;
+    // Kernels a killed predecessor left (outside systemd): none is ever adopted.
+    let orphans =
+        crate::kernel::orphans::kill_left_over(&std::path::absolute(&kernels_dir).unwrap_or(kernels_dir.clone()));
+    if orphans > 0 {
+        tracing::warn!(count = orphans, dir = %kernels_dir.display(), "killed kernel processes a previous daemon of this host left running");
+    }
     if kernel_users.switches_user() {
         open_to_kernels(&config, &kernels_dir, leasing.as_ref().map(|(_, shim)| shim))?;
     }

@@ -563,6 +563,78 @@ fn two_hundred_cells_under_random_host_kills_run_exactly_once_each() {
     }
 }
 
+/// The fault campaign's lost update (tests/chaos/FINDINGS.md #2): two clients send cells of
+/// one kernel at the same time through two gateways. Each front-end elected its own cells on
+/// a different replica; they ran side by side from the same namespace and the later commit
+/// dropped the earlier cells' changes (44 of 60 appends left). Now the kernel's lock makes
+/// them take turns: every acknowledged append is in the namespace exactly once, each
+/// client's in its order, and the replicas agree.
+#[test]
+fn two_gateways_sending_cells_at_once_lose_no_acknowledged_cell() {
+    const CELLS: usize = 20;
+    let c = start_cluster();
+    let kernel = create_kernel(&c, 1, 0);
+    let rt = runtime();
+    rt.block_on(async {
+        let mut setup = CellClient::connect(&gateway(&c, 1), &kernel).await.expect("connect");
+        assert!(status_ok(&setup.run("log = []", CELL_TIMEOUT).await.expect("cell")));
+        let client = |host: u64| {
+            let (gw, kernel) = (gateway(&c, host), kernel.clone());
+            async move {
+                let mut client = CellClient::connect(&gw, &kernel).await.expect("connect");
+                let mut acked = Vec::new();
+                for i in 0..CELLS {
+                    let run = client.run(&format!("log.append('g{host}-{i}')"), CELL_TIMEOUT).await.expect("cell");
+                    assert!(status_ok(&run), "gateway {host} cell {i}: {run:?}");
+                    acked.push((format!("g{host}-{i}"), executor(&run)));
+                }
+                acked
+            }
+        };
+        let (one, two) = tokio::join!(client(1), client(2));
+        let executors: BTreeSet<u64> = one.iter().chain(&two).map(|(_, e)| *e).collect();
+        eprintln!("executors of the 2 x {CELLS} cells: {executors:?}");
+        let run = setup.run("import json\nprint(json.dumps(log))", CELL_TIMEOUT).await.expect("cell");
+        assert!(status_ok(&run), "{run:?}");
+        let log: Vec<String> = serde_json::from_str(run.stdout.trim()).expect("the log as JSON");
+        assert_eq!(log.len(), 2 * CELLS, "every acknowledged append, none lost or doubled: {log:?}\n{}", c.logs());
+        for (host, acked) in [(1, &one), (2, &two)] {
+            let mine: Vec<&String> = log.iter().filter(|e| e.starts_with(&format!("g{host}-"))).collect();
+            let sent: Vec<&String> = acked.iter().map(|(e, _)| e).collect();
+            assert_eq!(mine, sent, "gateway {host}'s cells in their order");
+        }
+        let digests = digests_after(&c, &kernel, revision(&run));
+        let distinct: BTreeSet<&String> = digests.values().collect();
+        assert_eq!(distinct.len(), 1, "every replica has the same namespace: {digests:?}");
+    });
+}
+
+/// The fault campaign's `kill_restart` (tests/chaos/FINDINGS.md #1): `kill -9` of a host's
+/// daemon outside systemd left its kernel processes running (each is its own process group),
+/// holding their memory (and GPUs) next to the replicas the restarted daemon starts. The
+/// restarted daemon now kills what its predecessor left in its kernels directory.
+#[test]
+fn a_killed_hosts_kernels_are_killed_when_its_daemon_starts_again() {
+    let mut c = start_cluster();
+    let _kernel = create_kernel(&c, 1, 0);
+    let before = c.kernel_pids(3);
+    assert!(!before.is_empty(), "host 3 runs a replica's kernel");
+    c.kill(3);
+    // Running, not a zombie waiting for its new parent to reap it.
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().chars().next()))
+            .is_some_and(|state| state != Some('Z'))
+    };
+    assert!(before.iter().any(|&p| alive(p)), "the daemon's group kill leaves its kernels (each its own group)");
+    c.restart(3);
+    wait_for(Duration::from_secs(20), "the killed daemon's kernels to be gone", || {
+        before.iter().all(|&p| !alive(p)).then_some(())
+    });
+    assert!(c.host(3).log().contains("killed kernel processes a previous daemon of this host left running"));
+}
+
 #[test]
 fn cells_wait_for_gpus_and_say_so_interrupts_reach_the_executor_and_bad_requests_are_refused() {
     let mut c = start_cluster();

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use group_store::{Rng, Stores};
 use notebookosd::cluster::election::{self, Decision, Outcome, Proposer};
-use notebookosd::cluster::records::ElectionRecord;
+use notebookosd::cluster::records::{ElectionRecord, RunningRecord};
 
 const GROUP: u64 = 1001;
 
@@ -32,8 +32,14 @@ async fn propose_after(stores: &Stores, delay_ms: u64, req: Request, log: &Log) 
     // Replica n lives on node n and proposes through its own node (followers forward).
     let me = Proposer { replica: req.replica, node_id: u64::from(req.replica) };
     let kv = stores.node(u64::from(req.replica)).kv(GROUP);
-    let outcome =
-        election::propose(&kv, &req.cell, req.round, req.expected.as_ref(), me, req.decision).await.expect("propose");
+    let outcome = election::propose(&kv, &req.cell, req.round, req.expected.as_ref(), me, req.decision, None)
+        .await
+        .expect("propose");
+    if matches!(outcome, Outcome::Won(_)) {
+        // The cell ran: its end frees the kernel's lock for the next cell.
+        let held = RunningRecord { cell: req.cell.clone(), replica: me.replica, node_id: me.node_id };
+        election::release_running(&kv, &held).await;
+    }
     log.lock().unwrap().entry(req.cell.clone()).or_default().push((me, req.round, outcome.clone()));
     outcome
 }
@@ -128,11 +134,45 @@ async fn exactly_one_replica_wins_each_cell_under_reordering_and_stale_rounds() 
             None,
             Proposer { replica: 1, node_id: 1 },
             Decision::Lead,
+            None,
         )
         .await
         .expect("late proposal");
         assert_eq!(late, Outcome::Taken(winner.clone()));
     }
+}
+
+/// Two front-ends send different cells of one kernel at once (the fault campaign's lost
+/// update: both won, ran side by side from the same namespace, and the later commit dropped
+/// the earlier cell). The LEAD swap takes the kernel's lock: the second cell is told `busy`
+/// until the first ends; a lock whose holder's host is gone is taken over only by naming it
+/// exactly, and its old holder's release then frees nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_cells_of_one_kernel_run_one_at_a_time() {
+    let stores = Stores::open(3);
+    stores.create_group(GROUP).await;
+    let kv = stores.node(1).kv(GROUP);
+    let (r1, r2) = (Proposer { replica: 1, node_id: 1 }, Proposer { replica: 2, node_id: 2 });
+    let lead = |cell: &'static str, me: Proposer, steal: Option<RunningRecord>| {
+        let kv = stores.node(me.node_id).kv(GROUP);
+        async move { election::propose(&kv, cell, 0, None, me, Decision::Lead, steal.as_ref()).await.expect("propose") }
+    };
+    assert!(matches!(lead("cell-a", r1, None).await, Outcome::Won(_)));
+    let a = RunningRecord { cell: "cell-a".into(), replica: 1, node_id: 1 };
+    assert_eq!(lead("cell-b", r2, None).await, Outcome::Busy(a.clone()), "cell-a runs: cell-b waits");
+    // A YIELD needs no lock; cell-b's record is unchanged by the busy LEAD.
+    assert_eq!(election::current(&kv, "cell-b").await.expect("read"), None);
+    // Taking over a lock means naming it exactly: a wrong record does not.
+    let wrong = RunningRecord { cell: "cell-z".into(), replica: 3, node_id: 3 };
+    assert_eq!(lead("cell-b", r2, Some(wrong)).await, Outcome::Busy(a.clone()));
+    // Host 1 is gone (as the front-end sees it): cell-b takes its lock over.
+    assert!(matches!(lead("cell-b", r2, Some(a.clone())).await, Outcome::Won(_)));
+    let b = RunningRecord { cell: "cell-b".into(), replica: 2, node_id: 2 };
+    // The old holder's late release frees nothing: cell-b still holds the kernel.
+    election::release_running(&kv, &a).await;
+    assert_eq!(lead("cell-c", r1, None).await, Outcome::Busy(b.clone()));
+    election::release_running(&stores.node(2).kv(GROUP), &b).await;
+    assert!(matches!(lead("cell-c", r1, None).await, Outcome::Won(_)), "cell-b ended: cell-c runs");
 }
 
 mod sync {

@@ -8,12 +8,19 @@
 //! committed the key never changes again, and at most one replica wins a cell. A
 //! proposal whose `expected` is not the current record (a stale round, a duplicate, a
 //! second front-end) fails its swap and is told the current record instead.
+//!
+//! A LEAD swap also takes the kernel's `running` lock ([`RunningRecord`]) in the same
+//! transaction, and only while nobody holds it: cells of one kernel sent through two
+//! gateways at once run one after the other (the second is told `busy`), never side by
+//! side from the same namespace (where the later commit would drop the earlier cell's
+//! effects). The front-end may name a lock whose holder's host is gone (`steal`): the swap
+//! then replaces exactly that record.
 
 use std::time::Duration;
 
-use raft_store::Kv;
+use raft_store::{Compare, Kv, Txn, TxnOp};
 
-use super::records::{decode, encode, keys, ElectionRecord};
+use super::records::{decode, encode, keys, ElectionRecord, RunningRecord};
 
 /// Prefix of yield notes (`yield/{cell}/{round:010}/{replica:04}`), removed with the cell's commit.
 pub const YIELD_PREFIX: &str = "yield/";
@@ -54,6 +61,9 @@ pub enum Outcome {
     /// The swap failed (stale round, or another proposal got there first) and the
     /// cell has no winner yet: the current record, if any, for the next round's `expected`.
     Stale(Option<ElectionRecord>),
+    /// The LEAD swap failed because another cell of the kernel runs (its lock); the
+    /// cell's record is unchanged (`expected` stays).
+    Busy(RunningRecord),
 }
 
 impl Outcome {
@@ -64,6 +74,7 @@ impl Outcome {
             Outcome::Yielded(_) => "yielded",
             Outcome::Taken(_) => "taken",
             Outcome::Stale(_) => "stale",
+            Outcome::Busy(_) => "busy",
         }
     }
 
@@ -72,6 +83,7 @@ impl Outcome {
         match self {
             Outcome::Won(r) | Outcome::Yielded(r) | Outcome::Taken(r) => Some(r),
             Outcome::Stale(r) => r.as_ref(),
+            Outcome::Busy(_) => None,
         }
     }
 }
@@ -125,8 +137,78 @@ fn decode_record(cell: &str, value: &[u8]) -> Result<ElectionRecord, ElectionErr
         .map_err(|e| ElectionError::Corrupt { cell: cell.to_owned(), reason: format!("{e:#}") })
 }
 
+/// The kernel's cell in progress (its lock), from this replica's applied state (stale).
+pub async fn running_stale(kv: &Kv) -> Option<RunningRecord> {
+    let got = kv.get_stale(keys::RUNNING.as_bytes().to_vec()).await.ok()?.kvs.into_iter().next()?;
+    decode(&got.key, &got.value).ok()
+}
+
+/// Removes the kernel's lock if it is still exactly `held` (a compare-and-delete; a lock
+/// taken since by another cell stays). Retries a few times: a lock left behind blocks the
+/// kernel's next cells until a front-end takes it over.
+pub async fn release_running(kv: &Kv, held: &RunningRecord) {
+    let txn = Txn::new()
+        .when(Compare::value_equals(keys::RUNNING.as_bytes().to_vec(), encode(held)))
+        .and_then(TxnOp::delete(keys::RUNNING.as_bytes().to_vec()));
+    for attempt in 1..=5u64 {
+        match kv.txn(txn.clone()).await {
+            Ok(_) => return,
+            Err(e) => {
+                tracing::debug!(cell = %held.cell, attempt, error = %e, "releasing the kernel's running lock");
+                tokio::time::sleep(Duration::from_millis(200 * attempt)).await;
+            }
+        }
+    }
+    tracing::warn!(cell = %held.cell, "could not release the kernel's running lock; a front-end takes it over once its host is gone");
+}
+
+/// Where a swap stands after it did not apply.
+struct NotSwapped {
+    /// The cell's record as stored (its bytes).
+    previous: Option<Vec<u8>>,
+    /// The kernel's lock, when a LEAD swap found it held.
+    running: Option<RunningRecord>,
+}
+
+/// One swap attempt: a plain CAS for YIELD; for LEAD a transaction that also takes the
+/// kernel's lock (absent, or exactly `steal`).
+async fn swap(
+    kv: &Kv,
+    cell: &str,
+    expected: Option<&Vec<u8>>,
+    new: &ElectionRecord,
+    me: Proposer,
+    steal: Option<&RunningRecord>,
+) -> Result<Result<(), NotSwapped>, raft_store::Error> {
+    let key = keys::elect(cell);
+    if new.winner.is_none() {
+        let o = kv.cas(key.as_bytes(), expected.cloned(), encode(new)).await?;
+        return Ok(if o.succeeded { Ok(()) } else { Err(NotSwapped { previous: o.previous, running: None }) });
+    }
+    let lock = keys::RUNNING.as_bytes().to_vec();
+    let mine = RunningRecord { cell: cell.to_owned(), replica: me.replica, node_id: me.node_id };
+    let txn = Txn::new()
+        .when(match expected {
+            Some(bytes) => Compare::value_equals(key.as_bytes().to_vec(), bytes.clone()),
+            None => Compare::absent(key.as_bytes().to_vec()),
+        })
+        .when(match steal {
+            Some(held) => Compare::value_equals(lock.clone(), encode(held)),
+            None => Compare::absent(lock.clone()),
+        })
+        .and_then(TxnOp::put(key.as_bytes().to_vec(), encode(new)))
+        .and_then(TxnOp::put(lock.clone(), encode(&mine)));
+    if kv.txn(txn).await?.succeeded {
+        return Ok(Ok(()));
+    }
+    let previous = kv.get(key.as_bytes()).await?.map(|kv| kv.value);
+    let running = kv.get(lock).await?.and_then(|kv| decode::<RunningRecord>(&kv.key, &kv.value).ok());
+    Ok(Err(NotSwapped { previous, running }))
+}
+
 /// Proposes `decision` for `round` of `cell`, by swap from `expected` (the record the
-/// front-end last saw; `None` in round 0).
+/// front-end last saw; `None` in round 0). A LEAD takes the kernel's lock with it; `steal`
+/// is a lock the front-end saw held by a host that is gone.
 pub async fn propose(
     kv: &Kv,
     cell: &str,
@@ -134,6 +216,7 @@ pub async fn propose(
     expected: Option<&ElectionRecord>,
     me: Proposer,
     decision: Decision,
+    steal: Option<&RunningRecord>,
 ) -> Result<Outcome, ElectionError> {
     let store_err = |source| ElectionError::Store { cell: cell.to_owned(), source };
     if let Some(e) = expected {
@@ -151,25 +234,36 @@ pub async fn propose(
         }
         Decision::Yield { reason } => ElectionRecord { round, winner: None, node_id: me.node_id, reason },
     };
-    let key = keys::elect(cell);
     let mut expected_bytes = expected.map(encode);
     // True once a swap of ours may have been applied without our hearing of it: only
     // then does finding our own record mean we won (a duplicate request must not).
     let mut maybe_applied = false;
     let mut retries = 0;
     loop {
-        match kv.cas(key.as_bytes(), expected_bytes.clone(), encode(&new)).await {
-            Ok(o) if o.succeeded => return Ok(settled(new)),
-            Ok(o) => {
-                let previous = o.previous.as_deref().map(|v| decode_record(cell, v)).transpose()?;
+        match swap(kv, cell, expected_bytes.as_ref(), &new, me, steal).await {
+            Ok(Ok(())) => return Ok(settled(new)),
+            Ok(Err(not)) => {
+                let previous = not.previous.as_deref().map(|v| decode_record(cell, v)).transpose()?;
                 if maybe_applied && previous.as_ref() == Some(&new) {
                     return Ok(settled(new));
                 }
                 // Same record, other bytes (written by another version's encoder): swap
                 // from the bytes actually stored.
-                if previous.is_some() && previous.as_ref() == expected && o.previous != expected_bytes {
-                    expected_bytes = o.previous;
+                if previous.is_some() && previous.as_ref() == expected && not.previous != expected_bytes {
+                    expected_bytes = not.previous;
                     continue;
+                }
+                // The record is as expected: the lock stopped the swap.
+                if previous.as_ref() == expected {
+                    match not.running {
+                        Some(held) if steal != Some(&held) => return Ok(Outcome::Busy(held)),
+                        // Released (or the stolen lock is gone) meanwhile: swap again.
+                        _ if retries < UNKNOWN_OUTCOME_RETRIES => {
+                            retries += 1;
+                            continue;
+                        }
+                        _ => {}
+                    }
                 }
                 return Ok(classify(previous));
             }

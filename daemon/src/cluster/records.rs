@@ -184,6 +184,21 @@ pub struct ElectionRecord {
     pub reason: String,
 }
 
+/// The kernel's cell in progress (`running` in the kernel group): put by the LEAD swap that
+/// wins a cell, in the same transaction, and removed by that cell's namespace commit (or by
+/// its executor when the cell ends otherwise). A LEAD swap needs it absent, so one cell of a
+/// kernel runs at a time whichever front-end sent it, as in one Jupyter kernel; the commit
+/// needs it unchanged, so an executor whose lock was taken over commits nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunningRecord {
+    /// The cell (the client's msg_id).
+    pub cell: String,
+    /// The executing replica.
+    pub replica: u32,
+    /// Its host.
+    pub node_id: u64,
+}
+
 /// Keys. Fixed-width numbers keep prefix scans ordered.
 pub mod keys {
     /// Prefix of [`super::HostRecord`]s.
@@ -207,6 +222,8 @@ pub mod keys {
     pub const NS: &str = "ns/";
     /// The last synchronised cell in a kernel group.
     pub const NS_CELL: &str = "ns-cell";
+    /// The kernel group's cell in progress ([`super::RunningRecord`]).
+    pub const RUNNING: &str = "running";
 
     /// `hosts/{node:020}`.
     pub fn host(node_id: u64) -> String {

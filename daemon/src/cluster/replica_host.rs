@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use super::election::{self, Decision, Outcome, Proposer};
 use super::objects::Objects;
-use super::records::{keys, ElectionRecord};
+use super::records::{keys, ElectionRecord, RunningRecord};
 use super::state_sync::{self, Applier, NsCell, SyncConfig};
 use super::sync_metrics::{PathLabels, SideLabels, SyncMetrics};
 use crate::jupyter::{Channel, Message};
@@ -66,6 +66,10 @@ pub struct ElectionRequest {
     /// The last record the front-end knows (`null` in round 0).
     #[serde(default)]
     pub expected: Option<ElectionRecord>,
+    /// The kernel's lock as the front-end last saw it, held by a host that is gone: a LEAD
+    /// swap may take it over.
+    #[serde(default)]
+    pub steal: Option<RunningRecord>,
 }
 
 /// The front-end's designation for this host in a round.
@@ -317,6 +321,16 @@ impl ReplicaHost {
             return Handled::Handled;
         };
         let kv = self.store.kv(local.group);
+        // The kernel's lock names this replica but nothing runs here (a lock left by this
+        // host's previous daemon, or an unreleased one): free it, or the kernel stays busy.
+        if local.busy.load(Ordering::SeqCst) == 0 {
+            if let Some(held) = election::running_stale(&kv).await {
+                if held.node_id == self.node_id && held.replica == local.replica {
+                    tracing::info!(kernel = %kernel.id, cell = %held.cell, "releasing the kernel's lock of a cell this replica no longer runs");
+                    election::release_running(&kv, &held).await;
+                }
+            }
+        }
         if req.role == Role::Yield {
             let (cell, round, replica) = (req.cell.clone(), req.round, local.replica);
             tokio::spawn(async move { election::note_yield(&kv, &cell, round, replica).await });
@@ -341,7 +355,9 @@ impl ReplicaHost {
         }
         let me = Proposer { replica: local.replica, node_id: self.node_id };
         let started = Instant::now();
-        let outcome = match election::propose(&kv, &req.cell, req.round, req.expected.as_ref(), me, decision).await {
+        let proposed =
+            election::propose(&kv, &req.cell, req.round, req.expected.as_ref(), me, decision, req.steal.as_ref());
+        let outcome = match proposed.await {
             Ok(o) => o,
             Err(e) => {
                 tracing::warn!(kernel = %kernel.id, cell = %req.cell, round = req.round, error = %e, "election failed");
@@ -363,6 +379,15 @@ impl ReplicaHost {
                         drop(busy);
                     });
                 }
+            }
+            Outcome::Busy(held) => {
+                let election = serde_json::json!({ "outcome": "busy", "record": req.expected, "running": held });
+                kernel.hub.release(
+                    client,
+                    Channel::Shell,
+                    outcome_reply(&msg, election, not_run_content()),
+                    SystemTime::now(),
+                );
             }
             other => {
                 let election = serde_json::json!({ "outcome": other.name(), "record": other.record() });
@@ -393,6 +418,10 @@ impl ReplicaHost {
         won: Won,
     ) {
         let Won { cell, record, started } = won;
+        // The kernel's lock this win took: the namespace commit removes it; every other end
+        // of the cell releases it here.
+        let kv = self.store.kv(local.group);
+        let lock = RunningRecord { cell: cell.clone(), replica: local.replica, node_id: self.node_id };
         let executed = |revision: u64| {
             serde_json::json!({
                 "outcome": "executed",
@@ -417,6 +446,7 @@ impl ReplicaHost {
                 "traceback": [format!("NamespaceNotCaughtUp: {evalue}")],
             });
             kernel.hub.release(client, Channel::Shell, outcome_reply(&msg, executed(0), content), SystemTime::now());
+            election::release_running(&kv, &lock).await;
             return;
         }
         let held = kernel.hub.hold_reply(&msg_id);
@@ -449,6 +479,7 @@ impl ReplicaHost {
                 kernel.hub.unhold_reply(&msg_id);
                 tracing::warn!(kernel = %kernel.id, cell, error = format!("{e:#}"), "could not start a won cell");
                 kernel.reject_cell(client, &msg, "KernelUnavailable", &format!("{e:#}"));
+                election::release_running(&kv, &lock).await;
                 return;
             }
         };
@@ -459,10 +490,10 @@ impl ReplicaHost {
         let Some(mut reply) = reply else {
             kernel.hub.unhold_reply(&msg_id);
             tracing::warn!(kernel = %kernel.id, cell, "the replica died while running a won cell");
+            election::release_running(&kv, &lock).await;
             return;
         };
         let me = Proposer { replica: local.replica, node_id: self.node_id };
-        let kv = self.store.kv(local.group);
         let export_started = Instant::now();
         let exported =
             state_sync::export_and_commit(&kernel, &kv, &self.objects, &self.sync, &cell, me, &local.applier).await;
@@ -492,6 +523,25 @@ impl ReplicaHost {
                     "[NotebookOS] this cell's namespace changes were NOT synchronised to the other replicas: {e:#}\n"
                 );
                 kernel.publish(&msg, "stream", &serde_json::json!({ "name": "stderr", "text": text }));
+                // Not acknowledged: the cell ran here only. This replica's namespace now
+                // differs from the group's, so it yields every later cell (another replica
+                // runs them) until it is started again.
+                local.applier.mark_broken(format!("cell {cell}'s changes could not be synchronised: {e:#}"));
+                election::release_running(&kv, &lock).await;
+                let count = serde_json::from_slice::<serde_json::Value>(&reply.content)
+                    .ok()
+                    .and_then(|c| c.get("execution_count").cloned())
+                    .unwrap_or_else(|| serde_json::json!(0));
+                let evalue = format!(
+                    "the cell ran on replica {} (host {}) but its namespace changes could not be synchronised to the \
+                     other replicas ({e:#}); the kernel's next cells run on another replica, without this cell's changes",
+                    local.replica, self.node_id
+                );
+                let content = serde_json::json!({
+                    "status": "error", "execution_count": count, "ename": "NamespaceSyncFailed", "evalue": evalue,
+                    "traceback": [format!("NamespaceSyncFailed: {evalue}")],
+                });
+                reply.content = bytes::Bytes::from(content.to_string());
                 0
             }
         };

@@ -26,6 +26,7 @@ pub mod distributed;
 pub mod hub;
 pub mod id;
 pub mod identity;
+pub mod orphans;
 pub mod prewarm;
 pub mod process;
 pub mod registry;

@@ -14,7 +14,7 @@ use super::kernel::{FrontendKernel, NO_REPLICA_TIMEOUT};
 use super::replica_link::keep_links;
 use super::state::Current;
 use crate::cluster::meta::{MoveAnswer, MoveRequest};
-use crate::cluster::records::{ElectionRecord, MoveReason, MoveRecord};
+use crate::cluster::records::{ElectionRecord, MoveReason, MoveRecord, RunningRecord};
 use crate::jupyter::Channel;
 use crate::sched::preselect::{preselect, Candidate};
 
@@ -96,6 +96,10 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
     let mut told_waiting = false;
     let mut told_moving: Option<u32> = None;
     let mut asked_to_move: Option<Instant> = None;
+    // Another cell of the kernel holds its lock (sent through another gateway): this one
+    // waits its turn; `steal` once the holder's host is gone.
+    let mut steal: Option<RunningRecord> = None;
+    let mut told_busy = false;
     let no_replica_since = Instant::now();
     let failure = 'cell: loop {
         // Who is live now; links follow the record (a new or incoming replica gets one, a
@@ -180,7 +184,14 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
         let mut live_cands: Vec<&Candidate> = cands.iter().filter(|c| c.live).collect();
         live_cands.sort_by_key(|c| c.replica != plan.lead);
         for c in live_cands {
-            let msg = with_election(&cell.request, &cell.msg_id, round, c.replica == plan.lead, expected.as_ref());
+            let msg = with_election(
+                &cell.request,
+                &cell.msg_id,
+                round,
+                c.replica == plan.lead,
+                expected.as_ref(),
+                steal.as_ref(),
+            );
             k.send_to(c.node_id, Channel::Shell, msg);
         }
         // Wait for this round's outcome (or the execution it starts).
@@ -215,8 +226,42 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
                     return;
                 }
                 Event::Started { cell: c, .. } if c == cell.msg_id => {}
-                Event::Outcome { cell: c, node, outcome, record: rec } if c == cell.msg_id => {
+                Event::Outcome { cell: c, node, outcome, record: rec, running } if c == cell.msg_id => {
                     match outcome.as_str() {
+                        "busy" => {
+                            if node != lead_node {
+                                continue;
+                            }
+                            let Some(held) = running else { continue };
+                            // The holder's host is gone from the cluster (its lease expired) or
+                            // its replica from the kernel: its cell ended with it, so the next
+                            // round takes the lock over. Otherwise wait: a link that is down
+                            // here says nothing (and a partitioned holder cannot commit).
+                            let hosts = k.shared.hosts().await;
+                            let holder_there = hosts.contains_key(&held.node_id)
+                                && record
+                                    .replicas
+                                    .iter()
+                                    .any(|r| r.node_id == held.node_id && r.replica == held.replica);
+                            if holder_there {
+                                steal = None;
+                                if !told_busy {
+                                    told_busy = true;
+                                    let text = "[NotebookOS] waiting: another cell of this kernel (sent by another client or gateway) is running; this one runs next\n";
+                                    k.publish(
+                                        &cell.request,
+                                        "stream",
+                                        &serde_json::json!({ "name": "stderr", "text": text }),
+                                    );
+                                }
+                                let _ = tokio::time::timeout(YIELD_RETRY, changes.changed()).await;
+                            } else {
+                                tracing::info!(kernel = %k.id, cell = %cell.msg_id, holder = held.node_id, held = %held.cell, "the kernel's lock is held by a host that is gone; taking it over");
+                                steal = Some(held);
+                            }
+                            round += 1;
+                            continue 'cell;
+                        }
                         "yielded" => {
                             if node != lead_node {
                                 continue; // an outcome from an earlier round's designee

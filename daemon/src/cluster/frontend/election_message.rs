@@ -2,7 +2,7 @@
 //! `execute_request` a front-end sends each replica in a round, and on the outcome a
 //! replica answers with.
 
-use crate::cluster::records::ElectionRecord;
+use crate::cluster::records::{ElectionRecord, RunningRecord};
 use crate::jupyter::Message;
 
 /// The msg_id of `msg`'s parent request.
@@ -28,6 +28,7 @@ pub(super) fn with_election(
     round: u32,
     lead: bool,
     expected: Option<&ElectionRecord>,
+    steal: Option<&RunningRecord>,
 ) -> Message {
     let mut meta: serde_json::Value =
         serde_json::from_slice(&request.metadata).unwrap_or_else(|_| serde_json::json!({}));
@@ -39,6 +40,7 @@ pub(super) fn with_election(
         "round": round,
         "role": if lead { "lead" } else { "yield" },
         "expected": expected,
+        "steal": steal,
     });
     Message { metadata: bytes::Bytes::from(meta.to_string()), ..request.clone() }
 }
@@ -64,14 +66,16 @@ mod tests {
     #[test]
     fn election_metadata_is_added_without_losing_the_clients() {
         let rec = ElectionRecord { round: 0, winner: None, node_id: 2, reason: "busy".into() };
-        let m = with_election(&request(), "cell-1", 1, true, Some(&rec));
+        let held = RunningRecord { cell: "cell-0".into(), replica: 2, node_id: 5 };
+        let m = with_election(&request(), "cell-1", 1, true, Some(&rec), Some(&held));
         let meta: serde_json::Value = serde_json::from_slice(&m.metadata).expect("json");
         assert_eq!(meta["cellId"], "abc");
         assert_eq!(meta["nbos_election"]["cell"], "cell-1");
         assert_eq!(meta["nbos_election"]["round"], 1);
         assert_eq!(meta["nbos_election"]["role"], "lead");
         assert_eq!(meta["nbos_election"]["expected"]["node_id"], 2);
-        let y = with_election(&request(), "cell-1", 0, false, None);
+        assert_eq!(meta["nbos_election"]["steal"]["cell"], "cell-0");
+        let y = with_election(&request(), "cell-1", 0, false, None, None);
         let meta: serde_json::Value = serde_json::from_slice(&y.metadata).expect("json");
         assert_eq!(meta["nbos_election"]["role"], "yield");
         assert!(meta["nbos_election"]["expected"].is_null());

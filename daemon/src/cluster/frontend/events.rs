@@ -3,14 +3,14 @@
 
 use std::time::Instant;
 
-use crate::cluster::records::ElectionRecord;
+use crate::cluster::records::{ElectionRecord, RunningRecord};
 use crate::jupyter::Message;
 
 /// What the cell worker hears from the replica links.
 #[derive(Debug)]
 pub(super) enum Event {
-    /// The designee's election outcome for `cell`.
-    Outcome { cell: String, node: u64, outcome: String, record: Option<ElectionRecord> },
+    /// The designee's election outcome for `cell` (`running`: the kernel's lock, on `busy`).
+    Outcome { cell: String, node: u64, outcome: String, record: Option<ElectionRecord>, running: Option<RunningRecord> },
     /// The executor's final reply for `cell`.
     Executed { cell: String, node: u64, reply: Message },
     /// `node` produced the first IOPub of `cell`: it executes it.

@@ -270,7 +270,8 @@ impl FrontendKernel {
                 Event::Executed { cell, node, reply: msg }
             } else {
                 let record = el.get("record").and_then(|r| serde_json::from_value(r.clone()).ok());
-                Event::Outcome { cell, node, outcome, record }
+                let running = el.get("running").and_then(|r| serde_json::from_value(r.clone()).ok());
+                Event::Outcome { cell, node, outcome, record, running }
             };
             let _ = self.events.send(ev);
             return;

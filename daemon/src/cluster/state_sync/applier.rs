@@ -86,6 +86,15 @@ impl Applier {
         self.lock().broken.clone()
     }
 
+    /// Marks the replica's namespace as no longer the group's (a cell ran here but its
+    /// changes could not be committed): it yields every cell from now on.
+    pub fn mark_broken(&self, why: String) {
+        let mut s = self.lock();
+        if s.broken.is_none() {
+            s.broken = Some(why);
+        }
+    }
+
     /// How many whole-namespace catch-ups ran.
     pub fn catch_ups(&self) -> u64 {
         self.lock().catch_ups

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use bytes::Bytes;
-use raft_store::state_machine::{Txn, TxnOp};
+use raft_store::state_machine::{Compare, Txn, TxnOp};
 use raft_store::Kv;
 
 use super::applier::Applier;
@@ -17,7 +17,7 @@ use super::manifest::{check_file, check_name, hand_to_kernel, read_kernel_file, 
 use super::records::{NsCell, NsValue, Payload, RESET_PREFIX};
 use crate::cluster::election::{Proposer, YIELD_PREFIX};
 use crate::cluster::objects::{sha256_hex, Objects};
-use crate::cluster::records::{self, keys};
+use crate::cluster::records::{self, keys, RunningRecord};
 use crate::kernel::Kernel;
 
 /// Total inline payload bytes a kernel group may hold: its snapshot travels as one
@@ -165,6 +165,12 @@ pub async fn export_and_commit(
     // The cell is decided and done: its yield notes go (its `elect/` record stays, it is what
     // keeps a late proposal from winning the cell again).
     txn = txn.and_then(TxnOp::delete_prefix(format!("{}{cell}/", YIELD_PREFIX).into_bytes()));
+    // Only while this cell still holds the kernel's lock, which goes with the commit: an
+    // executor whose lock a front-end took over (its host looked gone) commits nothing.
+    let lock = RunningRecord { cell: cell.to_owned(), replica: me.replica, node_id: me.node_id };
+    txn = txn
+        .when(Compare::value_equals(keys::RUNNING.as_bytes().to_vec(), records::encode(&lock)))
+        .and_then(TxnOp::delete(keys::RUNNING.as_bytes().to_vec()));
     out.revision =
         commit_once(kv, txn, &marker).await.context("committing the cell's namespace to the kernel group")?;
     tracing::debug!(
@@ -182,13 +188,26 @@ pub async fn export_and_commit(
 /// Commits `txn` (which puts `marker` as `ns-cell`), retrying when the outcome is unknown
 /// (leader change, timeout) unless the marker shows it was applied: a cell's namespace is
 /// committed once. Returns the transaction's revision.
-async fn commit_once(kv: &Kv, txn: Txn, marker: &NsCell) -> Result<u64, raft_store::Error> {
+async fn commit_once(kv: &Kv, txn: Txn, marker: &NsCell) -> anyhow::Result<u64> {
     const ATTEMPTS: u32 = 5;
     let mut attempt = 0;
     loop {
         attempt += 1;
         match kv.txn(txn.clone()).await {
-            Ok(resp) => return Ok(resp.revision),
+            Ok(resp) if resp.succeeded => return Ok(resp.revision),
+            Ok(_) => {
+                // An earlier attempt whose outcome was unknown may have applied (and released
+                // the lock): then the marker is there.
+                if let Ok(Some(kv)) = kv.get(keys::NS_CELL.as_bytes()).await {
+                    if records::decode::<NsCell>(&kv.key, &kv.value).ok().as_ref() == Some(marker) {
+                        return Ok(kv.mod_revision);
+                    }
+                }
+                anyhow::bail!(
+                    "this cell no longer holds the kernel's running lock (a front-end took it over: this host \
+                     looked gone), so its changes were not committed"
+                )
+            }
             Err(e) if e.outcome_unknown() && attempt < ATTEMPTS => {
                 tracing::debug!(cell = %marker.cell, attempt, error = %e, "namespace commit outcome unknown; checking");
                 tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
@@ -200,7 +219,7 @@ async fn commit_once(kv: &Kv, txn: Txn, marker: &NsCell) -> Result<u64, raft_sto
                     Ok(_) | Err(_) => {}
                 }
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         }
     }
 }
