@@ -12,7 +12,7 @@ export PATH := $(VENV)/bin:$(PATH)
 # Where cargo puts the binaries and libraries the Python tests and the demo run.
 export NBOS_BIN_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/debug
 
-.PHONY: all deps build test test-rust test-python test-packaging test-upgrade check-layers demo demo-stop lint fmt package clean fuzz fuzz-ci fuzz-corpus
+.PHONY: all deps build test test-rust test-python test-packaging test-upgrade chaos chaos-ci check-layers demo demo-stop lint fmt package clean fuzz fuzz-ci fuzz-corpus
 
 all: build
 
@@ -88,6 +88,20 @@ test-packaging: deps
 # this checkout's: three hosts replaced one by one under a live kernel (tests/upgrade/).
 test-upgrade: deps
 	OLD_REF=$(OLD_REF) bash tests/upgrade/run.sh
+
+# The fault campaign (tests/chaos/, docs/chaos.md): hosts in network namespaces with mutual
+# TLS, faults drawn from SEED, a report; exits 1 on any anomaly. Needs root. HOSTS >= 4 adds
+# the `migrate` fault. CHAOS_ARGS passes more options (e.g. --json, --faults a,b --cycle).
+ROUNDS ?= 100
+SEED ?= 1
+HOSTS ?= 3
+chaos: build
+	$(NBOS_PYTHON) tests/chaos/run.py --rounds $(ROUNDS) --seed $(SEED) --hosts $(HOSTS) $(CHAOS_ARGS)
+
+# The short campaign CI runs every time: each fault kind that 3 hosts allow, once, in order.
+chaos-ci: build
+	$(NBOS_PYTHON) tests/chaos/run.py --rounds 8 --seed 1 --hosts 3 --cycle \
+	  --faults kill_restart,freeze,isolate,one_way,lossy,isolate_all,disk_full,cluster_restart
 
 clean:
 	$(CARGO) clean

@@ -18,9 +18,10 @@ cd "$(dirname "$0")/.."
 # prometheus: promtool and the Prometheus that daemon/tests/prometheus_rules.rs starts itself
 # to check packaging/prometheus/ and packaging/grafana/ against real daemons.
 # binutils (objcopy, readelf), debootstrap, lintian, rpm: `make package` and `make test-packaging`.
+# nftables, e2fsprogs (mkfs.ext4), iproute2: the fault campaign (`make chaos`, tests/chaos/).
 packages=(clang llvm libbpf-dev bpftool gcc libc6-dev pkg-config python3-venv procps curl strace systemd
   protobuf-compiler libprotobuf-dev etcd-server chromium chromium-driver haproxy prometheus
-  binutils debootstrap lintian rpm)
+  binutils debootstrap lintian rpm nftables e2fsprogs iproute2)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -924,6 +924,41 @@ mod supervised {
         }
     }
 
+    /// Fault campaign, `kill_restart` and `cluster_restart`: the host whose replica executed the
+    /// group's latest cell restarts; its new kernel process must get that cell's names too
+    /// (it came back without them and every later cell there failed with a NameError).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn kill_restart_of_the_last_cells_executor_gives_its_new_kernel_every_name() {
+        let FourHosts { stores, dir, mut nodes, leader: _, record } = four_hosts_with_a_kernel().await;
+        let id = record.id.clone();
+        let executor = record.replicas[0].node_id;
+        run_on(pick(&nodes, executor), &id, "log = [1]\ncounter = 1").await;
+        let (_, rev) = run_on(pick(&nodes, executor), &id, "log.append(2)").await;
+        let digest_before =
+            namespace_digest(&pick(&nodes, executor).kernels.get(&id).await.expect("k"), WAIT).await.expect("digest");
+        {
+            let n = nodes.iter_mut().find(|n| n.id == executor).expect("node");
+            n.supervisor.abort();
+            n.kernels.shutdown_all().await;
+            n.host.detach(&id);
+            (n.host, n.kernels, n.supervisor) = start_replica_side(&stores, executor, &n.cluster, dir.path(), 1);
+        }
+        wait_for("the restarted executor's replica", || async {
+            let r = pick(&nodes, executor).host.replica(&id)?;
+            (r.applier.catch_ups() >= 1 && r.applier.applied() >= rev).then_some(())
+        })
+        .await;
+        let k = pick(&nodes, executor).kernels.get(&id).await.expect("restarted replica");
+        assert_eq!(namespace_digest(&k, WAIT).await.expect("digest"), digest_before, "restarted executor differs");
+        let (out, _) = run_on(pick(&nodes, executor), &id, "log.append(3)\nprint(log, counter)").await;
+        assert_eq!(out.trim(), "[1, 2, 3] 1", "the restarted executor's kernel lost names of its last cell");
+        for n in &nodes {
+            n.supervisor.abort();
+            n.kernels.shutdown_all().await;
+            n.cluster.shutdown().await;
+        }
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_replica_whose_group_failed_on_its_host_is_placed_elsewhere() {
         let FourHosts { stores, dir: _dir, nodes, leader, record } = four_hosts_with_a_kernel().await;

@@ -115,7 +115,8 @@ impl Applier {
         let mut rx = self.applied.clone();
         let wait = async {
             loop {
-                if *rx.borrow_and_update() >= revision {
+                // Nothing runs before the first catch-up: a new kernel must get every name first.
+                if *rx.borrow_and_update() >= revision && self.lock().started {
                     return Ok(());
                 }
                 if let Some(why) = self.broken() {

@@ -38,6 +38,10 @@ pub(super) struct AppliedState {
     pub(super) broken: Option<String>,
     /// Catch-ups done (start, snapshot, compaction).
     pub(super) catch_ups: u64,
+    /// The first catch-up is done: until then the kernel process reflects nothing of the
+    /// group (it is new, also when this replica executed the group's latest cell before a
+    /// restart), and no cell may run here.
+    pub(super) started: bool,
     /// The last synchronised cell as of the applied revision.
     pub(super) last_cell: Option<NsCell>,
     /// A cell that changed no names was applied without running the kernel: its execution
@@ -152,7 +156,11 @@ impl Run {
                 cell_rev = kv.mod_revision;
             }
         }
-        let own_latest = b.cell.as_ref().is_some_and(|c| c.replica == self.me.replica && c.node_id == self.me.node_id);
+        // Only a kernel process that has been following the group can hold a cell it executed:
+        // a new one (daemon or kernel restarted) gets every name, its own last cell's too.
+        let started = self.lock().started;
+        let own_latest =
+            started && b.cell.as_ref().is_some_and(|c| c.replica == self.me.replica && c.node_id == self.me.node_id);
         let mut present = BTreeMap::new();
         for kv in &out.kvs {
             let Some(rest) = kv.key.strip_prefix(keys::NS.as_bytes()) else { continue };
@@ -176,6 +184,7 @@ impl Run {
             if b.cell.is_some() {
                 g.last_cell = b.cell;
             }
+            g.started = true;
             drop(g);
             self.applied.send_replace(revision);
             return Ok(revision);
@@ -259,6 +268,7 @@ impl Run {
             }
             if let Some(all) = batch.inline {
                 g.inline = all;
+                g.started = true;
             }
             if batch.cell.is_some() {
                 g.last_cell.clone_from(&batch.cell);
