@@ -109,8 +109,12 @@ def test_three_old_hosts_are_replaced_one_by_one_and_the_kernel_keeps_its_namesp
             assert out.strip() == str(["old"] + [f"step{s}" for s in range(step + 1)]), out
 
         # Only new hosts are left: the meta group is theirs and the namespace is whole.
-        status = cluster.get(5, "/api/v1/cluster/status")
-        assert {m["node_id"] for m in status["members"] if m.get("up")} == {4, 5, 6}, status
+        # A stopped host shows up until its record's TTL runs out (host_ttl): wait for that.
+        def members_up():
+            status = cluster.get(5, "/api/v1/cluster/status")
+            return {m["node_id"] for m in status["members"] if m.get("up")}
+
+        wait_for(lambda: members_up() == {4, 5, 6}, 60, "only the new hosts 4, 5, 6 up in the cluster")
         reply, out = run_cell(kc, "print(len(history), hashlib.sha256(blob).hexdigest())")
         assert reply["status"] == "ok", reply
         assert out.split() == ["4", hashlib.sha256(bytes(range(256)) * 4096).hexdigest()], out
