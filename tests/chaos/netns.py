@@ -56,6 +56,15 @@ def sh(*args: str, check: bool = True, input: str | None = None) -> subprocess.C
     return r
 
 
+def signal_all(pids, sig) -> None:
+    """Sends `sig` to each pid; one that is gone already is skipped."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
 def bin_dir() -> Path:
     """The binaries: $NBOS_BIN_DIR (CI passes the fresh build), else target/debug."""
     env = os.environ.get("NBOS_BIN_DIR")
@@ -304,21 +313,13 @@ format = "text"
         h = self.host(n)
         if h.alive:
             h.frozen_pids = self._session(n)
-            for pid in h.frozen_pids:
-                try:
-                    os.kill(pid, signal.SIGSTOP)
-                except OSError:
-                    pass
+            signal_all(h.frozen_pids, signal.SIGSTOP)
             h.frozen = True
 
     def thaw(self, n: int) -> None:
         h = self.host(n)
         if h.frozen:
-            for pid in getattr(h, "frozen_pids", []):
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except OSError:
-                    pass
+            signal_all(getattr(h, "frozen_pids", []), signal.SIGCONT)
         h.frozen = False
 
     def stop(self, n: int) -> None:
