@@ -296,6 +296,10 @@ pub struct ClusterConfig {
     pub node_id: u64,
     /// Address the raft transport listens on.
     pub raft_listen: SocketAddr,
+    /// Address a host outside the seeds gives the cluster for its raft transport when the
+    /// others cannot reach it at `raft_listen` (a wildcard listener, NAT, a proxy). Unset:
+    /// `raft_listen`. A seed is always reached at its seed address.
+    pub raft_advertise: Option<SocketAddr>,
     /// Base URL other hosts use to reach this host's HTTP API; empty means the HTTP listener's URL.
     pub advertise_url: String,
     /// The founding voters of the meta group, as `"id=host:port"` (raft addresses). A host
@@ -446,6 +450,7 @@ impl Default for ClusterConfig {
             enabled: false,
             node_id: 0,
             raft_listen: SocketAddr::from(([127, 0, 0, 1], 8890)),
+            raft_advertise: None,
             advertise_url: String::new(),
             seeds: Vec::new(),
             tls: None,
@@ -779,12 +784,23 @@ impl Config {
                 }
             }
         }
-        if c.raft_listen.ip().is_unspecified() && !seeds.iter().any(|s| s.node_id == c.node_id) {
+        if let Some(a) = c.raft_advertise {
+            if a.ip().is_unspecified() || a.port() == 0 {
+                return Err(invalid(
+                    "cluster.raft_advertise",
+                    format!("{a} is not an address other hosts can reach (no wildcard, a fixed port)"),
+                ));
+            }
+        }
+        if c.raft_listen.ip().is_unspecified()
+            && c.raft_advertise.is_none()
+            && !seeds.iter().any(|s| s.node_id == c.node_id)
+        {
             return Err(invalid(
                 "cluster.raft_listen",
                 format!(
                     "{} cannot be handed to the cluster by `nbos cluster join`: a host outside cluster.seeds \
-                     must listen on the address the other hosts reach it at",
+                     must listen on the address the other hosts reach it at, or name it in cluster.raft_advertise",
                     c.raft_listen
                 ),
             ));
@@ -1073,10 +1089,19 @@ websocket_max_message_bytes = 268435457
                 ),
                 "cluster.raft_listen",
             ),
+            (format!("{CLUSTER}{seeds}raft_advertise = \"0.0.0.0:7001\"\n"), "cluster.raft_advertise"),
+            (format!("{CLUSTER}{seeds}raft_advertise = \"10.0.0.4:0\"\n"), "cluster.raft_advertise"),
         ] {
             let err = Config::parse(&text, "t.toml").expect_err(&text);
             assert!(err.to_string().contains(field), "{text}: {err}");
         }
+        // A joining host on a wildcard listener that names the address it is reached at.
+        let joining = format!(
+            "[cluster]\nenabled = true\nnode_id = 4\nraft_listen = \"0.0.0.0:7004\"\nraft_advertise = \"10.0.0.4:7004\"\n\
+             {seeds}object_store = \"file:///srv/o\"\ntls = {{ ca_cert = \"/ca.pem\", cert = \"/c.pem\", key = \"/k.pem\" }}\n"
+        );
+        let c = Config::parse(&joining, "t.toml").expect("a wildcard listener with raft_advertise");
+        assert_eq!(c.cluster.raft_advertise, Some("10.0.0.4:7004".parse().expect("addr")));
     }
 
     #[test]

@@ -405,8 +405,9 @@ async fn start_cluster(
             c.raft_listen
         )
     })?;
-    // Others reach this host's raft at its seed address when it has one (raft_listen may be 0.0.0.0).
-    let raft_addr = seeds.get(&c.node_id).copied().unwrap_or(c.raft_listen);
+    // Others reach this host's raft at its seed address when it has one (raft_listen may be
+    // 0.0.0.0), else at the address it advertises.
+    let raft_addr = seeds.get(&c.node_id).copied().or(c.raft_advertise).unwrap_or(c.raft_listen);
     let settings = ClusterSettings {
         node_id: c.node_id,
         name: node.to_owned(),

@@ -7,6 +7,7 @@
 //!   kernel record past the `[limits]` caps) -> 403, a node certificate on a membership call
 //!   marked forwarded too (the forwarding host also sends the operator token);
 //! - `add_member` of a node id that is already a member -> 409 with a clear message;
+//! - the users' token, or a node certificate, on a canary register of the meta group -> 403;
 //! - without node certificates (a loopback cluster with no PKI), the users' token on a
 //!   host-to-host route -> 403: hosts then use the operator token.
 //!
@@ -117,7 +118,13 @@ fn host_to_host_routes_take_node_certificates_and_membership_takes_the_operator(
     let migrate = format!("{base}/api/v1/cluster/kernels/{NO_KERNEL}/migrate");
     let (code, body) = with_token(&c, TOKEN, "POST", &migrate, Some(json!({ "reason": "all_yield" })));
     assert_eq!(code, 403, "{body}");
-    assert_eq!(metric(&c, 1, "not_an_operator") - before, 6.0);
+    // The users' token on a canary register of the meta group.
+    let canary = format!("{base}/api/v1/cluster/canary");
+    let (code, body) =
+        with_token(&c, TOKEN, "POST", &canary, Some(json!({ "op": "write", "name": "probe", "value": "u" })));
+    assert_eq!(code, 403, "{body}");
+    assert_eq!(as_node(&c, 2, 2, "POST", &canary, true), 403, "a canary call with a node key alone");
+    assert_eq!(metric(&c, 1, "not_an_operator") - before, 8.0);
     // Legitimate: the operator may ask; an unknown kernel is 404, a bad body 422, nothing moves.
     let (code, body) = with_token(&c, OPERATOR_TOKEN, "POST", &migrate, Some(json!({ "reason": "all_yield" })));
     assert_eq!(code, 404, "{body}");
@@ -125,6 +132,28 @@ fn host_to_host_routes_take_node_certificates_and_membership_takes_the_operator(
     assert!(code == 400 || code == 422, "{code} {body}");
     assert_eq!(c.up_seen_by(1), vec![1, 2], "nothing changed");
     assert_eq!(c.get(1, "/api/v1/cluster/kernels").1, json!([]), "no kernel record");
+    // Legitimate: the operator's canary, written through one host and read through the other
+    // (linearizable), compared-and-swapped; the users' write above left nothing.
+    let canary_on = |node: u64, body: serde_json::Value| {
+        let (code, text) =
+            with_token(&c, OPERATOR_TOKEN, "POST", &format!("{}/api/v1/cluster/canary", c.host(node).url), Some(body));
+        (code, serde_json::from_str::<serde_json::Value>(&text).unwrap_or(json!(text)))
+    };
+    assert_eq!(canary_on(2, json!({ "op": "read", "name": "probe" })), (200, json!({ "value": null })));
+    assert_eq!(canary_on(1, json!({ "op": "write", "name": "probe", "value": "a" })).0, 200);
+    assert_eq!(canary_on(2, json!({ "op": "read", "name": "probe" })), (200, json!({ "value": "a" })));
+    let swap = |expected: &str| json!({ "op": "cas", "name": "probe", "expected": expected, "new": "b" });
+    assert_eq!(canary_on(2, swap("z")), (200, json!({ "value": "a", "ok": false })), "a CAS from the wrong value");
+    assert_eq!(canary_on(2, swap("a")), (200, json!({ "value": "b", "ok": true })));
+    assert_eq!(canary_on(1, json!({ "op": "read", "name": "probe" })), (200, json!({ "value": "b" })));
+    // Bad input: a name outside the register namespace, an oversized value, an unknown op.
+    let (code, body) = canary_on(1, json!({ "op": "read", "name": "../kernels/x" }));
+    assert_eq!(code, 400, "{body}");
+    assert!(body.to_string().contains("canary name"), "{body}");
+    let (code, body) = canary_on(1, json!({ "op": "write", "name": "probe", "value": "v".repeat(257) }));
+    assert_eq!(code, 400, "{body}");
+    let (code, body) = canary_on(1, json!({ "op": "delete", "name": "probe" }));
+    assert!(code == 400 || code == 422, "{code} {body}");
 
     // Attack: adding a node id that is already a member (it would take over its raft traffic).
     let before = metric(&c, 1, "member_exists");

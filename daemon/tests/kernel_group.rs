@@ -637,7 +637,7 @@ mod supervised {
     use std::time::{Duration, Instant, SystemTime};
 
     use notebookosd::cluster::objects::Objects;
-    use notebookosd::cluster::records::{KernelRecord, LoadRecord};
+    use notebookosd::cluster::records::{self, keys, KernelRecord, LoadRecord, RunningRecord};
     use notebookosd::cluster::replica_host::ReplicaHost;
     use notebookosd::cluster::state_sync::{namespace_digest, SyncConfig};
     use notebookosd::cluster::supervisor::Supervisor;
@@ -734,6 +734,14 @@ mod supervised {
 
     /// Runs `code` as the won cell of `node` (round 0, designated lead); returns its stdout.
     async fn run_on(node: &Node, kernel_id: &str, code: &str) -> (String, u64) {
+        let (out, reply, meta) = send_cell(node, kernel_id, code).await;
+        assert_eq!(meta["nbos_election"]["outcome"], "executed", "{meta} {reply}");
+        assert_eq!(reply["status"], "ok", "{reply}");
+        (out, meta["nbos_election"]["revision"].as_u64().expect("revision"))
+    }
+
+    /// Sends `code` as the won cell of `node`; returns its stdout, reply content and metadata.
+    async fn send_cell(node: &Node, kernel_id: &str, code: &str) -> (String, serde_json::Value, serde_json::Value) {
         let kernel = node.kernels.get(kernel_id).await.expect("local replica");
         let (client, mut rx, _) = kernel.hub.connect();
         let cell = uuid::Uuid::new_v4().to_string();
@@ -754,11 +762,11 @@ mod supervised {
         // Output (IOPub) and reply (shell) have no order between them: the cell is
         // over once the reply and the cell's idle status are both in.
         let mut idle = false;
-        let mut revision = None;
+        let mut reply = None;
         loop {
-            if let (true, Some(revision)) = (idle, revision) {
+            if let (true, Some((content, meta))) = (idle, reply.take()) {
                 kernel.hub.disconnect(client);
-                return (out, revision);
+                return (out, content, meta);
             }
             let (channel, m) = tokio::time::timeout(WAIT, rx.recv()).await.expect("reply in time").expect("open");
             let parent: serde_json::Value = serde_json::from_slice(&m.parent_header).unwrap_or_default();
@@ -775,9 +783,7 @@ mod supervised {
             }
             if channel == Channel::Shell && h.msg_type == "execute_reply" {
                 let meta: serde_json::Value = serde_json::from_slice(&m.metadata).expect("meta");
-                assert_eq!(meta["nbos_election"]["outcome"], "executed", "{meta} {c}");
-                assert_eq!(c["status"], "ok", "{c}");
-                revision = Some(meta["nbos_election"]["revision"].as_u64().expect("revision"));
+                reply = Some((c, meta));
             }
         }
     }
@@ -952,6 +958,72 @@ mod supervised {
         assert_eq!(namespace_digest(&k, WAIT).await.expect("digest"), digest_before, "restarted executor differs");
         let (out, _) = run_on(pick(&nodes, executor), &id, "log.append(3)\nprint(log, counter)").await;
         assert_eq!(out.trim(), "[1, 2, 3] 1", "the restarted executor's kernel lost names of its last cell");
+        for n in &nodes {
+            n.supervisor.abort();
+            n.kernels.shutdown_all().await;
+            n.cluster.shutdown().await;
+        }
+    }
+
+    /// Fault campaign, `isolate`: the executor's host is cut off while a cell runs there, and
+    /// another host's front-end takes the kernel's running lock over; the cell's commit is
+    /// refused (`NamespaceSyncFailed`). The names the refused cell created stayed in that
+    /// replica's kernel for good, and its digest differed from the others' from then on: the
+    /// kernel must be started afresh with the group's namespace.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn isolate_of_a_running_executor_restarts_its_kernel_without_the_refused_cell() {
+        let FourHosts { stores, dir, nodes, leader: _, record } = four_hosts_with_a_kernel().await;
+        let id = record.id.clone();
+        let executor = record.replicas[0].node_id;
+        let other = record.replicas[1].clone();
+        let (_, rev) = run_on(pick(&nodes, executor), &id, "log = [1]").await;
+        let old_pid = pick(&nodes, executor).kernels.get(&id).await.expect("k").pids()[0];
+        let kv = stores.node(executor).kv(record.group);
+        let gate = dir.path().join("gate");
+        let code = format!(
+            "import os, time\nf_refused = 1\nlog.append(2)\nwhile not os.path.exists({:?}): time.sleep(0.02)",
+            gate.display().to_string()
+        );
+        let steal = async {
+            // The cell holds the lock while it runs; the other front-end takes it over (its
+            // rule when the holder's host looks gone), then the cell ends.
+            wait_for("the running cell's lock", || async {
+                let got = kv.get(keys::RUNNING.as_bytes()).await.ok()??;
+                let r: RunningRecord = records::decode(&got.key, &got.value).ok()?;
+                (r.node_id == executor).then_some(())
+            })
+            .await;
+            let thief = RunningRecord {
+                cell: "another-front-ends-cell".into(),
+                replica: other.replica,
+                node_id: other.node_id,
+            };
+            kv.put(keys::RUNNING.as_bytes(), records::encode(&thief)).await.expect("take the lock over");
+            std::fs::write(&gate, b"").expect("open the gate");
+        };
+        let ((_, reply, _), ()) = tokio::join!(send_cell(pick(&nodes, executor), &id, &code), steal);
+        assert_eq!(reply["ename"], "NamespaceSyncFailed", "{reply}");
+        // The other front-end's cell ends.
+        kv.delete(keys::RUNNING.as_bytes()).await.expect("release the lock");
+
+        let k = wait_for("a new kernel in place of the diverged one", || async {
+            let k = pick(&nodes, executor).kernels.get(&id).await?;
+            let r = pick(&nodes, executor).host.replica(&id)?;
+            let fresh = k.pids().first().is_some_and(|p| *p != old_pid);
+            (fresh && r.applier.catch_ups() >= 1 && r.applier.applied() >= rev && r.applier.broken().is_none())
+                .then_some(k)
+        })
+        .await;
+        let theirs = namespace_digest(&pick(&nodes, other.node_id).kernels.get(&id).await.expect("k"), WAIT)
+            .await
+            .expect("digest");
+        assert_eq!(
+            namespace_digest(&k, WAIT).await.expect("digest"),
+            theirs,
+            "the isolated executor's replica differs"
+        );
+        let (out, _) = run_on(pick(&nodes, executor), &id, "print('f_refused' in globals(), log)").await;
+        assert_eq!(out.trim(), "False [1]", "the refused cell's changes stayed in the replica's kernel");
         for n in &nodes {
             n.supervisor.abort();
             n.kernels.shutdown_all().await;

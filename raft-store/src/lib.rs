@@ -23,6 +23,7 @@ pub mod config;
 mod engine;
 pub mod error;
 mod forward;
+pub mod linearizability;
 mod logging;
 pub mod metrics;
 pub mod service;

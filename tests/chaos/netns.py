@@ -17,6 +17,11 @@ Each host's `node.state_dir` is a small ext4 image (loop mount) of its own, so o
 disk can be filled; `runtime_dir` is a plain directory. Kernels run as `kernel.user`
 (notebookos-kernel): directories above the runtime directories are 0711.
 
+A host's raft node id starts as N; `replace(n)` gives host N a new node id with an empty
+state directory after it left the cluster, and joins it with `nbos cluster join` (a node
+id belongs to one state directory for its life, docs/operations.md): its raft traffic
+still goes through its fault proxy (`cluster.raft_advertise`).
+
 Faults: `kill` (SIGKILL to the daemon's process group: its kernels die with it; a check
 then looks for any process of the kernel account left in the namespace), `restart`,
 `freeze`/`thaw` (SIGSTOP/SIGCONT of the group), `partition(groups)` and `one_way(src,
@@ -97,6 +102,7 @@ def preflight() -> list[str]:
 class Host:
     def __init__(self, n: int, root: Path) -> None:
         self.n = n
+        self.node_id = n
         self.ns = f"nbc{n}"
         self.ip = f"{SUBNET}.{n}"
         self.dir = root / f"h{n}"
@@ -139,6 +145,7 @@ class ChaosCluster:
         self.root = Path(tempfile.mkdtemp(prefix="nbos-chaos-"))
         self.root.chmod(0o711)
         self.hosts = [Host(i + 1, self.root) for i in range(hosts)]
+        self.next_node_id = hosts + 1
         self.fake_gpus = fake_gpus
         self.host_ttl = host_ttl
         self.disk_mib = disk_mib
@@ -189,9 +196,9 @@ class ChaosCluster:
         (self.root / "operator-token").write_text(self.operator_token + "\n")
         for f in ("token", "operator-token"):
             (self.root / f).chmod(0o600)
-        objects = self.root / "objects"
-        objects.mkdir(mode=0o700)
-        seeds = ", ".join(f'"{h.n}={h.ip}:{RAFT_PORT}"' for h in self.hosts)
+        self.objects = self.root / "objects"
+        self.objects.mkdir(mode=0o700)
+        self.seeds = ", ".join(f'"{h.n}={h.ip}:{RAFT_PORT}"' for h in self.hosts)
         for h in self.hosts:
             h.dir.mkdir()
             h.dir.chmod(0o711)
@@ -204,11 +211,17 @@ class ChaosCluster:
             h.mounted = True
             h.state.chmod(0o711)
             h.control.write_text('{"rules": {}}')
-            node = self.pki / f"node-{h.n}"
-            h.config.write_text(
-                f"""
+            self._config(h)
+
+    def _config(self, h: Host) -> None:
+        """Host h's notebookosd.toml for its current node id (a founding seed, or a host that
+        joins: it advertises the proxy's address for its raft traffic)."""
+        node = self.pki / f"node-{h.node_id}"
+        advertise = f'raft_advertise = "{h.ip}:{RAFT_PORT}"' if h.node_id != h.n else ""
+        h.config.write_text(
+            f"""
 [node]
-name = "chaos-{h.n}"
+name = "chaos-{h.node_id}"
 state_dir = "{h.state}"
 runtime_dir = "{h.run}"
 [http]
@@ -227,17 +240,18 @@ fake_gpus = {self.fake_gpus}
 mode = "procfs"
 [cluster]
 enabled = true
-node_id = {h.n}
+node_id = {h.node_id}
 raft_listen = "127.0.0.1:{RAFT_PORT}"
+{advertise}
 advertise_url = "{h.url}"
-seeds = [{seeds}]
+seeds = [{self.seeds}]
 host_ttl = "{self.host_ttl}"
-object_store = "file://{objects}"
+object_store = "file://{self.objects}"
 tls = {{ ca_cert = "{self.ca}", cert = "{node}.pem", key = "{node}.key" }}
 [log]
 format = "text"
 """
-            )
+        )
 
     def _start_proxy(self, h: Host) -> None:
         pairs = [f"{h.ip}:{p}=127.0.0.1:{p}" for p in (RAFT_PORT, HTTP_PORT)]
@@ -254,6 +268,39 @@ format = "text"
 
     def host(self, n: int) -> Host:
         return self.hosts[n - 1]
+
+    def index(self, node_id: int) -> int | None:
+        """The host (namespace number) whose daemon is raft node `node_id` now."""
+        return next((h.n for h in self.hosts if h.node_id == node_id), None)
+
+    def replace(self, n: int, timeout: float = 120) -> int:
+        """Host n, which left the cluster, comes back as a new host: its daemon stopped, an
+        empty state directory, a new node id and certificate, started and joined through
+        another host (`nbos cluster join`). Returns the new node id."""
+        h = self.host(n)
+        self.stop(n)
+        for entry in h.state.iterdir():
+            if entry.name != "lost+found":
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+        h.node_id = self.next_node_id
+        self.next_node_id += 1
+        self._pki("issue", "node", str(h.node_id), "--ip", h.ip, "--ip", "127.0.0.1")
+        self._config(h)
+        self.start(n)
+        member = next(o for o in self.hosts if o.n != n and o.alive)
+        deadline = time.monotonic() + timeout
+        while self.status(n) is None:
+            if time.monotonic() > deadline or not h.alive:
+                raise RuntimeError(f"host {n} (node {h.node_id}) did not start:\n{self.log_tail(n)}")
+            time.sleep(0.3)
+        r = subprocess.run(
+            [self.nbos, "--url", h.url, "--ca-cert", str(self.ca), "--token", self.token,
+             "--operator-token", self.operator_token, "cluster", "join", member.url, "--timeout", f"{int(timeout)}s"],
+            capture_output=True, text=True, timeout=timeout + 30,
+        )
+        if r.returncode != 0:
+            raise RuntimeError(f"host {n} (node {h.node_id}) could not join: {r.stderr[-1000:]}\n{self.log_tail(n)}")
+        return h.node_id
 
     def start(self, n: int) -> None:
         h = self.host(n)
@@ -458,7 +505,7 @@ format = "text"
                     ok = False
                     break
                 up = {m["node_id"] for m in s.get("members", []) if m.get("up")}
-                if not set(want) <= up:
+                if not {self.host(w).node_id for w in want} <= up:
                     ok = False
                     break
             if ok:

@@ -18,6 +18,7 @@ import os
 import random
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -26,7 +27,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from netns import ChaosCluster  # noqa: E402
+from canary import CanaryWorkload  # noqa: E402
+from netns import ChaosCluster, bin_dir  # noqa: E402
 from workload import CHECK, INIT, RESET, KernelClient, check_kernel  # noqa: E402
 
 FAULTS = [
@@ -41,10 +43,15 @@ FAULTS = [
     "lossy",          # 15% of chunks retransmitted (+200 ms) and jitter on every link
     "disk_full",      # one host's state file system full; freed, then the host restarted
     "cluster_restart",  # every daemon killed, then all started again
+    "isolate_crash",  # a host cut off, then killed and restarted while still cut off (nested)
     "migrate",        # a replica moved to a host without one while cells run (needs H >= 4)
+    "leave",          # a replica's host drained and removed (`nbos cluster leave`, scale-in) while
+                      # cells run, then back as a new host (new node id, empty state, `cluster join`)
 ]
 # Faults that need a host holding no replica of a kernel (3 replicas per kernel).
-NEEDS_SPARE_HOST = {"migrate"}
+NEEDS_SPARE_HOST = {"migrate", "leave"}
+LEAVE_TIMEOUT = 180     # `nbos cluster leave --timeout`: the drain's moves
+LEFTOVER_BOUND = 15     # a removed host's kernel processes are gone within this after it left
 
 # Bounds (seconds), stated in docs/chaos.md.
 CELL_TIMEOUT = 20       # one cell's reply; past it the client moves to another gateway
@@ -69,6 +76,8 @@ class Campaign:
         self.seen_history: set[str] = set()
         self.c: ChaosCluster | None = None
         self.clients: list[KernelClient] = []
+        self.canary_ops = 0
+        self.canary_answered = 0
 
     def log(self, *msg) -> None:
         if not self.a.json or self.a.verbose:
@@ -103,7 +112,8 @@ class Campaign:
             if h.alive and not h.frozen:
                 m = self.c.request(h.n, f"/api/v1/cluster/kernels/{cl.kernel_id}", timeout=5)
                 if m and "replicas" in m:
-                    return [r["node_id"] for r in m["replicas"]]
+                    # Host numbers (a host that left and came back has a new node id).
+                    return [i for r in m["replicas"] if (i := self.c.index(r["node_id"])) is not None]
         return []
 
     def choose(self, r: int) -> tuple[str, dict]:
@@ -125,14 +135,14 @@ class Campaign:
             p["delay_ms"], p["jitter_ms"] = self.rng.randint(30, 150), self.rng.randint(0, 50)
         elif kind == "lossy":
             p["loss"], p["jitter_ms"] = 0.15, self.rng.randint(5, 30)
-        elif kind == "migrate":
+        elif kind in ("migrate", "leave"):
             p["kernel"] = self.rng.randint(1, len(self.clients))
         return kind, p
 
     def down_hosts(self, kind: str, p: dict) -> set[int]:
         """Hosts cut off from the majority side while the fault holds."""
         H = self.a.hosts
-        if kind in ("kill_restart", "freeze", "isolate", "one_way", "disk_full"):
+        if kind in ("kill_restart", "freeze", "isolate", "one_way", "disk_full", "leave", "isolate_crash"):
             return {p["target"]}
         if kind == "minority":
             return set(p["group"])
@@ -154,6 +164,13 @@ class Campaign:
             c.freeze(t)
         elif kind == "isolate":
             c.partition([[t], [n for n in range(1, self.a.hosts + 1) if n != t]])
+        elif kind == "isolate_crash":
+            c.partition([[t], [n for n in range(1, self.a.hosts + 1) if n != t]])
+            time.sleep(min(2.0, p["hold_s"] / 3))
+            pgid = c.host(t).proc.pid if c.host(t).proc else None
+            self.orphans(t, pgid, c.kill(t))
+            time.sleep(min(2.0, p["hold_s"] / 3))
+            c.start(t)  # back on its state, still cut off until the healing
         elif kind == "isolate_all":
             c.partition([])
         elif kind == "minority":
@@ -182,11 +199,14 @@ class Campaign:
             cl = self.clients[p["kernel"] - 1]
             placed = self.replicas(cl)
             p["from"] = self.rng.choice(placed) if placed else None
+            source = c.host(p["from"]).node_id if p["from"] else None
             answer = c.request(t, f"/api/v1/cluster/kernels/{cl.kernel_id}/migrate", "POST",
-                               {"reason": "drain", "from": p["from"]}, timeout=30, operator=True)
+                               {"reason": "drain", "from": source}, timeout=30, operator=True)
             p["outcome"] = (answer or {}).get("outcome")
             if p["outcome"] != "moving":
                 self.anomaly("migrate", f"kernel {cl.no}: moving its replica off host {p['from']} was not begun: {answer}")
+        elif kind == "leave":
+            self.leave(p)
 
     def heal(self, kind: str, p: dict) -> None:
         c, t = self.c, p["target"]
@@ -194,7 +214,7 @@ class Campaign:
             c.start(t)
         elif kind == "freeze":
             c.thaw(t)
-        elif kind in ("isolate", "isolate_all", "minority", "split", "one_way"):
+        elif kind in ("isolate", "isolate_all", "minority", "split", "one_way", "isolate_crash"):
             c.heal_network()
         elif kind in ("latency", "lossy"):
             c.unshape()
@@ -218,18 +238,53 @@ class Campaign:
         elif kind == "cluster_restart":
             for h in c.hosts:
                 c.start(h.n)
+        elif kind == "leave" and p.get("left"):
+            # Back as a new host (a node id belongs to one state directory for its life).
+            try:
+                p["new_node_id"] = c.replace(t, timeout=READY_BOUND)
+            except Exception as e:  # noqa: BLE001 - reported as the round's anomaly
+                self.anomaly("leave", f"host {t} could not come back as a new host: {str(e)[:1500]}")
         elif kind == "migrate" and p.get("outcome") == "moving":
             cl = self.clients[p["kernel"] - 1]
             deadline, record = time.time() + READY_BOUND, None
             while time.time() < deadline:
                 record = c.request(t, f"/api/v1/cluster/kernels/{cl.kernel_id}", timeout=5)
-                hosts = [r["node_id"] for r in (record or {}).get("replicas", [])]
+                hosts = [c.index(r["node_id"]) for r in (record or {}).get("replicas", [])]
                 if record and not record.get("moving") and p["from"] not in hosts and len(hosts) == 3:
                     p["to"] = sorted(hosts)
                     break
                 time.sleep(0.5)
             else:
                 self.anomaly("migrate", f"kernel {cl.no}: the move off host {p['from']} did not end within {READY_BOUND}s: {record}")
+
+    def leave(self, p: dict) -> None:
+        """Scale-in as an operator or the autoscaler does it: a host holding a replica of the
+        round's kernel leaves (its replicas move off, then it leaves the meta group) while
+        cells run; once it left, no kernel process may remain on it."""
+        c = self.c
+        placed = self.replicas(self.clients[p["kernel"] - 1])
+        t = p["target"] = self.rng.choice(placed) if placed else p["target"]
+        h = c.host(t)
+        p["node_id"] = h.node_id
+        try:
+            r = subprocess.run(
+                [c.nbos, "--url", h.url, "--ca-cert", str(c.ca), "--token", c.token, "--operator-token",
+                 c.operator_token, "cluster", "leave", "--timeout", f"{LEAVE_TIMEOUT}s", "--json"],
+                capture_output=True, text=True, timeout=LEAVE_TIMEOUT + 60,
+            )
+            p["left"], why = r.returncode == 0, r.stderr[-1500:]
+        except subprocess.TimeoutExpired:
+            p["left"], why = False, f"no answer in {LEAVE_TIMEOUT + 60}s"
+        if not p["left"]:
+            self.anomaly("leave", f"host {t} (node {h.node_id}) could not leave: {why}")
+            return
+        deadline = time.time() + LEFTOVER_BOUND
+        while c.kernel_processes(t) and time.time() < deadline:
+            time.sleep(0.3)
+        left = c.kernel_processes(t)
+        if left:
+            self.anomaly("leftover", f"host {t} (node {h.node_id}) left the cluster but {LEFTOVER_BOUND}s later "
+                                     f"kernel processes still run on it: {c.describe(left)}")
 
     def orphans(self, n: int, pgid, left: list[tuple[int, str]]) -> None:
         """Kernel processes that outlived their killed daemon: its next start must kill
@@ -292,6 +347,8 @@ class Campaign:
         threads = [threading.Thread(target=self.worker, args=(cl, stop), daemon=True) for cl in self.clients]
         for th in threads:
             th.start()
+        canary = CanaryWorkload(self.c, f"s{self.a.seed}-r{r}", self.a.seed * 1000 + r)
+        canary.start()
         time.sleep(self.a.warm)
         placement = {cl.no: self.replicas(cl) for cl in self.clients}
         t_inject = time.time()
@@ -314,8 +371,12 @@ class Campaign:
             if self.first_ack_after(cl, t_inject) is None:
                 self.anomaly("availability", f"kernel {cl.no} (replicas on {placement[cl.no]}, hosts down {sorted(down)}) answered no cell within {AVAIL_BOUND}s of the fault")
         t_heal = time.time()
+        drawn = set(p)
         self.heal(kind, p)
         t_healed = time.time()
+        found = {k: p[k] for k in p if k not in drawn or k in ("target", "node_id", "left", "outcome", "from")}
+        if kind in ("leave", "migrate"):
+            self.log(f"round {r}: {kind}: {json.dumps(found)}")
         # Recovery: every kernel's next acknowledged cell.
         rec = {}
         while time.time() < t_healed + RECOVERY_BOUND:
@@ -336,8 +397,10 @@ class Campaign:
         elif rec:
             self.recovery.append(max(rec.values()))
         stop.set()
+        canary.finish()
         for th in threads:
             th.join(timeout=CELL_TIMEOUT + 15)
+        p["canary"] = self.check_canary(r, canary)
         try:
             self.c.wait_ready(READY_BOUND)
         except Exception as e:
@@ -363,6 +426,16 @@ class Campaign:
                   f"{' --faults ' + ','.join(self.a.faults) if self.a.faults else ''}{' --cycle' if self.a.cycle else ''}\n"
                   f"  history: {hist}\n  cells not acknowledged this round: {json.dumps(odd)[:4000]}",
                   file=sys.stderr, flush=True)
+
+    def check_canary(self, r: int, canary: CanaryWorkload) -> dict:
+        """The meta store's history this round is linearizable (canary.py)."""
+        out = self.c.root / f"canary-round-{r}.jsonl"
+        summary, problems = canary.check(bin_dir() / "nbos", out)
+        self.canary_ops += summary["operations"]
+        self.canary_answered += summary["answered"]
+        for what in problems:
+            self.anomaly("linearizability", what)
+        return summary
 
     def check(self, r: int, kind: str) -> None:
         for cl in self.clients:
@@ -442,6 +515,8 @@ class Campaign:
             "recovery_p50_s": pct(0.5),
             "recovery_p99_s": pct(0.99),
             "recovery_max_s": round(max(self.recovery), 2) if self.recovery else None,
+            "meta_store_operations": self.canary_ops,
+            "meta_store_operations_answered": self.canary_answered,
             "orphaned_kernel_processes": self.orphaned,
             "notes": self.notes,
             "wall_s": round(wall, 1),
@@ -503,6 +578,8 @@ def main() -> int:
         print(f"\nchaos campaign: {rep['rounds']} rounds, seed {a.seed}, {a.hosts} hosts, {a.kernels} kernels, {rep['wall_s']} s")
         print(f"faults: {rep['faults']}")
         print(f"cells: {rep['cells_sent']} sent, {rep['cells_acknowledged']} acknowledged, {rep['cells_unknown']} unknown")
+        print(f"meta store: {rep['meta_store_operations']} canary operations ({rep['meta_store_operations_answered']} answered), "
+              f"every round's history checked for linearizability")
         print(f"recovery (healing -> next cell of every kernel): p50 {rep['recovery_p50_s']} s, p99 {rep['recovery_p99_s']} s, max {rep['recovery_max_s']} s")
         print(f"anomalies: {rep['anomalies']}")
         for an in rep["anomaly_list"]:

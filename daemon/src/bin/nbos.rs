@@ -31,6 +31,9 @@ enum Cmd {
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(cli::bench::BenchCmd),
+    /// The fault campaign's checks (the campaign itself: `make chaos`, docs/chaos.md).
+    #[command(subcommand)]
+    Chaos(cli::chaos::ChaosCmd),
     /// Replay a workload trace under the scheduling policies.
     Sim(cli::sim::Args),
     /// Replay a session template on a real cluster (a loopback one it starts, or --url),
@@ -78,6 +81,7 @@ fn main() -> ExitCode {
         Cmd::Kernels(a) => cli::kernels::run(&args.target, a),
         Cmd::Cluster(c) => cli::cluster::run(&args.target, c),
         Cmd::Bench(b) => cli::bench::run(b),
+        Cmd::Chaos(c) => cli::chaos::run(c),
         Cmd::Sim(a) => cli::sim::run(a),
         Cmd::Replay(a) => cli::replay::run(&args.target, a),
         Cmd::Pki(c) => cli::pki::run(c),

@@ -1,6 +1,7 @@
 //! The `nbos` operator CLI: one module per subcommand.
 
 pub mod bench;
+pub mod chaos;
 pub mod client;
 pub mod cluster;
 pub mod kernels;

@@ -23,6 +23,7 @@
 //! | `GET /api/v1/cluster/kernels/{id}/ready` | node ids whose replica of the kernel is ready |
 //! | `POST /api/v1/cluster/members` | [`PeerRecord`] → add a host to the meta group (meta leader) |
 //! | `DELETE /api/v1/cluster/members/{id}` | remove a host from the meta group (meta leader) |
+//! | `POST /api/v1/cluster/canary` | [`CanaryOp`] → [`super::meta::CanaryAnswer`]: a canary register in the meta group (operator) |
 //! | `POST /api/v1/cluster/leave` | this host leaves ([`LeaveReport`]); `{"phase": "drain"}` only moves its replicas, `{"phase": "remove"}` only leaves the meta group |
 
 use std::sync::Arc;
@@ -34,7 +35,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
-use super::meta::{Cluster, ClusterError, KernelSpec, MoveRequest, PeerRecord, FORWARDED_HEADER};
+use super::meta::{CanaryOp, Cluster, ClusterError, KernelSpec, MoveRequest, PeerRecord, FORWARDED_HEADER};
 #[cfg(doc)]
 use super::meta::{ClusterStatus, LeaveReport};
 #[cfg(doc)]
@@ -55,9 +56,10 @@ pub fn router(cluster: Arc<Cluster>, credentials: Credentials) -> Router {
         .route("/api/v1/cluster/kernels/{id}/replace", post(replace_replica))
         .route("/api/v1/cluster/kernels/{id}/migrate", post(move_replica))
         .route_layer(middleware::from_fn_with_state(credentials.clone(), require_operator));
-    // Membership, and leaving (which removes this host from it): the operator token even
-    // on a call marked forwarded.
+    // Membership, leaving (which removes this host from it) and the canary registers (never
+    // forwarded): the operator token even on a call marked forwarded.
     let membership = Router::new()
+        .route("/api/v1/cluster/canary", post(canary))
         .route("/api/v1/cluster/members", post(add_member))
         .route("/api/v1/cluster/members/{id}", axum::routing::delete(remove_member))
         .route("/api/v1/cluster/leave", post(leave))
@@ -187,6 +189,10 @@ async fn replace_replica(
         c.replace_replica(&id, body.node_id).await?
     };
     Ok(Json(out).into_response())
+}
+
+async fn canary(State(c): State<Arc<Cluster>>, Json(op): Json<CanaryOp>) -> Result<Response, ApiError> {
+    Ok(Json(c.canary(op).await?).into_response())
 }
 
 async fn move_replica(

@@ -525,8 +525,8 @@ impl ReplicaHost {
                 kernel.publish(&msg, "stream", &serde_json::json!({ "name": "stderr", "text": text }));
                 // Not acknowledged: the cell ran here only. This replica's namespace now
                 // differs from the group's, so it yields every later cell (another replica
-                // runs them) until it is started again.
-                local.applier.mark_broken(format!("cell {cell}'s changes could not be synchronised: {e:#}"));
+                // runs them) until the supervisor has started its kernel afresh.
+                local.applier.mark_diverged(format!("cell {cell}'s changes could not be synchronised: {e:#}"));
                 election::release_running(&kv, &lock).await;
                 let count = serde_json::from_slice::<serde_json::Value>(&reply.content)
                     .ok()

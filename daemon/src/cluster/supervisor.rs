@@ -167,7 +167,7 @@ impl Supervisor {
         }
     }
 
-    /// Retries replicas that failed to start, restarts replicas whose kernel died, and
+    /// Retries replicas that failed to start, restarts replicas whose kernel died or diverged, and
     /// keeps the led groups' voters right.
     async fn reconcile_all(&mut self) {
         let records: Vec<KernelRecord> = self.records.values().cloned().collect();
@@ -179,9 +179,17 @@ impl Supervisor {
                     Some(k) => k.hub.activity().execution_state == "dead",
                     None => true,
                 };
-                if dead {
-                    // The group replica stays: the new kernel catches up from it.
-                    tracing::warn!(kernel = %record.id, "the local replica's kernel is gone; starting a new one");
+                let diverged = self.host.replica(&record.id).and_then(|r| r.applier.diverged());
+                if dead || diverged.is_some() {
+                    // The group replica stays: the new kernel catches up from it (every name).
+                    match &diverged {
+                        Some(why) => {
+                            tracing::warn!(kernel = %record.id, why, "the local replica's kernel ran a cell the group did not commit; starting a new one")
+                        }
+                        None => {
+                            tracing::warn!(kernel = %record.id, "the local replica's kernel is gone; starting a new one")
+                        }
+                    }
                     if let Some(t) = self.readying.remove(&record.id) {
                         t.abort();
                     }

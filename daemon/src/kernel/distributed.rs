@@ -38,9 +38,24 @@ const RESTART_LIMIT: u32 = 5;
 /// A process that lived this long had started well (jupyter_client's `stable_start_time`).
 const STABLE_START_TIME: Duration = Duration::from_secs(10);
 
+/// Whether a start that failed with `err` lost one of its ports to another process: the
+/// daemon reached a socket of another type on one of the kernel's ports (another process
+/// holds it; the kernel's own bind fails a moment later), or the kernel log gained a failed
+/// bind after `offset`.
+fn lost_a_port_race(err: &anyhow::Error, log: &std::path::Path, offset: u64) -> bool {
+    reached_another_socket(err) || log_shows_failed_bind(log, offset)
+}
+
+/// Whether `err` comes from a ZMQ handshake with a socket type ours cannot talk to.
+fn reached_another_socket(err: &anyhow::Error) -> bool {
+    err.chain().any(|c| {
+        matches!(c.downcast_ref::<zeromq::ZmqError>(), Some(zeromq::ZmqError::Other(m)) if m.contains("not compatible"))
+    })
+}
+
 /// Whether the kernel log gained a failed bind (`zmq.error.ZMQError: Address already in
-/// use`) after `offset`: the kernel lost a port race at start.
-fn lost_a_port_race(log: &std::path::Path, offset: u64) -> bool {
+/// use`) after `offset`.
+fn log_shows_failed_bind(log: &std::path::Path, offset: u64) -> bool {
     use std::io::{Read, Seek, SeekFrom};
     let Ok(mut f) = std::fs::File::open(log) else { return false };
     let mut tail = Vec::new();
@@ -148,7 +163,7 @@ impl Kernel {
             let started =
                 Self::start_once(id.clone(), name.clone(), gpus, gpu_memory_mib, launch.clone(), metrics.clone()).await;
             match started {
-                Err(e) if attempt < START_ATTEMPTS && lost_a_port_race(&log, before) => {
+                Err(e) if attempt < START_ATTEMPTS && lost_a_port_race(&e, &log, before) => {
                     tracing::warn!(kernel = %id, attempt, error = format!("{e:#}"), "a kernel port was taken while it started; retrying with fresh ports");
                     attempt += 1;
                 }
@@ -490,7 +505,7 @@ impl Kernel {
             let launch = LaunchSpec { prewarm: None, ..self.launch.clone() };
             match Replica::start(0, &launch, conn, self.hub.clone(), self.metrics.clone()).await {
                 Ok(r) => break Arc::new(r),
-                Err(e) if attempt < START_ATTEMPTS && lost_a_port_race(&log, before) => {
+                Err(e) if attempt < START_ATTEMPTS && lost_a_port_race(&e, &log, before) => {
                     tracing::warn!(kernel = %self.id, attempt, error = format!("{e:#}"), "a kernel port was taken while it restarted; retrying with fresh ports");
                     attempt += 1;
                 }
@@ -803,14 +818,28 @@ mod tests {
         let log = dir.path().join("kernel.log");
         std::fs::write(&log, "zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:1')\n").expect("write");
         let before = std::fs::metadata(&log).expect("metadata").len();
-        assert!(!lost_a_port_race(&log, before), "an earlier start's failure is not this one's");
+        assert!(!log_shows_failed_bind(&log, before), "an earlier start's failure is not this one's");
         std::fs::write(&log, "ModuleNotFoundError: No module named 'ipykernel'\n").expect("write");
-        assert!(!lost_a_port_race(&log, 0), "another failure is reported, not retried");
+        assert!(!log_shows_failed_bind(&log, 0), "another failure is reported, not retried");
         let mut text = std::fs::read(&log).expect("read");
         let offset = text.len() as u64;
         text.extend_from_slice(b"\xff\xfe zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:2')\n");
         std::fs::write(&log, &text).expect("write");
-        assert!(lost_a_port_race(&log, offset));
-        assert!(!lost_a_port_race(&dir.path().join("missing.log"), 0));
+        assert!(log_shows_failed_bind(&log, offset));
+        assert!(!log_shows_failed_bind(&dir.path().join("missing.log"), 0));
+    }
+
+    /// CI: the daemon connected to a port another kernel had just taken (a PUB where it
+    /// expected a ROUTER) before this kernel's failed bind reached its log.
+    #[test]
+    fn reaching_another_processs_socket_on_a_kernel_port_counts_as_a_lost_port_race() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("kernel.log");
+        let other = anyhow::Error::new(zeromq::ZmqError::Other("Provided sockets combination is not compatible"))
+            .context("connecting to the kernel at port 40000")
+            .context("starting the kernel");
+        assert!(lost_a_port_race(&other, &log, 0));
+        let refused = anyhow::Error::new(zeromq::ZmqError::Other("No reply from server")).context("connecting");
+        assert!(!lost_a_port_race(&refused, &log, 0), "another failure is reported, not retried");
     }
 }

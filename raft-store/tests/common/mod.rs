@@ -1,6 +1,6 @@
 //! Multi-process cluster harness: real node processes on loopback, mutual TLS, kill -9, restart.
 
-pub mod linearizability;
+pub use raft_store::linearizability;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::BufRead;

@@ -17,11 +17,13 @@
 //! - [`status`]: the cluster as `nbos cluster status` shows it.
 //! - [`error`]: why a cluster call failed.
 //! - [`demand`]: demand the leader could not meet (for the autoscaler).
+//! - [`canary`]: canary registers an operator (or the fault campaign) reads and writes.
 //!
 //! The background work (heartbeat, peer discovery, re-placement of lost replicas) is
 //! [`super::membership`]'s, which starts it ([`Cluster::start`]): the handle does not call
 //! into it.
 
+pub mod canary;
 pub mod demand;
 pub mod error;
 pub mod forward;
@@ -32,6 +34,7 @@ pub mod moves;
 pub mod status;
 pub mod watch;
 
+pub use canary::{CanaryAnswer, CanaryOp};
 pub use error::{ClusterError, Result};
 pub use forward::FORWARDED_HEADER;
 pub use handle::{Cluster, ClusterSettings, LoadProbe};

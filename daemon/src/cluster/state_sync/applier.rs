@@ -81,17 +81,26 @@ impl Applier {
         *self.applied.borrow()
     }
 
-    /// Why the replica's namespace stopped following the group, if it did.
+    /// Why the replica's namespace stopped following the group, if it did (for a while, or
+    /// for good: [`Applier::diverged`]).
     pub fn broken(&self) -> Option<String> {
-        self.lock().broken.clone()
+        let s = self.lock();
+        s.diverged.clone().or_else(|| s.broken.clone())
+    }
+
+    /// Why the kernel's namespace is no longer the group's for good, if it is not.
+    pub fn diverged(&self) -> Option<String> {
+        self.lock().diverged.clone()
     }
 
     /// Marks the replica's namespace as no longer the group's (a cell ran here but its
-    /// changes could not be committed): it yields every cell from now on.
-    pub fn mark_broken(&self, why: String) {
+    /// changes could not be committed): it yields every cell from now on, and the
+    /// supervisor replaces its kernel process by a new one that gets the group's namespace.
+    pub fn mark_diverged(&self, why: String) {
         let mut s = self.lock();
-        if s.broken.is_none() {
-            s.broken = Some(why);
+        if s.diverged.is_none() {
+            tracing::warn!(group = self.kv.group(), kernel = %self.kernel.id, why, "this replica's kernel diverged from the group");
+            s.diverged = Some(why);
         }
     }
 

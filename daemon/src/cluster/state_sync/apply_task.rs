@@ -36,6 +36,10 @@ pub(super) struct AppliedState {
     pub(super) inline: BTreeMap<String, u64>,
     /// Set while a cell cannot be applied: the replica's namespace is behind.
     pub(super) broken: Option<String>,
+    /// Set for good once the kernel ran a cell the group did not commit: its namespace
+    /// holds changes no other replica has, which no later apply undoes. Only a new kernel
+    /// process (which gets the whole namespace) follows the group again.
+    pub(super) diverged: Option<String>,
     /// Catch-ups done (start, snapshot, compaction).
     pub(super) catch_ups: u64,
     /// The first catch-up is done: until then the kernel process reflects nothing of the

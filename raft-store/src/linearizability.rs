@@ -1,17 +1,27 @@
 //! A linearizability checker for a single register with read / write / compare-and-swap
 //! (Wing & Gong search with memoisation of (linearized set, register value), as in Knossos/Porcupine).
+//!
+//! The store's own kill loops check their histories with it (`tests/cluster.rs`), and so does
+//! the daemon's fault campaign, through a register in the meta group (`nbos chaos
+//! check-history`). Keep histories to a few hundred operations with few unanswered writes:
+//! the search is exponential in the operations that may be concurrent.
 
 use std::collections::HashSet;
 
+/// An operation on the register, with the result its client saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
+    /// A write of the value.
     Write(String),
     /// A read and the value it returned (`None` = absent).
     Read(Option<String>),
     /// CAS from `expected` to `new`; `ok` is the reported outcome (`None` when unknown).
     Cas {
+        /// The value it expected (`None` = absent).
         expected: Option<String>,
+        /// The value it writes when `expected` holds.
         new: String,
+        /// Whether it swapped (`None` when the client got no answer).
         ok: Option<bool>,
     },
 }
@@ -19,8 +29,11 @@ pub enum Op {
 /// One operation: invoked at `call`, answered at `ret` (`None`: no answer, outcome unknown).
 #[derive(Debug, Clone)]
 pub struct Event {
+    /// What the client did and saw.
     pub op: Op,
+    /// When it was invoked (any clock all clients share, e.g. nanoseconds).
     pub call: u128,
+    /// When its answer came (`None`: never, e.g. a timeout).
     pub ret: Option<u128>,
 }
 
