@@ -429,6 +429,68 @@ mod in_process {
             c.shutdown().await;
         }
     }
+
+    /// Fault campaign, `cluster_restart` after `migrate`/`leave`: a restarted host's replica of
+    /// the meta group replays its log, and the supervisor followed that replica's watch, so it
+    /// acted on every past version of each kernel record (starting and destroying kernel-group
+    /// replicas of moves long finished) until two kernel groups had no leader left. A replica
+    /// that is behind is modelled here by cutting it off while the records change: its watch
+    /// must start from the records as they are, never from older versions.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cluster_restart_a_host_behind_the_meta_group_watches_only_current_kernel_records() {
+        use notebookosd::cluster::records::{self, keys};
+        let stores = Stores::open_with(3, |c| c.tick_interval = Duration::from_millis(20));
+        let cs = clusters(&stores);
+        for c in &cs {
+            wait_until("every host to see 3 hosts up", || async { up(c).await == [1, 2, 3] }).await;
+        }
+        let lead = leader(&cs).await;
+        let k = lead.create_kernel(KernelSpec { name: "v1".into(), ..Default::default() }).await.expect("create");
+        let behind = cs.iter().find(|c| c.node_id() != lead.node_id()).expect("a follower").clone();
+        wait_until("the follower to have the record", || async {
+            behind.kernel(&k.id).await.ok().flatten().is_some_and(|r| r.name == "v1")
+        })
+        .await;
+        let cut = |blocked: bool| {
+            for c in cs.iter().filter(|c| c.node_id() != behind.node_id()) {
+                c.store().set_peer_blocked(behind.node_id(), blocked);
+                behind.store().set_peer_blocked(c.node_id(), blocked);
+            }
+        };
+        cut(true);
+        // The record changes twice while the follower's replica is behind.
+        for name in ["v2", "v3"] {
+            let record = notebookosd::cluster::records::KernelRecord { name: name.into(), ..k.clone() };
+            lead.meta().put(keys::kernel(&k.id), records::encode(&record)).await.expect("update the record");
+        }
+        assert_eq!(behind.kernel(&k.id).await.expect("stale read").expect("record").name, "v1", "still behind");
+        let watcher = {
+            let behind = behind.clone();
+            tokio::spawn(async move {
+                // As the supervisor does: retry until the meta group answers.
+                loop {
+                    match behind.watch_kernels().await {
+                        Ok(rx) => return rx,
+                        Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                    }
+                }
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        cut(false);
+        let mut watch = tokio::time::timeout(WAIT, watcher).await.expect("a watch once healed").expect("task");
+        let mut seen = Vec::new();
+        while !seen.contains(&"v3".to_owned()) {
+            let ev = tokio::time::timeout(WAIT, watch.recv()).await.expect("watch event").expect("open");
+            if let KernelEvent::Put(r) = ev {
+                seen.push(r.name);
+            }
+        }
+        assert_eq!(seen, ["v3"], "the watch showed records that were no longer true");
+        for c in &cs {
+            c.shutdown().await;
+        }
+    }
 }
 
 /// The meta leader itself leaves: it hands its leadership to another voter first (a leader

@@ -570,7 +570,14 @@ impl Kv {
 
     /// Linearizable prefix range (at most `limit` keys, 0 = all).
     pub async fn range(&self, prefix: impl Into<Vec<u8>>, limit: usize) -> Result<Vec<KeyValue>> {
-        Ok(self.read(Query::Range { prefix: prefix.into(), limit }, true).await?.kvs)
+        Ok(self.range_at(prefix, limit).await?.kvs)
+    }
+
+    /// Linearizable prefix range with the log index it reflects: a [`Kv::watch`] from
+    /// `applied_index + 1` follows it with nothing missed and nothing older (a replica
+    /// that is behind, e.g. replaying its log after a restart, would show older states).
+    pub async fn range_at(&self, prefix: impl Into<Vec<u8>>, limit: usize) -> Result<ReadOutput> {
+        self.read(Query::Range { prefix: prefix.into(), limit }, true).await
     }
 
     /// Prefix range from local state (may be stale).

@@ -25,10 +25,16 @@ impl Cluster {
     /// Every kernel record now, then each change under `kernels/` in commit order. When the
     /// underlying watch ends (fell behind, snapshot installed) it resynchronises from a full
     /// read: `Put` for every record, `Delete` for every kernel that vanished meanwhile.
+    ///
+    /// The reads are linearizable (through the meta leader), never this host's replica: a
+    /// replica that is behind (replaying its log after a restart, or cut off) would show
+    /// records that are no longer true and then every version since, one by one, and the
+    /// supervisor acts on each (it started and destroyed kernel-group replicas of moves
+    /// long finished: the fault campaign's `cluster_restart` after `migrate`/`leave`).
     pub async fn watch_kernels(self: &Arc<Self>) -> Result<mpsc::Receiver<KernelEvent>> {
         let (tx, rx) = mpsc::channel(256);
-        // The first read happens here so that a caller sees errors (no meta group) at once.
-        let first = self.meta.range_stale(keys::KERNELS, 0).await?;
+        // The first read happens here so that a caller sees errors (no meta leader) at once.
+        let first = self.meta.range_at(keys::KERNELS, 0).await?;
         let this = self.clone();
         let task = tokio::spawn(async move {
             let mut known: BTreeSet<String> = BTreeSet::new();
@@ -36,7 +42,7 @@ impl Cluster {
             loop {
                 let out = match snapshot.take() {
                     Some(s) => s,
-                    None => match this.meta.range_stale(keys::KERNELS, 0).await {
+                    None => match this.meta.range_at(keys::KERNELS, 0).await {
                         Ok(s) => s,
                         Err(e) => {
                             tracing::warn!(error = %e, "kernel watch: cannot read kernels/; retrying");
