@@ -464,11 +464,13 @@ mod in_process {
             lead.meta().put(keys::kernel(&k.id), records::encode(&record)).await.expect("update the record");
         }
         assert_eq!(behind.kernel(&k.id).await.expect("stale read").expect("record").name, "v1", "still behind");
+        let tries = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let watcher = {
-            let behind = behind.clone();
+            let (behind, tries) = (behind.clone(), tries.clone());
             tokio::spawn(async move {
                 // As the supervisor does: retry until the meta group answers.
                 loop {
+                    tries.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     match behind.watch_kernels().await {
                         Ok(rx) => return rx,
                         Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
@@ -476,7 +478,9 @@ mod in_process {
                 }
             })
         };
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        // The watch is tried while the follower is still behind (at least one failed attempt).
+        wait_until("a watch attempt while cut off", || async { tries.load(std::sync::atomic::Ordering::SeqCst) >= 2 })
+            .await;
         cut(false);
         let mut watch = tokio::time::timeout(WAIT, watcher).await.expect("a watch once healed").expect("task");
         let mut seen = Vec::new();
