@@ -462,6 +462,17 @@ async fn start_cluster(
         .context("opening cluster.object_store")?;
     let mut sync = SyncConfig::new(config.node.state_dir.join("sync"));
     sync.inline_max_bytes = c.sync_inline_max_bytes;
+    match sync.remove_leftovers() {
+        Ok(0) => {}
+        Ok(n) => {
+            tracing::info!(removed = n, dir = %sync.work_dir.display(), "removed the namespace sync scratch directories a previous run left")
+        }
+        // Not fatal: the host works, the space stays taken until the next start.
+        Err(e) => tracing::warn!(
+            error = format!("{e:#}"),
+            "could not remove the namespace sync scratch directories a previous run left"
+        ),
+    }
     let replicas = Arc::new(ReplicaHost::new(node_id, store, kernels_for_replicas, objects, sync));
     let supervisor = Supervisor::start(cluster.clone(), replicas.clone());
     let autoscaler = match config.autoscale.provider {

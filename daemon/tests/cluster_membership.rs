@@ -213,6 +213,33 @@ fn hosts_form_a_cluster_over_mutual_tls() {
     assert_eq!(replica_nodes(&k), vec![1, 2, 3], "{k}");
 }
 
+/// Fault campaign (`cluster_restart`, `kill_restart`, a full disk's fail-stop): a daemon killed
+/// during a namespace export or apply leaves its scratch directory, a cell's payloads, under
+/// `state_dir/sync`; the 100-round run's hosts filled their state disks with them and raft
+/// log. The next start removes them, and only them.
+#[test]
+fn kill_restart_removes_the_sync_scratch_directories_the_killed_daemon_left() {
+    let mut c = TestCluster::start(1, Options { fake_gpus: 0, ..Options::default() });
+    c.wait_ready(&[1], Duration::from_secs(30));
+    c.kill(1);
+    let sync = c.host(1).dir.join("state/sync");
+    for d in ["export-Ab3dEf", "apply-Gh5jKl"] {
+        std::fs::create_dir_all(sync.join(d)).expect("scratch dir");
+        std::fs::write(sync.join(d).join("payloads.pack"), vec![7u8; 1 << 20]).expect("pack");
+        std::fs::write(sync.join(d).join("manifest.json"), b"{}").expect("manifest");
+    }
+    std::fs::write(sync.join("operator-notes"), b"not the daemon's").expect("other file");
+    c.restart(1);
+    c.wait_ready(&[1], Duration::from_secs(30));
+    let mut left: Vec<String> = std::fs::read_dir(&sync)
+        .expect("sync dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["operator-notes"], "{}", c.host(1).log());
+    assert!(c.host(1).log().contains("removed the namespace sync scratch directories a previous run left"));
+}
+
 #[test]
 fn single_host_commands_say_the_cluster_is_off_and_bad_cluster_config_names_the_key() {
     let dir = tempfile::tempdir().expect("tmp");

@@ -132,7 +132,7 @@ class ChaosCluster:
         hosts: int = 3,
         fake_gpus: int = 4,
         host_ttl: str = "2s",
-        disk_mib: int = 96,
+        disk_mib: int = 512,
         seed: int = 0,
         python: str | None = None,
     ) -> None:

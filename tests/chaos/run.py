@@ -52,6 +52,9 @@ FAULTS = [
 NEEDS_SPARE_HOST = {"migrate", "leave"}
 LEAVE_TIMEOUT = 180     # `nbos cluster leave --timeout`: the drain's moves
 LEFTOVER_BOUND = 15     # a removed host's kernel processes are gone within this after it left
+ENOSPC_BOUND = 30       # a full host's first failed write (logged) comes within this of the fill
+ENOSPC_MARKS = ("No space", "ENOSPC", "os error 28")
+DISK_ROOM_BYTES = 64 << 20  # a state disk with less room left than this after a round is an anomaly
 
 # Bounds (seconds), stated in docs/chaos.md.
 CELL_TIMEOUT = 20       # one cell's reply; past it the client moves to another gateway
@@ -59,6 +62,16 @@ AVAIL_BOUND = 60        # a kernel with a live majority answers a cell within th
 RECOVERY_BOUND = 90     # every kernel answers a cell within this after healing
 READY_BOUND = 120       # the cluster is whole again (every host up) within this after healing
 DIGEST_BOUND = 60       # every replica's namespace digest is equal within this after the check cell
+
+
+def log_time(line: str, default: float) -> float:
+    """The time a daemon log line was written (its RFC 3339 UTC stamp), else `default`."""
+    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)Z", line)
+    if not m:
+        return default
+    from datetime import datetime, timezone
+
+    return datetime.fromisoformat(m.group(1)).replace(tzinfo=timezone.utc).timestamp()
 
 
 class Campaign:
@@ -78,6 +91,7 @@ class Campaign:
         self.clients: list[KernelClient] = []
         self.canary_ops = 0
         self.canary_answered = 0
+        self.min_free_mib = 1 << 30
 
     def log(self, *msg) -> None:
         if not self.a.json or self.a.verbose:
@@ -189,8 +203,15 @@ class Campaign:
             for h in c.hosts:
                 c.shape(h.n, {o.ip: rule for o in c.hosts if o.n != h.n})
         elif kind == "disk_full":
-            p["filled_bytes"] = c.fill_disk(t)
+            # A host holding a replica: its next cell's namespace export or apply writes to the
+            # state disk at once. (A host with only its meta replica writes raft log entries,
+            # which raft-engine appends into space it fallocated 2 MiB at a time beforehand,
+            # so it may write for minutes on a full disk before a write fails.)
+            placed = sorted({n for cl in self.clients for n in self.replicas(cl)})
+            t = p["target"] = self.rng.choice(placed) if placed else t
             p["log_offset"] = c.host(t).log.stat().st_size
+            p["filled_bytes"] = c.fill_disk(t)
+            p["filled_at"] = time.time()
         elif kind == "cluster_restart":
             for h in c.hosts:
                 pgid = h.proc.pid if h.proc else None
@@ -219,8 +240,11 @@ class Campaign:
         elif kind in ("latency", "lossy"):
             c.unshape()
         elif kind == "disk_full":
-            log = re.sub(r"\x1b\[[0-9;]*m", "", c.host(t).log.read_bytes()[p["log_offset"]:].decode(errors="replace"))
-            lines = [ln for ln in log.splitlines() if "No space" in ln or "ENOSPC" in ln or "os error 28" in ln]
+            lines = self.log_lines(t, p["log_offset"], ENOSPC_MARKS)
+            while not lines and time.time() < p["filled_at"] + ENOSPC_BOUND:
+                time.sleep(0.5)
+                lines = self.log_lines(t, p["log_offset"], ENOSPC_MARKS)
+            p["enospc_after_s"] = round(log_time(lines[0], time.time()) - p["filled_at"], 2) if lines else None
             p["enospc_log_lines"] = len(lines)
             p["enospc_first"] = lines[0][-300:] if lines else None
             p["host_alive_when_full"] = c.host(t).alive
@@ -229,7 +253,11 @@ class Campaign:
             st = c.status(t)
             p["self_status_registered"] = bool(st and st.get("registered"))
             if not lines:
-                self.anomaly("disk_full", f"host {t}: no error naming ENOSPC in its log while its state disk was full")
+                self.anomaly("disk_full", f"host {t}: no error naming ENOSPC in its log within {ENOSPC_BOUND}s of its state disk filling")
+            elif c.host(t).alive and not any(ln.startswith("notebookos_sync_failures_total") for ln in p["metrics"]):
+                # Still up (no raft log write failed, which would have stopped it): the failed
+                # namespace writes must show on /metrics.
+                self.anomaly("disk_full", f"host {t}: its writes failed (ENOSPC) but notebookos_sync_failures_total did not move: {p['metrics']}")
             c.free_disk(t)
             # The operations guide: free space, then restart the daemon.
             pgid = c.host(t).proc.pid if c.host(t).proc else None
@@ -255,7 +283,18 @@ class Campaign:
                     break
                 time.sleep(0.5)
             else:
-                self.anomaly("migrate", f"kernel {cl.no}: the move off host {p['from']} did not end within {READY_BOUND}s: {record}")
+                aborted = [ln[-300:] for h in c.hosts for ln in self.log_lines(h.n, 0, ("replica move aborted",)) if cl.kernel_id in ln]
+                self.anomaly("migrate", f"kernel {cl.no}: the move off host {p['from']} did not end within {READY_BOUND}s: {record}; "
+                                        f"aborts logged: {aborted[-3:]}")
+
+    def log_lines(self, n: int, offset: int, marks: tuple[str, ...]) -> list[str]:
+        """Lines of host n's log after `offset` that hold one of `marks`."""
+        try:
+            raw = self.c.host(n).log.read_bytes()[offset:]
+        except OSError:
+            return []
+        log = re.sub(r"\x1b\[[0-9;]*m", "", raw.decode(errors="replace"))
+        return [ln for ln in log.splitlines() if any(m in ln for m in marks)]
 
     def leave(self, p: dict) -> None:
         """Scale-in as an operator or the autoscaler does it: a host holding a replica of the
@@ -485,11 +524,29 @@ class Campaign:
                     self.anomaly("check", f"kernel {cl.no}: reset after an anomaly failed: {d2}")
         # No kernel process without its daemon, nor one that its restarted daemon did not kill.
         self.reaped()
+        self.check_disk_room()
         for h in self.c.hosts:
             if not h.alive:
                 left = self.c.kernel_processes(h.n)
                 if left:
                     self.anomaly("leftover", f"host {h.n} is down but kernel processes run in its namespace: {self.c.describe(left)}")
+
+    def check_disk_room(self) -> None:
+        """Outside a `disk_full` fault no host's state disk runs short: one that does fails
+        its writes (a broken replica, a fail-stop) and every later check of the run would
+        flag what is only a too-small image (raft-engine keeps up to `purge_threshold`,
+        256 MiB, of log before it purges)."""
+        for h in self.c.hosts:
+            if not h.alive:
+                continue
+            m = re.search(r"^notebookos_state_dir_free_bytes (\d+)", self.c.metrics(h.n), re.M)
+            if not m:
+                continue
+            free = int(m.group(1))
+            self.min_free_mib = min(self.min_free_mib, free >> 20)
+            if free < DISK_ROOM_BYTES:
+                self.anomaly("disk_room", f"host {h.n}: {free >> 20} MiB left on its state disk outside a disk_full fault "
+                                          f"(ChaosCluster disk_mib={self.c.disk_mib}); its writes will fail")
 
     # ------------------------------------------------------------ report
 
@@ -518,6 +575,7 @@ class Campaign:
             "meta_store_operations": self.canary_ops,
             "meta_store_operations_answered": self.canary_answered,
             "orphaned_kernel_processes": self.orphaned,
+            "state_disk_min_free_mib": self.min_free_mib if self.min_free_mib < 1 << 30 else None,
             "notes": self.notes,
             "wall_s": round(wall, 1),
             "round_details": self.rounds,
@@ -581,6 +639,7 @@ def main() -> int:
         print(f"meta store: {rep['meta_store_operations']} canary operations ({rep['meta_store_operations_answered']} answered), "
               f"every round's history checked for linearizability")
         print(f"recovery (healing -> next cell of every kernel): p50 {rep['recovery_p50_s']} s, p99 {rep['recovery_p99_s']} s, max {rep['recovery_max_s']} s")
+        print(f"state disks: at least {rep['state_disk_min_free_mib']} MiB free after every round")
         print(f"anomalies: {rep['anomalies']}")
         for an in rep["anomaly_list"]:
             print(f"  round {an['round']} [{an['kind']}] {an['what']}")

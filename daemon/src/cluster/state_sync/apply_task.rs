@@ -288,7 +288,7 @@ impl Run {
     }
 
     async fn apply_in_kernel(&self, batch: &Batch) -> anyhow::Result<()> {
-        let dir = scratch_dir(&self.cfg, "apply-")?;
+        let dir = scratch_dir(&self.cfg, super::config::APPLY_PREFIX)?;
         let mut set = Vec::with_capacity(batch.puts.len());
         let mut payloads: Vec<(String, Bytes, Option<String>)> = Vec::with_capacity(batch.puts.len());
         // Every payload goes into one pack file (creating a file per small value would cost

@@ -53,7 +53,7 @@ pub async fn export_and_commit(
     me: Proposer,
     applier: &Applier,
 ) -> anyhow::Result<Exported> {
-    let dir = scratch_dir(cfg, "export-")?;
+    let dir = scratch_dir(cfg, super::config::EXPORT_PREFIX)?;
     hand_to_kernel(dir.path(), kernel)?;
     call_sync(kernel, &format!("export_cell({})", py_str(&dir.path().display().to_string())), cfg.kernel_timeout)
         .await
