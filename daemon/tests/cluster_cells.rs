@@ -628,11 +628,20 @@ fn a_killed_hosts_kernels_are_killed_when_its_daemon_starts_again() {
             .is_some_and(|state| state != Some('Z'))
     };
     assert!(before.iter().any(|&p| alive(p)), "the daemon's group kill leaves its kernels (each its own group)");
+    // ipykernel's parent poller (`parent_handle`) would end them by itself about a second
+    // later; stopped, they stay for the new daemon to find however long its start takes
+    // (a restart slower than the poller made this test flaky under CI load).
+    for &p in &before {
+        // SAFETY: kill(2) with SIGSTOP on a kernel process this test saw its host start.
+        unsafe { libc::kill(p, libc::SIGSTOP) };
+    }
     c.restart(3);
     wait_for(Duration::from_secs(20), "the killed daemon's kernels to be gone", || {
         before.iter().all(|&p| !alive(p)).then_some(())
     });
-    assert!(c.host(3).log().contains("killed kernel processes a previous daemon of this host left running"));
+    wait_for(Duration::from_secs(10), "the new daemon to say it killed them", || {
+        c.host(3).log().contains("killed kernel processes a previous daemon of this host left running").then_some(())
+    });
 }
 
 #[test]
