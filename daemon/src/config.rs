@@ -318,6 +318,17 @@ pub struct ClusterConfig {
     /// Large-object store URL (`file:///dir`, `s3://bucket/prefix`); empty means
     /// `file://{node.state_dir}/objects`.
     pub object_store: String,
+    /// Longest time one request to an S3 store may take (a stalled upload fails the
+    /// cell's sync after this and two retries).
+    #[serde(with = "humantime_serde")]
+    pub object_store_timeout: Duration,
+    /// How often the meta leader collects unreferenced large objects; 0 turns it off.
+    #[serde(with = "humantime_serde")]
+    pub object_gc_interval: Duration,
+    /// An unreferenced object is deleted only once its last write is this old: longer than
+    /// any replica's catch-up (a lagging replica or a learner may still read it).
+    #[serde(with = "humantime_serde")]
+    pub object_gc_grace: Duration,
 }
 
 /// `[autoscale]`: the meta leader adds hosts through a provider when kernels cannot be
@@ -458,6 +469,9 @@ impl Default for ClusterConfig {
             replicas: 3,
             sync_inline_max_bytes: 1 << 20,
             object_store: String::new(),
+            object_store_timeout: Duration::from_secs(60),
+            object_gc_interval: Duration::from_secs(600),
+            object_gc_grace: Duration::from_secs(3600),
         }
     }
 }
@@ -863,6 +877,12 @@ impl Config {
                  an executor wrote, so use s3://bucket[/prefix] or a directory every host mounts \
                  (file:///mnt/shared/...), not a directory of this host only"
                     .to_owned(),
+            ));
+        }
+        if c.object_store_timeout < Duration::from_secs(1) {
+            return Err(invalid(
+                "cluster.object_store_timeout",
+                format!("must be at least 1s, got {:?}", c.object_store_timeout),
             ));
         }
         if !c.object_store.is_empty() {

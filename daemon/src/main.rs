@@ -182,10 +182,13 @@ fn load(args: &Args) -> anyhow::Result<(Config, RunOptions)> {
             // Every replica host must read what an executor wrote: one directory for all
             // this user's dev hosts on this machine, not one per state directory; private,
             // because its name in the shared temporary directory is predictable.
+            // Several dev clusters of this user share it, so none collects it: each would
+            // delete the objects the others refer to.
             None => {
                 let uid = nix::unistd::geteuid().as_raw();
                 let dir = std::env::temp_dir().join(format!("notebookos-dev-objects-{uid}"));
                 notebookosd::cluster::objects::ensure_private_dir(&dir)?;
+                config.cluster.object_gc_interval = std::time::Duration::ZERO;
                 format!("file://{}", dir.display())
             }
         };

@@ -274,8 +274,15 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
 
     let mut app = gateway::router(state.clone());
     if let Some(c) = &cluster {
-        app = gateway::cluster::enable(app, state.clone(), c.cluster.clone(), c.replicas.clone(), token.clone());
-        app = app.merge(crate::cluster::http::router(c.cluster.clone(), credentials.clone()));
+        app = gateway::cluster::enable(
+            app,
+            state.clone(),
+            c.cluster.clone(),
+            c.replicas.clone(),
+            c.collector.clone(),
+            token.clone(),
+        );
+        app = app.merge(crate::cluster::http::router(c.cluster.clone(), c.collector.clone(), credentials.clone()));
     }
     // A raft store whose log can no longer be written (a full disk) stops this host as a
     // signal does, and the daemon then exits with the reason (fail-stop, as etcd on a failed
@@ -317,6 +324,9 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
         c.supervisor.abort();
         if let Some(a) = &c.autoscaler {
             a.abort();
+        }
+        if let Some(t) = &c.collecting {
+            t.abort();
         }
         c.cluster.shutdown().await;
     }
@@ -372,7 +382,8 @@ async fn start_cluster(
     kernels: Arc<Kernels>,
 ) -> anyhow::Result<ClusterNode> {
     use crate::cluster::autoscale::provider::ExecProvider;
-    use crate::cluster::objects::Objects;
+    use crate::cluster::objects::collector::Collector;
+    use crate::cluster::objects::{Objects, S3Options};
     use crate::cluster::records::{GpuRecord, LoadRecord};
     use crate::cluster::replica_host::ReplicaHost;
     use crate::cluster::state_sync::SyncConfig;
@@ -458,8 +469,11 @@ async fn start_cluster(
 
     // Replica hosting: the supervisor starts a local replica (and joins its kernel group)
     // for every kernel record that places one here.
-    let objects = Objects::open(Some(c.object_store.as_str()), &config.node.state_dir.join("objects"))
+    let s3 = S3Options { request_timeout: c.object_store_timeout, ..S3Options::default() };
+    let objects = Objects::open_with(Some(c.object_store.as_str()), &config.node.state_dir.join("objects"), &s3)
         .context("opening cluster.object_store")?;
+    let collector = Collector::new(cluster.clone(), objects.clone(), c.object_gc_grace);
+    let collecting = collector.start(c.object_gc_interval);
     let mut sync = SyncConfig::new(config.node.state_dir.join("sync"));
     sync.inline_max_bytes = c.sync_inline_max_bytes;
     match sync.remove_leftovers() {
@@ -484,7 +498,7 @@ async fn start_cluster(
             Some(crate::cluster::autoscale::start(cluster.clone(), a.clone(), provider))
         }
     };
-    Ok(ClusterNode { cluster, replicas, supervisor, autoscaler })
+    Ok(ClusterNode { cluster, replicas, supervisor, autoscaler, collector, collecting })
 }
 
 /// The cluster side of a node.
@@ -494,6 +508,10 @@ struct ClusterNode {
     supervisor: tokio::task::JoinHandle<()>,
     /// The autoscaler, when `[autoscale]` names a provider (it acts while this host leads).
     autoscaler: Option<tokio::task::JoinHandle<()>>,
+    /// The large-object store's collector (it acts while this host leads).
+    collector: Arc<crate::cluster::objects::collector::Collector>,
+    /// Its periodic task, unless `cluster.object_gc_interval` is 0.
+    collecting: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// `MemTotal` from /proc/meminfo, in bytes (0 when unreadable).

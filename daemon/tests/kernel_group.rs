@@ -705,7 +705,13 @@ mod supervised {
             Arc::new(move || Box::pin(async move { LoadRecord { node_id: id, ..Default::default() } }));
         let cluster = Cluster::new(settings, store.clone(), probe);
         cluster.start();
-        let api = notebookosd::cluster::http::router(cluster.clone(), Default::default());
+        let objects = Objects::open(None, &dir.join("objects")).expect("objects");
+        let collector = notebookosd::cluster::objects::collector::Collector::new(
+            cluster.clone(),
+            objects,
+            Duration::from_secs(3600),
+        );
+        let api = notebookosd::cluster::http::router(cluster.clone(), collector, Default::default());
         let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
         tokio::spawn(async move { axum::serve(listener, api).await });
         let (host, kernels, supervisor) = start_replica_side(stores, id, &cluster, dir, 0);

@@ -28,6 +28,9 @@ enum Cmd {
     /// The hosts of a cluster: status, join, leave.
     #[command(subcommand)]
     Cluster(cli::cluster::ClusterCmd),
+    /// The cluster's large-object store: what it holds, and collecting what no replica needs.
+    #[command(subcommand)]
+    Objects(cli::objects::ObjectsCmd),
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(cli::bench::BenchCmd),
@@ -80,6 +83,7 @@ fn main() -> ExitCode {
         Cmd::Status(a) => cli::status::run(&args.target, a),
         Cmd::Kernels(a) => cli::kernels::run(&args.target, a),
         Cmd::Cluster(c) => cli::cluster::run(&args.target, c),
+        Cmd::Objects(c) => cli::objects::run(&args.target, c),
         Cmd::Bench(b) => cli::bench::run(b),
         Cmd::Chaos(c) => cli::chaos::run(c),
         Cmd::Sim(a) => cli::sim::run(a),

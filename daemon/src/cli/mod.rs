@@ -6,6 +6,7 @@ pub mod client;
 pub mod cluster;
 pub mod kernels;
 pub mod not_yet;
+pub mod objects;
 pub mod observe;
 pub mod pki;
 pub mod progress;

@@ -25,6 +25,9 @@
 //! | `DELETE /api/v1/cluster/members/{id}` | remove a host from the meta group (meta leader) |
 //! | `POST /api/v1/cluster/canary` | [`CanaryOp`] → [`super::meta::CanaryAnswer`]: a canary register in the meta group (operator) |
 //! | `POST /api/v1/cluster/leave` | this host leaves ([`LeaveReport`]); `{"phase": "drain"}` only moves its replicas, `{"phase": "remove"}` only leaves the meta group |
+//! | `GET /api/v1/cluster/objects` | the large-object store as the collector sees it ([`GcReport`], a dry run on the meta leader) |
+//! | `POST /api/v1/cluster/objects/gc` | [`GcRequest`] → [`GcReport`]: collect now (meta leader; operator) |
+//! | `GET /api/v1/cluster/objects/refs` | [`HostRefs`]: the objects this host's kernel groups point to (the collector asks every host; operator) |
 
 use std::sync::Arc;
 
@@ -39,11 +42,16 @@ use super::meta::{CanaryOp, Cluster, ClusterError, KernelSpec, MoveRequest, Peer
 #[cfg(doc)]
 use super::meta::{ClusterStatus, LeaveReport};
 #[cfg(doc)]
+use super::objects::collector::GcReport;
+use super::objects::collector::{Collector, GcRequest, GC_PATH, OBJECTS_PATH, REFS_PATH};
+#[cfg(doc)]
 use super::records::KernelRecord;
+#[cfg(doc)]
+use super::state_sync::HostRefs;
 use crate::link::credential::Credentials;
 
 /// The cluster routes, with authentication by `credentials`.
-pub fn router(cluster: Arc<Cluster>, credentials: Credentials) -> Router {
+pub fn router(cluster: Arc<Cluster>, collector: Arc<Collector>, credentials: Credentials) -> Router {
     let credentials = Arc::new(credentials);
     let users = Router::new()
         .route("/api/v1/cluster/status", get(status))
@@ -63,8 +71,16 @@ pub fn router(cluster: Arc<Cluster>, credentials: Credentials) -> Router {
         .route("/api/v1/cluster/members", post(add_member))
         .route("/api/v1/cluster/members/{id}", axum::routing::delete(remove_member))
         .route("/api/v1/cluster/leave", post(leave))
-        .route_layer(middleware::from_fn_with_state(credentials, require_operator_always));
-    users.merge(operators).merge(membership).with_state(cluster)
+        .route_layer(middleware::from_fn_with_state(credentials.clone(), require_operator_always));
+    let objects_read = Router::new()
+        .route(OBJECTS_PATH, get(objects_status))
+        .route_layer(middleware::from_fn_with_state(credentials.clone(), require_user));
+    let objects_act = Router::new()
+        .route(GC_PATH, post(objects_gc))
+        .route(REFS_PATH, get(objects_refs))
+        .route_layer(middleware::from_fn_with_state(credentials, require_operator));
+    let objects = objects_read.merge(objects_act).with_state(collector);
+    users.merge(operators).merge(membership).with_state(cluster).merge(objects)
 }
 
 async fn require_user(State(creds): State<Arc<Credentials>>, req: Request, next: Next) -> Response {
@@ -249,4 +265,25 @@ async fn leave(State(c): State<Arc<Cluster>>, body: Option<Json<LeaveBody>>) -> 
 
 async fn ready_hosts(State(c): State<Arc<Cluster>>, Path(id): Path<String>) -> Result<Response, ApiError> {
     Ok(Json(c.ready_hosts(&id).await?).into_response())
+}
+
+async fn objects_status(State(c): State<Arc<Collector>>) -> Result<Response, ApiError> {
+    Ok(Json(c.collect_on_leader(true).await?).into_response())
+}
+
+async fn objects_gc(
+    State(c): State<Arc<Collector>>,
+    headers: HeaderMap,
+    Json(body): Json<GcRequest>,
+) -> Result<Response, ApiError> {
+    let report = if forwarded(&headers) {
+        c.collect_here(body.dry_run).await?
+    } else {
+        c.collect_on_leader(body.dry_run).await?
+    };
+    Ok(Json(report).into_response())
+}
+
+async fn objects_refs(State(c): State<Arc<Collector>>) -> Result<Response, ApiError> {
+    Ok(Json(c.local_refs().await?).into_response())
 }

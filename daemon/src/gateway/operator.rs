@@ -36,6 +36,7 @@ pub async fn metrics(State(st): State<Arc<AppState>>, mode: Option<cluster::Mode
         mode.frontends.append_metrics(&mut text);
         crate::metrics::append_registry(&mode.replicas.sync_metrics().registry(), &mut text);
         crate::metrics::append_registry(&mode.cluster.elastic_metrics().registry(), &mut text);
+        crate::metrics::append_registry(&mode.collector.registry(), &mut text);
         crate::metrics::append_exposition(&mode.cluster.store().metrics_text(), &mut text);
     }
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()

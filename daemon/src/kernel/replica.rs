@@ -70,6 +70,7 @@ impl Replica {
             let (control_tx, control_rx) = dealer(&conn, conn.control_port, &identity).await?.split();
             let (stdin_tx, stdin_rx) = dealer(&conn, conn.stdin_port, &identity).await?.split();
             let mut iopub = SubSocket::new();
+            wait_listening(&conn, conn.iopub_port).await;
             iopub.connect(&conn.endpoint(conn.iopub_port)).await.context("connecting to the kernel's iopub")?;
             iopub.subscribe("").await.context("subscribing to iopub")?;
             anyhow::Ok((shell_tx, shell_rx, control_tx, control_rx, stdin_tx, stdin_rx, iopub))
@@ -127,10 +128,33 @@ impl Replica {
     }
 }
 
+/// How often a port the kernel has not opened yet is tried again.
+const LISTEN_POLL: Duration = Duration::from_millis(50);
+
+/// Returns once something listens on the kernel's `port` (or connecting fails for another
+/// reason, which the socket's own connect then reports).
+///
+/// zeromq 0.7 retries a refused connect after 50 ms, doubling the wait each time up to
+/// 30 s: a kernel that opens its ports 13 s after it started (its imports on a loaded
+/// host) is reached at about 26 s, and one that opens them after about 26 s not before
+/// [`CONNECT_TIMEOUT`], so its start failed although the kernel was listening. Polling at a
+/// fixed short interval here means zeromq's first attempt finds the port open.
+async fn wait_listening(conn: &ConnectionInfo, port: u16) {
+    loop {
+        match tokio::net::TcpStream::connect((conn.ip.as_str(), port)).await {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => tokio::time::sleep(LISTEN_POLL).await,
+            // Open (the probe closes before any handshake, which ZMQ ignores), or an error
+            // the real connect reports with its context.
+            _ => return,
+        }
+    }
+}
+
 async fn dealer(conn: &ConnectionInfo, port: u16, identity: &Bytes) -> anyhow::Result<DealerSocket> {
     let mut opts = SocketOptions::default();
     opts.peer_identity(identity.clone().try_into().map_err(|e| anyhow::anyhow!("socket identity: {e}"))?);
     let mut s = DealerSocket::with_options(opts);
+    wait_listening(conn, port).await;
     s.connect(&conn.endpoint(port)).await.with_context(|| format!("connecting to the kernel at port {port}"))?;
     Ok(s)
 }
@@ -163,4 +187,35 @@ fn spawn_reader<S: SocketRecv + Send + 'static>(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression test of the kernel start stall (issue 18): a kernel whose ports opened
+    /// late on a loaded host was reached only at zeromq's next backed-off retry (at 12.75 s
+    /// for a port opened at 7 s; after 25.6 s, past the start deadline), so starts failed
+    /// with "the kernel did not open its ports in time" while the kernel was listening.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_kernel_that_opens_its_ports_late_is_reached_as_soon_as_it_does() {
+        const OPENS_AFTER: Duration = Duration::from_secs(7);
+        // zeromq's own retries come at 6.35 s and then 12.75 s (or later, with its jitter):
+        // this bound tells the two apart with seconds to spare either side.
+        const BOUND: Duration = Duration::from_secs(11);
+        let conn = ConnectionInfo::new_loopback("python3").expect("ports");
+        let endpoint = conn.endpoint(conn.shell_port);
+        let kernel = tokio::spawn(async move {
+            tokio::time::sleep(OPENS_AFTER).await;
+            let mut router = zeromq::RouterSocket::new();
+            router.bind(&endpoint).await.expect("bind");
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            drop(router);
+        });
+        let identity = Bytes::from_static(b"nbos-test");
+        let connected = tokio::time::timeout(BOUND, dealer(&conn, conn.shell_port, &identity)).await;
+        kernel.abort();
+        let socket = connected.expect("connected soon after the kernel opened its port, not at a backed-off retry");
+        socket.expect("connect");
+    }
 }

@@ -33,11 +33,22 @@ pub struct Options {
     pub extra_toml: String,
     /// `gpu.subscription_ratio`.
     pub subscription_ratio: f64,
+    /// `cluster.object_store` (default: a directory of the test's, `file://…/objects`).
+    pub object_store: Option<String>,
+    /// More environment for every daemon (an S3 store's `AWS_*`).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { fake_gpus: 1, host_ttl: "1s".to_owned(), extra_toml: String::new(), subscription_ratio: 3.0 }
+        Self {
+            fake_gpus: 1,
+            host_ttl: "1s".to_owned(),
+            extra_toml: String::new(),
+            subscription_ratio: 3.0,
+            object_store: None,
+            env: Vec::new(),
+        }
     }
 }
 
@@ -197,13 +208,17 @@ impl TestCluster {
              [http]\nlisten = \"127.0.0.1:0\"\ntoken_file = {token:?}\noperator_token_file = {operator:?}\n{http_tls}\
              {gpu}[kernel]\npython = {python:?}\n\
              [cluster]\nenabled = true\nnode_id = {node_id}\nraft_listen = \"{raft_addr}\"\nseeds = [{seeds}]\n\
-             host_ttl = \"{ttl}\"\nobject_store = \"file://{objects}\"\n{tls}{extra}",
+             host_ttl = \"{ttl}\"\nobject_store = {objects:?}\n{tls}{extra}",
             state = dir.join("state"),
             run = dir.join("run"),
             token = self.dir.path().join("token"),
             operator = self.dir.path().join("operator-token"),
             ttl = self.options.host_ttl,
-            objects = self.dir.path().join("objects").display(),
+            objects = self
+                .options
+                .object_store
+                .clone()
+                .unwrap_or_else(|| format!("file://{}", self.dir.path().join("objects").display())),
             extra = self.options.extra_toml,
         );
         std::fs::write(&config, text).expect("config");
@@ -220,6 +235,7 @@ impl TestCluster {
 
     fn spawn(&mut self, node_id: u64) {
         use std::os::unix::process::CommandExt;
+        let env = self.options.env.clone();
         let h = self.host_mut(node_id);
         assert!(h.child.is_none(), "host {node_id} is already running");
         // A stale endpoint file (after kill -9) must not be mistaken for the new daemon's.
@@ -230,6 +246,7 @@ impl TestCluster {
             .arg("--config")
             .arg(&h.config)
             .env("NBOS_LOG", "info,raft=warn,raft_store=info")
+            .envs(env)
             .stdout(Stdio::null())
             .stderr(log)
             .process_group(0)

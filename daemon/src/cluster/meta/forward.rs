@@ -15,7 +15,7 @@ pub const FORWARDED_HEADER: &str = "x-nbos-forwarded";
 
 impl Cluster {
     /// `NotLeader` unless this host leads the meta group.
-    pub(super) async fn require_leader(&self) -> Result<()> {
+    pub(in crate::cluster) async fn require_leader(&self) -> Result<()> {
         let leader = self.meta_leader().await;
         if leader == Some(self.settings.node_id) {
             Ok(())
@@ -27,7 +27,7 @@ impl Cluster {
     /// Runs `local` when this host leads the meta group, else sends the request to the
     /// leader's HTTP API with `authority`. Retries while there is no leader, or it
     /// changes, for up to two election timeouts.
-    pub(super) async fn on_leader<B, T, F, Fut>(
+    pub(in crate::cluster) async fn on_leader<B, T, F, Fut>(
         &self,
         method: HttpMethod,
         path: &str,
@@ -65,7 +65,7 @@ impl Cluster {
     }
 
     /// One HTTP call to another host's cluster API.
-    pub(super) async fn forward<B, T>(
+    pub(in crate::cluster) async fn forward<B, T>(
         &self,
         method: HttpMethod,
         base: &str,
@@ -116,7 +116,7 @@ impl Cluster {
 /// node certificate and the operator token, so a stolen node key alone cannot change
 /// membership).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Authority {
+pub(in crate::cluster) enum Authority {
     /// Work a host asks for itself (placing a kernel, re-placing a dead host's replicas).
     Host,
     /// Membership changes, which only operators start.
@@ -125,7 +125,9 @@ pub(super) enum Authority {
 
 /// The HTTP methods forwarded calls use.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum HttpMethod {
+pub(in crate::cluster) enum HttpMethod {
+    /// `GET`.
+    Get,
     /// `POST`.
     Post,
     /// `DELETE`.
@@ -135,6 +137,7 @@ pub(super) enum HttpMethod {
 impl HttpMethod {
     fn as_str(self) -> &'static str {
         match self {
+            HttpMethod::Get => "GET",
             HttpMethod::Post => "POST",
             HttpMethod::Delete => "DELETE",
         }

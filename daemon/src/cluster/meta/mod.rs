@@ -37,6 +37,7 @@ pub mod watch;
 pub use canary::{CanaryAnswer, CanaryOp};
 pub use error::{ClusterError, Result};
 pub use forward::FORWARDED_HEADER;
+pub(in crate::cluster) use forward::{Authority, HttpMethod};
 pub use handle::{Cluster, ClusterSettings, LoadProbe};
 pub use kernels::KernelSpec;
 pub use members::{peer_key, LeaveReport, PeerRecord, PEERS};

@@ -128,6 +128,7 @@ pub async fn export_and_commit(
         .await
         .context("reading the export's payloads")??
     };
+    let mut written: Vec<(String, Bytes)> = Vec::new();
     for (e, data) in entries.iter().zip(payloads) {
         let size = data.len() as u64;
         let payload = if size <= cfg.inline_max_bytes && size <= budget {
@@ -136,7 +137,9 @@ pub async fn export_and_commit(
             Payload::Inline(data)
         } else {
             // Written (and durable in the store) before the pointer is committed.
-            objects.put_hashed(Bytes::from(data), &e.sha256).await.with_context(|| format!("storing {}", e.name))?;
+            let data = Bytes::from(data);
+            objects.put_hashed(data.clone(), &e.sha256).await.with_context(|| format!("storing {}", e.name))?;
+            written.push((e.sha256.clone(), data));
             out.object_bytes += size;
             Payload::Object
         };
@@ -173,6 +176,7 @@ pub async fn export_and_commit(
         .and_then(TxnOp::delete(keys::RUNNING.as_bytes().to_vec()));
     out.revision =
         commit_once(kv, txn, &marker).await.context("committing the cell's namespace to the kernel group")?;
+    ensure_still_stored(objects, &written).await;
     tracing::debug!(
         cell,
         revision = out.revision,
@@ -183,6 +187,30 @@ pub async fn export_and_commit(
         "namespace committed"
     );
     Ok(out)
+}
+
+/// Checks that the objects this cell wrote are still in the store now that the group refers
+/// to them, and writes back any that is not. The collector deletes only objects that no
+/// replica refers to and that were last written more than its grace period ago, and it
+/// reads the time again just before each delete; this cell's write renews the time. What
+/// is left is this cell writing an old object again just after that last read: its delete
+/// then follows the write within one request's time, and this check, after the commit,
+/// finds the object gone and writes it back.
+async fn ensure_still_stored(objects: &Objects, written: &[(String, Bytes)]) {
+    for (sha256, data) in written {
+        match objects.head(sha256).await {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                tracing::warn!(sha256, "an object this cell refers to was collected meanwhile; writing it again");
+                if let Err(e) = objects.put_hashed(data.clone(), sha256).await {
+                    tracing::error!(sha256, error = %e, "could not write back an object this cell refers to");
+                }
+            }
+            // The store is unreachable right now: the object was written a moment ago and
+            // the collector would not delete an object that recent.
+            Err(e) => tracing::debug!(sha256, error = %e, "could not check a committed object"),
+        }
+    }
 }
 
 /// Commits `txn` (which puts `marker` as `ns-cell`), retrying when the outcome is unknown

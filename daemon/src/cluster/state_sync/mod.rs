@@ -20,6 +20,7 @@
 //! - [`records`]: the `ns/{name}` values and the `ns-cell` marker in the kernel group.
 //! - [`manifest`]: the manifest directory `nbos_kernel.sync` reads and writes.
 //! - [`kernel_calls`]: calls into `nbos_kernel.sync` in the kernel.
+//! - [`refs`]: the large objects this host's kernel groups point to (for the collector).
 //! - [`config`]: the settings.
 
 pub mod applier;
@@ -29,6 +30,7 @@ pub mod export;
 pub mod kernel_calls;
 pub mod manifest;
 pub mod records;
+pub mod refs;
 
 pub use applier::Applier;
 pub use config::SyncConfig;
@@ -36,3 +38,4 @@ pub use export::{export_and_commit, reset_namespace, Exported, GROUP_INLINE_BUDG
 pub use kernel_calls::namespace_digest;
 pub use manifest::{Manifest, ManifestEntry, Unpicklable};
 pub use records::NsCell;
+pub use refs::{referenced_objects, HostRefs};

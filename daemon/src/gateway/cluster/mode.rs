@@ -9,6 +9,7 @@ use axum::{Extension, Router};
 use super::api_error::cluster_error;
 use super::local_replicas::GatewayReplicas;
 use crate::cluster::frontend::{FrontendMetrics, Frontends};
+use crate::cluster::objects::collector::Collector;
 use crate::cluster::records::KernelRecord;
 use crate::cluster::replica_host::ReplicaHost;
 use crate::cluster::Cluster;
@@ -27,6 +28,8 @@ pub struct ClusterMode {
     pub ready_timeout: Duration,
     /// The cluster's API token, for calls to other hosts.
     pub token: Option<String>,
+    /// The large-object store's collector (its metrics are this host's).
+    pub collector: Arc<Collector>,
 }
 
 /// The extension handlers look for.
@@ -47,12 +50,13 @@ pub fn enable(
     state: Arc<AppState>,
     cluster: Arc<Cluster>,
     replicas: Arc<ReplicaHost>,
+    collector: Arc<Collector>,
     token: Option<String>,
 ) -> Router {
     let frontends = Frontends::new(cluster.meta().clone(), Some(cluster.store().clone()), FrontendMetrics::default());
     frontends.set_local(cluster.node_id(), Arc::new(GatewayReplicas::new(state, replicas.clone())));
     frontends.set_cluster(cluster.clone());
-    let mode = ClusterMode { cluster, replicas, frontends, ready_timeout: DEFAULT_READY_TIMEOUT, token };
+    let mode = ClusterMode { cluster, replicas, frontends, ready_timeout: DEFAULT_READY_TIMEOUT, token, collector };
     with_cluster(router, Arc::new(mode))
 }
 

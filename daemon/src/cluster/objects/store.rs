@@ -1,27 +1,17 @@
-//! The large-object store of namespace sync: payloads over `sync_inline_max_bytes`
-//! (arrays, tensors, big pickles) are written here under `objects/{sha256}` and only a
-//! content-addressed pointer goes through a kernel's raft log.
-//!
-//! The backend is the `object_store` crate: a local directory by default (one host, or a
-//! directory every host mounts), or any S3-compatible store by URL (`s3://bucket/prefix`,
-//! credentials and endpoint from the usual `AWS_*` environment variables). Objects are
-//! immutable and named by their content, so writing one twice is harmless, and every
-//! read is checked against its name: a corrupt or truncated object is an error, never
-//! state applied to a kernel. An object already in the store is reused only once its
-//! content hashes to its name (a tampered one is rewritten from the writer's bytes).
-//!
-//! A local store is private: the default directory (`objects/` under the state directory,
-//! or the dev cluster's per-user one) is 0700, owned by the daemon's user and not a
-//! symlink ([`ensure_private_dir`]); every object file is 0600. Refusals are counted in
-//! `notebookos_refused_total{reason="object_corrupt"|"object_store_not_private"}`.
+//! The store itself ([`Objects`]): put, get, list and delete content-addressed objects
+//! under `{prefix}/objects/{sha256}`, on a local directory or an S3-compatible store.
 
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use futures_util::StreamExt;
+use object_store::aws::AmazonS3ConfigKey;
 use object_store::path::Path as ObjectPath;
-use object_store::ObjectStore;
+use object_store::prefix::PrefixStore;
+use object_store::{ClientConfigKey, ObjectMeta, ObjectStore, RetryConfig};
 use sha2::{Digest, Sha256};
 
 /// Why an object could not be stored or read.
@@ -128,6 +118,42 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), ObjectError> {
     Ok(())
 }
 
+/// Limits of the calls to an S3 store: a stalled or failing server fails the cell's sync
+/// within about `request_timeout × (max_retries + 1)`, not object_store's 3-minute default.
+#[derive(Debug, Clone)]
+pub struct S3Options {
+    /// One request, connection to last byte (`cluster.object_store_timeout`).
+    pub request_timeout: Duration,
+    /// Establishing a connection.
+    pub connect_timeout: Duration,
+    /// Retries of a failed request (with backoff).
+    pub max_retries: usize,
+    /// Further `AmazonS3ConfigKey` settings (name, value): the endpoint of a test server.
+    pub extra: Vec<(String, String)>,
+}
+
+impl Default for S3Options {
+    fn default() -> Self {
+        Self {
+            request_timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(5),
+            max_retries: 2,
+            extra: Vec::new(),
+        }
+    }
+}
+
+/// One object as listed: its name, size and when it was last written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredObject {
+    /// The sha256 it is named by.
+    pub sha256: String,
+    /// Bytes.
+    pub size: u64,
+    /// Last written (a rewrite of the same content renews it).
+    pub modified: SystemTime,
+}
+
 /// The large-object store of this host.
 #[derive(Clone)]
 pub struct Objects {
@@ -146,8 +172,15 @@ impl std::fmt::Debug for Objects {
 
 impl Objects {
     /// Opens the store at `url` (`file:///dir`, `s3://bucket/prefix`), or the directory
-    /// `default_dir` when no URL is configured (created if missing).
+    /// `default_dir` when no URL is configured (created if missing). S3 settings other than
+    /// the URL's come from the `AWS_*` environment variables.
     pub fn open(url: Option<&str>, default_dir: &Path) -> Result<Self, ObjectError> {
+        Self::open_with(url, default_dir, &S3Options::default())
+    }
+
+    /// [`Objects::open`] with S3 request limits and settings (`extra`: object_store's
+    /// `AmazonS3ConfigKey` names and values, e.g. an endpoint) on top of the environment's.
+    pub fn open_with(url: Option<&str>, default_dir: &Path, s3: &S3Options) -> Result<Self, ObjectError> {
         let bad = |url: &str, reason: String| ObjectError::BadUrl { url: url.to_owned(), reason };
         let Some(url) = url.filter(|u| !u.is_empty()) else {
             ensure_private_dir(default_dir)?;
@@ -160,11 +193,39 @@ impl Objects {
                 Self::local(&dir)
             }
             "s3" | "s3a" => {
-                let store = object_store::aws::AmazonS3Builder::from_env()
+                // Set key by key: `with_client_options` would replace what the environment
+                // set (AWS_ALLOW_HTTP, proxies) with defaults.
+                let client = |key| AmazonS3ConfigKey::Client(key);
+                let mut builder = object_store::aws::AmazonS3Builder::from_env()
                     .with_url(url)
-                    .build()
-                    .map_err(|e| bad(url, e.to_string()))?;
-                Ok(Self { store: Arc::new(store), name: url.to_owned(), dir: None })
+                    .with_config(
+                        client(ClientConfigKey::Timeout),
+                        humantime::format_duration(s3.request_timeout).to_string(),
+                    )
+                    .with_config(
+                        client(ClientConfigKey::ConnectTimeout),
+                        humantime::format_duration(s3.connect_timeout).to_string(),
+                    )
+                    .with_retry(RetryConfig {
+                        max_retries: s3.max_retries,
+                        retry_timeout: s3.request_timeout.saturating_mul(2),
+                        ..RetryConfig::default()
+                    });
+                for (key, value) in &s3.extra {
+                    let key = key.parse().map_err(|e: object_store::Error| bad(url, format!("option {key}: {e}")))?;
+                    builder = builder.with_config(key, value);
+                }
+                let bucket = builder.build().map_err(|e| bad(url, e.to_string()))?;
+                // `with_url` keeps only the bucket: the URL's path is the prefix every key
+                // goes under, so clusters can share a bucket and a policy scoped to
+                // `bucket/prefix/*` allows every call.
+                let prefix = ObjectPath::parse(parsed.path()).map_err(|e| bad(url, format!("prefix: {e}")))?;
+                let store: Arc<dyn ObjectStore> = if prefix.as_ref().is_empty() {
+                    Arc::new(bucket)
+                } else {
+                    Arc::new(PrefixStore::new(bucket, prefix))
+                };
+                Ok(Self { store, name: url.to_owned(), dir: None })
             }
             other => Err(bad(url, format!("unsupported scheme {other:?} (use file:// or s3://)"))),
         }
@@ -213,20 +274,14 @@ impl Objects {
     }
 
     /// Stores `data` whose sha256 the caller just computed (saves hashing it twice).
+    ///
+    /// Always written, even when an object of that name is present: the write renews its
+    /// modification time, which the collector's grace period counts from (an old object a
+    /// new cell refers to again is not collected under it), and it replaces a tampered
+    /// object rather than trusting it (reading it back to check would cost as much).
     pub async fn put_hashed(&self, data: Bytes, sha256: &str) -> Result<(), ObjectError> {
         valid_name(sha256)?;
-        let path = Self::path(sha256);
-        // Reused only when its content is what its name says; the size alone would let a
-        // tampered object of the right length stand.
-        match self.get(sha256).await {
-            Ok(_) => return self.make_private(sha256),
-            Err(ObjectError::NotFound { .. }) => {}
-            Err(ObjectError::Corrupt { actual, .. }) => {
-                tracing::warn!(store = %self.name, sha256, actual, "an object in the store did not match its name; rewriting it");
-            }
-            Err(e) => return Err(e),
-        }
-        self.store.put(&path, data.into()).await.map_err(|e| self.backend(e))?;
+        self.store.put(&Self::path(sha256), data.into()).await.map_err(|e| self.backend(e))?;
         self.make_private(sha256)
     }
 
@@ -253,12 +308,55 @@ impl Objects {
 
     /// Whether object `sha256` is present.
     pub async fn contains(&self, sha256: &str) -> Result<bool, ObjectError> {
+        Ok(self.head(sha256).await?.is_some())
+    }
+
+    /// Object `sha256`'s size and modification time, `None` when it is absent.
+    pub async fn head(&self, sha256: &str) -> Result<Option<StoredObject>, ObjectError> {
         valid_name(sha256)?;
         match self.store.head(&Self::path(sha256)).await {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Ok(meta) => Ok(Self::stored(&meta)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(self.backend(e)),
         }
+    }
+
+    /// Every object in the store (under its prefix). Keys that are not objects (another
+    /// tool's files under the prefix) are skipped.
+    pub async fn list(&self) -> Result<Vec<StoredObject>, ObjectError> {
+        let prefix = ObjectPath::from("objects");
+        let mut listing = self.store.list(Some(&prefix));
+        let mut out = Vec::new();
+        while let Some(meta) = listing.next().await {
+            let meta = meta.map_err(|e| self.backend(e))?;
+            out.extend(Self::stored(&meta));
+        }
+        Ok(out)
+    }
+
+    /// Deletes object `sha256` (absent already is success).
+    pub async fn delete(&self, sha256: &str) -> Result<(), ObjectError> {
+        valid_name(sha256)?;
+        match self.store.delete(&Self::path(sha256)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.backend(e)),
+        }
+    }
+
+    /// The store's name for messages (its URL or directory).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn stored(meta: &ObjectMeta) -> Option<StoredObject> {
+        let sha256 = meta.location.filename()?;
+        valid_name(sha256).ok()?;
+        let in_objects = meta.location.prefix_matches(&ObjectPath::from("objects"));
+        in_objects.then(|| StoredObject {
+            sha256: sha256.to_owned(),
+            size: meta.size,
+            modified: SystemTime::from(meta.last_modified),
+        })
     }
 }
 
@@ -301,7 +399,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_tampered_object_is_not_reused_and_local_stores_are_private() {
+    async fn a_tampered_object_is_refused_then_replaced_and_local_stores_are_private() {
         let state = tempfile::tempdir().expect("tmp");
         let dir = state.path().join("objects");
         let objects = Objects::open(None, &dir).expect("open");
@@ -316,10 +414,16 @@ mod tests {
         let before = crate::metrics::refusal_count(OBJECT_CORRUPT);
         let err = objects.get(&sha).await.expect_err("tampered object refused");
         assert!(err.to_string().contains("is corrupt"), "{err}");
+        assert!(crate::metrics::refusal_count(OBJECT_CORRUPT) > before, "the refusal is counted");
+        // A writer of the same value never reuses what is there: it writes its own bytes.
         objects.put(data.clone()).await.expect("put again rewrites it");
-        assert!(crate::metrics::refusal_count(OBJECT_CORRUPT) >= before + 2, "both refusals counted");
         assert_eq!(objects.get(&sha).await.expect("repaired"), data);
         assert_eq!(mode(&file), 0o600);
+        let listed = objects.list().await.expect("list");
+        assert_eq!(listed.iter().map(|o| (o.sha256.as_str(), o.size)).collect::<Vec<_>>(), vec![(sha.as_str(), 4096)]);
+        objects.delete(&sha).await.expect("delete");
+        assert!(objects.head(&sha).await.expect("head").is_none());
+        assert!(objects.list().await.expect("list").is_empty());
     }
 
     #[test]
