@@ -25,6 +25,8 @@ use notebookosd::kernel::connection::ConnectionInfo;
 use notebookosd::link::client::GatewayClient;
 
 const CELL_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long replicas may take to apply a cell before their digests are compared.
+const DIGEST_WAIT: Duration = Duration::from_secs(60);
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
@@ -66,32 +68,6 @@ fn executor(run: &CellRun) -> u64 {
 
 fn revision(run: &CellRun) -> u64 {
     run.reply_metadata["nbos_election"]["revision"].as_u64().unwrap_or_else(|| panic!("no revision in {run:?}"))
-}
-
-/// Waits until the replicas on every running host applied `rev`, then returns their digests.
-fn digests_after(c: &TestCluster, kernel: &str, rev: u64) -> BTreeMap<u64, String> {
-    let running: Vec<u64> = c.hosts.iter().filter(|h| h.running()).map(|h| h.node_id).collect();
-    wait_for(Duration::from_secs(60), &format!("replicas of {kernel} on {running:?} to apply revision {rev}"), || {
-        running
-            .iter()
-            .all(|&h| {
-                let (code, v) = c.get(h, "/api/v1/cluster/replicas");
-                code == 200
-                    && v.as_array()
-                        .into_iter()
-                        .flatten()
-                        .any(|r| r["kernel_id"] == kernel && r["applied_revision"].as_u64().is_some_and(|a| a >= rev))
-            })
-            .then_some(())
-    });
-    running
-        .iter()
-        .map(|&h| {
-            let (code, v) = c.get(h, &format!("/api/v1/cluster/kernels/{kernel}/digest"));
-            assert_eq!(code, 200, "digest on host {h}: {v}");
-            (h, v["digest"].as_str().expect("digest").to_owned())
-        })
-        .collect()
 }
 
 /// The host running `kernel`'s current cell, as the front-end on `front` sees it.
@@ -204,7 +180,7 @@ fn ten_cells_move_between_replicas_and_every_replica_keeps_the_same_namespace() 
             let ex = executor(&run);
             assert!(!occupied.contains(&ex), "cell {n} ran on host {ex}, whose GPU another kernel's cell holds");
             executors.push(ex);
-            let digests = digests_after(&c, &k1, revision(&run));
+            let digests = c.digests_after(&k1, revision(&run), DIGEST_WAIT);
             let distinct: BTreeSet<&String> = digests.values().collect();
             assert_eq!(distinct.len(), 1, "after cell {n} the replicas differ: {digests:?}");
             assert!(digests.len() >= 2, "cell {n}: digests from {digests:?}");
@@ -390,7 +366,7 @@ fn killing_the_executing_host_fails_over_with_state_and_no_hang() {
             let run = client.run(&format!("x{n} = {n}\nprint('cell', {n})"), CELL_TIMEOUT).await.expect("cell");
             assert!(status_ok(&run), "cell {n}: {run:?}");
             last = executor(&run);
-            digests_after(&c, &k, revision(&run));
+            c.digests_after(&k, revision(&run), DIGEST_WAIT);
         }
         let dead = last;
         let survivors: Vec<u64> = [1, 2, 3].into_iter().filter(|h| *h != dead).collect();
@@ -429,7 +405,7 @@ fn killing_the_executing_host_fails_over_with_state_and_no_hang() {
         assert!(status_ok(&run), "cell 6: {run:?}\n{}", c.logs());
         assert_eq!(run.stdout.trim(), "15");
         assert!(survivors.contains(&executor(&run)), "cell 6 ran on {}", executor(&run));
-        let digests = digests_after(&c, &k, revision(&run));
+        let digests = c.digests_after(&k, revision(&run), DIGEST_WAIT);
         assert_eq!(digests.values().collect::<BTreeSet<_>>().len(), 1, "{digests:?}");
 
         // The survivor's front-end counted both.
@@ -603,7 +579,7 @@ fn two_gateways_sending_cells_at_once_lose_no_acknowledged_cell() {
             let sent: Vec<&String> = acked.iter().map(|(e, _)| e).collect();
             assert_eq!(mine, sent, "gateway {host}'s cells in their order");
         }
-        let digests = digests_after(&c, &kernel, revision(&run));
+        let digests = c.digests_after(&kernel, revision(&run), DIGEST_WAIT);
         let distinct: BTreeSet<&String> = digests.values().collect();
         assert_eq!(distinct.len(), 1, "every replica has the same namespace: {digests:?}");
     });
@@ -762,7 +738,7 @@ fn cells_wait_for_gpus_and_say_so_interrupts_reach_the_executor_and_bad_requests
         let mut b = CellClient::connect(&gateway(&c, 2), &k2).await.expect("k2 before restart");
         let run = b.run("before_restart = 41", CELL_TIMEOUT).await.expect("cell before restart");
         assert!(status_ok(&run), "{run:?}");
-        digests_after(&c, &k2, revision(&run));
+        c.digests_after(&k2, revision(&run), DIGEST_WAIT);
     });
     // Restart through any host restarts every replica (fresh processes), the kernel group
     // forgets the old namespace, and the kernel keeps serving cells.
@@ -793,7 +769,7 @@ fn cells_wait_for_gpus_and_say_so_interrupts_reach_the_executor_and_bad_requests
         let mut b = CellClient::connect(&gateway(&c, 2), &k2).await.expect("k2 after host 3 came back");
         let run = b.run("after_restart = 'x'", CELL_TIMEOUT).await.expect("cell after host 3 came back");
         assert!(status_ok(&run), "{run:?}");
-        let digests = digests_after(&c, &k2, revision(&run));
+        let digests = c.digests_after(&k2, revision(&run), DIGEST_WAIT);
         assert_eq!(digests.len(), 3, "{digests:?}");
         assert_eq!(digests.values().collect::<BTreeSet<_>>().len(), 1, "pre-restart names came back: {digests:?}");
     });

@@ -381,6 +381,34 @@ impl TestCluster {
         });
     }
 
+    /// Waits (up to `within`) until the replica of `kernel` on every running host applied
+    /// revision `rev` and follows its group (no `broken`); returns their namespace digests.
+    pub fn digests_after(&self, kernel: &str, rev: u64, within: Duration) -> std::collections::BTreeMap<u64, String> {
+        let running: Vec<u64> = self.hosts.iter().filter(|h| h.running()).map(|h| h.node_id).collect();
+        wait_for(within, &format!("replicas of {kernel} on {running:?} to apply revision {rev}"), || {
+            running
+                .iter()
+                .all(|&h| {
+                    let (code, v) = self.get(h, "/api/v1/cluster/replicas");
+                    code == 200
+                        && v.as_array().into_iter().flatten().any(|r| {
+                            r["kernel_id"] == kernel
+                                && r["applied_revision"].as_u64().is_some_and(|a| a >= rev)
+                                && r.get("broken").is_none()
+                        })
+                })
+                .then_some(())
+        });
+        running
+            .iter()
+            .map(|&h| {
+                let (code, v) = self.get(h, &format!("/api/v1/cluster/kernels/{kernel}/digest"));
+                assert_eq!(code, 200, "digest on host {h}: {v}");
+                (h, v["digest"].as_str().expect("digest").to_owned())
+            })
+            .collect()
+    }
+
     /// Runs `nbos` against a host; returns (success, stdout, stderr).
     pub fn nbos(&self, node_id: u64, args: &[&str]) -> (bool, String, String) {
         let out = Command::new(NBOS)
