@@ -7,7 +7,9 @@
 #     (onto another GPU when there are two), two processes taking turns on one GPU,
 #     refusals; and the PyTorch loop (tests/gpu/train.py) revoked and restored between
 #     steps, whose loss curve must equal an undisturbed run's;
-#  3. prints the shim's overhead on the real driver (nbos bench shim --driver ...) and on
+#  3. runs the GPU device guard (gpu.device_guard = "ebpf") against the real driver and prints
+#     what the driver does under it (GPU_GUARD_RESULT);
+#  4. prints the shim's overhead on the real driver (nbos bench shim --driver ...) and on
 #     the test double, and the evict/restore GiB/s the PyTorch test measured.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,7 +35,7 @@ fi
 
 section "build (release)"
 cargo build --release -p nbos-cuda-shim -p fake-cuda -p notebookosd
-cargo test --release --no-run -p notebookosd --test lease_shim
+cargo test --release --no-run -p notebookosd --test lease_shim --test device_guard
 
 # A failing step is reported and the rest still runs (the figures are wanted either way);
 # the exit status says whether everything passed.
@@ -49,6 +51,16 @@ if ! grep -h GPU_RESULT /tmp/nbos-gpu-lease-tests.log; then
     echo "no PyTorch result line: the training test did not finish (log above)"
     failed+=("pytorch training test")
 fi
+
+section "GPU device guard against the real driver"
+# Asserts that a kernel initialising CUDA under its lease works with the guard on and that a
+# revoked GPU's device file no longer opens; prints GPU_GUARD_RESULT, the facts that decide
+# whether gpu.device_guard can default to "ebpf" (docs/security.md).
+if ! NBOS_TEST_CUDA_DRIVER="$LIBCUDA" timeout 120 cargo test --release -p notebookosd --test device_guard -- \
+    --include-ignored --test-threads=1 --nocapture 2>&1 | tee /tmp/nbos-gpu-guard.log; then
+    failed+=("device guard")
+fi
+grep -h GPU_GUARD_RESULT /tmp/nbos-gpu-guard.log || failed+=("device guard facts")
 
 section "shim overhead on the real driver"
 timeout 60 ./target/release/nbos bench shim --json --driver "$LIBCUDA" --acquire-rounds 100 || failed+=("bench (real driver)")
