@@ -15,6 +15,7 @@ import argparse
 import fcntl
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,9 +24,18 @@ import time
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, below Linux's ephemeral range (32768+): a port-0 pick could be
+    taken by any outgoing connection before the new daemon binds it."""
+    first = random.randrange(12_000)
+    for i in range(12_000):
+        port = 20_000 + (first + i) % 12_000
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port in 20000..32000")
 
 
 def next_node_id(args):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webelement import WebElement
 
+from nbos_harness import free_port
+
 # Screenshots and logs of failed tests, and figures the tests measure.
 ARTIFACTS_DIR = Path(os.environ.get("NBOS_TEST_ARTIFACTS") or Path(__file__).resolve().parents[2] / "target" / "test-artifacts" / "browser")
 CHROMIUM = os.environ.get("NBOS_CHROMIUM", "/usr/bin/chromium")
@@ -36,12 +37,6 @@ CRASH_DIALOG_TEXT = "appears to have died"
 # What is open now, for the screenshots and logs of a failed test (conftest.py).
 OPEN_BROWSERS: list[webdriver.Chrome] = []
 OPEN_LABS: list["Lab"] = []
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(predicate, timeout: float, what: str, every: float = 0.1):

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster_harness import Cluster, free_port
+from cluster_harness import Cluster
+from nbos_harness import free_port
 from lab_harness import ARTIFACTS_DIR, Lab, Notebook, chromium, close, wait_until
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"

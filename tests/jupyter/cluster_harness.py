@@ -10,7 +10,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -18,13 +17,8 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from nbos_harness import bin_dir, wait_for
+from nbos_harness import bin_dir, free_port, wait_for
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Cluster:

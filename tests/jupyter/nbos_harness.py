@@ -11,8 +11,10 @@ import atexit
 import contextlib
 import json
 import os
+import random
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +32,26 @@ def bin_dir() -> Path:
         ["cargo", "build", "-q", "-p", "notebookosd", "--bins"], cwd=REPO, check=True
     )
     return Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target") / "debug"
+
+
+_next_port = random.randrange(12_000)
+
+
+def free_port() -> int:
+    """A loopback TCP port that is free now, chosen below Linux's ephemeral range (32768+) so
+    that no outgoing connection or port-0 listener of the machine takes it between choosing
+    and binding (raft_store::service::free_loopback_addr does the same for the Rust tests)."""
+    global _next_port
+    for _ in range(12_000):
+        port = 20_000 + _next_port % 12_000
+        _next_port += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port in 20000..32000")
 
 
 def wait_for(predicate, timeout: float, what: str):

@@ -5,7 +5,6 @@ to jupyter_server."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,13 +14,8 @@ import uuid
 
 import pytest
 import websocket
-from nbos_harness import daemon, wait_for
+from nbos_harness import daemon, free_port, wait_for
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -195,10 +195,12 @@ fn signal(c: &Child, sig: libc::c_int) {
     }
 }
 
-/// A free loopback TCP port (bound, then released; the caller binds it soon after).
+/// A free loopback TCP port (bound, then released; the daemon binds it soon after). Below
+/// the ephemeral range: a port-0 pick could be taken in between by any outgoing connection
+/// or port-0 listener of the machine (a CI run saw a host's raft port taken by another
+/// test's HTTP server).
 fn free_port() -> anyhow::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
-    Ok(l.local_addr()?.port())
+    Ok(raft_store::service::free_loopback_addr().context("finding a free port")?.port())
 }
 
 /// How the hosts of a [`LocalCluster`] are configured.
