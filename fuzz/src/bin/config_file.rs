@@ -3,7 +3,8 @@
 //! must name the field rather than crash or mislead.
 //!
 //! Invariants: every error names where the text came from; an accepted config serialises
-//! back to TOML that parses and validates to the same config.
+//! back to TOML that parses and validates to the same config. The serialiser is toml 1's (the
+//! oracle only): toml 0.8's panics on a string with 256 quotes in a row (docs/fuzzing.md).
 
 use notebookosd::config::Config;
 
