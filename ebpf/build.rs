@@ -1,8 +1,8 @@
 //! Compiles the C BPF programs in `bpf/` with clang (`-O2 -g -target bpf`, CO-RE) into
-//! `$OUT_DIR/observer.bpf.o` and `$OUT_DIR/device_guard.bpf.o`, which `src/ebpf_backend.rs`
-//! and `src/device_guard.rs` embed. `vmlinux.h` is generated from the
-//! build machine's kernel BTF with bpftool; relocations are resolved against the running
-//! kernel's BTF at load time, so the object runs on other kernels too.
+//! `$OUT_DIR/observer.bpf.o`, `$OUT_DIR/device_guard.bpf.o` and `$OUT_DIR/pool_guard.bpf.o`,
+//! which `src/ebpf_backend.rs`, `src/device_guard.rs` and `src/pool_guard.rs` embed.
+//! `vmlinux.h` is generated from the build machine's kernel BTF with bpftool; relocations are
+//! resolved against the running kernel's BTF at load time, so the object runs on other kernels too.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -22,7 +22,7 @@ fn build() -> Result<(), String> {
     let out = PathBuf::from(env::var("OUT_DIR").map_err(|e| format!("OUT_DIR: {e}"))?);
     let bpf_dir =
         PathBuf::from(env::var("CARGO_MANIFEST_DIR").map_err(|e| format!("CARGO_MANIFEST_DIR: {e}"))?).join("bpf");
-    for f in ["observer.bpf.c", "observer.h", "device_guard.bpf.c", "device_guard.h"] {
+    for f in ["observer.bpf.c", "observer.h", "device_guard.bpf.c", "device_guard.h", "pool_guard.bpf.c"] {
         println!("cargo:rerun-if-changed={}", bpf_dir.join(f).display());
     }
     println!("cargo:rerun-if-env-changed=NBOS_VMLINUX_H");
@@ -36,7 +36,7 @@ fn build() -> Result<(), String> {
         Err(e) => return Err(format!("CARGO_CFG_TARGET_ARCH: {e}")),
     };
     let clang = env::var("CLANG").unwrap_or_else(|_| "clang".to_owned());
-    for program in ["observer", "device_guard"] {
+    for program in ["observer", "device_guard", "pool_guard"] {
         let source = bpf_dir.join(format!("{program}.bpf.c"));
         let object = out.join(format!("{program}.bpf.o"));
         let status = Command::new(&clang)

@@ -58,12 +58,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", required=True, help="the daemon's base URL")
     ap.add_argument("--nbos", required=True, help="path of the nbos CLI")
-    ap.add_argument("--token", default=os.environ.get("NBOS_TOKEN"), help="API token, if the daemon needs one")
+    ap.add_argument("--token-file", help="file holding the API token, if the daemon needs one (or set NBOS_TOKEN)")
     ap.add_argument("--notebook", default=str(HERE / "train_in_turns.ipynb"))
     ap.add_argument("--kernels", type=int, default=3)
     ap.add_argument("--gateway-kernel", default="notebookos-python-1gpu", help="gateway kernelspec each kernel runs")
     ap.add_argument("--timeout", type=int, default=300, help="seconds one cell may take")
     args = ap.parse_args()
+    # Never from argv, which every local user can read.
+    args.token = open(args.token_file).read().strip() if args.token_file else os.environ.get("NBOS_TOKEN")
 
     import nbformat
     from nbclient import NotebookClient
@@ -76,7 +78,7 @@ def main() -> int:
         token_file = jupyter_path / "token"
         token_file.touch(mode=0o600)
         token_file.write_text(args.token + "\n")
-        cmd += ["--token", args.token, "--token-file", str(token_file)]
+        cmd += ["--token-file", str(token_file)]
     subprocess.run(cmd, check=True, capture_output=True)
     # The kernel-proxy processes log to this terminal through nbclient: warnings only.
     os.environ.setdefault("NBOS_LOG", "warn")

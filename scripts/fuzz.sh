@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 seconds=${1:?usage: scripts/fuzz.sh SECONDS [TARGET...]}
 shift
-all=(lease_proto raft_frame jupyter_wire jupyter_ws gateway_bodies config_file)
+all=(lease_proto raft_frame jupyter_wire jupyter_ws gateway_bodies config_file zmq_frames)
 targets=("$@")
 ((${#targets[@]})) || targets=("${all[@]}")
 

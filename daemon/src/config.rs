@@ -75,6 +75,9 @@ pub struct Config {
 pub struct LimitsConfig {
     /// Largest WebSocket message a client may send, bytes.
     pub websocket_max_message_bytes: usize,
+    /// Bytes of client WebSocket messages being decoded and forwarded at once, all sockets
+    /// of the host together; a message that finds no room within a few seconds closes its socket.
+    pub websocket_inflight_bytes: usize,
     /// Messages queued to one WebSocket client before it is disconnected as stuck.
     pub websocket_queued_messages: usize,
     /// Open WebSocket connections to one kernel.
@@ -92,7 +95,9 @@ pub struct LimitsConfig {
 impl Default for LimitsConfig {
     fn default() -> Self {
         Self {
-            websocket_max_message_bytes: 256 << 20,
+            // Jupyter Server's (Tornado's) default websocket_max_message_size.
+            websocket_max_message_bytes: 10 << 20,
+            websocket_inflight_bytes: 128 << 20,
             websocket_queued_messages: 4096,
             websocket_connections_per_kernel: 64,
             websocket_connections: 1024,
@@ -132,6 +137,17 @@ pub struct HttpConfig {
     pub allow_plaintext: bool,
     /// File holding the operator token: membership, drain and re-placement need it.
     pub operator_token_file: Option<PathBuf>,
+    /// Time a client has for its TLS handshake, and for each request's head (line and headers).
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// A connection that moves no byte this long with no request being handled is closed
+    /// (an open WebSocket is not: it counts under `limits.websocket_connections`).
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Open HTTP connections (not yet WebSockets), all clients together; more are closed at accept.
+    pub max_connections: usize,
+    /// Open HTTP connections from one source address (an IPv6 /64); more are closed at accept.
+    pub max_connections_per_source: usize,
 }
 
 /// `[http].tls`: the HTTPS listener's material (PEM files).
@@ -228,8 +244,13 @@ pub struct ObserverConfig {
 pub struct KernelConfig {
     /// Python interpreter that runs ipykernel.
     pub python: PathBuf,
-    /// Memory limit per kernel process tree in MiB (cgroup v2); 0 means none.
+    /// Memory limit per kernel process tree in MiB (memory cgroup); 0 means none.
+    /// Default [`DEFAULT_KERNEL_MEMORY_LIMIT_MIB`].
     pub memory_limit_mib: u64,
+    /// Also set `memory_limit_mib` as RLIMIT_AS of each kernel process (an oversized
+    /// allocation becomes a Python MemoryError, not an OOM kill). Off by default: CUDA
+    /// and the JITs reserve far more address space than they use, and fail under it.
+    pub limit_address_space: bool,
     /// The unprivileged account kernels run as when the daemon is root (never root).
     pub user: String,
     /// Group kernels run as; unset means `user`'s primary group.
@@ -245,7 +266,48 @@ pub struct KernelConfig {
     pub prewarm_min: u32,
     /// Most pre-warmed kernel processes; 0 turns the pool off (whatever `prewarm_min` says).
     pub prewarm_max: u32,
+    /// Size of each kernel's home (HOME, TMPDIR, default working directory) in MiB: a
+    /// sparse ext4 image in the kernel's directory under `node.state_dir`, loop-mounted
+    /// (nosuid, nodev) in the kernel's own mount namespace, so a write past it fails with
+    /// ENOSPC. Root daemons only; 0 means no quota (the home is a plain directory).
+    pub home_quota_mib: u64,
+    /// Size of each kernel's private `/dev/shm` (a tmpfs in its own mount namespace,
+    /// nosuid, nodev, noexec) in MiB; root daemons only. 0 means the host's `/dev/shm`.
+    pub shm_size_mib: u64,
+    /// RLIMIT_NOFILE (soft and hard) of kernel processes; 0 means the daemon's own.
+    pub open_files_max: u64,
+    /// RLIMIT_NPROC of kernel processes: processes and threads of the kernel's *uid*, all
+    /// of its processes together (with one shared `kernel.user`, all kernels' together;
+    /// `pids_max` is the per-kernel cap). 0 means the daemon's own.
+    pub nproc_max: u64,
+    /// The largest Jupyter message (all its frames) the daemon takes from a kernel's ZMQ
+    /// sockets; a kernel that sends more is disconnected and killed, never the daemon.
+    pub max_message_bytes: u64,
 }
+
+/// `kernel.max_message_bytes`'s default: far above real Jupyter traffic (a notebook's
+/// largest outputs, plots and widget states, are a few MiB; namespace state goes through
+/// files, not messages), far below what hurts a host.
+pub const DEFAULT_KERNEL_MAX_MESSAGE_BYTES: u64 = 64 << 20;
+
+/// `kernel.memory_limit_mib`'s default, 16 GiB: room for an ordinary notebook (a
+/// DataFrame of a few GiB, a model's host-side copy, DataLoader workers), while one
+/// runaway cell cannot take a whole host's memory from its neighbours and the daemon
+/// (`gpu.subscription_ratio` puts several kernels on a host). Raise it for big-data work.
+pub const DEFAULT_KERNEL_MEMORY_LIMIT_MIB: u64 = 16 << 10;
+/// `kernel.home_quota_mib`'s default, 10 GiB: datasets, checkpoints and pip installs of
+/// one notebook; the image is sparse, so only what is written takes disk space.
+pub const DEFAULT_KERNEL_HOME_QUOTA_MIB: u64 = 10 << 10;
+/// `kernel.shm_size_mib`'s default, 2 GiB: PyTorch DataLoader workers pass batches
+/// through `/dev/shm` (Docker's 64 MiB breaks them); its pages also count against the
+/// kernel's memory cgroup.
+pub const DEFAULT_KERNEL_SHM_SIZE_MIB: u64 = 2 << 10;
+/// `kernel.open_files_max`'s default: far above what a notebook opens (PyTorch's
+/// file-descriptor sharing included), far below the daemon's 1048576 (systemd unit).
+pub const DEFAULT_KERNEL_OPEN_FILES_MAX: u64 = 65_536;
+/// `kernel.nproc_max`'s default: with one shared `kernel.user` it caps all kernels of
+/// the host together (a fork bomb in one kernel is stopped by `pids_max` first).
+pub const DEFAULT_KERNEL_NPROC_MAX: u64 = 32_768;
 
 /// `kernel.user`'s default: a system account made by `scripts/install-deps.sh` and
 /// `packaging/notebookos.sysusers`.
@@ -495,6 +557,10 @@ impl Default for HttpConfig {
             tls: None,
             allow_plaintext: false,
             operator_token_file: None,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 4096,
+            max_connections_per_source: 256,
         }
     }
 }
@@ -524,7 +590,8 @@ impl Default for KernelConfig {
     fn default() -> Self {
         Self {
             python: PathBuf::from("python3"),
-            memory_limit_mib: 0,
+            memory_limit_mib: DEFAULT_KERNEL_MEMORY_LIMIT_MIB,
+            limit_address_space: false,
             user: DEFAULT_KERNEL_USER.to_owned(),
             group: None,
             uid_range: None,
@@ -534,6 +601,11 @@ impl Default for KernelConfig {
             // to 3 with demand (sched::prewarm).
             prewarm_min: 1,
             prewarm_max: 3,
+            home_quota_mib: DEFAULT_KERNEL_HOME_QUOTA_MIB,
+            shm_size_mib: DEFAULT_KERNEL_SHM_SIZE_MIB,
+            open_files_max: DEFAULT_KERNEL_OPEN_FILES_MAX,
+            nproc_max: DEFAULT_KERNEL_NPROC_MAX,
+            max_message_bytes: DEFAULT_KERNEL_MAX_MESSAGE_BYTES,
         }
     }
 }
@@ -628,6 +700,9 @@ impl Config {
         let l = &self.limits;
         for (field, value) in [
             ("limits.websocket_max_message_bytes", l.websocket_max_message_bytes),
+            ("limits.websocket_inflight_bytes", l.websocket_inflight_bytes),
+            ("http.max_connections", self.http.max_connections),
+            ("http.max_connections_per_source", self.http.max_connections_per_source),
             ("limits.websocket_queued_messages", l.websocket_queued_messages),
             ("limits.websocket_connections_per_kernel", l.websocket_connections_per_kernel),
             ("limits.websocket_connections", l.websocket_connections),
@@ -645,6 +720,33 @@ impl Config {
                 "limits.websocket_max_message_bytes",
                 format!("must be <= {}", crate::jupyter::MAX_CLIENT_MESSAGE_BYTES),
             ));
+        }
+        // One message must fit the budget of all messages in flight.
+        if l.websocket_inflight_bytes < l.websocket_max_message_bytes {
+            return Err(invalid(
+                "limits.websocket_inflight_bytes",
+                format!(
+                    "must be >= limits.websocket_max_message_bytes ({}), got {}",
+                    l.websocket_max_message_bytes, l.websocket_inflight_bytes
+                ),
+            ));
+        }
+        // Counted in the semaphore's u32 permits.
+        if l.websocket_inflight_bytes > u32::MAX as usize {
+            return Err(invalid("limits.websocket_inflight_bytes", format!("must be <= {}", u32::MAX)));
+        }
+        if self.http.max_connections_per_source > self.http.max_connections {
+            return Err(invalid(
+                "http.max_connections_per_source",
+                format!("must be <= http.max_connections ({})", self.http.max_connections),
+            ));
+        }
+        for (field, value) in
+            [("http.header_read_timeout", self.http.header_read_timeout), ("http.idle_timeout", self.http.idle_timeout)]
+        {
+            if value.is_zero() {
+                return Err(invalid(field, "must be longer than 0s".into()));
+            }
         }
         match self.gpu.driver {
             GpuDriver::Fake => {
@@ -755,6 +857,37 @@ impl Config {
         }
         if k.prewarm_max > 64 {
             return Err(invalid("kernel.prewarm_max", format!("{} is more than 64 idle Pythons", k.prewarm_max)));
+        }
+        // Below 1 MiB an ordinary plot would kill its kernel; above 1 GiB one message of
+        // each of a host's kernels could exhaust it.
+        const MIB: u64 = 1 << 20;
+        if !(MIB..=1024 * MIB).contains(&k.max_message_bytes) {
+            return Err(invalid(
+                "kernel.max_message_bytes",
+                format!("{} is outside 1 MiB ..= 1 GiB (1048576 ..= 1073741824)", k.max_message_bytes),
+            ));
+        }
+        // ext4 needs a few MiB of its own; below 64 MiB a home holds nothing useful.
+        if k.home_quota_mib != 0 && !(64..=1 << 30).contains(&k.home_quota_mib) {
+            return Err(invalid(
+                "kernel.home_quota_mib",
+                format!("{} is outside 64 ..= 1073741824 MiB (0: no quota)", k.home_quota_mib),
+            ));
+        }
+        if k.shm_size_mib > 1 << 30 {
+            return Err(invalid("kernel.shm_size_mib", format!("{} MiB is more than any host has", k.shm_size_mib)));
+        }
+        // ipykernel alone holds ~30 descriptors (ZMQ sockets, logs); above the kernel's
+        // fs.nr_open default (1048576) setrlimit fails and no kernel would start.
+        if k.open_files_max != 0 && !(256..=1 << 20).contains(&k.open_files_max) {
+            return Err(invalid(
+                "kernel.open_files_max",
+                format!("{} is outside 256 ..= 1048576 (0: the daemon's own)", k.open_files_max),
+            ));
+        }
+        // Python and ipykernel start a dozen threads; below 64 no kernel would start.
+        if k.nproc_max != 0 && k.nproc_max < 64 {
+            return Err(invalid("kernel.nproc_max", format!("{} is below 64 (0: the daemon's own)", k.nproc_max)));
         }
         if let Some(d) = &k.notebook_dir {
             if !d.is_absolute() {
@@ -981,6 +1114,17 @@ websocket_max_message_bytes = 268435457
 ",
                 "limits.websocket_max_message_bytes",
             ),
+            (
+                "[limits]
+websocket_max_message_bytes = 2000
+websocket_inflight_bytes = 1000
+",
+                "limits.websocket_inflight_bytes",
+            ),
+            ("[http]\nmax_connections = 10\nmax_connections_per_source = 11\n", "http.max_connections_per_source"),
+            ("[http]\nmax_connections = 0\n", "http.max_connections"),
+            ("[http]\nheader_read_timeout = \"0s\"\n", "http.header_read_timeout"),
+            ("[http]\nidle_timeout = \"0s\"\n", "http.idle_timeout"),
         ] {
             let err = Config::parse(text, "t.toml").expect_err(text);
             assert!(err.to_string().contains(field), "{err}");
@@ -1049,6 +1193,11 @@ websocket_max_message_bytes = 268435457
             ("[gpu]\ncuda_driver_path = \"libcuda.so.1\"\n", "gpu.cuda_driver_path"),
             ("[gpu]\nshim_library = \"libnbos_cuda_shim.so\"\n", "gpu.shim_library"),
             ("[log]\nlevel = \"info,=\"\n", "log.level"),
+            ("[kernel]\nhome_quota_mib = 8\n", "kernel.home_quota_mib"),
+            ("[kernel]\nshm_size_mib = 2000000000\n", "kernel.shm_size_mib"),
+            ("[kernel]\nopen_files_max = 16\n", "kernel.open_files_max"),
+            ("[kernel]\nopen_files_max = 2000000\n", "kernel.open_files_max"),
+            ("[kernel]\nnproc_max = 10\n", "kernel.nproc_max"),
         ] {
             let err = Config::parse(text, "t.toml").expect_err(text);
             assert!(err.to_string().contains(field), "{text}: {err}");

@@ -121,6 +121,15 @@ pub struct PrewarmTakeLabels {
     pub result: String,
 }
 
+/// Labels of `notebookos_prewarm_rejected_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PrewarmRejectLabels {
+    /// Why a pool process was killed instead of becoming a kernel: `stopped`, `traced`,
+    /// `exited`, `unresponsive` (no answer to the hand-over's ping), `not_up` (handed its
+    /// kernel, ipykernel did not come up).
+    pub reason: String,
+}
+
 /// The daemon's metrics and their registry.
 pub struct Metrics {
     registry: Registry,
@@ -166,6 +175,8 @@ pub struct Metrics {
     pub prewarm_takes_total: Family<PrewarmTakeLabels, Counter>,
     /// `notebookos_prewarm_started_total`
     pub prewarm_started_total: Counter,
+    /// `notebookos_prewarm_rejected_total{reason}`
+    pub prewarm_rejected_total: Family<PrewarmRejectLabels, Counter>,
 }
 
 impl Metrics {
@@ -276,6 +287,12 @@ impl Metrics {
             "Pre-warmed kernel processes started",
             prewarm_started_total.clone(),
         );
+        let prewarm_rejected_total = Family::<PrewarmRejectLabels, Counter>::default();
+        registry.register(
+            "notebookos_prewarm_rejected",
+            "Pre-warmed kernel processes killed instead of handed a kernel (stopped, traced, not answering), by reason",
+            prewarm_rejected_total.clone(),
+        );
         Self {
             registry,
             build_info,
@@ -299,6 +316,7 @@ impl Metrics {
             prewarm_pool_processes,
             prewarm_takes_total,
             prewarm_started_total,
+            prewarm_rejected_total,
         }
     }
 

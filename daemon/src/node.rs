@@ -11,7 +11,9 @@ use tokio::net::TcpListener;
 
 use crate::cluster::{Cluster, ClusterSettings};
 use crate::config::Config;
+use crate::gateway::conn_caps::ConnCaps;
 use crate::gateway::listener::HttpListener;
+use crate::gateway::serve::Timeouts;
 use crate::gateway::{self, AppState};
 use crate::gpu;
 use crate::kernel::binding::{Binder, LeaseControl, LogOnlyLeases};
@@ -42,6 +44,9 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
     let node = config.node_name();
     create_private_dir(&config.node.state_dir)?;
     create_private_dir(&config.node.runtime_dir)?;
+    // A kernel uid's files in the runtime directories kernels write go with the uid too
+    // (before the uid range's first sweep, just below).
+    crate::kernel::uid_leftovers::also_clean_runtime_dir(&config.node.runtime_dir);
     // Before anything else starts: a root daemon refuses to run without an unprivileged kernel account.
     let kernel_users = KernelUsers::from_config(&config.kernel, identity::daemon_is_root())
         .context("choosing the account kernels run as (kernel.user)")?;
@@ -102,23 +107,48 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding http.listen = {}", config.http.listen))?;
     let addr: SocketAddr = listener.local_addr().context("reading the bound address")?;
+    let caps = ConnCaps::new(config.http.max_connections, config.http.max_connections_per_source);
     let (listener, url) = match &config.http.tls {
         Some(tls) => {
             let server = crate::link::tls::server_config(&tls.cert, &tls.key, tls.client_ca.as_deref())
                 .context("loading http.tls")?;
-            (HttpListener::tls(listener, server)?, format!("https://{addr}"))
+            (HttpListener::tls(listener, server, caps, config.http.header_read_timeout), format!("https://{addr}"))
         }
-        None => (HttpListener::plain(listener)?, format!("http://{addr}")),
+        None => (HttpListener::plain(listener, caps), format!("http://{addr}")),
     };
 
-    let kernels_dir = config.node.runtime_dir.join("kernels");
+    // On disk under the state directory, not in the runtime directory's tmpfs (/run, shared
+    // with systemd and the lease socket): kernels' homes have a quota there (kernel/home.rs).
+    let kernels_dir = config.node.state_dir.join("kernels");
     create_private_dir(&kernels_dir)?;
+    crate::kernel::sandbox::configure(crate::kernel::sandbox::Sandbox::from_config(
+        &config.kernel,
+        identity::daemon_is_root(),
+    ));
     // Kernels a killed predecessor left (outside systemd): none is ever adopted.
     let orphans =
         crate::kernel::orphans::kill_left_over(&std::path::absolute(&kernels_dir).unwrap_or(kernels_dir.clone()));
     if orphans > 0 {
         tracing::warn!(count = orphans, dir = %kernels_dir.display(), "killed kernel processes a previous daemon of this host left running");
     }
+    // And their cgroups (memory, pids, device guard), which only a daemon that ends can remove.
+    let host_tag = crate::kernel::registry::host_tag(&kernels_dir);
+    let cgroups = crate::kernel::orphans::remove_left_over_cgroups(
+        &crate::kernel::orphans::kernel_cgroup_parents(
+            Path::new("/sys/fs/cgroup"),
+            &std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default(),
+        ),
+        &host_tag,
+    );
+    if cgroups > 0 {
+        tracing::warn!(count = cgroups, "removed kernel cgroups a previous daemon of this host left");
+    }
+    if let Some(dc) = &device_cgroups {
+        // Named like the kernels' other cgroups, so the next daemon finds what this one leaves.
+        dc.set_tag(host_tag);
+    }
+    // Their directories (no kernel is adopted): on disk now, they would pile up.
+    crate::kernel::home::remove_left_over(&kernels_dir);
     if kernel_users.switches_user() {
         open_to_kernels(&config, &kernels_dir, leasing.as_ref().map(|(_, shim)| shim))?;
     }
@@ -175,6 +205,7 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
         config.kernel.memory_limit_mib,
     )
     .with_accounts(kernel_users, config.kernel.notebook_dir.clone(), config.kernel.pids_max)
+    .with_max_message_bytes(usize::try_from(config.kernel.max_message_bytes).unwrap_or(usize::MAX))
     .with_prewarm(config.kernel.prewarm_min, config.kernel.prewarm_max)
     .context("starting the kernel pre-warm pool (kernel.prewarm_max)")?;
     if let Some(o) = &observer {
@@ -310,9 +341,8 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
         }
     };
     // Each request carries its connection's `Peer` (the verified client certificate).
-    let served = axum::serve(listener, app.into_make_service_with_connect_info::<crate::link::tls::Peer>())
-        .with_graceful_shutdown(stop)
-        .await;
+    let timeouts = Timeouts { header_read: config.http.header_read_timeout, idle: config.http.idle_timeout };
+    crate::gateway::serve::serve(listener, app, timeouts, stop).await;
 
     if let Some(w) = watchdog {
         w.abort();
@@ -346,7 +376,6 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
             tracing::warn!(dir = %dir.display(), error = %e, "could not remove the temporary state directory");
         }
     }
-    served.context("serving HTTP")?;
     if let Some(reason) = store_failure.lock().ok().and_then(|mut f| f.take()) {
         anyhow::bail!(
             "{reason}\nThis host stopped (fail-stop: nothing it had not persisted was acknowledged; its kernels \
@@ -718,9 +747,8 @@ fn open_to_kernels(config: &Config, kernels_dir: &Path, shim: Option<&ShimEnviro
     let (runtime_dir, state_dir) = (&config.node.runtime_dir, &config.node.state_dir);
     chmod(runtime_dir, 0o711)?;
     chmod(kernels_dir, 0o711)?;
-    // Cluster mode (namespace export directories) or a runtime directory inside the state
-    // directory (`--dev`): kernels pass through the state directory too.
-    if config.cluster.enabled || runtime_dir.starts_with(state_dir) {
+    // Kernels' directories are in the state directory: kernels pass through it.
+    if kernels_dir.starts_with(state_dir) || config.cluster.enabled || runtime_dir.starts_with(state_dir) {
         if config.cluster.enabled {
             for private in [state_dir.join("raft"), state_dir.join("objects")] {
                 create_private_dir(&private)?;

@@ -267,15 +267,33 @@ fn token_is_required_when_configured() {
     // Probes stay open for load balancers and Prometheus.
     assert_eq!(http_get(&format!("{}/healthz", d.url), None).0, 200);
 
-    let o = Command::new(NBOS)
-        .args(["status", "--token", "nope-nope-nope"])
-        .env("NBOS_URL", &d.url)
-        .output()
-        .expect("nbos");
+    let nbos = |args: &[&str], env_token: Option<&str>| {
+        let mut c = Command::new(NBOS);
+        c.args(args).env("NBOS_URL", &d.url).env_remove("NBOS_TOKEN").env_remove("NBOS_TOKEN_FILE");
+        if let Some(t) = env_token {
+            c.env("NBOS_TOKEN", t);
+        }
+        c.output().expect("nbos")
+    };
+    let o = nbos(&["status"], Some("nope-nope-nope"));
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("401"), "{}", stderr(&o));
-    let o = Command::new(NBOS).args(["status", "--token", token]).env("NBOS_URL", &d.url).output().expect("nbos");
+    // The token from the environment or from a file, which other local users cannot read.
+    let o = nbos(&["status"], Some(token));
     assert!(o.status.success(), "{}", stderr(&o));
+    let file = dir.path().join("token").display().to_string();
+    let o = nbos(&["status", "--token-file", &file], None);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // In argv (/proc/PID/cmdline, readable by every local user) a secret is refused before
+    // anything is sent, naming what to use instead.
+    for (flag, env) in [("--token", "NBOS_TOKEN"), ("--operator-token", "NBOS_OPERATOR_TOKEN")] {
+        let o = nbos(&["status", flag, token], None);
+        assert_eq!(o.status.code(), Some(2), "{flag}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(e.contains("command line") && e.contains(env) && e.contains(&format!("{flag}-file")), "{e}");
+        let o = nbos(&[flag, token, "kernels"], None);
+        assert_eq!(o.status.code(), Some(2), "{flag} before the subcommand: {}", stderr(&o));
+    }
 
     let (_, m) = http_get(&format!("{}/metrics", d.url), None);
     assert!(m.contains("notebookos_http_auth_failures_total 3"), "{m}");

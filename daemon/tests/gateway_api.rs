@@ -144,10 +144,11 @@ async fn kernel_gateway_api_end_to_end() {
     let (_open_tx, mut open_rx) = (tx, rx);
 
     // nbos kernels lists it, as a table and as JSON.
-    let out = Command::new(NBOS).args(["--url", &url, "--token", TOKEN, "kernels"]).output().expect("nbos");
+    let out = Command::new(NBOS).args(["--url", &url, "kernels"]).env("NBOS_TOKEN", TOKEN).output().expect("nbos");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains(&kernel_id));
-    let out = Command::new(NBOS).args(["--url", &url, "--token", TOKEN, "kernels", "--json"]).output().expect("nbos");
+    let out =
+        Command::new(NBOS).args(["--url", &url, "kernels", "--json"]).env("NBOS_TOKEN", TOKEN).output().expect("nbos");
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(list["kernels"][0]["id"], kernel_id.as_str());
     assert_eq!(list["gpus"]["total"], 0);
@@ -291,7 +292,9 @@ fn kernel_ids_that_are_not_uuids_are_no_kernel_and_touch_nothing() {
     assert_eq!(code, 201, "{body}");
     let model: serde_json::Value = serde_json::from_str(&body).expect("json");
     let id = model["id"].as_str().expect("id");
-    assert!(run.join("kernels").join(id).is_dir(), "kernel dir missing under {}", run.display());
+    // Kernels' directories are on disk, in the state directory beside `run`.
+    let kernels = run.with_file_name("state").join("kernels");
+    assert!(kernels.join(id).is_dir(), "kernel dir missing under {}", kernels.display());
     assert_eq!(http("DELETE", &format!("{u}/api/kernels/{id}"), Some(TOKEN), None).0, 204);
     assert_eq!(http("GET", &format!("{u}/api/kernels/{id}"), Some(TOKEN), None).0, 404);
     assert!(run.is_dir() && run.join("endpoint.json").exists());

@@ -70,8 +70,8 @@ fn start(prewarm: &str) -> (Daemon, String) {
     let (_, status) = http("GET", &format!("{}/api/v1/status", d.url), Some(TOKEN), None);
     let status: serde_json::Value = serde_json::from_str(&status).expect("status json");
     let state_dir = status["state_dir"].as_str().expect("state_dir").to_owned();
-    // The test daemons keep `run` beside `state` (common::start_daemon).
-    let kernels_dir = std::path::Path::new(&state_dir).with_file_name("run").join("kernels");
+    // Kernels' directories are on disk, in the state directory.
+    let kernels_dir = std::path::Path::new(&state_dir).join("kernels");
     (d, kernels_dir.display().to_string())
 }
 
@@ -113,7 +113,8 @@ async fn new_kernels_take_over_pre_warmed_processes_which_are_refilled() {
     let p: serde_json::Value =
         serde_json::from_str(portrait.trim_matches('\'')).unwrap_or_else(|e| panic!("{e}: {portrait}"));
     let own_dir = format!("{kernels_dir}/{id}");
-    assert_eq!(p["cwd"], own_dir.as_str(), "{p}");
+    // Its home (under the home quota when root) is its working directory.
+    assert_eq!(p["cwd"], format!("{own_dir}/home").as_str(), "{p}");
     assert_eq!(p["connection_file"], format!("{own_dir}/connection-0.json").as_str(), "{p}");
     assert_eq!(p["project"], "vision", "the client's KERNEL_* did not arrive: {p}");
     assert_eq!(p["kernel_id"], id.as_str(), "{p}");
@@ -121,7 +122,7 @@ async fn new_kernels_take_over_pre_warmed_processes_which_are_refilled() {
     assert_eq!(p["cuInit"], 0, "the CUDA shim did not serve the pre-warmed kernel: {p}");
     if root {
         assert_ne!(p["uid"], 0, "a pre-warmed kernel runs as root: {p}");
-        assert_eq!(p["home"], own_dir.as_str(), "{p}");
+        assert_eq!(p["home"], format!("{own_dir}/home").as_str(), "{p}");
         // In the kernel's own cgroup (pids, memory, as a new kernel joins before exec).
         assert!(p["cgroup"].as_str().is_some_and(|c| c.contains(&id)), "not in the kernel's cgroups: {p}");
     }
@@ -188,4 +189,102 @@ fn a_pool_bigger_than_its_cap_is_refused_at_start() {
         .expect("run");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("kernel.prewarm_min"), "{err}");
+}
+
+/// The state letter of `/proc/<pid>/stat` (`None`: gone).
+fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..].trim_start().chars().next()
+}
+
+/// Waits until none of `pids` is a live process (killed and reaped, or a zombie).
+fn wait_gone(pids: &BTreeSet<u32>) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Some(p) = pids.iter().find(|p| proc_state(**p).is_some_and(|s| s != 'Z')) {
+        assert!(Instant::now() < deadline, "stopped pool process {p} is still there ({:?})", proc_state(*p));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Issue 29: a pool process stopped with SIGSTOP (here by root, as if the pool guard were
+/// bypassed) was still handed over as ready, and the kernel start failed after 30 s. Now a
+/// stopped process is killed (at the hand-over's check, or by the refill), counted on
+/// `notebookos_prewarm_rejected_total{reason="stopped"}`, and the kernel starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_pool_process_is_not_handed_over_and_the_kernel_starts() {
+    let (d, kernels_dir) = tokio::task::block_in_place(|| start("prewarm_min = 2\nprewarm_max = 2\n"));
+    let url = d.url.clone();
+    let stopped = tokio::task::block_in_place(|| wait_for_ready_pool(&d, &kernels_dir, 2));
+    for pid in &stopped {
+        // SAFETY: kill(2) on a pool process of this test's daemon.
+        assert_eq!(unsafe { libc::kill(i32::try_from(*pid).expect("pid"), libc::SIGSTOP) }, 0);
+    }
+    let (id, pid) = tokio::task::block_in_place(|| create_kernel(&d, &serde_json::json!({ "name": "python3" })));
+    assert!(!stopped.contains(&pid), "the stopped pool process {pid} was handed the kernel");
+    assert_eq!(run_cell(&url, &id, "6 * 7").await, "42");
+    let rejected = tokio::task::block_in_place(|| metric(&d, r#"notebookos_prewarm_rejected_total{reason="stopped"}"#));
+    assert!(rejected >= 1.0, "no stopped pool process was counted as rejected");
+    // Every stopped one is killed, and the pool is whole again.
+    tokio::task::block_in_place(|| wait_gone(&stopped));
+    let refilled = tokio::task::block_in_place(|| wait_for_ready_pool(&d, &kernels_dir, 2));
+    assert!(refilled.is_disjoint(&stopped), "{refilled:?} still holds a stopped process of {stopped:?}");
+    assert_eq!(http("DELETE", &format!("{url}/api/kernels/{id}"), Some(TOKEN), None).0, 204);
+}
+
+/// Whether this kernel loads BPF LSM programs (the pool guard's kind), as
+/// `bpftool feature probe` finds; NBOS_REQUIRE_BPF_LSM=1 says it must.
+fn bpf_lsm_expected() -> bool {
+    if std::env::var("NBOS_REQUIRE_BPF_LSM").as_deref() == Ok("1") {
+        return true;
+    }
+    let out = std::process::Command::new("bpftool").args(["feature", "probe", "kernel"]).output();
+    out.is_ok_and(|o| {
+        String::from_utf8_lossy(&o.stdout).lines().any(|l| l.trim() == "eBPF program_type lsm is available")
+    })
+}
+
+/// Issue 29, as a hostile kernel does it: a cell of a kernel of the shared `kernel.user`
+/// sends SIGSTOP to every pool process. With the pool guard (BPF LSM) each signal is
+/// refused (`PermissionError`); where the guard cannot load, the signals land, and the
+/// next kernel still starts (on a new Python or a fresh pool process) and runs a cell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kernel_that_stops_the_pool_cannot_stop_the_next_kernel_start() {
+    const TEST: &str = "a_kernel_that_stops_the_pool_cannot_stop_the_next_kernel_start";
+    // SAFETY: geteuid(2) has no arguments and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(
+            std::env::var("NBOS_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
+            "{TEST}: NBOS_REQUIRE_PRIVILEGED=1 but not root (the kernels' own account, the pool guard)"
+        );
+        eprintln!("skipped {TEST}: needs root (kernels as kernel.user, the pool guard)");
+        return;
+    }
+    let guarded = bpf_lsm_expected();
+    let (d, kernels_dir) = tokio::task::block_in_place(|| start("prewarm_min = 2\nprewarm_max = 2\n"));
+    let url = d.url.clone();
+    tokio::task::block_in_place(|| wait_for_ready_pool(&d, &kernels_dir, 2));
+    let (attacker, _) = tokio::task::block_in_place(|| create_kernel(&d, &serde_json::json!({ "name": "python3" })));
+    let pool = tokio::task::block_in_place(|| wait_for_ready_pool(&d, &kernels_dir, 2));
+    let pids: Vec<u32> = pool.iter().copied().collect();
+    let cell = format!(
+        "import os, signal\nr = []\nfor p in {pids:?}:\n    try:\n        os.kill(p, signal.SIGSTOP)\n        \
+         r.append('stopped')\n    except PermissionError:\n        r.append('refused')\n' '.join(r)"
+    );
+    let outcome = run_cell(&url, &attacker, &cell).await;
+    if guarded {
+        assert_eq!(
+            outcome,
+            format!("'{}'", vec!["refused"; pids.len()].join(" ")),
+            "the pool guard let a kernel stop pool processes"
+        );
+        assert!(pids.iter().all(|p| proc_state(*p) != Some('T')), "a pool process is stopped");
+    } else {
+        eprintln!("{TEST}: no BPF LSM on this kernel, the pool guard is off; the cell's signals: {outcome}");
+    }
+    let (id, pid) = tokio::task::block_in_place(|| create_kernel(&d, &serde_json::json!({ "name": "python3" })));
+    assert_ne!(proc_state(pid), Some('T'), "the new kernel {pid} is a stopped process");
+    assert_eq!(run_cell(&url, &id, "6 * 7").await, "42");
+    for k in [&attacker, &id] {
+        assert_eq!(http("DELETE", &format!("{url}/api/kernels/{k}"), Some(TOKEN), None).0, 204);
+    }
 }

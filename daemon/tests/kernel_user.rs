@@ -137,7 +137,7 @@ async fn a_kernel_of_a_root_daemon_runs_unprivileged_in_its_pids_cgroup_with_pri
     // What the cell sees: its uid, and HOME/USER of its own account, not root's.
     let cell = "import os; ' '.join(map(str, (os.getuid(), os.getgid(), os.environ['HOME'], os.environ['USER'])))";
     let seen = run_cell(&d.url, &id, cell).await;
-    assert_eq!(seen, format!("'{uid} {gid} {} notebookos-kernel'", dir.display()));
+    assert_eq!(seen, format!("'{uid} {gid} {}/home notebookos-kernel'", dir.display()));
 
     // `ps`: no ipykernel of this daemon (started afresh or pre-warmed) runs as root.
     let ps = Command::new("ps").args(["-eo", "user:32,args"]).output().expect("ps");
@@ -211,7 +211,8 @@ async fn kernels_with_uids_of_their_own_cannot_read_each_others_connection_files
     std::fs::write(&stale_file, "old").expect("stale file");
     std::os::unix::fs::chown(&stale_file, Some(stale_uid), Some(stale_uid)).expect("chown");
     let mut stale = Command::new("sleep").arg("300").uid(stale_uid).gid(stale_uid).spawn().expect("stale process");
-    let d = start(&format!("uid_range = [{RANGE_FIRST}, {}]\n", RANGE_FIRST + 9));
+    // The host's /dev/shm (shm_size_mib = 0): what a uid leaves there is cleaned too.
+    let d = start(&format!("uid_range = [{RANGE_FIRST}, {}]\nshm_size_mib = 0\n", RANGE_FIRST + 9));
     let deadline = Instant::now() + Duration::from_secs(20);
     while (stale.try_wait().expect("wait").is_none() || Path::new(&stale_file).exists()) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));

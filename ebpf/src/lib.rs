@@ -32,6 +32,7 @@ mod error;
 mod gpu_devices;
 mod metrics;
 mod observer;
+mod pool_guard;
 mod procfs_sampler;
 pub mod shim_counters;
 
@@ -41,3 +42,4 @@ pub use device_guard::{cgroup_id, CgroupId, DeviceGuard, DeviceGuardError, MAX_M
 pub use error::ObserverError;
 pub use metrics::{KernelLabels, ModeLabels, ObserverMetrics};
 pub use observer::Observer;
+pub use pool_guard::{PoolGuard, PoolGuardError};

@@ -48,6 +48,9 @@ pub struct ObserverMetrics {
     pub exit_events_dropped: Counter,
     /// Exit events not delivered to a subscriber whose queue was full (it stopped reading).
     pub exit_events_lagged: Counter,
+    /// Shim counters files ignored (and removed) because their owner is not a uid of the
+    /// process they are named after.
+    pub counters_rejected: Counter,
 }
 
 impl ObserverMetrics {
@@ -82,6 +85,11 @@ impl ObserverMetrics {
             "notebookos_observer_exit_events_lagged",
             "Exit events not delivered because a subscriber's queue was full",
             self.exit_events_lagged.clone(),
+        );
+        registry.register(
+            "notebookos_observer_counters_rejected",
+            "Shim counters files ignored and removed: not owned by the process they name",
+            self.counters_rejected.clone(),
         );
     }
 }

@@ -69,6 +69,9 @@ struct CounterSeen {
     calls: u64,
     first_ns: u64,
     changed_ns: u64,
+    /// The file's owner, checked against the live process's uids: after the process is gone
+    /// (its final counts) the file is believed only with this owner.
+    owner: u32,
 }
 
 impl CounterSeen {
@@ -318,8 +321,17 @@ impl Shared {
         lock(&self.state)
     }
 
-    fn counters(&self, pid: u32) -> Option<ShimCounts> {
-        self.counters_dir.as_deref().and_then(|d| shim_counters::read(d, pid))
+    /// `pid`'s counters, from a file owned by one of the live process's uids, or once it is
+    /// gone by `known_owner` (the owner seen while it lived). Another owner's file is ignored
+    /// here; [`Self::note_counters`] counts and removes it.
+    fn counters(&self, pid: u32, known_owner: Option<u32>) -> Option<ShimCounts> {
+        let dir = self.counters_dir.as_deref()?;
+        let live = shim_counters::process_uids(pid);
+        let owner_ok = |owner: u32| match live {
+            Some(uids) => uids.contains(&owner),
+            None => known_owner == Some(owner),
+        };
+        shim_counters::read_owned(dir, pid, owner_ok).ok().flatten().map(|(c, _)| c)
     }
 
     fn activity_of(&self, state: &State, pid: u32) -> Option<ProcessActivity> {
@@ -332,7 +344,7 @@ impl Shared {
             }
             None => None,
         };
-        let shim = self.counters(pid).map(|mut c| {
+        let shim = self.counters(pid, state.counter_seen.get(&pid).map(|s| s.owner)).map(|mut c| {
             let (first, last) = CounterSeen::times(state.counter_seen.get(&pid), c.calls(), monotonic_ns());
             c.first_ns = [c.first_ns, first].into_iter().filter(|&t| t > 0).min().unwrap_or(0);
             c.last_ns = c.last_ns.max(last);
@@ -380,24 +392,46 @@ impl Shared {
 
     /// Records when each counters file's count changed (every poll, so `idle_for` is exact to
     /// `poll_interval` even when nobody asks in between).
+    /// A file its process cannot have written (another uid's: another kernel speaking for
+    /// this pid) is counted, logged and removed, so the process's own shim can create its file.
     fn note_counters(&self) {
         let Some(dir) = &self.counters_dir else { return };
         let pids = shim_counters::list(dir);
         let now = monotonic_ns();
         let mut state = self.lock();
         for pid in pids {
-            let Some(c) = shim_counters::read(dir, pid) else { continue };
+            // A process already gone cannot be checked; its exit path decides (known owner).
+            let Some(uids) = shim_counters::process_uids(pid) else { continue };
+            let (c, owner) = match shim_counters::read_owned(dir, pid, |o| uids.contains(&o)) {
+                Ok(Some(read)) => read,
+                Ok(None) => continue,
+                Err(foreign) => {
+                    self.metrics.counters_rejected.inc();
+                    let removed = shim_counters::remove_foreign(dir, pid, &foreign);
+                    tracing::warn!(
+                        pid,
+                        file_owner = foreign.owner,
+                        process_uids = ?uids,
+                        removed,
+                        "ignored a shim counters file not owned by the process it names"
+                    );
+                    continue;
+                }
+            };
             let calls = c.calls();
             let (first_ns, changed_ns) = CounterSeen::times(state.counter_seen.get(&pid), calls, now);
-            state.counter_seen.insert(pid, CounterSeen { calls, first_ns, changed_ns });
+            state.counter_seen.insert(pid, CounterSeen { calls, first_ns, changed_ns, owner });
         }
     }
 
     fn deliver_bpf_exit(&self, raw: RawExitEvent) {
         let RawExitEvent { tgid, exit_code, exit_ns, had_activity, pad: _, activity } = raw;
         let bpf_activity = (had_activity != 0).then_some(activity);
-        let counters = self.counters(tgid);
-        let report = self.lock().lease_reports.get(&tgid).copied();
+        let (report, known_owner) = {
+            let state = self.lock();
+            (state.lease_reports.get(&tgid).copied(), state.counter_seen.get(&tgid).map(|s| s.owner))
+        };
+        let counters = self.counters(tgid, known_owner);
         let activity = merge(tgid, bpf_activity.as_ref(), counters.as_ref(), report.as_ref());
         self.deliver(ExitEvent { pid: tgid, exit_code: Some(exit_code), exited_at_ns: exit_ns, activity });
     }
@@ -412,12 +446,13 @@ impl Shared {
                     if !state.procs.track(pid, now) {
                         // A counters file of a process already gone before we saw it.
                         let report = state.lease_reports.get(&pid).copied();
+                        let known_owner = state.counter_seen.get(&pid).map(|s| s.owner);
                         drop(state);
                         self.deliver(ExitEvent {
                             pid,
                             exit_code: None,
                             exited_at_ns: now,
-                            activity: merge(pid, None, self.counters(pid).as_ref(), report.as_ref()),
+                            activity: merge(pid, None, self.counters(pid, known_owner).as_ref(), report.as_ref()),
                         });
                         state = self.lock();
                     }
@@ -426,10 +461,16 @@ impl Shared {
             state.procs.tick(now)
         };
         for g in gone {
-            let report = self.lock().lease_reports.get(&g.pid).copied();
-            let activity = merge(g.pid, None, self.counters(g.pid).as_ref(), report.as_ref());
+            let (report, known_owner) = self.report_and_owner(g.pid);
+            let activity = merge(g.pid, None, self.counters(g.pid, known_owner).as_ref(), report.as_ref());
             self.deliver(ExitEvent { pid: g.pid, exit_code: g.exit_code, exited_at_ns: now, activity });
         }
+    }
+
+    /// `pid`'s latest lease report and the owner its counters file had while it lived.
+    fn report_and_owner(&self, pid: u32) -> (Option<LeaseReport>, Option<u32>) {
+        let state = self.lock();
+        (state.lease_reports.get(&pid).copied(), state.counter_seen.get(&pid).map(|s| s.owner))
     }
 
     fn deliver(&self, event: ExitEvent) {
@@ -467,8 +508,8 @@ impl Shared {
         dead.sort_unstable();
         dead.dedup();
         for pid in dead {
-            let report = self.lock().lease_reports.get(&pid).copied();
-            let activity = merge(pid, None, self.counters(pid).as_ref(), report.as_ref());
+            let (report, known_owner) = self.report_and_owner(pid);
+            let activity = merge(pid, None, self.counters(pid, known_owner).as_ref(), report.as_ref());
             self.deliver(ExitEvent { pid, exit_code: None, exited_at_ns: monotonic_ns(), activity });
         }
     }
@@ -648,10 +689,10 @@ mod counter_seen_tests {
     fn a_count_change_is_activity_now_and_a_steady_count_keeps_its_time() {
         assert_eq!(CounterSeen::times(None, 0, 100), (0, 0));
         assert_eq!(CounterSeen::times(None, 5, 100), (100, 100));
-        let seen = CounterSeen { calls: 5, first_ns: 100, changed_ns: 100 };
+        let seen = CounterSeen { calls: 5, first_ns: 100, changed_ns: 100, owner: 0 };
         assert_eq!(CounterSeen::times(Some(&seen), 5, 900), (100, 100));
         assert_eq!(CounterSeen::times(Some(&seen), 6, 900), (100, 900));
-        let never = CounterSeen { calls: 0, first_ns: 0, changed_ns: 0 };
+        let never = CounterSeen { calls: 0, first_ns: 0, changed_ns: 0, owner: 0 };
         assert_eq!(CounterSeen::times(Some(&never), 1, 50), (50, 50));
     }
 }

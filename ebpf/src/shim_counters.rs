@@ -23,7 +23,9 @@
 //! that moment as the process's latest activity; a shim that stamps `last_ns` gets it used too.
 //!
 //! The values are written by the observed process itself, so they are trusted only about that
-//! process: a wrong file can make a process look busy or idle, nothing else.
+//! process: a wrong file can make a process look busy or idle, nothing else. The directory is
+//! shared by every kernel, so a file is believed only when its owner is one of the uids of the
+//! process it is named after ([`read_owned`]): one kernel cannot speak for another's pid.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -110,28 +112,68 @@ impl Drop for Mapping {
     }
 }
 
-/// Reads `pid`'s counters; `None` when there is no file or it is not a version-1 counters file.
+/// A counters file whose owner is not one the reader accepts for the pid it is named after:
+/// another process's (another kernel's) file, ignored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Foreign {
+    /// The file's owner uid.
+    pub owner: u32,
+    /// Device of the file, to remove this file and no other ([`remove_foreign`]).
+    pub dev: u64,
+    /// Inode of the file.
+    pub ino: u64,
+}
+
+/// The real, effective, saved and file-system uids of a live (or zombie) process; `None`
+/// when there is no such process.
+pub fn process_uids(pid: u32) -> Option<[u32; 4]> {
+    let status = procfs::process::Process::new(i32::try_from(pid).ok()?).ok()?.status().ok()?;
+    Some([status.ruid, status.euid, status.suid, status.fuid])
+}
+
+/// Reads `pid`'s counters whoever owns the file: for a tool reading files it made itself
+/// (benchmarks, tests). `None` when there is no file or it is not a version-1 counters file.
+/// The observer, which reads files kernels wrote, checks the owner ([`read_owned`]).
+pub fn read(dir: &Path, pid: u32) -> Option<ShimCounts> {
+    read_owned(dir, pid, |_| true).ok().flatten().map(|(c, _)| c)
+}
+
+/// Reads `pid`'s counters and the file's owner, when `owner_ok` accepts that owner;
+/// `Err(Foreign)` when it does not. `Ok(None)`: no file, or not a version-1 counters file.
 ///
 /// Read with `pread`, not a mapping: the file belongs to the observed (untrusted) process, which
 /// could truncate it while we read a mapping, and a mapped page past the end of the file is a
 /// SIGBUS that would kill the daemon. A short read is simply "no counters". The kernel copies
 /// the 8-byte-aligned words out of the page cache whole on the hosts we run on; a counter
 /// changing during the copy is read either before or after the change.
-pub fn read(dir: &Path, pid: u32) -> Option<ShimCounts> {
+pub fn read_owned(
+    dir: &Path,
+    pid: u32,
+    owner_ok: impl FnOnce(u32) -> bool,
+) -> Result<Option<(ShimCounts, u32)>, Foreign> {
     use std::os::unix::fs::FileExt;
+    use std::os::unix::fs::MetadataExt;
     use std::os::unix::fs::OpenOptionsExt;
     let path = path_for(dir, pid);
     // The directory is writable by every kernel: never follow a link a kernel put there,
     // never block on a FIFO (O_NONBLOCK), and read plain files only.
-    let file = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(&path).ok()?;
-    if !file.metadata().ok()?.is_file() {
+    let Ok(file) = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(&path) else {
+        return Ok(None);
+    };
+    // fstat of the open file: the owner of what is read, whatever the name points to later.
+    let Ok(meta) = file.metadata() else { return Ok(None) };
+    if !meta.is_file() {
         tracing::debug!(path = %path.display(), "counters path is not a plain file, ignored");
-        return None;
+        return Ok(None);
     }
+    if !owner_ok(meta.uid()) {
+        return Err(Foreign { owner: meta.uid(), dev: meta.dev(), ino: meta.ino() });
+    }
+    let owner = meta.uid();
     let mut bytes = [0u8; FIELDS * 8];
     if let Err(e) = file.read_exact_at(&mut bytes, 0) {
         tracing::debug!(path = %path.display(), error = %e, "counters file too short, ignored");
-        return None;
+        return Ok(None);
     }
     let word = |i: usize| {
         let mut w = [0u8; 8];
@@ -141,10 +183,10 @@ pub fn read(dir: &Path, pid: u32) -> Option<ShimCounts> {
     let header = word(0);
     if header != u64::from(MAGIC) | (u64::from(VERSION) << 32) {
         tracing::debug!(path = %path.display(), header, "not a version-1 counters file, ignored");
-        return None;
+        return Ok(None);
     }
     let w = word;
-    Some(ShimCounts {
+    let counts = ShimCounts {
         launches: w(1),
         copies: w(2),
         copy_bytes: w(3),
@@ -153,7 +195,22 @@ pub fn read(dir: &Path, pid: u32) -> Option<ShimCounts> {
         syncs: w(6),
         first_ns: w(7),
         last_ns: w(8),
-    })
+    };
+    Ok(Some((counts, owner)))
+}
+
+/// Removes `pid`'s counters file if it is still the file `foreign` describes (a file its
+/// process cannot have written: another kernel's, or a previous process's of a reused pid),
+/// so the real owner can create its own. Returns whether it was removed.
+pub fn remove_foreign(dir: &Path, pid: u32, foreign: &Foreign) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let path = path_for(dir, pid);
+    // lstat, then unlink by name: the name can change in between only by its owner (the
+    // directory is sticky), and then the owner removed or replaced its own foreign file.
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if m.dev() == foreign.dev && m.ino() == foreign.ino => std::fs::remove_file(&path).is_ok(),
+        _ => false,
+    }
 }
 
 /// Pids that have a counters file in `dir`.
@@ -278,6 +335,28 @@ mod tests {
         }
         stop.store(true, Ordering::Relaxed);
         truncator.join().unwrap();
+    }
+
+    /// Another uid's file named after a process is not that process's counters: refused,
+    /// and removable (only that very file).
+    #[test]
+    fn a_file_owned_by_another_uid_than_the_process_is_refused_and_removable() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = std::process::id();
+        let w = ShimCountersWriter::create(dir.path(), me).unwrap();
+        w.record_launch();
+        let own = process_uids(me).unwrap();
+        assert!(read(dir.path(), me).is_some(), "this process's own file");
+        let owner = own[1];
+        assert!(
+            matches!(read_owned(dir.path(), me, |o| o == owner), Ok(Some((c, o))) if c.launches == 1 && o == owner)
+        );
+        let foreign = read_owned(dir.path(), me, |o| o != owner).unwrap_err();
+        assert_eq!(foreign.owner, owner);
+        assert!(!remove_foreign(dir.path(), me, &Foreign { ino: foreign.ino + 1, ..foreign }), "another inode");
+        assert!(remove_foreign(dir.path(), me, &foreign));
+        assert!(!path_for(dir.path(), me).exists());
+        assert_eq!(process_uids(u32::MAX), None);
     }
 
     #[test]

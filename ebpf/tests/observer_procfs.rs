@@ -71,6 +71,49 @@ fn procfs_mode_answers_snapshot_idle_for_and_exits_from_shim_counters() {
     idle.wait().unwrap();
 }
 
+/// The counters directory is writable by every kernel: kernel A writes `counters/<pid of B>`
+/// to make B look busy (or, by never counting, idle). The observer believes a counters file
+/// only from one of the uids of the process it names: A's file is ignored, counted in
+/// `notebookos_observer_counters_rejected_total` and removed; B's own file still counts.
+/// As root the planted file is made another uid's (`nobody`); otherwise the process it names
+/// is init, another uid's.
+#[test]
+fn a_counters_file_another_uid_wrote_for_a_process_is_ignored_counted_and_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let observer = Observer::start(procfs_config(dir.path())).unwrap();
+    // SAFETY: geteuid(2) has no arguments and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut victim = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = if root { victim.id() } else { 1 };
+    // Written elsewhere, then moved in whole: the observer never sees it half made.
+    let staging = tempfile::tempdir().unwrap();
+    let forged = ShimCountersWriter::create(staging.path(), pid).unwrap();
+    for _ in 0..1000 {
+        forged.record_launch();
+    }
+    if root {
+        std::os::unix::fs::chown(forged.path(), Some(65534), Some(65534)).unwrap();
+    }
+    std::fs::rename(forged.path(), shim_counters::path_for(dir.path(), pid)).unwrap();
+
+    wait_for("the forged file to be removed", Duration::from_secs(5), || {
+        (!shim_counters::path_for(dir.path(), pid).exists()).then_some(())
+    });
+    assert_eq!(observer.metrics().counters_rejected.get(), 1);
+    assert_eq!(observer.snapshot(pid), None, "the forged counts are not the victim's activity");
+    assert!(observer.snapshot_all().iter().all(|a| a.pid != pid));
+
+    if root {
+        // The victim's own file (its uid, here the test's) counts as before.
+        let own = ShimCountersWriter::create(dir.path(), pid).unwrap();
+        own.record_launch();
+        assert_eq!(observer.snapshot(pid).map(|a| a.launches), Some(1));
+        assert_eq!(observer.metrics().counters_rejected.get(), 1);
+    }
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+}
+
 #[test]
 fn procfs_mode_judges_a_process_without_shim_by_its_cpu_time() {
     let dir = tempfile::tempdir().unwrap();

@@ -69,10 +69,11 @@ def wait_endpoint(host_dir, proc, timeout):
 
 def nbos(args, url, *rest):
     cmd = [args.nbos, "--url", url, "--ca-cert", args.ca_cert]
+    # Files, not the tokens themselves: argv is readable by every local user.
     if args.token_file:
-        cmd += ["--token", open(args.token_file).read().strip()]
+        cmd += ["--token-file", args.token_file]
     if args.operator_token_file:
-        cmd += ["--operator-token", open(args.operator_token_file).read().strip()]
+        cmd += ["--operator-token-file", args.operator_token_file]
     return subprocess.run(cmd + list(rest), capture_output=True, text=True, timeout=120)
 
 

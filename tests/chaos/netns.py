@@ -293,10 +293,12 @@ format = "text"
             if time.monotonic() > deadline or not h.alive:
                 raise RuntimeError(f"host {n} (node {h.node_id}) did not start:\n{self.log_tail(n)}")
             time.sleep(0.3)
+        # Secrets through the environment: argv is readable by every local user.
+        env = dict(os.environ, NBOS_TOKEN=self.token, NBOS_OPERATOR_TOKEN=self.operator_token)
         r = subprocess.run(
-            [self.nbos, "--url", h.url, "--ca-cert", str(self.ca), "--token", self.token,
-             "--operator-token", self.operator_token, "cluster", "join", member.url, "--timeout", f"{int(timeout)}s"],
-            capture_output=True, text=True, timeout=timeout + 30,
+            [self.nbos, "--url", h.url, "--ca-cert", str(self.ca),
+             "cluster", "join", member.url, "--timeout", f"{int(timeout)}s"],
+            capture_output=True, text=True, timeout=timeout + 30, env=env,
         )
         if r.returncode != 0:
             raise RuntimeError(f"host {n} (node {h.node_id}) could not join: {r.stderr[-1000:]}\n{self.log_tail(n)}")

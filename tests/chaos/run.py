@@ -306,10 +306,12 @@ class Campaign:
         h = c.host(t)
         p["node_id"] = h.node_id
         try:
+            # Secrets through the environment: argv is readable by every local user.
+            env = dict(os.environ, NBOS_TOKEN=c.token, NBOS_OPERATOR_TOKEN=c.operator_token)
             r = subprocess.run(
-                [c.nbos, "--url", h.url, "--ca-cert", str(c.ca), "--token", c.token, "--operator-token",
-                 c.operator_token, "cluster", "leave", "--timeout", f"{LEAVE_TIMEOUT}s", "--json"],
-                capture_output=True, text=True, timeout=LEAVE_TIMEOUT + 60,
+                [c.nbos, "--url", h.url, "--ca-cert", str(c.ca),
+                 "cluster", "leave", "--timeout", f"{LEAVE_TIMEOUT}s", "--json"],
+                capture_output=True, text=True, timeout=LEAVE_TIMEOUT + 60, env=env,
             )
             p["left"], why = r.returncode == 0, r.stderr[-1500:]
         except subprocess.TimeoutExpired:

@@ -2,6 +2,7 @@
 three kernels at once on two simulated GPUs through nbclient and the gateway, and
 its report shows every cell ran and GPUs were bound per cell."""
 
+import os
 import re
 import subprocess
 import sys
@@ -14,8 +15,8 @@ def test_three_notebooks_train_in_turns_on_two_gpus():
     try:
         r = subprocess.run(
             [sys.executable, str(REPO / "examples" / "run_in_turns.py"), "--url", d.url, "--nbos", d.nbos,
-             "--token", d.token, "--kernels", "3"],
-            capture_output=True, text=True, timeout=300,
+             "--kernels", "3"],
+            capture_output=True, text=True, timeout=300, env=dict(os.environ, NBOS_TOKEN=d.token),
         )
     finally:
         d.stop()

@@ -79,6 +79,10 @@ Example: nbos replay traces/templates/single_session_3_trainings.json --speedup 
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Err(e) = args.target.check() {
+        eprintln!("nbos: {e:#}");
+        return ExitCode::from(2);
+    }
     let result = match args.cmd {
         Cmd::Status(a) => cli::status::run(&args.target, a),
         Cmd::Kernels(a) => cli::kernels::run(&args.target, a),

@@ -14,9 +14,14 @@ pub struct Target {
     /// Base URL of the daemon's API. Default: the local daemon's endpoint file, else http://127.0.0.1:8888.
     #[arg(long, global = true, env = "NBOS_URL")]
     pub url: Option<String>,
-    /// API token. Default: the token file the local daemon names.
-    #[arg(long, global = true, env = "NBOS_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    /// Refused: a token on the command line is readable by every local user
+    /// (`/proc/PID/cmdline`). Kept, hidden, to say what to use instead.
+    #[arg(long = "token", global = true, hide = true, value_name = "TOKEN")]
+    pub token_in_argv: Option<String>,
+    /// File whose first line is the API token; or set NBOS_TOKEN to the token itself.
+    /// Default: the token file the local daemon names.
+    #[arg(long, global = true, env = "NBOS_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
     /// CA certificate (PEM) an https:// daemon's certificate must chain to (the cluster CA).
     #[arg(long, global = true, env = "NBOS_CA_CERT", value_name = "FILE")]
     pub ca_cert: Option<PathBuf>,
@@ -26,12 +31,52 @@ pub struct Target {
     /// The client certificate's private key (PEM).
     #[arg(long, global = true, env = "NBOS_CLIENT_KEY", value_name = "FILE", requires = "client_cert")]
     pub client_key: Option<PathBuf>,
-    /// Operator token (membership, drain, re-placement: `nbos cluster join|leave`).
-    #[arg(long, global = true, env = "NBOS_OPERATOR_TOKEN", hide_env_values = true)]
-    pub operator_token: Option<String>,
+    /// Refused, like `--token`.
+    #[arg(long = "operator-token", global = true, hide = true, value_name = "TOKEN")]
+    pub operator_token_in_argv: Option<String>,
+    /// File whose first line is the operator token (membership, drain, re-placement:
+    /// `nbos cluster join|leave`); or set NBOS_OPERATOR_TOKEN to the token itself.
+    #[arg(long, global = true, env = "NBOS_OPERATOR_TOKEN_FILE", value_name = "FILE")]
+    pub operator_token_file: Option<PathBuf>,
 }
 
+/// The environment variable that carries the API token itself.
+pub const TOKEN_ENV: &str = "NBOS_TOKEN";
+/// The environment variable that carries the operator token itself.
+pub const OPERATOR_TOKEN_ENV: &str = "NBOS_OPERATOR_TOKEN";
+
 impl Target {
+    /// Refuses a secret given on the command line, where every local user can read it.
+    pub fn check(&self) -> anyhow::Result<()> {
+        let refuse = |flag: &str, env: &str| {
+            anyhow::anyhow!(
+                "{flag} puts a secret on the command line, where every local user can read it \
+                 (/proc/PID/cmdline); set {env} or pass {flag}-file FILE instead"
+            )
+        };
+        if self.token_in_argv.is_some() {
+            return Err(refuse("--token", TOKEN_ENV));
+        }
+        if self.operator_token_in_argv.is_some() {
+            return Err(refuse("--operator-token", OPERATOR_TOKEN_ENV));
+        }
+        Ok(())
+    }
+
+    /// The API token: `--token-file` (or NBOS_TOKEN_FILE), else NBOS_TOKEN; `None` when
+    /// neither is given (the local daemon's endpoint file may name one).
+    pub fn token(&self) -> anyhow::Result<Option<String>> {
+        self.check()?;
+        secret(self.token_file.as_deref(), TOKEN_ENV)
+    }
+
+    /// The operator token: `--operator-token-file` (or NBOS_OPERATOR_TOKEN_FILE), else
+    /// NBOS_OPERATOR_TOKEN.
+    pub fn operator_token(&self) -> anyhow::Result<Option<String>> {
+        self.check()?;
+        secret(self.operator_token_file.as_deref(), OPERATOR_TOKEN_ENV)
+    }
+
     /// An HTTP agent that speaks TLS as these options say: the default web roots when no
     /// --ca-cert is given, else servers must chain to it (and --client-cert is presented).
     pub fn agent(&self, timeout: Duration) -> anyhow::Result<ureq::Agent> {
@@ -47,6 +92,18 @@ impl Target {
             (None, None, _) => {}
         }
         Ok(builder.build())
+    }
+}
+
+/// A token from `file` (its first line), else from the environment variable `env`.
+fn secret(file: Option<&std::path::Path>, env: &str) -> anyhow::Result<Option<String>> {
+    if let Some(f) = file {
+        return crate::link::token::read_token_file(f).map(Some);
+    }
+    match std::env::var(env) {
+        Ok(t) if !t.trim().is_empty() => Ok(Some(t.trim().to_owned())),
+        Ok(_) | Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => anyhow::bail!("{env} is not valid UTF-8"),
     }
 }
 
@@ -66,7 +123,7 @@ pub struct Client {
 }
 
 impl Client {
-    /// Resolves `--url`/`--token`, falling back to the local daemon's endpoint file.
+    /// Resolves `--url` and the token (`--token-file`, NBOS_TOKEN), falling back to the local daemon's endpoint file.
     pub fn new(target: &Target) -> anyhow::Result<Self> {
         let endpoint = read_endpoint(&PathBuf::from(DEFAULT_RUNTIME_DIR).join(ENDPOINT_FILE));
         let url = match (&target.url, &endpoint) {
@@ -74,8 +131,8 @@ impl Client {
             (None, Some(e)) => e.url.clone(),
             (None, None) => "http://127.0.0.1:8888".to_owned(),
         };
-        let token = match (&target.token, &endpoint) {
-            (Some(t), _) => Some(t.clone()),
+        let token = match (target.token()?, &endpoint) {
+            (Some(t), _) => Some(t),
             (None, Some(Endpoint { token_file: Some(f), url, .. }))
                 if target.url.as_deref().is_none_or(|u| u == url) =>
             {
@@ -87,7 +144,7 @@ impl Client {
         Ok(Self {
             url: url.trim_end_matches('/').to_owned(),
             token,
-            operator_token: target.operator_token.clone(),
+            operator_token: target.operator_token()?,
             agent,
             timeout: None,
         })
@@ -96,7 +153,7 @@ impl Client {
     /// The same daemon, authenticating as the operator (membership, drain, re-placement).
     pub fn as_operator(&self) -> anyhow::Result<Self> {
         let token = self.operator_token.clone().context(
-            "this command needs the operator token: pass --operator-token or set NBOS_OPERATOR_TOKEN \
+            "this command needs the operator token: set NBOS_OPERATOR_TOKEN or pass --operator-token-file \
              (the daemon's http.operator_token_file)",
         )?;
         Ok(Self { token: Some(token), ..self.clone() })
@@ -146,7 +203,7 @@ impl Client {
         match res {
             Ok(resp) => resp.into_json().with_context(|| format!("decoding the answer of {method} {}{path}", self.url)),
             Err(ureq::Error::Status(401, _)) => {
-                anyhow::bail!("the daemon at {} refused the token (401): pass --token or set NBOS_TOKEN", self.url)
+                anyhow::bail!("the daemon at {} refused the token (401): set NBOS_TOKEN or pass --token-file", self.url)
             }
             Err(ureq::Error::Status(403, resp)) => {
                 let body = resp.into_string().unwrap_or_default();

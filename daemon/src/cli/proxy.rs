@@ -47,9 +47,6 @@ pub struct Args {
     /// GPUs per cell (overrides the kernelspec's request).
     #[arg(long)]
     pub gpus: Option<u32>,
-    /// File holding the gateway's API token (kept out of argv and kernel.json).
-    #[arg(long, value_name = "FILE")]
-    pub token_file: Option<PathBuf>,
     /// Runtime directory of the local daemon, to find its endpoint file.
     #[arg(long, value_name = "DIR")]
     pub runtime_dir: Option<PathBuf>,
@@ -64,6 +61,10 @@ pub struct Args {
     /// How long to keep trying the gateways after the WebSocket is lost.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = humantime::parse_duration)]
     pub reconnect_timeout: Duration,
+    /// The largest message a client may send on the proxy's ZMQ sockets, bytes; a client
+    /// that sends more is disconnected.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::kernel::sockets::DEFAULT_MAX_MESSAGE_BYTES)]
+    pub max_message_bytes: usize,
 }
 
 /// Runs the proxy until the kernel is shut down.
@@ -76,10 +77,12 @@ pub fn run(target: &crate::cli::client::Target, args: Args) -> anyhow::Result<()
         args.gateways.iter().map(|u| Some(u.trim())).filter(|u| u.is_some_and(|u| !u.is_empty())).collect()
     };
     anyhow::ensure!(!urls.is_empty(), "--gateway names no URL");
+    // The global --token-file (kept out of argv and kernel.json), else NBOS_TOKEN.
+    let token = target.token()?;
     let gateways = urls
         .into_iter()
         .map(|u| {
-            let client = GatewayClient::resolve(u, target.token.as_deref(), args.token_file.as_deref(), &runtime_dir)?;
+            let client = GatewayClient::resolve(u, token.as_deref(), None, &runtime_dir)?;
             Ok(match &target.ca_cert {
                 Some(ca) => client.with_tls(crate::link::tls::client_config(
                     ca,
@@ -163,20 +166,29 @@ async fn reconnect(
 async fn proxy(conn: ConnectionInfo, gateways: Vec<GatewayClient>, args: Args) -> anyhow::Result<()> {
     let signer = Signer::new(conn.key.as_bytes());
     // Bind first: the client connects as soon as we are started.
-    let mut shell = RouterSocket::new();
+    // Any local process can connect to these ports: each socket caps what it takes.
+    let opts = || crate::kernel::sockets::options(args.max_message_bytes);
+    let mut shell = RouterSocket::with_options(opts());
     shell.bind(&conn.endpoint(conn.shell_port)).await.context("binding shell")?;
-    let mut control = RouterSocket::new();
+    let mut control = RouterSocket::with_options(opts());
     control.bind(&conn.endpoint(conn.control_port)).await.context("binding control")?;
-    let mut stdin = RouterSocket::new();
+    let mut stdin = RouterSocket::with_options(opts());
     stdin.bind(&conn.endpoint(conn.stdin_port)).await.context("binding stdin")?;
-    let mut iopub = PubSocket::new();
+    let mut iopub = PubSocket::with_options(opts());
     iopub.bind(&conn.endpoint(conn.iopub_port)).await.context("binding iopub")?;
-    let mut hb = RepSocket::new();
+    let mut hb = RepSocket::with_options(opts());
     hb.bind(&conn.endpoint(conn.hb_port)).await.context("binding hb")?;
     tokio::spawn(async move {
-        while let Ok(m) = hb.recv().await {
-            if hb.send(m).await.is_err() {
-                break;
+        loop {
+            match hb.recv().await {
+                Ok(m) => {
+                    if hb.send(m).await.is_err() {
+                        break;
+                    }
+                }
+                // A client that broke the protocol is disconnected; the others keep beating.
+                Err(e) if crate::kernel::sockets::is_protocol_violation(&e) => {}
+                Err(_) => break,
             }
         }
     });
@@ -295,6 +307,12 @@ async fn proxy(conn: ConnectionInfo, gateways: Vec<GatewayClient>, args: Args) -
         let Some((channel, received)) = from_client else { continue };
         let frames = match received {
             Ok(m) => m.into_vec(),
+            // That client is disconnected (an oversized or malformed frame); others go on.
+            Err(e) if crate::kernel::sockets::is_protocol_violation(&e) => {
+                let n = DROPPED.fetch_add(1, Ordering::Relaxed) + 1;
+                tracing::warn!(channel = channel.as_str(), error = %e, dropped_total = n, "disconnected a client that broke the ZMQ protocol");
+                continue;
+            }
             Err(e) => anyhow::bail!("{} socket failed: {e}", channel.as_str()),
         };
         match wire::parse(frames, &signer) {
@@ -561,9 +579,6 @@ pub struct InstallArgs {
     /// GPUs per cell (overrides the gateway kernelspec's request).
     #[arg(long)]
     pub gpus: Option<u32>,
-    /// Token file the proxy reads (the token itself never goes into kernel.json).
-    #[arg(long, value_name = "FILE")]
-    pub token_file: Option<PathBuf>,
     /// Install under PREFIX/share/jupyter/kernels (e.g. a virtualenv) instead of the user's data dir.
     #[arg(long, value_name = "PREFIX", conflicts_with = "kernels_dir")]
     pub prefix: Option<PathBuf>,
@@ -616,7 +631,8 @@ pub fn install_kernelspec(target: &crate::cli::client::Target, args: InstallArgs
     if !args.gateways.is_empty() {
         argv.extend(["--gateway".into(), args.gateways.join(",")]);
     }
-    if let Some(f) = &args.token_file {
+    // The global --token-file: the proxy reads it (the token itself never goes into kernel.json).
+    if let Some(f) = &target.token_file {
         let abs = std::path::absolute(f).with_context(|| format!("resolving {}", f.display()))?;
         argv.extend(["--token-file".into(), abs.display().to_string()]);
     }

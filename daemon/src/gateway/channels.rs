@@ -27,7 +27,7 @@ use super::error::ApiError;
 use super::state::AppState;
 use crate::cluster::frontend::FrontendKernel;
 use crate::cluster::replica_host::ReplicaHost;
-use crate::gateway::limits::SocketSlot;
+use crate::gateway::limits::{SocketSlot, INFLIGHT_WAIT};
 use crate::jupyter::{ws, Channel, Message, WireError};
 use crate::kernel::hub::{ClientId, Hub};
 use crate::kernel::Kernel;
@@ -162,6 +162,31 @@ async fn serve(socket: WebSocket, target: Target, st: Arc<AppState>, v1: bool, _
     });
     let mut close_tx = Some(close_tx);
     while let Some(frame) = stream.next().await {
+        // Room in limits.websocket_inflight_bytes while the message is decoded and forwarded.
+        let size = match &frame {
+            Ok(WsFrame::Text(t)) => t.len(),
+            Ok(WsFrame::Binary(b)) => b.len(),
+            _ => 0,
+        };
+        let _room = if size > 0 {
+            match st.limits.reserve_message(size, INFLIGHT_WAIT).await {
+                Ok(room) => Some(room),
+                Err(refused) => {
+                    tracing::warn!(kernel = %id, client, size, "closed a WebSocket: {refused}");
+                    // A close reason holds at most 123 bytes: the short form.
+                    let reason = format!(
+                        "host busy: {} bytes in flight (limits.websocket_inflight_bytes); retry",
+                        st.limits.config.websocket_inflight_bytes
+                    );
+                    if let Some(tx) = close_tx.take() {
+                        let _ = tx.send(CloseFrame { code: close_code::AGAIN, reason: reason.into() });
+                    }
+                    break;
+                }
+            }
+        } else {
+            None
+        };
         let decoded = match frame {
             Ok(WsFrame::Text(t)) => ws::from_json_text(t.as_str(), SystemTime::now()),
             Ok(WsFrame::Binary(b)) if v1 => ws::from_v1_binary(&b),

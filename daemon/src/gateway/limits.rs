@@ -1,11 +1,15 @@
 //! The caps of `[limits]` that need counting: open WebSocket connections (per kernel and
-//! in all) and kernels (per credential and in all). Pure bookkeeping: the handlers ask
+//! in all), bytes of WebSocket messages in flight, and kernels (per credential and in
+//! all). Pure bookkeeping: the handlers ask
 //! for a slot before they take the resource, and the slot gives it back when dropped.
 //! Every refusal is a [`Refused`] that names its config key and is counted in
 //! `notebookos_refused_total{reason}`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::LimitsConfig;
 
@@ -24,6 +28,14 @@ pub enum Refused {
     #[error("too many WebSocket connections: {cap} are open on this host (limits.websocket_connections)")]
     Connections {
         /// The cap.
+        cap: usize,
+    },
+    /// `limits.websocket_inflight_bytes`.
+    #[error("no room for a {size}-byte WebSocket message: up to {cap} bytes of messages are handled at once on this host (limits.websocket_inflight_bytes); retry")]
+    InflightBytes {
+        /// The message's size.
+        size: usize,
+        /// The budget.
         cap: usize,
     },
     /// `limits.kernels_per_token`.
@@ -46,6 +58,7 @@ impl Refused {
         match self {
             Refused::ConnectionsPerKernel { .. } => "websocket_connections_per_kernel",
             Refused::Connections { .. } => "websocket_connections",
+            Refused::InflightBytes { .. } => "websocket_inflight_bytes",
             Refused::KernelsPerToken { .. } => "kernels_per_token",
             Refused::Kernels { .. } => "kernels",
         }
@@ -91,7 +104,12 @@ pub struct Limits {
     pub config: LimitsConfig,
     sockets: Mutex<Sockets>,
     created: Mutex<Created>,
+    /// One permit a byte of `limits.websocket_inflight_bytes`.
+    inflight: Arc<Semaphore>,
 }
+
+/// How long a WebSocket message waits for room in `limits.websocket_inflight_bytes`.
+pub const INFLIGHT_WAIT: Duration = Duration::from_secs(5);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Plain counters: a panic while one was held leaves them usable.
@@ -101,7 +119,32 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Limits {
     /// Counters for `config`.
     pub fn new(config: LimitsConfig) -> Arc<Self> {
-        Arc::new(Self { config, sockets: Mutex::default(), created: Mutex::default() })
+        // Validation keeps the budget within u32 (the semaphore's permit counts).
+        let bytes = config.websocket_inflight_bytes.min(Semaphore::MAX_PERMITS);
+        Arc::new(Self {
+            config,
+            sockets: Mutex::default(),
+            created: Mutex::default(),
+            inflight: Arc::new(Semaphore::new(bytes)),
+        })
+    }
+
+    /// Takes room for a client message of `size` bytes in `limits.websocket_inflight_bytes`,
+    /// waiting up to `wait` for other messages to be handled; the room comes back when the
+    /// permit drops.
+    pub async fn reserve_message(&self, size: usize, wait: Duration) -> Result<MessagePermit, Refused> {
+        let cap = self.config.websocket_inflight_bytes;
+        let refused = || Refused::InflightBytes { size, cap }.counted();
+        // An empty message still takes a place: the budget also bounds the count.
+        let Ok(n) = u32::try_from(size.max(1)) else { return Err(refused()) };
+        if size > cap {
+            return Err(refused());
+        }
+        match tokio::time::timeout(wait, self.inflight.clone().acquire_many_owned(n)).await {
+            Ok(Ok(permit)) => Ok(MessagePermit { _permit: permit }),
+            // Timed out (or the semaphore closed, which it never is).
+            _ => Err(refused()),
+        }
     }
 
     /// Takes a WebSocket connection slot for `kernel`, or says which cap is reached.
@@ -168,6 +211,12 @@ impl Drop for SocketSlot {
             }
         }
     }
+}
+
+/// Room for one WebSocket message in `limits.websocket_inflight_bytes`, given back when dropped.
+#[derive(Debug)]
+pub struct MessagePermit {
+    _permit: OwnedSemaphorePermit,
 }
 
 /// A kernel being created within the caps.
@@ -241,6 +290,24 @@ mod tests {
         // A deleted kernel no longer counts.
         live.remove("k1");
         l.reserve_kernel(USERS_CREDENTIAL, &live).expect("after a delete");
+    }
+
+    #[tokio::test]
+    async fn messages_in_flight_share_the_byte_budget() {
+        let l = Limits::new(LimitsConfig {
+            websocket_max_message_bytes: 100,
+            websocket_inflight_bytes: 150,
+            ..LimitsConfig::default()
+        });
+        let wait = Duration::from_millis(20);
+        let first = l.reserve_message(100, wait).await.expect("room for the first");
+        let err = l.reserve_message(100, wait).await.expect_err("no room left for a second");
+        assert_eq!(err.reason(), "websocket_inflight_bytes");
+        assert!(err.to_string().contains("limits.websocket_inflight_bytes"), "{err}");
+        let _small = l.reserve_message(50, wait).await.expect("what is left still fits");
+        assert!(l.reserve_message(151, wait).await.is_err(), "larger than the whole budget");
+        drop(first);
+        l.reserve_message(100, wait).await.expect("the room came back");
     }
 
     #[test]

@@ -1,24 +1,22 @@
-//! The HTTP listener, plain or TLS, as an [`axum::serve::Listener`]. Each connection's
-//! [`Peer`] (address and verified client certificate) reaches the handlers as
-//! `ConnectInfo<Peer>` (serve the router with `into_make_service_with_connect_info::<Peer>()`).
+//! The HTTP listener, plain or TLS: accepted connections with their [`Peer`] (address and
+//! verified client certificate, which [`super::serve`] hands the handlers as
+//! `ConnectInfo<Peer>`) and their [`ConnSlot`] in the connection caps.
 //!
-//! TLS handshakes run in their own tasks, bounded by [`HANDSHAKE_TIMEOUT`], so a client
+//! A connection takes its slot at TCP accept, before any byte is read: one over
+//! `http.max_connections` or `http.max_connections_per_source` is closed there. TLS
+//! handshakes run in their own tasks, bounded by `http.header_read_timeout`, so a client
 //! that stalls mid-handshake holds neither the accept loop nor other clients.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::connect_info::Connected;
-use axum::serve::IncomingStream;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
+use super::conn_caps::{ConnCaps, ConnSlot};
 use crate::link::tls::{ClientCertificate, Peer};
-
-/// How long a client may take to finish its TLS handshake.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Handshaken connections waiting for the server to take them.
 const READY_QUEUE: usize = 64;
@@ -27,22 +25,26 @@ const READY_QUEUE: usize = 64;
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
 
-impl Connected<IncomingStream<'_, HttpListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, HttpListener>) -> Self {
-        stream.remote_addr().clone()
-    }
+/// An accepted connection.
+pub struct Accepted {
+    /// Its bytes (after the TLS handshake on an HTTPS listener).
+    pub io: Box<dyn Io>,
+    /// Who is at the other end.
+    pub peer: Peer,
+    /// Its place in the connection caps.
+    pub slot: ConnSlot,
 }
 
 /// The host's HTTP listener.
 pub struct HttpListener {
-    local: SocketAddr,
     kind: Kind,
+    caps: Arc<ConnCaps>,
 }
 
 enum Kind {
     Plain(TcpListener),
     /// Handshakes run in tasks fed by an accept task; finished ones come through the channel.
-    Tls(mpsc::Receiver<(Box<dyn Io>, Peer)>, tokio::task::JoinHandle<()>),
+    Tls(mpsc::Receiver<Accepted>, tokio::task::JoinHandle<()>),
 }
 
 impl Drop for HttpListener {
@@ -54,31 +56,28 @@ impl Drop for HttpListener {
 }
 
 impl HttpListener {
-    /// Plain HTTP on `listener`.
-    pub fn plain(listener: TcpListener) -> std::io::Result<Self> {
-        Ok(Self { local: listener.local_addr()?, kind: Kind::Plain(listener) })
+    /// Plain HTTP on `listener`, within `caps`.
+    pub fn plain(listener: TcpListener, caps: Arc<ConnCaps>) -> Self {
+        Self { kind: Kind::Plain(listener), caps }
     }
 
-    /// HTTPS on `listener` with `config`.
-    pub fn tls(listener: TcpListener, config: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
-        let local = listener.local_addr()?;
+    /// HTTPS on `listener` with `config`, within `caps`; a client has `handshake_timeout`
+    /// to finish its TLS handshake.
+    pub fn tls(
+        listener: TcpListener,
+        config: Arc<rustls::ServerConfig>,
+        caps: Arc<ConnCaps>,
+        handshake_timeout: Duration,
+    ) -> Self {
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
         let (tx, rx) = mpsc::channel(READY_QUEUE);
+        let accept_caps = caps.clone();
         let accept = tokio::spawn(async move {
             loop {
-                let (tcp, addr) = match listener.accept().await {
-                    Ok(v) => v,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "accept failed");
-                        // EMFILE and the like: let the system breathe (as axum's listener does).
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                nodelay(&tcp);
+                let (tcp, addr, slot) = accept_within(&listener, &accept_caps).await;
                 let (acceptor, tx) = (acceptor.clone(), tx.clone());
                 tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
                         Ok(Ok(tls)) => {
                             let client_cert = tls
                                 .get_ref()
@@ -86,7 +85,8 @@ impl HttpListener {
                                 .peer_certificates()
                                 .and_then(|c| c.first())
                                 .map(|c| ClientCertificate(Arc::new(c.clone().into_owned())));
-                            let _ = tx.send((Box::new(tls) as Box<dyn Io>, Peer { addr, client_cert })).await;
+                            let io = Box::new(tls) as Box<dyn Io>;
+                            let _ = tx.send(Accepted { io, peer: Peer { addr, client_cert }, slot }).await;
                         }
                         // A client certificate from another CA ends here: refused in the handshake.
                         Ok(Err(e)) => {
@@ -101,35 +101,21 @@ impl HttpListener {
                 });
             }
         });
-        Ok(Self { local, kind: Kind::Tls(rx, accept) })
+        Self { kind: Kind::Tls(rx, accept), caps }
     }
-}
 
-fn nodelay(tcp: &TcpStream) {
-    // Small WebSocket frames (a cell's messages) must not wait for Nagle's algorithm.
-    if let Err(e) = tcp.set_nodelay(true) {
-        tracing::debug!(error = %e, "could not set TCP_NODELAY");
+    /// The connection caps.
+    pub fn caps(&self) -> &Arc<ConnCaps> {
+        &self.caps
     }
-}
 
-impl axum::serve::Listener for HttpListener {
-    type Io = Box<dyn Io>;
-    type Addr = Peer;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+    /// The next connection (handshaken, on an HTTPS listener) within the caps.
+    pub async fn accept(&mut self) -> Accepted {
         match &mut self.kind {
-            Kind::Plain(listener) => loop {
-                match TcpListener::accept(listener).await {
-                    Ok((tcp, addr)) => {
-                        nodelay(&tcp);
-                        return (Box::new(tcp), Peer { addr, client_cert: None });
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                }
-            },
+            Kind::Plain(listener) => {
+                let (tcp, addr, slot) = accept_within(listener, &self.caps).await;
+                Accepted { io: Box::new(tcp), peer: Peer { addr, client_cert: None }, slot }
+            }
             Kind::Tls(rx, _) => match rx.recv().await {
                 Some(conn) => conn,
                 // The accept task never ends on its own; if it did, stop accepting.
@@ -137,8 +123,35 @@ impl axum::serve::Listener for HttpListener {
             },
         }
     }
+}
 
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(Peer { addr: self.local, client_cert: None })
+/// The next TCP connection that fits the caps; the others are closed at once (counted by
+/// [`ConnCaps::open`]).
+async fn accept_within(listener: &TcpListener, caps: &Arc<ConnCaps>) -> (TcpStream, SocketAddr, ConnSlot) {
+    loop {
+        let (tcp, addr) = match listener.accept().await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::debug!(error = %e, "accept failed");
+                // EMFILE and the like: let the system breathe (as axum's listener does).
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        match caps.open(addr.ip()) {
+            Ok(slot) => {
+                nodelay(&tcp);
+                return (tcp, addr, slot);
+            }
+            // Dropping the stream closes it.
+            Err(_refused) => drop(tcp),
+        }
+    }
+}
+
+fn nodelay(tcp: &TcpStream) {
+    // Small WebSocket frames (a cell's messages) must not wait for Nagle's algorithm.
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!(error = %e, "could not set TCP_NODELAY");
     }
 }

@@ -6,11 +6,13 @@
 //! - [`cluster`]: the same API in cluster mode, and the cluster routes about this host's replicas.
 //! - [`operator`]: status, GPUs, leases, health and metrics.
 //! - [`auth`], [`error`], [`kernel_request`]: what several handlers share.
+//! - [`listener`], [`serve`], [`conn_caps`]: connections, within the listener's timeouts and caps.
 
 pub mod auth;
 pub mod cell;
 pub mod channels;
 pub mod cluster;
+pub mod conn_caps;
 pub mod error;
 pub mod kernel_request;
 pub mod kernels;
@@ -19,6 +21,7 @@ pub mod limits;
 pub mod listener;
 pub mod operator;
 pub mod router;
+pub mod serve;
 pub mod state;
 
 pub use router::router;

@@ -12,6 +12,7 @@
 use std::time::SystemTime;
 
 use bytes::Bytes;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::message::iso_date;
@@ -38,24 +39,165 @@ fn check_size(size: usize) -> Result<(), WireError> {
     Ok(())
 }
 
+/// Largest `header` or `parent_header` a client message may carry, bytes. These two parts
+/// are parsed into a JSON tree (about 17 times their size in memory) to be normalised; a
+/// real header is a few hundred bytes.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// A client's JSON message, its parts left as raw JSON text: the fields it does not name
+/// (`buffers`, `msg_id`…) are skipped without being built, so decoding costs about the
+/// message's size again, not a JSON tree of it (~17 times; issue 29).
+#[derive(Default)]
+struct RawMessage<'a> {
+    channel: Option<&'a RawValue>,
+    header: Option<&'a RawValue>,
+    parent_header: Option<&'a RawValue>,
+    metadata: Option<&'a RawValue>,
+    content: Option<&'a RawValue>,
+}
+
+/// Hand-written rather than derived: only a JSON object is a message (a derived struct also
+/// takes an array), and a repeated key keeps its last value, as a JSON tree would.
+impl<'de> serde::Deserialize<'de> for RawMessage<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = RawMessage<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut m = RawMessage::default();
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    let slot = match key.as_ref() {
+                        "channel" => &mut m.channel,
+                        "header" => &mut m.header,
+                        "parent_header" => &mut m.parent_header,
+                        "metadata" => &mut m.metadata,
+                        "content" => &mut m.content,
+                        _ => {
+                            // Checked, not skipped: a tree-based decoder refused what it refuses.
+                            map.next_value::<Checked>()?;
+                            continue;
+                        }
+                    };
+                    *slot = Some(map.next_value()?);
+                }
+                Ok(m)
+            }
+        }
+        d.deserialize_map(Visitor)
+    }
+}
+
+/// A JSON value checked as a JSON tree would be (numbers in range, strings well escaped,
+/// the same nesting limit) without building the tree: so the raw parts the daemon passes
+/// on are exactly those a tree-based decoder accepted.
+struct Checked;
+
+impl<'de> serde::Deserialize<'de> for Checked {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(CheckedVisitor)
+    }
+}
+
+struct CheckedVisitor;
+
+impl<'de> serde::de::Visitor<'de> for CheckedVisitor {
+    type Value = Checked;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_unit<E>(self) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+        while seq.next_element::<Checked>()?.is_some() {}
+        Ok(Checked)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+        while map.next_entry::<Checked, Checked>()?.is_some() {}
+        Ok(Checked)
+    }
+}
+
+/// `raw` checked as a JSON tree would be, and an object.
+fn check_object(name: &'static str, raw: &RawValue) -> Result<(), WireError> {
+    serde_json::from_str::<Checked>(raw.get()).map_err(|e| bad_json(name, e))?;
+    if !is_object(raw) {
+        return Err(bad_json(name, "not an object"));
+    }
+    Ok(())
+}
+
 /// Decodes a JSON text frame from a client. `now` fills a missing `date`.
 pub fn from_json_text(text: &str, now: SystemTime) -> Result<(Channel, Message), WireError> {
     check_size(text.len())?;
-    let v: Value = serde_json::from_str(text).map_err(|e| bad_json("message", e))?;
-    from_json_value(v, Vec::new(), now)
+    let raw: RawMessage<'_> = serde_json::from_str(text).map_err(|e| bad_json("message", e))?;
+    from_raw(&raw, Vec::new(), now)
 }
 
-fn from_json_value(v: Value, buffers: Vec<Bytes>, now: SystemTime) -> Result<(Channel, Message), WireError> {
-    let Value::Object(mut obj) = v else { return Err(bad_json("message", "not an object")) };
-    let channel = match obj.get("channel") {
-        None | Some(Value::Null) => Channel::Shell,
-        Some(Value::String(s)) => Channel::parse(s)?,
-        Some(_) => return Err(bad_json("channel", "not a string")),
+/// Whether `raw` is JSON `null` (a `RawValue` holds no surrounding whitespace).
+fn is_null(raw: &RawValue) -> bool {
+    raw.get() == "null"
+}
+
+/// Whether `raw` is a JSON object (its first character; serde already checked the syntax).
+fn is_object(raw: &RawValue) -> bool {
+    raw.get().starts_with('{')
+}
+
+/// Parses a header part (bounded by [`MAX_HEADER_BYTES`]) into its fields.
+fn header_map(part: &'static str, raw: &RawValue) -> Result<serde_json::Map<String, Value>, WireError> {
+    if raw.get().len() > MAX_HEADER_BYTES {
+        return Err(bad_json(part, format!("larger than {MAX_HEADER_BYTES} bytes")));
+    }
+    match serde_json::from_str(raw.get()) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(bad_json(part, "not an object")),
+        Err(e) => Err(bad_json(part, e)),
+    }
+}
+
+fn from_raw(raw: &RawMessage<'_>, buffers: Vec<Bytes>, now: SystemTime) -> Result<(Channel, Message), WireError> {
+    let channel = match raw.channel {
+        None => Channel::Shell,
+        Some(c) if is_null(c) => Channel::Shell,
+        Some(c) => match serde_json::from_str::<String>(c.get()) {
+            Ok(s) => Channel::parse(&s)?,
+            Err(_) => return Err(bad_json("channel", "not a string")),
+        },
     };
-    let mut header = match obj.remove("header") {
-        Some(Value::Object(h)) => h,
-        Some(_) => return Err(bad_json("header", "not an object")),
+    let mut header = match raw.header {
         None => return Err(WireError::MissingField("header")),
+        Some(h) if !is_object(h) => return Err(bad_json("header", "not an object")),
+        Some(h) => header_map("header", h)?,
     };
     for required in ["msg_id", "msg_type"] {
         if !header.get(required).is_some_and(Value::is_string) {
@@ -68,21 +210,28 @@ fn from_json_value(v: Value, buffers: Vec<Bytes>, now: SystemTime) -> Result<(Ch
     header.entry("version").or_insert_with(|| Value::String("5.3".to_owned()));
     header.entry("session").or_insert_with(|| Value::String(String::new()));
     header.entry("username").or_insert_with(|| Value::String(String::new()));
-    let mut part = |name: &'static str| -> Result<Bytes, WireError> {
-        match obj.remove(name) {
-            None | Some(Value::Null) => Ok(Bytes::from_static(b"{}")),
-            Some(Value::Object(mut o)) => {
-                if name == "parent_header" && !o.is_empty() {
-                    normalize_date(&mut o, now);
-                }
-                Ok(Bytes::from(Value::Object(o).to_string()))
+    let parent_header = match raw.parent_header {
+        None => Bytes::from_static(b"{}"),
+        Some(p) if is_null(p) => Bytes::from_static(b"{}"),
+        Some(p) if !is_object(p) => return Err(bad_json("parent_header", "not an object")),
+        Some(p) => {
+            let mut o = header_map("parent_header", p)?;
+            if !o.is_empty() {
+                normalize_date(&mut o, now);
             }
-            Some(_) => Err(bad_json(name, "not an object")),
+            Bytes::from(Value::Object(o).to_string())
         }
     };
-    let parent_header = part("parent_header")?;
-    let metadata = part("metadata")?;
-    let content = part("content")?;
+    // Metadata and content go to the kernel as the client wrote them (valid JSON objects).
+    let part = |name: &'static str, p: Option<&RawValue>| -> Result<Bytes, WireError> {
+        match p {
+            None => Ok(Bytes::from_static(b"{}")),
+            Some(p) if is_null(p) => Ok(Bytes::from_static(b"{}")),
+            Some(p) => check_object(name, p).map(|()| Bytes::copy_from_slice(p.get().as_bytes())),
+        }
+    };
+    let metadata = part("metadata", raw.metadata)?;
+    let content = part("content", raw.content)?;
     Ok((
         channel,
         Message { header: Bytes::from(Value::Object(header).to_string()), parent_header, metadata, content, buffers },
@@ -131,8 +280,8 @@ pub fn from_legacy_binary(data: &[u8], now: SystemTime) -> Result<(Channel, Mess
     }
     let mut parts = parts.into_iter();
     let json = parts.next().ok_or(WireError::BadBinary("no JSON part"))?;
-    let v: Value = serde_json::from_slice(&json).map_err(|e| bad_json("message", e))?;
-    from_json_value(v, parts.collect(), now)
+    let raw: RawMessage<'_> = serde_json::from_slice(&json).map_err(|e| bad_json("message", e))?;
+    from_raw(&raw, parts.collect(), now)
 }
 
 /// Decodes a `v1.kernel.websocket.jupyter.org` frame. The parts are kept as sent.
@@ -174,12 +323,15 @@ pub fn from_v1_binary(data: &[u8]) -> Result<(Channel, Message), WireError> {
         return Err(WireError::BadBinary("fewer than four message parts"));
     };
     let msg = Message { header, parent_header, metadata, content, buffers: parts.collect() };
+    // The header is parsed into a tree (here and wherever the daemon reads its fields).
+    if msg.header.len() > MAX_HEADER_BYTES {
+        return Err(bad_json("header", format!("larger than {MAX_HEADER_BYTES} bytes")));
+    }
     msg.header()?;
+    // The other parts are checked without building a tree of them.
     for (name, p) in [("parent_header", &msg.parent_header), ("metadata", &msg.metadata), ("content", &msg.content)] {
-        let v: Value = serde_json::from_slice(p).map_err(|e| bad_json(name, e))?;
-        if !v.is_object() {
-            return Err(bad_json(name, "not an object"));
-        }
+        let v: &RawValue = serde_json::from_slice(p).map_err(|e| bad_json(name, e))?;
+        check_object(name, v)?;
     }
     Ok((channel, msg))
 }
@@ -357,6 +509,31 @@ mod tests {
         }
         assert!(from_legacy_binary(&[0, 0, 0, 9], now()).is_err());
         assert!(from_legacy_binary(&[], now()).is_err());
+    }
+
+    /// Issue 29: metadata and content pass as the client wrote them (no JSON tree of the
+    /// message is built), and are refused exactly where a JSON tree would refuse them.
+    #[test]
+    fn parts_pass_as_written_and_are_checked_as_a_tree_would_be() {
+        let text = r#"{"header":{"msg_id":"m","msg_type":"comm_msg"},"metadata":{ "b" : [1, 2] },
+                       "content":{"data":{"x":"\u00e9"},"n":1.5e3},"buffers":[],"extra":{"ignored":[[]]}}"#;
+        let (_, msg) = from_json_text(text, now()).expect("ok");
+        assert_eq!(&msg.metadata[..], br#"{ "b" : [1, 2] }"#);
+        assert_eq!(&msg.content[..], br#"{"data":{"x":"\u00e9"},"n":1.5e3}"#);
+        for bad in [
+            r#"{"header":{"msg_id":"a","msg_type":"x"},"content":{"n":1e400}}"#,
+            r#"{"header":{"msg_id":"a","msg_type":"x"},"metadata":{"s":"\ud800"}}"#,
+            r#"{"header":{"msg_id":"a","msg_type":"x"},"buffers":[1e400]}"#,
+            r#"[null,{"msg_id":"a","msg_type":"x"}]"#,
+        ] {
+            assert!(from_json_text(bad, now()).is_err(), "{bad} should be refused");
+        }
+        // A repeated key keeps its last value, as in a JSON tree.
+        let twice = r#"{"header":{"msg_id":"a"},"header":{"msg_id":"b","msg_type":"x"}}"#;
+        assert_eq!(from_json_text(twice, now()).expect("ok").1.header().expect("h").msg_id, "b");
+        // A header is parsed into a tree: its size is bounded.
+        let huge = format!(r#"{{"header":{{"msg_id":"a","msg_type":"x","pad":"{}"}}}}"#, "x".repeat(MAX_HEADER_BYTES));
+        assert!(from_json_text(&huge, now()).expect_err("refused").to_string().contains("larger than"));
     }
 
     /// A frame that is all offset table: each declared part costs far more in memory than

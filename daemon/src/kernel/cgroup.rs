@@ -303,7 +303,7 @@ pub fn detect_host() -> Box<dyn KernelCgroup> {
     let cg = detect(Path::new("/sys/fs/cgroup"), &self_cgroup);
     if cg.backend() == "none" {
         tracing::warn!(
-            "no cgroup available; kernel.memory_limit_mib bounds each process (RLIMIT_AS) only, kernel.pids_max nothing"
+            "no cgroup available; kernel.memory_limit_mib bounds nothing unless kernel.limit_address_space (RLIMIT_AS per process), kernel.pids_max nothing"
         );
     } else {
         tracing::info!(backend = cg.backend(), "kernel cgroup backend");

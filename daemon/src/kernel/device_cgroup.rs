@@ -3,7 +3,7 @@
 //! on, so a kernel that bypasses the CUDA shim (dlopen of the real driver, raw ioctls) still
 //! cannot reach a GPU it was not granted.
 //!
-//! The cgroup is `<cgroup2>/notebookos/<kernel id>` (`<cgroup2>`: `/sys/fs/cgroup/unified` on
+//! The cgroup is `<cgroup2>/notebookos/<kernel id>[.<host tag>]` (`<cgroup2>`: `/sys/fs/cgroup/unified` on
 //! a hybrid host, `/sys/fs/cgroup` on a pure v2 one), or the kernel's v2 memory cgroup when
 //! there is one (a process is in one v2 cgroup only). The kernel process joins it before it
 //! execs (its `cgroup.procs` goes into [`super::process::LaunchSpec::cgroup_procs`]). The
@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use nbos_ebpf::{CgroupId, DeviceGuard, DeviceGuardError};
 use prometheus_client::metrics::counter::Counter;
@@ -127,6 +127,9 @@ pub struct DeviceCgroups {
     kernels: Mutex<HashMap<String, KernelCgroup>>,
     /// `<cgroup2>/notebookos`.
     base: PathBuf,
+    /// Suffix naming this host's cgroups (`<id>.<tag>`): several hosts on one machine share
+    /// `base`, and a daemon removes only its own predecessor's leftovers ([`super::orphans`]).
+    tag: OnceLock<String>,
     /// Device minor of each GPU index of the host.
     minors: Vec<u32>,
     metrics: DeviceGuardMetrics,
@@ -192,6 +195,7 @@ impl DeviceCgroups {
             backend: Mutex::new(backend),
             kernels: Mutex::new(HashMap::new()),
             base: cgroup2.join("notebookos"),
+            tag: OnceLock::new(),
             minors,
             metrics,
         }
@@ -209,7 +213,7 @@ impl DeviceCgroups {
         }
         let (dir, owned) = match shared {
             Some(d) => (d.to_owned(), false),
-            None => (self.base.join(id), true),
+            None => (self.base.join(self.dir_name(id)), true),
         };
         std::fs::create_dir_all(&dir).map_err(|source| DeviceCgroupError::Create { path: dir.clone(), source })?;
         let attached = lock(&self.backend).attach(&dir);
@@ -227,6 +231,22 @@ impl DeviceCgroups {
         self.metrics.cgroups.set(i64::try_from(kernels.len()).unwrap_or(i64::MAX));
         tracing::debug!(kernel = %id, cgroup = %procs.display(), "GPU device guard attached");
         Ok(procs)
+    }
+
+    /// Names this host's kernel cgroups made from now on `<kernel id>.<tag>` (the tag of
+    /// [`super::registry::host_tag`]), as the kernels' memory and pids cgroups are. Set
+    /// once, before the first kernel; a second call changes nothing.
+    pub fn set_tag(&self, tag: String) {
+        if self.tag.set(tag).is_err() {
+            tracing::warn!("the device cgroups' host tag is already set; keeping the first");
+        }
+    }
+
+    fn dir_name(&self, id: &str) -> String {
+        match self.tag.get() {
+            Some(tag) => format!("{id}.{tag}"),
+            None => id.to_owned(),
+        }
     }
 
     /// Kernel `id` now holds GPUs `gpus` (host indices; empty: none). A kernel without a
@@ -303,7 +323,7 @@ impl DeviceCgroups {
 
 /// Kills what is left in the cgroup `dir` (whatever the kernel forked and left behind keeps
 /// it busy) and removes it; absent is fine.
-fn remove_cgroup_dir(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn remove_cgroup_dir(dir: &Path) -> std::io::Result<()> {
     let deadline = std::time::Instant::now() + REMOVE_WAIT;
     loop {
         let procs = match std::fs::read_to_string(dir.join("cgroup.procs")) {
@@ -415,6 +435,22 @@ mod tests {
         dc.set_gpus(KERNEL, &[0]);
         assert_eq!(dc.gpus_of(KERNEL), Some(Vec::new()));
         assert_eq!(dc.metrics().updates.get_or_create(&UpdateLabels { change: "failed".into() }).get(), 1);
+    }
+
+    /// Named with the host's tag, as the memory and pids cgroups are: the next daemon of
+    /// this host finds (and removes) what a killed one left, and no other host's.
+    #[test]
+    fn a_tagged_hosts_device_cgroups_carry_its_tag() {
+        let (root, dc, _) = setup(vec![0]);
+        dc.set_tag("aaaa".into());
+        dc.set_tag("bbbb".into());
+        let procs = dc.prepare("k", None).expect("prepare");
+        assert_eq!(procs, root.path().join("notebookos/k.aaaa/cgroup.procs"));
+        let parents = [root.path().join("notebookos")];
+        assert_eq!(
+            super::super::orphans::left_over_cgroups(&parents, "aaaa"),
+            vec![root.path().join("notebookos/k.aaaa")]
+        );
     }
 
     #[test]

@@ -38,12 +38,14 @@ const RESTART_LIMIT: u32 = 5;
 /// A process that lived this long had started well (jupyter_client's `stable_start_time`).
 const STABLE_START_TIME: Duration = Duration::from_secs(10);
 
-/// Whether a start that failed with `err` lost one of its ports to another process: the
-/// daemon reached a socket of another type on one of the kernel's ports (another process
-/// holds it; the kernel's own bind fails a moment later), or the kernel log gained a failed
-/// bind after `offset`.
+/// Whether a start that failed with `err` lost one of its ports to another process: another
+/// process listens on one of the kernel's ports (the daemon does not connect to it; the
+/// kernel's own bind fails a moment later), the daemon reached a socket of another type
+/// there, or the kernel log gained a failed bind after `offset`.
 fn lost_a_port_race(err: &anyhow::Error, log: &std::path::Path, offset: u64) -> bool {
-    reached_another_socket(err) || log_shows_failed_bind(log, offset)
+    err.chain().any(|c| c.is::<super::port_owner::PortTaken>())
+        || reached_another_socket(err)
+        || log_shows_failed_bind(log, offset)
 }
 
 /// Whether `err` comes from a ZMQ handshake with a socket type ours cannot talk to.

@@ -1,5 +1,5 @@
 //! Kernel ids: canonical hyphenated lowercase UUIDs, checked on every path that takes one,
-//! because an id becomes a directory name (`<runtime_dir>/kernels/<id>`), a cgroup name and
+//! because an id becomes a directory name (`<state_dir>/kernels/<id>`), a cgroup name and
 //! a raft key, so `..` or `a/b` must never get that far.
 
 /// True when `s` is a kernel id: a UUID in its canonical form (hyphenated, lowercase), so

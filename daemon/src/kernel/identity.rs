@@ -71,7 +71,7 @@ pub enum IdentityError {
     /// A directory above the kernel's files cannot be entered by the kernel's uid.
     #[error(
         "directory {dir} is not traversable by the kernel's uid {uid} (mode {mode:o}, owner {owner}): \
-         give others execute permission on it (chmod o+x) or move node.runtime_dir / kernel.notebook_dir"
+         give others execute permission on it (chmod o+x) or move node.state_dir / kernel.notebook_dir"
     )]
     NotTraversable {
         /// The directory.

@@ -5,6 +5,8 @@
 //! - [`process`]: spawn, signal, wait.
 //! - [`prewarm`]: the pool of pre-warmed kernel processes new replicas take over.
 //! - [`replica`]: one process plus the daemon's ZMQ sockets to it.
+//! - [`sockets`]: the options (a message size cap) of every ZMQ socket.
+//! - [`port_owner`]: whether the listener on a kernel's port is the kernel's own.
 //! - [`hub`]: routing to clients, replay buffer for disconnected clients.
 //! - [`distributed`]: the distributed kernel (replicas + executor choice).
 //! - [`binding`]: per-cell GPU binding (scheduler core + lease control).
@@ -12,6 +14,8 @@
 //! - [`device_cgroup`]: per-kernel cgroup with the GPU device guard (eBPF) attached.
 //! - [`id`]: what a kernel id may be (a canonical UUID).
 //! - [`identity`]: the unprivileged account (uid, gid) a kernel runs as.
+//! - [`sandbox`]: rlimits and the private mount namespace (bounded `/dev/shm`) of kernels.
+//! - [`home`]: a kernel's home with a byte quota (a loop-mounted ext4 image).
 //! - [`registry`]: all kernels of this host.
 //! - [`spec`]: kernelspecs and their GPU requests.
 //! - [`shim_env`]: the CUDA shim environment of kernel processes.
@@ -23,16 +27,20 @@ pub mod client_env;
 pub mod connection;
 pub mod device_cgroup;
 pub mod distributed;
+pub mod home;
 pub mod hub;
 pub mod id;
 pub mod identity;
 pub mod orphans;
+pub mod port_owner;
 pub mod prewarm;
 pub mod process;
 pub mod registry;
 pub mod replica;
+pub mod sandbox;
 pub mod server_leases;
 pub mod shim_env;
+pub mod sockets;
 pub mod spec;
 pub mod uid_leftovers;
 

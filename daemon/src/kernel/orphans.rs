@@ -3,9 +3,11 @@
 //! group, so a kill of the daemon's group misses them, and nothing adopts them later (a new
 //! daemon starts new replicas). Under systemd the unit's cgroup goes with the daemon; without
 //! it, the next daemon on the same runtime directory kills them at start (found by the fault
-//! campaign: orphans kept their GPU memory and lease socket).
+//! campaign: orphans kept their GPU memory and lease socket). Their cgroups (memory, pids,
+//! the GPU device guard's) outlive them too: the next daemon removes those named with its
+//! host tag (`<kernel id>.<tag>`), after killing whatever is still in them.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Whether a process's command line (`/proc/<pid>/cmdline`, NUL-separated) names a file in
 /// `kernels_dir` (a kernel's connection file, the pre-warm launcher): one of this host's.
@@ -53,6 +55,56 @@ pub fn kill_left_over(kernels_dir: &Path) -> usize {
     killed
 }
 
+/// The directories this host's kernel cgroups are made in, under the cgroup filesystem
+/// `root` (`/sys/fs/cgroup`), `self_cgroup` being the text of `/proc/self/cgroup`: the v2
+/// `<own cgroup>/notebookos-kernels` ([`super::cgroup`]), v1's `memory/notebookos` and
+/// `pids/notebookos`, and the device guard's `<cgroup2>/notebookos` ([`super::device_cgroup`]).
+pub fn kernel_cgroup_parents(root: &Path, self_cgroup: &str) -> Vec<PathBuf> {
+    let own = self_cgroup.lines().find_map(|l| l.strip_prefix("0::")).unwrap_or("/").trim();
+    let mut parents = vec![
+        root.join(own.trim_start_matches('/')).join("notebookos-kernels"),
+        root.join("memory/notebookos"),
+        root.join("pids/notebookos"),
+    ];
+    parents.extend(super::device_cgroup::cgroup2_mount(root).map(|m| m.join("notebookos")));
+    parents.dedup();
+    parents
+}
+
+/// The cgroups named `<kernel id>.<tag>` directly under each of `parents`: this host's
+/// kernels' (other hosts on the machine have other tags).
+pub fn left_over_cgroups(parents: &[PathBuf], tag: &str) -> Vec<PathBuf> {
+    let suffix = format!(".{tag}");
+    let mut found = Vec::new();
+    for parent in parents {
+        let Ok(entries) = std::fs::read_dir(parent) else { continue };
+        for e in entries.flatten() {
+            let named = e.file_name().to_str().is_some_and(|n| n.len() > suffix.len() && n.ends_with(&suffix));
+            if named && e.file_type().is_ok_and(|t| t.is_dir()) {
+                found.push(e.path());
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// Removes this host's kernel cgroups under `parents` ([`left_over_cgroups`]), killing what
+/// is in them first: a daemon killed with SIGKILL could not. Returns how many were removed;
+/// failures are logged.
+pub fn remove_left_over_cgroups(parents: &[PathBuf], tag: &str) -> usize {
+    let mut removed = 0;
+    for dir in left_over_cgroups(parents, tag) {
+        match super::device_cgroup::remove_cgroup_dir(&dir) {
+            Ok(()) => removed += 1,
+            Err(e) => {
+                tracing::warn!(cgroup = %dir.display(), error = %e, "could not remove a kernel cgroup a previous daemon left");
+            }
+        }
+    }
+    removed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,6 +117,27 @@ mod tests {
         assert!(!is_ours(b"python\0-f\0/run/notebookos/kernels-other/k1/c.json\0", dir), "another directory");
         assert!(!is_ours(b"python\0-f\0/srv/run/notebookos/kernels/k1/c.json\0", dir), "a path that only contains it");
         assert!(!is_ours(b"vim\0notes\0", dir));
+    }
+
+    #[test]
+    fn the_kernel_cgroup_parents_follow_the_daemons_own_cgroup() {
+        let t = tempfile::tempdir().expect("tmp");
+        let parents = kernel_cgroup_parents(t.path(), "0::/system.slice/notebookosd.service\n");
+        assert_eq!(parents[0], t.path().join("system.slice/notebookosd.service/notebookos-kernels"));
+        assert!(parents.contains(&t.path().join("pids/notebookos")));
+        assert!(parents.contains(&t.path().join("memory/notebookos")));
+    }
+
+    #[test]
+    fn only_directories_with_this_hosts_tag_are_left_over_cgroups() {
+        let t = tempfile::tempdir().expect("tmp");
+        let parent = t.path().join("notebookos");
+        for d in ["k1.aaaa", "k2.aaaa", "k1.bbbb", "aaaa", ".aaaa", "k1.aaaa.x"] {
+            std::fs::create_dir_all(parent.join(d)).expect("mkdir");
+        }
+        std::fs::write(parent.join("k3.aaaa"), "").expect("a file");
+        let found = left_over_cgroups(&[parent.clone(), t.path().join("absent")], "aaaa");
+        assert_eq!(found, vec![parent.join("k1.aaaa"), parent.join("k2.aaaa")]);
     }
 
     #[test]

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::sync::watch;
 
+use super::home::{self, AttachedHome};
 use super::identity::{self, KernelIdentity};
+use super::sandbox::{self, ChildConfinement};
 
 /// The kernel's log in its directory (stdout and stderr).
 pub const KERNEL_LOG: &str = "kernel.log";
@@ -34,7 +36,8 @@ pub struct LaunchSpec {
     pub env: Vec<(String, String)>,
     /// Directory for the connection file and the kernel's log.
     pub dir: PathBuf,
-    /// Address-space limit of the kernel process (config `kernel.memory_limit_mib`).
+    /// `kernel.memory_limit_mib`: the kernel process's RLIMIT_AS when
+    /// `kernel.limit_address_space` (its memory cgroup bounds the tree in any case).
     pub memory_limit_bytes: Option<u64>,
     /// `cgroup.procs` files of the cgroups the kernel joins before it execs (memory, pids,
     /// device): the child writes "0" to each between fork and exec, so no kernel code
@@ -51,6 +54,8 @@ pub struct LaunchSpec {
     pub prepare: Option<PrepareHook>,
     /// The host's pool of pre-warmed processes, taken from when one fits.
     pub prewarm: Option<Arc<dyn ProcessSource>>,
+    /// The largest message the daemon takes from the kernel's sockets (`kernel.max_message_bytes`).
+    pub max_message: super::sockets::MessageCap,
 }
 
 /// Where a kernel's process may come from instead of a new Python (`kernel/prewarm/`).
@@ -103,20 +108,22 @@ impl KernelProcess {
     pub fn spawn(spec: &LaunchSpec, connection_file: &Path) -> anyhow::Result<Self> {
         let log = admit(spec, connection_file)?;
         let log2 = log.try_clone().context("duplicating the kernel log handle")?;
+        let home = attach_home(spec)?;
         let mut args: Vec<OsString> = vec!["-m".into(), "ipykernel_launcher".into()];
         args.extend(ipykernel_args(connection_file));
+        let cwd = kernel_cwd(spec);
         let launch = Launch {
             what: "the kernel",
             python: &spec.python,
             args,
-            cwd: kernel_cwd(spec),
+            cwd: &cwd,
             env: kernel_env(spec),
             stdio: (Stdio::null(), Stdio::from(log), Stdio::from(log2)),
             cgroup_procs: &spec.cgroup_procs,
             memory_limit_bytes: spec.memory_limit_bytes,
             identity: spec.identity.as_ref(),
         };
-        launch.spawn()
+        launch.spawn_with_home(home.as_ref())
     }
 
     /// The process id.
@@ -200,9 +207,34 @@ pub(super) fn admit(spec: &LaunchSpec, connection_file: &Path) -> anyhow::Result
             identity::check_traversable(&cwd.join("."), id)?;
         }
         make_own_dir(&spec.dir, id)?;
+        make_own_dir(&home::home_of(&spec.dir), id)?;
         hand_over_connection_file(connection_file, id)?;
+    } else {
+        let home = home::home_of(&spec.dir);
+        std::fs::create_dir_all(&home).with_context(|| format!("creating kernel home {}", home.display()))?;
     }
     open_log(&spec.dir.join(KERNEL_LOG), spec.identity.as_ref())
+}
+
+/// The kernel's home image attached to a loop device, when the host gives homes a quota
+/// (`kernel.home_quota_mib`, root only) and the kernel has an account.
+fn attach_home(spec: &LaunchSpec) -> anyhow::Result<Option<AttachedHome>> {
+    match (sandbox::host().home_quota_bytes, &spec.identity) {
+        (Some(quota), Some(id)) => home::attach(&spec.dir, id, quota)
+            .map(Some)
+            .context("preparing the kernel's home with its quota (kernel.home_quota_mib)"),
+        _ => Ok(None),
+    }
+}
+
+/// Gives the started process `pid` (a pre-warmed one, already in its own mount
+/// namespace, not yet told its kernel) the home of `spec` with its quota. After
+/// [`admit`], before the process learns its working directory.
+pub fn enter_home(spec: &LaunchSpec, pid: u32) -> anyhow::Result<()> {
+    match attach_home(spec)? {
+        Some(home) => home::mount_into(pid, &home).context("mounting the kernel's home (kernel.home_quota_mib)"),
+        None => Ok(()),
+    }
 }
 
 /// ipykernel's arguments after `-m ipykernel_launcher`.
@@ -222,9 +254,10 @@ pub(super) fn ipykernel_args(connection_file: &Path) -> Vec<OsString> {
     ]
 }
 
-/// Where the kernel runs: `kernel.notebook_dir`, else its own directory.
-pub(super) fn kernel_cwd(spec: &LaunchSpec) -> &Path {
-    spec.cwd.as_deref().unwrap_or(&spec.dir)
+/// Where the kernel runs: `kernel.notebook_dir`, else its home (in its directory, under
+/// the home quota when there is one).
+pub(super) fn kernel_cwd(spec: &LaunchSpec) -> PathBuf {
+    spec.cwd.clone().unwrap_or_else(|| home::home_of(&spec.dir))
 }
 
 /// The kernel's whole environment: the daemon's allowed variables, then what the spec
@@ -235,8 +268,11 @@ pub(super) fn kernel_env(spec: &LaunchSpec) -> Vec<(OsString, OsString)> {
     env.extend(spec.env.iter().map(|(k, v)| (k.into(), v.into())));
     if let Some(id) = &spec.identity {
         // Last, so nothing above overrides them: the kernel's own account and its private
-        // directory as HOME (IPython, Jupyter, matplotlib write under it), not root's.
-        env.push(("HOME".into(), spec.dir.clone().into()));
+        // home (IPython, Jupyter, matplotlib, pip write under it), not root's; temporary
+        // files there too, under its quota, not in the host's /tmp.
+        let home = home::home_of(&spec.dir);
+        env.push(("HOME".into(), home.clone().into()));
+        env.push(("TMPDIR".into(), home.into()));
         env.push(("USER".into(), id.user.clone().into()));
         env.push(("LOGNAME".into(), id.user.clone().into()));
     }
@@ -264,6 +300,22 @@ impl Launch<'_> {
     /// Forks and execs: the child joins its cgroups, takes its limits and drops to its
     /// account before any of its code runs.
     pub fn spawn(self) -> anyhow::Result<KernelProcess> {
+        self.spawn_with_home(None)
+    }
+
+    /// [`Self::spawn`], mounting `home` (the kernel's quota'd home) in the child's own
+    /// mount namespace before it drops root.
+    fn spawn_with_home(self, home: Option<&AttachedHome>) -> anyhow::Result<KernelProcess> {
+        // The host's limits and namespace, the same for pre-warmed and new kernels.
+        let confinement = ChildConfinement::new(sandbox::host())?;
+        // Home mounted (over the directory std already changed into): enter it afresh.
+        let cwd_again = match home {
+            Some(_) => Some(
+                std::ffi::CString::new(self.cwd.as_os_str().as_encoded_bytes())
+                    .context("the kernel's working directory holds a NUL byte")?,
+            ),
+            None => None,
+        };
         // Opened here, before the fork: the child only write(2)s to them.
         let cgroup_procs = self
             .cgroup_procs
@@ -286,14 +338,21 @@ impl Launch<'_> {
             .kill_on_drop(true);
         cmd.env_clear();
         cmd.envs(self.env);
-        let rlimit_as = self.memory_limit_bytes.map(|limit| libc::rlimit { rlim_cur: limit, rlim_max: limit });
+        // Only on request (kernel.limit_address_space): CUDA reserves more address space
+        // than a GPU and its host have memory, and fails to initialise under a tight one.
+        let rlimit_as = self
+            .memory_limit_bytes
+            .filter(|_| sandbox::host().limit_address_space)
+            .map(|limit| libc::rlimit { rlim_cur: limit, rlim_max: limit });
         let ids = self.identity.map(|id| (id.uid, id.gid));
         let procs_fds: Vec<libc::c_int> = cgroup_procs.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
+        let home = home.map(|h| h.mount.clone());
         // SAFETY: the closure runs in the child between fork and exec, where only
-        // async-signal-safe calls are allowed: write(2), setrlimit(2), setgroups(2),
-        // setgid(2), setuid(2) and prctl(2) are, and the closure allocates nothing (it
-        // reads its own copies of plain integers and a Vec made before the fork; the
-        // fds stay open in the parent until spawn returns).
+        // async-signal-safe calls are allowed: write(2), setrlimit(2), unshare(2),
+        // mount(2), open(2), fchdir(2), chdir(2), setgroups(2), setgid(2), setuid(2) and
+        // prctl(2) are, and the closure allocates nothing (it reads its own copies of
+        // plain integers, C strings and a Vec made before the fork; the fds stay open in
+        // the parent until spawn returns, the loop device too, held by the caller).
         unsafe {
             cmd.pre_exec(move || {
                 // Join the cgroups first, while still root (joining needs write access
@@ -312,6 +371,12 @@ impl Launch<'_> {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
+                // Open files, processes of its uid, its own mount namespace and /dev/shm
+                // (sandbox.rs), then its home with the quota (home.rs); still root.
+                confinement.apply()?;
+                if let Some(home) = &home {
+                    home.mount_here()?;
+                }
                 // Drop root for good: no supplementary groups, then the group, then the
                 // user (after setuid nothing else could be changed). Done here rather than
                 // with CommandExt::uid/gid, which std runs before pre_exec closures, so the
@@ -324,6 +389,12 @@ impl Launch<'_> {
                 // Nothing the kernel execs (setuid binaries, file capabilities) gains privileges.
                 if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                // As the kernel's user: its working directory may be the home just mounted.
+                if let Some(cwd) = &cwd_again {
+                    if libc::chdir(cwd.as_ptr()) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 Ok(())
             });

@@ -13,6 +13,7 @@ use super::distributed::{Kernel, KernelModel};
 use super::identity::{self, KernelUsers};
 use super::prewarm::{PoolSettings, PrewarmPool};
 use super::process::{LaunchSpec, PrepareHook, ProcessSource};
+use super::sockets::MessageCap;
 use super::spec;
 use crate::config::KernelConfig;
 use crate::jupyter::Channel;
@@ -72,7 +73,7 @@ pub fn parse_gpu_memory_mib(value: &str) -> Result<u64, String> {
 
 /// A short name for this host among others on the same machine: from its kernels
 /// directory, so it is the same after a restart (which then finds its old cgroups).
-fn host_tag(kernels_dir: &std::path::Path) -> String {
+pub(crate) fn host_tag(kernels_dir: &std::path::Path) -> String {
     use sha2::Digest;
     let digest = sha2::Sha256::digest(kernels_dir.as_os_str().as_encoded_bytes());
     hex::encode(&digest[..4])
@@ -100,6 +101,7 @@ pub struct Kernels {
     /// The GPU device guard's cgroup per kernel (`gpu.device_guard = "ebpf"`).
     device_cgroups: Option<SharedDeviceCgroups>,
     prewarm: Option<Arc<PrewarmPool>>,
+    max_message: MessageCap,
 }
 
 /// Called with every kernel process started (kernel id, pid).
@@ -141,6 +143,7 @@ impl Kernels {
             process_watch: None,
             device_cgroups: None,
             prewarm: None,
+            max_message: MessageCap::default(),
         };
         kernels.set_limits(defaults.pids_max);
         kernels
@@ -169,6 +172,13 @@ impl Kernels {
             self.cgroup = Arc::new(cgroup::NoCgroup);
         }
         self.limits = limits;
+    }
+
+    /// The largest message the daemon takes from a kernel's sockets (`kernel.max_message_bytes`).
+    #[must_use]
+    pub fn with_max_message_bytes(mut self, bytes: usize) -> Self {
+        self.max_message = MessageCap(bytes);
+        self
     }
 
     /// The accounts kernels run as.
@@ -321,6 +331,7 @@ impl Kernels {
             cwd: self.notebook_dir.clone(),
             prepare: Some(prepare),
             prewarm: self.prewarm.clone().map(|p| p as Arc<dyn ProcessSource>),
+            max_message: self.max_message,
         };
         if let Some(dc) = &self.device_cgroups {
             // A process is in one v2 cgroup only: share the kernel's v2 cgroup (memory, pids) if it has one.

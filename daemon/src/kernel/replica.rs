@@ -7,13 +7,13 @@ use anyhow::Context;
 use bytes::Bytes;
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
-use zeromq::{
-    DealerSendHalf, DealerSocket, ReqSocket, Socket, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage,
-};
+use zeromq::{DealerSendHalf, DealerSocket, ReqSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 use super::connection::ConnectionInfo;
 use super::hub::Hub;
+use super::port_owner::{self, Listener, PortTaken};
 use super::process::{KernelProcess, LaunchSpec};
+use super::sockets;
 use crate::jupyter::{wire, Channel, Message, Signer};
 use crate::metrics::{DropLabels, Metrics};
 
@@ -24,8 +24,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Replica {
     /// Position in the kernel's replica set.
     pub index: usize,
-    /// The ipykernel process.
-    pub process: KernelProcess,
+    /// The ipykernel process (shared with the socket readers, which kill a kernel that
+    /// breaks the protocol).
+    pub process: Arc<KernelProcess>,
     /// Its connection file contents.
     pub conn: ConnectionInfo,
     signer: Signer,
@@ -33,6 +34,7 @@ pub struct Replica {
     control: Mutex<DealerSendHalf>,
     stdin: Mutex<DealerSendHalf>,
     readers: Vec<JoinHandle<()>>,
+    max_message_bytes: usize,
 }
 
 impl Drop for Replica {
@@ -60,17 +62,18 @@ impl Replica {
     ) -> anyhow::Result<Self> {
         let file = launch.dir.join(format!("connection-{index}.json"));
         conn.write(&file)?;
-        let process = KernelProcess::start(launch, &file).await?;
+        let process = Arc::new(KernelProcess::start(launch, &file).await?);
         let signer = Signer::new(conn.key.as_bytes());
+        let (pid, cap) = (process.pid(), launch.max_message.0);
         let sockets = async {
             // Shell, control and stdin share one identity: ipykernel addresses an
             // input_request on stdin to the identity that sent the execute_request on shell.
             let identity = Bytes::from(format!("nbos-{}", super::connection::random_hex(8)?));
-            let (shell_tx, shell_rx) = dealer(&conn, conn.shell_port, &identity).await?.split();
-            let (control_tx, control_rx) = dealer(&conn, conn.control_port, &identity).await?.split();
-            let (stdin_tx, stdin_rx) = dealer(&conn, conn.stdin_port, &identity).await?.split();
-            let mut iopub = SubSocket::new();
-            wait_listening(&conn, conn.iopub_port).await;
+            let (shell_tx, shell_rx) = dealer(&conn, conn.shell_port, &identity, pid, cap).await?.split();
+            let (control_tx, control_rx) = dealer(&conn, conn.control_port, &identity, pid, cap).await?.split();
+            let (stdin_tx, stdin_rx) = dealer(&conn, conn.stdin_port, &identity, pid, cap).await?.split();
+            let mut iopub = SubSocket::with_options(sockets::options(cap));
+            wait_listening(&conn, conn.iopub_port, pid).await?;
             iopub.connect(&conn.endpoint(conn.iopub_port)).await.context("connecting to the kernel's iopub")?;
             iopub.subscribe("").await.context("subscribing to iopub")?;
             anyhow::Ok((shell_tx, shell_rx, control_tx, control_rx, stdin_tx, stdin_rx, iopub))
@@ -82,13 +85,21 @@ impl Replica {
             }
         };
         let (shell_tx, shell_rx, control_tx, control_rx, stdin_tx, stdin_rx, iopub) = connected?;
+        let reader = |channel| Reader {
+            channel,
+            signer: signer.clone(),
+            hub: hub.clone(),
+            metrics: metrics.clone(),
+            process: process.clone(),
+        };
         let readers = vec![
-            spawn_reader(Channel::Shell, shell_rx, signer.clone(), hub.clone(), metrics.clone()),
-            spawn_reader(Channel::Control, control_rx, signer.clone(), hub.clone(), metrics.clone()),
-            spawn_reader(Channel::Stdin, stdin_rx, signer.clone(), hub.clone(), metrics.clone()),
-            spawn_reader(Channel::Iopub, iopub, signer.clone(), hub, metrics),
+            spawn_reader(reader(Channel::Shell), shell_rx),
+            spawn_reader(reader(Channel::Control), control_rx),
+            spawn_reader(reader(Channel::Stdin), stdin_rx),
+            spawn_reader(reader(Channel::Iopub), iopub),
         ];
         Ok(Self {
+            max_message_bytes: cap,
             index,
             process,
             conn,
@@ -118,7 +129,7 @@ impl Replica {
         let endpoint = self.conn.endpoint(self.conn.hb_port);
         let ping = async {
             // A fresh REQ socket each time: a REQ that lost its reply is stuck for good.
-            let mut hb = ReqSocket::new();
+            let mut hb = ReqSocket::with_options(sockets::options(self.max_message_bytes));
             hb.connect(&endpoint).await.ok()?;
             hb.send(ZmqMessage::from("ping")).await.ok()?;
             let back = hb.recv().await.ok()?;
@@ -128,57 +139,87 @@ impl Replica {
     }
 }
 
-/// How often a port the kernel has not opened yet is tried again.
+/// How often a port the kernel has not opened yet is looked up again.
 const LISTEN_POLL: Duration = Duration::from_millis(50);
 
-/// Returns once something listens on the kernel's `port` (or connecting fails for another
-/// reason, which the socket's own connect then reports).
+/// Returns once the kernel `pid` listens on its `port`; fails when another process does
+/// (the daemon never connects to a socket that is not its kernel's: [`port_owner`]).
 ///
-/// zeromq 0.7 retries a refused connect after 50 ms, doubling the wait each time up to
-/// 30 s: a kernel that opens its ports 13 s after it started (its imports on a loaded
-/// host) is reached at about 26 s, and one that opens them after about 26 s not before
-/// [`CONNECT_TIMEOUT`], so its start failed although the kernel was listening. Polling at a
-/// fixed short interval here means zeromq's first attempt finds the port open.
-async fn wait_listening(conn: &ConnectionInfo, port: u16) {
+/// The daemon connects only once the port is open: zeromq 0.7 retries a refused connect
+/// after 50 ms, doubling the wait each time up to 30 s, so a kernel that opened its ports
+/// 13 s after it started (its imports on a loaded host) was reached at about 26 s, and one
+/// that opened them after about 26 s not before [`CONNECT_TIMEOUT`].
+async fn wait_listening(conn: &ConnectionInfo, port: u16, pid: u32) -> anyhow::Result<()> {
+    let ip: std::net::IpAddr =
+        conn.ip.parse().with_context(|| format!("the kernel's ip {:?} is not an IP address", conn.ip))?;
     loop {
-        match tokio::net::TcpStream::connect((conn.ip.as_str(), port)).await {
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => tokio::time::sleep(LISTEN_POLL).await,
-            // Open (the probe closes before any handshake, which ZMQ ignores), or an error
-            // the real connect reports with its context.
-            _ => return,
+        match port_owner::listener(ip, port, pid)? {
+            Listener::Kernel => return Ok(()),
+            Listener::Another => return Err(PortTaken { port, pid }.into()),
+            Listener::Nobody => tokio::time::sleep(LISTEN_POLL).await,
         }
     }
 }
 
-async fn dealer(conn: &ConnectionInfo, port: u16, identity: &Bytes) -> anyhow::Result<DealerSocket> {
-    let mut opts = SocketOptions::default();
+async fn dealer(
+    conn: &ConnectionInfo,
+    port: u16,
+    identity: &Bytes,
+    pid: u32,
+    max_message_bytes: usize,
+) -> anyhow::Result<DealerSocket> {
+    let mut opts = sockets::options(max_message_bytes);
     opts.peer_identity(identity.clone().try_into().map_err(|e| anyhow::anyhow!("socket identity: {e}"))?);
     let mut s = DealerSocket::with_options(opts);
-    wait_listening(conn, port).await;
+    wait_listening(conn, port, pid).await?;
     s.connect(&conn.endpoint(port)).await.with_context(|| format!("connecting to the kernel at port {port}"))?;
     Ok(s)
 }
 
-fn spawn_reader<S: SocketRecv + Send + 'static>(
+/// What a socket reader needs: where messages go, and the process to kill when it breaks
+/// the protocol.
+struct Reader {
     channel: Channel,
-    mut sock: S,
     signer: Signer,
     hub: Arc<Hub>,
     metrics: Arc<Metrics>,
-) -> JoinHandle<()> {
+    process: Arc<KernelProcess>,
+}
+
+fn spawn_reader<S: SocketRecv + Send + 'static>(r: Reader, mut sock: S) -> JoinHandle<()> {
     tokio::spawn(async move {
+        let channel = r.channel;
         loop {
             let zmsg = match sock.recv().await {
                 Ok(m) => m,
+                Err(e) if sockets::is_protocol_violation(&e) => {
+                    // An oversized or malformed frame comes from code in the kernel (or a
+                    // process that wrote to its socket): the socket is gone, and a kernel
+                    // that cannot be talked to is stopped, which its owner sees as a death.
+                    r.metrics
+                        .messages_dropped_total
+                        .get_or_create(&DropLabels { source: "kernel".into(), reason: "protocol_violation".into() })
+                        .inc();
+                    tracing::error!(
+                        channel = channel.as_str(),
+                        pid = r.process.pid(),
+                        error = %e,
+                        "the kernel broke the ZMQ protocol (an oversized or malformed frame): killing it"
+                    );
+                    if let Err(e) = r.process.signal(libc::SIGKILL) {
+                        tracing::warn!(pid = r.process.pid(), error = format!("{e:#}"), "could not kill the kernel");
+                    }
+                    return;
+                }
                 Err(e) => {
                     tracing::debug!(channel = channel.as_str(), error = %e, "kernel socket closed");
                     return;
                 }
             };
-            match wire::parse(zmsg.into_vec(), &signer) {
-                Ok((_ids, msg)) => hub.deliver(channel, msg, SystemTime::now()),
+            match wire::parse(zmsg.into_vec(), &r.signer) {
+                Ok((_ids, msg)) => r.hub.deliver(channel, msg, SystemTime::now()),
                 Err(e) => {
-                    metrics
+                    r.metrics
                         .messages_dropped_total
                         .get_or_create(&DropLabels { source: "kernel".into(), reason: e.kind().into() })
                         .inc();
@@ -214,9 +255,52 @@ mod tests {
             drop(router);
         });
         let identity = Bytes::from_static(b"nbos-test");
-        let connected = tokio::time::timeout(BOUND, dealer(&conn, conn.shell_port, &identity)).await;
+        let (pid, cap) = (std::process::id(), sockets::DEFAULT_MAX_MESSAGE_BYTES);
+        let connected = tokio::time::timeout(BOUND, dealer(&conn, conn.shell_port, &identity, pid, cap)).await;
         kernel.abort();
         let socket = connected.expect("connected soon after the kernel opened its port, not at a backed-off retry");
         socket.expect("connect");
+    }
+
+    /// Issue 29: ports are picked, released, then bound by the kernel; a local process that
+    /// binds one first is never connected to (it could send the daemon anything).
+    #[tokio::test]
+    async fn a_port_another_process_listens_on_is_never_connected_to() {
+        let conn = ConnectionInfo::new_loopback("python3").expect("ports");
+        let squatter = "import socket,sys\n\
+            s=socket.socket()\n\
+            s.bind(('127.0.0.1',int(sys.argv[1])))\n\
+            s.listen()\n\
+            print('listening',flush=True)\n\
+            sys.stdin.read()\n\
+            s.setblocking(False)\n\
+            try:\n s.accept(); print('connected')\n\
+            except BlockingIOError:\n print('untouched')\n";
+        let mut child = tokio::process::Command::new("python3")
+            .args(["-c", squatter, &conn.shell_port.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut out = tokio::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line).await.expect("listening");
+        assert_eq!(line.trim(), "listening");
+
+        let identity = Bytes::from_static(b"nbos-test");
+        // The "kernel" is this test process, which does not hold the listener.
+        let (pid, cap) = (std::process::id(), sockets::DEFAULT_MAX_MESSAGE_BYTES);
+        let connected =
+            tokio::time::timeout(Duration::from_secs(10), dealer(&conn, conn.shell_port, &identity, pid, cap))
+                .await
+                .expect("an answer");
+        let Err(err) = connected else { panic!("connected to another process's port") };
+        assert!(err.chain().any(|c| c.is::<PortTaken>()), "{err:#}");
+
+        drop(child.stdin.take());
+        line.clear();
+        tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line).await.expect("verdict");
+        let _ = child.wait().await;
+        assert_eq!(line.trim(), "untouched", "the daemon connected to the squatter");
     }
 }

@@ -1,5 +1,7 @@
 //! What a kernel uid of `kernel.uid_range` leaves behind when its kernel is gone:
-//! processes that outlived it, files in the shared temporary directories, IPC objects.
+//! processes that outlived it, files in the shared temporary directories and in the
+//! daemon's own directories kernels may write (the shim's `counters/`, the fake GPUs'
+//! `fake-cuda/`, under `node.runtime_dir`), IPC objects.
 //! All of it would pass, with the uid, to the next kernel that gets it. Cleaned before the
 //! uid is handed out again, as systemd's `RemoveIPC=` does for a dynamic user.
 //!
@@ -9,24 +11,55 @@
 //! `/tmp`, its own entries; nothing another user keeps in a directory it shared), so a
 //! swapped name, a foreign subtree or a deep tree cannot make the root daemon delete
 //! another user's files or crash. SysV IPC objects the uid owns or created are removed by
-//! id (`IPC_RMID`; an id reused meanwhile fails harmlessly).
+//! id (`IPC_RMID`; an id reused meanwhile fails harmlessly). Before that, the set-user-ID
+//! and set-group-ID bits of the uid's files are cleared (by the root daemon, on the open
+//! file, never through a link): should a file outlive the cleanup, it does not run as the
+//! uid's next kernel.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Mutex, PoisonError};
 
 /// Shared directories a kernel can leave files in: the temporary directories (the
 /// unit's private ones under systemd) and the POSIX shared memory and message queue
 /// file systems.
 const SHARED_DIRS: &[&str] = &["/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue"];
 
+/// Directories of `node.runtime_dir` that kernels may create files in (`shim_env.rs`
+/// makes them, `node.rs` opens them to kernels: 1733 and 1777, sticky).
+const RUNTIME_DIRS_KERNELS_WRITE: &[&str] = &["counters", "fake-cuda"];
+
+/// The daemon's own directories kernels write in, cleaned like [`SHARED_DIRS`].
+static DAEMON_DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Cleans a kernel uid's files in the directories of `runtime_dir` that kernels may write,
+/// too. Called once at start, before kernel uids are swept or handed out.
+pub fn also_clean_runtime_dir(runtime_dir: &Path) {
+    let mut dirs = DAEMON_DIRS.lock().unwrap_or_else(PoisonError::into_inner);
+    for name in RUNTIME_DIRS_KERNELS_WRITE {
+        let dir = std::path::absolute(runtime_dir.join(name)).unwrap_or_else(|_| runtime_dir.join(name));
+        if !dirs.contains(&dir) {
+            dirs.push(dir);
+        }
+    }
+}
+
+/// Every directory cleaned: the shared ones and the daemon's own.
+fn cleaned_dirs() -> Vec<PathBuf> {
+    let own = DAEMON_DIRS.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    SHARED_DIRS.iter().map(PathBuf::from).chain(own).collect()
+}
+
 /// What was cleaned for one uid.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Removed {
-    /// Top-level entries of [`SHARED_DIRS`] handed to the cleanup.
+    /// Top-level entries of [`SHARED_DIRS`] and the daemon's directories handed to the cleanup.
     pub files: usize,
+    /// Files whose set-user-ID or set-group-ID bit was cleared first.
+    pub setid_cleared: usize,
     /// SysV shared memory segments, semaphore sets and message queues.
     pub ipc_objects: usize,
 }
@@ -57,8 +90,8 @@ fn status_uids(status: &str) -> Vec<u32> {
 /// `lstat`: a symlink is judged as itself.
 pub fn owned_entries(wanted: impl Fn(u32) -> bool) -> BTreeMap<u32, Vec<PathBuf>> {
     let mut out: BTreeMap<u32, Vec<PathBuf>> = BTreeMap::new();
-    for dir in SHARED_DIRS {
-        entries_in(Path::new(dir), &wanted, &mut out);
+    for dir in cleaned_dirs() {
+        entries_in(&dir, &wanted, &mut out);
     }
     out
 }
@@ -80,15 +113,48 @@ fn entries_in(dir: &Path, wanted: &impl Fn(u32) -> bool, out: &mut BTreeMap<u32,
 /// (it is in someone else's directory, or is not the uid's to remove).
 pub fn remove(uid: u32) -> Removed {
     let paths = owned_entries(|owner| owner == uid).remove(&uid).unwrap_or_default();
+    let setid_cleared = paths.iter().filter(|p| clear_setid(p, uid)).count();
     if let Err(e) = kill_and_remove_as(uid, &paths) {
         tracing::warn!(uid, error = %e, "the cleanup of a kernel uid did not remove everything");
     }
     let ipc_objects = remove_ipc_of(uid);
-    let removed = Removed { files: paths.len(), ipc_objects };
+    let removed = Removed { files: paths.len(), setid_cleared, ipc_objects };
     if removed != Removed::default() {
-        tracing::info!(uid, files = removed.files, ipc_objects, "cleaned what a kernel uid left behind");
+        tracing::info!(uid, files = removed.files, setid_cleared, ipc_objects, "cleaned what a kernel uid left behind");
     }
     removed
+}
+
+/// Clears the set-user-ID and set-group-ID bits of `path` when it is a regular file owned by
+/// `uid` (checked on the open file: a name swapped for a link or another file meanwhile is
+/// left alone). Returns whether bits were cleared.
+fn clear_setid(path: &Path, uid: u32) -> bool {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    const SETID: u32 = libc::S_ISUID | libc::S_ISGID;
+    let Ok(meta) = std::fs::symlink_metadata(path) else { return false };
+    if !meta.is_file() || meta.mode() & SETID == 0 {
+        return false;
+    }
+    // O_NOFOLLOW: never a link's target; O_NONBLOCK: never wait on a FIFO swapped in.
+    let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+    else {
+        return false;
+    };
+    let Ok(meta) = file.metadata() else { return false };
+    if !meta.is_file() || meta.uid() != uid || meta.mode() & SETID == 0 {
+        return false;
+    }
+    let mode = meta.mode() & 0o7777 & !SETID;
+    match file.set_permissions(std::fs::Permissions::from_mode(mode)) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(uid, path = %path.display(), error = %e, "could not clear a set-id bit of a kernel uid's file");
+            false
+        }
+    }
 }
 
 /// Runs `rm -rf --one-file-system -- PATHS` as `uid` (gid the same, no groups), after
@@ -234,6 +300,36 @@ mod tests {
         assert!(status_uids("Name:\tx\n").is_empty());
         let me = nix::unistd::getuid().as_raw();
         assert!(uids_with_processes().contains(&me), "this test's own process");
+    }
+
+    #[test]
+    fn setid_bits_are_cleared_on_the_uids_own_regular_files_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let me = nix::unistd::getuid().as_raw();
+        let dir = tempfile::tempdir().expect("tmp");
+        let file = dir.path().join("suid");
+        std::fs::write(&file, "#!/bin/sh\n").expect("write");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o6755)).expect("chmod");
+        assert!(!clear_setid(&file, me.wrapping_add(1)), "another uid's file");
+        assert_eq!(std::fs::metadata(&file).expect("meta").mode() & 0o7777, 0o6755);
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&file, &link).expect("symlink");
+        assert!(!clear_setid(&link, me), "a link is not followed");
+        assert!(clear_setid(&file, me));
+        assert_eq!(std::fs::metadata(&file).expect("meta").mode() & 0o7777, 0o755);
+        assert!(!clear_setid(&file, me), "nothing left to clear");
+    }
+
+    #[test]
+    fn the_runtime_dirs_kernels_write_are_cleaned_too() {
+        let run = tempfile::tempdir().expect("tmp");
+        also_clean_runtime_dir(run.path());
+        let dirs = cleaned_dirs();
+        assert!(
+            dirs.contains(&run.path().join("counters")) && dirs.contains(&run.path().join("fake-cuda")),
+            "{dirs:?}"
+        );
+        assert!(dirs.contains(&PathBuf::from("/tmp")));
     }
 
     #[test]

@@ -414,10 +414,9 @@ impl TestCluster {
         let out = Command::new(NBOS)
             .arg("--url")
             .arg(&self.host(node_id).url)
-            .arg("--token")
-            .arg(TOKEN)
-            .arg("--operator-token")
-            .arg(OPERATOR_TOKEN)
+            // Secrets through the environment: argv is readable by every local user.
+            .env("NBOS_TOKEN", TOKEN)
+            .env("NBOS_OPERATOR_TOKEN", OPERATOR_TOKEN)
             .args(if self.tls { vec!["--ca-cert".into(), self.dir.path().join("pki/ca.pem")] } else { Vec::new() })
             .args(args)
             .output()

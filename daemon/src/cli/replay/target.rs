@@ -45,12 +45,13 @@ impl Target {
     /// An existing cluster, through the gateway and credentials of the command line.
     pub fn remote(t: &crate::cli::client::Target) -> anyhow::Result<Self> {
         let url = t.url.clone().context("--url names the cluster to replay against")?;
-        let mut gateway = GatewayClient::new(&url, t.token.clone());
+        let token = t.token()?;
+        let mut gateway = GatewayClient::new(&url, token.clone());
         if let Some(ca) = &t.ca_cert {
             let identity = t.client_cert.as_deref().zip(t.client_key.as_deref());
             gateway = gateway.with_tls(crate::link::tls::client_config(ca, identity)?);
         }
-        Self::discover(vec![gateway], t.agent(Duration::from_secs(10))?, t.token.clone(), None)
+        Self::discover(vec![gateway], t.agent(Duration::from_secs(10))?, token, None)
     }
 
     fn discover(

@@ -1,10 +1,11 @@
 """A pre-warmed NotebookOS kernel, started by notebookosd (docs/prewarm.md).
 
-Imports ipykernel and the NotebookOS helper ahead of time, prints "ready", then waits
-for one line on stdin: the kernel it becomes (JSON: argv, env, cwd, log). Stdin and stdout
-are one socket to the daemon. The daemon has moved this process into the kernel's cgroups
-before it sends that line. End of input (the daemon shrank the pool, or is gone) ends
-the process.
+Imports ipykernel and the NotebookOS helper ahead of time, prints "ready", then reads
+lines on stdin: "ping" is answered "pong" (the daemon's check that this process still runs
+before it hands it a kernel); any other line is the kernel it becomes (JSON: argv, env,
+cwd, log), answered "up" once ipykernel has opened its ports. Stdin and stdout are one
+socket to the daemon. The daemon has moved this process into the kernel's cgroups before
+it sends the kernel. End of input (the daemon shrank the pool, or is gone) ends the process.
 """
 
 import ctypes
@@ -58,11 +59,24 @@ def main():
     except ImportError:
         pass  # a plain ipykernel, as when started afresh without the helper
     print("ready", flush=True)
-    line = sys.stdin.readline()
-    if not line:
-        return
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            return
+        if line == "ping\n":
+            print("pong", flush=True)
+            continue
+        break
+    # The daemon's socket, kept past become() only to say "up": closed before any kernel
+    # code runs.
+    control = os.dup(1)
     become(json.loads(line))
-    kernelapp.launch_new_instance()
+    # What kernelapp.launch_new_instance() does, with the "up" between its two halves.
+    app = kernelapp.IPKernelApp.instance()
+    app.initialize()
+    os.write(control, b"up\n")
+    os.close(control)
+    app.start()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,14 @@
 //! process is only for a kernel whose account, interpreter, memory limit and preloaded
 //! libraries are the pool's: with `kernel.uid_range` (an account per kernel) there is
 //! no pool.
+//!
+//! A kernel of the pool's account could stop or trace a pool process: the pool guard
+//! ([`guard`], a BPF LSM program) refuses that where it loads, and every hand-over first
+//! checks that the process runs and answers ([`check`]); one that fails is killed and the
+//! kernel starts a new Python.
+
+mod check;
+mod guard;
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -16,11 +24,13 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 use super::identity::KernelIdentity;
 use super::process::{self, KernelProcess, Launch, LaunchSpec, ProcessSource};
-use crate::metrics::{Metrics, PrewarmTakeLabels, StateLabels};
+use crate::metrics::{Metrics, PrewarmRejectLabels, PrewarmTakeLabels, StateLabels};
+use check::{start_time, Rejected};
+use guard::Guard;
 
 /// The launcher each pre-warmed process runs.
 const LAUNCHER: &str = include_str!("launcher.py");
@@ -35,6 +45,15 @@ const REFILL_EVERY: Duration = Duration::from_secs(1);
 /// Variables the dynamic loader read when the process started: a kernel that wants
 /// other values cannot use a pre-warmed process.
 const LOADER_ENV: &[&str] = &["LD_PRELOAD", "LD_LIBRARY_PATH"];
+/// How long a ready process may take to answer the hand-over's ping (it waits on its
+/// socket: an answer takes milliseconds; a stopped process is found out sooner, by `/proc`).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+/// The same for a process still importing (it answers once it is ready), and for a
+/// process handed its kernel to have ipykernel's ports open. Past it the kernel starts a
+/// new Python, with its own full start deadline.
+const WARMING_TIMEOUT: Duration = Duration::from_secs(20);
+/// Pids the pool guard can protect at once (the pool holds at most 64).
+const GUARD_PIDS: u32 = 256;
 
 /// What the pool's processes are started with.
 #[derive(Debug, Clone)]
@@ -63,8 +82,12 @@ struct Warm {
     /// Our end of its control socket (its stdin and stdout): a socket, not a pipe, so no
     /// other process of the kernel account can open it through `/proc/<pid>/fd`.
     control: tokio::net::unix::OwnedWriteHalf,
+    /// Its answers ("ready", "pong", "up"); read by the ready watcher until it is ready,
+    /// then by the hand-over.
+    answers: Arc<tokio::sync::Mutex<tokio::net::unix::OwnedReadHalf>>,
     ready: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
+    guard: Option<Arc<dyn Guard>>,
 }
 
 impl Warm {
@@ -73,13 +96,56 @@ impl Warm {
         self.process.pid()
     }
 
-    /// Makes this process the kernel of `spec`: the same checks and files as a new
-    /// kernel, then it joins the kernel's cgroups, and only then is it told which
-    /// kernel it is (no kernel code runs outside them). On error the process is killed.
+    /// Its next answer line.
+    fn answer(&self) -> impl std::future::Future<Output = Option<Vec<u8>>> + Send + 'static {
+        let answers = self.answers.clone();
+        async move { check::read_line(&mut *answers.lock().await).await }
+    }
+
+    /// Kills it (stopped or not: SIGKILL ends a stopped process too) and counts why.
+    fn reject(&self, why: Rejected) {
+        let pid = self.pid();
+        let _ = self.process.signal(libc::SIGKILL);
+        self.metrics.prewarm_rejected_total.get_or_create(&PrewarmRejectLabels { reason: why.label().into() }).inc();
+        tracing::warn!(
+            pid,
+            reason = why.label(),
+            "killed a pre-warmed kernel process that cannot be handed over: {why}"
+        );
+        self.unguard();
+    }
+
+    /// The pool guard no longer protects it (a kernel now, or gone).
+    fn unguard(&self) {
+        if let Some(g) = &self.guard {
+            if let Err(e) = g.release(self.pid()) {
+                tracing::warn!(
+                    pid = self.pid(),
+                    error = format!("{e:#}"),
+                    "pre-warm pool guard: could not release a pid"
+                );
+            }
+        }
+    }
+
+    /// Makes this process the kernel of `spec`: it must run and answer a ping, then the
+    /// same checks and files as a new kernel, then it joins the kernel's cgroups, and only
+    /// then is it told which kernel it is (no kernel code runs outside them); it must then
+    /// say ipykernel is up. On error the process is killed.
     async fn hand_over(mut self, spec: &LaunchSpec, connection_file: &Path) -> anyhow::Result<KernelProcess> {
+        let pid = self.process.pid();
+        let started = self.start_time;
+        // A stopped process still takes bytes on its socket: a failed write or a silence
+        // is explained by what /proc says first.
+        let gone = |e: std::io::Error| {
+            anyhow::Error::new(check::alive(pid, started).err().unwrap_or(Rejected::Exited)).context(e)
+        };
         let handed = async {
+            check::alive(pid, started)?;
+            self.control.write_all(b"ping\n").await.map_err(gone)?;
+            let limit = if self.ready.load(Ordering::SeqCst) { ANSWER_TIMEOUT } else { WARMING_TIMEOUT };
+            check::awaited(self.answer(), b"pong", pid, started, limit, Rejected::Unresponsive).await?;
             drop(process::admit(spec, connection_file)?);
-            let pid = self.process.pid();
             // Our child, unreaped until its waiter saw it exit: the pid is still its own
             // unless it died meanwhile (checked by its start time just before the move).
             anyhow::ensure!(
@@ -90,15 +156,27 @@ impl Warm {
                 std::fs::write(procs, pid.to_string())
                     .with_context(|| format!("moving pre-warmed pid {pid} into {}", procs.display()))?;
             }
+            // Its home with the quota, in its own mount namespace, before it learns its cwd.
+            process::enter_home(spec, pid)?;
             let order = order(spec, connection_file)?;
-            self.control.write_all(&order).await.context("sending the kernel to the pre-warmed process")?;
-            self.control.shutdown().await.context("sending the kernel to the pre-warmed process")?;
+            self.control.write_all(&order).await.map_err(gone)?;
+            self.control.shutdown().await.map_err(gone)?;
+            check::awaited(self.answer(), b"up", pid, started, WARMING_TIMEOUT, Rejected::NotUp).await?;
             anyhow::Ok(())
         };
         match handed.await {
-            Ok(()) => Ok(self.process),
+            Ok(()) => {
+                self.unguard();
+                Ok(self.process)
+            }
             Err(e) => {
-                let _ = self.process.signal(libc::SIGKILL);
+                match e.downcast_ref::<Rejected>() {
+                    Some(why) => self.reject(*why),
+                    None => {
+                        let _ = self.process.signal(libc::SIGKILL);
+                        self.unguard();
+                    }
+                }
                 self.metrics.prewarm_takes_total.get_or_create(&PrewarmTakeLabels { result: "failed".into() }).inc();
                 Err(e)
             }
@@ -106,36 +184,21 @@ impl Warm {
     }
 }
 
-/// Field 22 of `/proc/<pid>/stat`: when the process started, in clock ticks after boot.
-fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the command name, which may hold spaces and parentheses: fields 3 onwards.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
 /// Reads the process's `ready` line (at most a few bytes: the process is not trusted to
 /// stop) and records how long it took.
 async fn await_ready(
-    mut from: tokio::net::unix::OwnedReadHalf,
+    from: Arc<tokio::sync::Mutex<tokio::net::unix::OwnedReadHalf>>,
     flag: Arc<AtomicBool>,
     pool: Weak<PrewarmPool>,
     started: Instant,
 ) {
-    let mut buf = [0u8; 8];
-    let mut got = 0;
-    while got < buf.len() {
-        match from.read(&mut buf[got..]).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => got += n,
-        }
-        if buf[..got].contains(&b'\n') {
-            break;
-        }
-    }
-    if &buf[..got] != b"ready\n" {
+    // Held until the line is read: a hand-over waiting for a warming process's answer
+    // reads after it.
+    let mut from = from.lock().await;
+    if check::read_line(&mut *from).await.as_deref() != Some(b"ready") {
         return;
     }
+    drop(from);
     flag.store(true, Ordering::SeqCst);
     if let Some(pool) = pool.upgrade() {
         let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -184,6 +247,8 @@ pub struct PrewarmPool {
     metrics: Arc<Metrics>,
     /// Set by [`PrewarmPool::shutdown`]: nothing is started or taken any more.
     stopped: AtomicBool,
+    /// Keeps kernels from signalling pool processes, where it loads.
+    guard: Option<Arc<dyn Guard>>,
 }
 
 impl std::fmt::Debug for PrewarmPool {
@@ -223,6 +288,7 @@ impl PrewarmPool {
         if settings.max == 0 {
             return Ok(None);
         }
+        let guard = guard::LsmGuard::load(GUARD_PIDS).map(|g| Arc::new(g) as Arc<dyn Guard>);
         let launcher = settings.kernels_dir.join(LAUNCHER_FILE);
         // Through a new file: a running pool process may be reading the old one.
         let tmp = launcher.with_extension("tmp");
@@ -253,6 +319,7 @@ impl PrewarmPool {
             wake: Arc::new(tokio::sync::Notify::new()),
             metrics,
             stopped: AtomicBool::new(false),
+            guard,
         });
         tokio::spawn(refill(Arc::downgrade(&pool), pool.wake.clone()));
         tracing::info!(min = pool.settings.min, max = pool.settings.max, "kernel pre-warm pool on");
@@ -377,30 +444,55 @@ impl PrewarmPool {
         };
         let process = launch.spawn()?;
         self.metrics.prewarm_started_total.inc();
+        // At once: it is still the interpreter's start-up, long before it is ready.
+        if let Some(g) = &self.guard {
+            if let Err(e) = g.protect(process.pid()) {
+                tracing::warn!(
+                    pid = process.pid(),
+                    error = format!("{e:#}"),
+                    "pre-warm pool guard: could not protect a pid"
+                );
+            }
+        }
         let start_time = start_time(process.pid());
         ours.set_nonblocking(true).context("the pre-warmed kernel's control socket")?;
         let (from, control) =
             tokio::net::UnixStream::from_std(ours).context("the pre-warmed kernel's control socket")?.into_split();
+        let answers = Arc::new(tokio::sync::Mutex::new(from));
         let ready = Arc::new(AtomicBool::new(false));
-        tokio::spawn(await_ready(from, ready.clone(), Arc::downgrade(self), Instant::now()));
+        tokio::spawn(await_ready(answers.clone(), ready.clone(), Arc::downgrade(self), Instant::now()));
         let metrics = self.metrics.clone();
-        let warm = Warm { process, start_time, control, ready, metrics };
+        let guard = self.guard.clone();
+        let warm = Warm { process, start_time, control, answers, ready, metrics, guard };
         let mut idle = lock(&self.idle);
         // Not after a shutdown that began meanwhile (dropped: end of input ends it).
-        if !self.stopped.load(Ordering::SeqCst) {
+        if self.stopped.load(Ordering::SeqCst) {
+            warm.unguard();
+        } else {
             idle.push_back(warm);
         }
         Ok(())
     }
 
-    /// Forgets the pool's dead processes; those that died before they were ready count
-    /// as failures (a Python that cannot start backs the refill off).
+    /// Forgets the pool's dead processes, and kills stopped or traced ones (a kernel
+    /// signalled them; see [`check`]); those that died before they were ready count as
+    /// failures (a Python that cannot start backs the refill off).
     fn reap(&self, idle: &mut VecDeque<Warm>) {
         let mut unready = 0u64;
         idle.retain(|w| {
             let dead = w.process.has_exited();
             unready += u64::from(dead && !w.ready.load(Ordering::SeqCst));
-            !dead
+            if dead {
+                w.unguard();
+                return false;
+            }
+            match check::alive(w.pid(), w.start_time) {
+                Err(why @ (Rejected::Stopped | Rejected::Traced)) => {
+                    w.reject(why);
+                    false
+                }
+                _ => true,
+            }
         });
         if unready > 0 {
             let n = self.failures.fetch_add(unready, Ordering::SeqCst) + unready;
@@ -417,6 +509,7 @@ impl PrewarmPool {
         let all: Vec<Warm> = lock(&self.idle).drain(..).collect();
         // End of input ends each; one that does not within the grace is killed.
         let stops = all.into_iter().map(|w| async move {
+            w.unguard();
             drop(w.control);
             w.process.stop(Duration::from_secs(2)).await;
         });
@@ -443,7 +536,9 @@ impl PrewarmPool {
             (target..idle.len()).filter_map(|_| idle.pop_back()).collect()
         };
         // Closing its control socket ends a process that was never taken.
-        drop(surplus);
+        for w in surplus {
+            w.unguard();
+        }
         // A Python that cannot start (a broken kernel.python) is retried one at a time,
         // ever more slowly.
         let failures = self.failures.load(Ordering::SeqCst);

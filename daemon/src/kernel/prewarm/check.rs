@@ -1,0 +1,219 @@
+//! Whether a pool process can still become a kernel: running (not stopped, traced or
+//! gone, as `/proc` says) and answering on its control socket. A kernel of the same
+//! account can signal a pool process (SIGSTOP) unless the pool guard stops it
+//! ([`super::guard`]); a process that fails here is never handed a kernel.
+
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncReadExt;
+
+/// How often `/proc` is looked at while a process is awaited (a stopped one is found out
+/// this fast, not at the deadline).
+const POLL: Duration = Duration::from_millis(50);
+/// Longest line the launcher sends ("ready", "pong", "up"): the process is not trusted to
+/// stop.
+const MAX_LINE: usize = 16;
+
+/// Why a pool process was not handed a kernel (the `reason` label of
+/// `notebookos_prewarm_rejected_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Rejected {
+    /// Stopped by a signal (`T` in `/proc/<pid>/stat`).
+    #[error("it is stopped (SIGSTOP or a like signal)")]
+    Stopped,
+    /// Traced by another process (`t`, or a `TracerPid`).
+    #[error("it is traced by another process")]
+    Traced,
+    /// Exited, or its pid is another process's now.
+    #[error("it exited")]
+    Exited,
+    /// No answer in time, or not the answer the launcher gives.
+    #[error("it did not answer")]
+    Unresponsive,
+    /// Handed its kernel, it did not say ipykernel was up in time.
+    #[error("it did not come up as the kernel")]
+    NotUp,
+}
+
+impl Rejected {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Stopped => "stopped",
+            Self::Traced => "traced",
+            Self::Exited => "exited",
+            Self::Unresponsive => "unresponsive",
+            Self::NotUp => "not_up",
+        }
+    }
+}
+
+/// Field 22 of `/proc/<pid>/stat`: when the process started, in clock ticks after boot.
+pub fn start_time(pid: u32) -> Option<u64> {
+    stat_fields(pid)?.get(19)?.parse().ok()
+}
+
+/// The fields of `/proc/<pid>/stat` after the command name (which may hold spaces and
+/// parentheses): field 3 (the state) onwards.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+/// Whether `pid` is still the process started at `started` and running: not stopped,
+/// traced, a zombie or gone.
+pub fn alive(pid: u32, started: Option<u64>) -> Result<(), Rejected> {
+    let fields = stat_fields(pid).ok_or(Rejected::Exited)?;
+    if fields.get(19).and_then(|t| t.parse().ok()) != started || started.is_none() {
+        return Err(Rejected::Exited);
+    }
+    match fields.first().map(String::as_str) {
+        Some("T") => return Err(Rejected::Stopped),
+        Some("t") => return Err(Rejected::Traced),
+        Some("Z" | "X" | "x") | None => return Err(Rejected::Exited),
+        Some(_) => {}
+    }
+    // Attached but running: a tracer can change what it runs, so it is no kernel's.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|_| Rejected::Exited)?;
+    let tracer = status.lines().find_map(|l| l.strip_prefix("TracerPid:")).map(str::trim);
+    if tracer.is_some_and(|t| t != "0") {
+        return Err(Rejected::Traced);
+    }
+    Ok(())
+}
+
+/// Reads one line (without its `\n`) a byte at a time, so nothing after it is consumed;
+/// `None` at end of input, an error, or a line longer than [`MAX_LINE`].
+pub async fn read_line<R: AsyncReadExt + Unpin>(from: &mut R) -> Option<Vec<u8>> {
+    let mut line = Vec::new();
+    loop {
+        let mut b = [0u8; 1];
+        match from.read(&mut b).await {
+            Ok(0) | Err(_) => return None,
+            Ok(_) if b[0] == b'\n' => return Some(line),
+            Ok(_) if line.len() >= MAX_LINE => return None,
+            Ok(_) => line.push(b[0]),
+        }
+    }
+}
+
+/// Waits for `answer` (a line read by `read`) from process `pid` for at most `limit`,
+/// failing early when `/proc` shows the process stopped, traced or gone. `late` is what
+/// an answer that did not come in time means.
+pub async fn awaited<F>(
+    read: F,
+    expected: &[u8],
+    pid: u32,
+    started: Option<u64>,
+    limit: Duration,
+    late: Rejected,
+) -> Result<(), Rejected>
+where
+    F: std::future::Future<Output = Option<Vec<u8>>>,
+{
+    let deadline = Instant::now() + limit;
+    tokio::pin!(read);
+    loop {
+        alive(pid, started)?;
+        tokio::select! {
+            line = &mut read => {
+                return match line {
+                    Some(l) if l == expected => Ok(()),
+                    // End of input: the process is gone (or going).
+                    None => Err(alive(pid, started).err().unwrap_or(Rejected::Exited)),
+                    Some(_) => Err(Rejected::Unresponsive),
+                };
+            }
+            () = tokio::time::sleep(POLL) => {
+                if Instant::now() >= deadline {
+                    return Err(alive(pid, started).err().unwrap_or(late));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn child() -> std::process::Child {
+        std::process::Command::new("sleep").arg("30").spawn().expect("sleep")
+    }
+
+    fn signal(c: &std::process::Child, sig: i32) {
+        let pid = i32::try_from(c.id()).expect("pid");
+        // SAFETY: kill(2) on this test's own child.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+    }
+
+    /// Waits until `/proc` shows what `f` expects (a signal is delivered asynchronously).
+    fn eventually(pid: u32, started: Option<u64>, want: Result<(), Rejected>) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while alive(pid, started) != want {
+            assert!(Instant::now() < deadline, "pid {pid}: {:?}, not {want:?}", alive(pid, started));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn a_stopped_process_fails_the_check_and_a_continued_one_passes() {
+        let mut c = child();
+        let started = start_time(c.id());
+        assert_eq!(alive(c.id(), started), Ok(()));
+        signal(&c, libc::SIGSTOP);
+        eventually(c.id(), started, Err(Rejected::Stopped));
+        signal(&c, libc::SIGCONT);
+        eventually(c.id(), started, Ok(()));
+        // Another start time: not the process that was checked before.
+        assert_eq!(alive(c.id(), started.map(|t| t + 1)), Err(Rejected::Exited));
+        c.kill().expect("kill");
+        c.wait().expect("wait");
+        assert_eq!(alive(c.id(), started), Err(Rejected::Exited));
+    }
+
+    #[tokio::test]
+    async fn a_stopped_process_is_found_out_before_the_deadline() {
+        let mut c = child();
+        let started = start_time(c.id());
+        signal(&c, libc::SIGSTOP);
+        eventually(c.id(), started, Err(Rejected::Stopped));
+        // Never answers: the check fails on the state, long before the hour.
+        let never = std::future::pending::<Option<Vec<u8>>>();
+        let got = awaited(never, b"pong", c.id(), started, Duration::from_secs(3600), Rejected::Unresponsive).await;
+        assert_eq!(got, Err(Rejected::Stopped));
+        c.kill().expect("kill");
+        c.wait().expect("wait");
+    }
+
+    #[tokio::test]
+    async fn a_running_process_that_never_answers_fails_at_the_deadline() {
+        let mut c = child();
+        let started = start_time(c.id());
+        let never = std::future::pending::<Option<Vec<u8>>>();
+        let got = awaited(never, b"up", c.id(), started, Duration::from_millis(200), Rejected::NotUp).await;
+        assert_eq!(got, Err(Rejected::NotUp));
+        // End of input from a process that is gone: it exited.
+        c.kill().expect("kill");
+        c.wait().expect("wait");
+        let eof = async { None };
+        let got = awaited(eof, b"up", c.id(), started, Duration::from_secs(5), Rejected::NotUp).await;
+        assert_eq!(got, Err(Rejected::Exited));
+    }
+
+    #[tokio::test]
+    async fn answers_are_read_a_line_at_a_time() {
+        let (mut a, b) = tokio::net::UnixStream::pair().expect("pair");
+        tokio::io::AsyncWriteExt::write_all(&mut a, b"ready\npong\n").await.expect("write");
+        let mut b = b;
+        assert_eq!(read_line(&mut b).await.as_deref(), Some(&b"ready"[..]));
+        assert_eq!(read_line(&mut b).await.as_deref(), Some(&b"pong"[..]));
+        tokio::io::AsyncWriteExt::write_all(&mut a, &[b'x'; 64]).await.expect("write");
+        assert_eq!(read_line(&mut b).await, None, "an endless line is not read to its end");
+        let me = std::process::id();
+        let wrong = async { Some(b"pang".to_vec()) };
+        let got = awaited(wrong, b"pong", me, start_time(me), Duration::from_secs(5), Rejected::Unresponsive).await;
+        assert_eq!(got, Err(Rejected::Unresponsive));
+    }
+}

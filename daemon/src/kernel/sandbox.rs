@@ -1,0 +1,193 @@
+//! What confines a kernel process besides its cgroups and its account: resource limits
+//! (RLIMIT_NOFILE, RLIMIT_NPROC) and, when the daemon is root, a mount namespace of its
+//! own with a bounded private `/dev/shm` and its home on a quota'd filesystem
+//! ([`super::home`]).
+//!
+//! One set per host (`kernel.*`), applied by every spawn ([`super::process::Launch`]), so a
+//! pre-warmed process, started before its kernel is known, has exactly the limits of a
+//! kernel started afresh.
+
+use std::ffi::CString;
+use std::sync::OnceLock;
+
+use crate::config::KernelConfig;
+
+/// The host's kernel confinement (`kernel.open_files_max`, `nproc_max`, `shm_size_mib`,
+/// `home_quota_mib`). `None`: not applied.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sandbox {
+    /// RLIMIT_NOFILE, soft and hard.
+    pub open_files_max: Option<u64>,
+    /// RLIMIT_NPROC, soft and hard (per uid: see `docs/configuration.md`).
+    pub nproc_max: Option<u64>,
+    /// Size of the private `/dev/shm` tmpfs (root only).
+    pub shm_bytes: Option<u64>,
+    /// Size of the home's ext4 image (root only).
+    pub home_quota_bytes: Option<u64>,
+    /// `kernel.limit_address_space`: the memory limit is also each process's RLIMIT_AS.
+    pub limit_address_space: bool,
+}
+
+static HOST: OnceLock<Sandbox> = OnceLock::new();
+static NONE: Sandbox = Sandbox {
+    open_files_max: None,
+    nproc_max: None,
+    shm_bytes: None,
+    home_quota_bytes: None,
+    limit_address_space: false,
+};
+
+impl Sandbox {
+    /// The confinement `kernel` asks for that a daemon with (or without) `root` can give:
+    /// mounts need root, so without it the namespace parts are dropped (and said once).
+    pub fn from_config(kernel: &KernelConfig, root: bool) -> Self {
+        let some = |v: u64| (v > 0).then_some(v);
+        let mib = |v: u64| some(v).map(|v| v.saturating_mul(1 << 20));
+        let mut s = Self {
+            open_files_max: some(kernel.open_files_max),
+            nproc_max: some(kernel.nproc_max),
+            shm_bytes: mib(kernel.shm_size_mib),
+            home_quota_bytes: mib(kernel.home_quota_mib),
+            limit_address_space: kernel.limit_address_space,
+        };
+        if !root && (s.shm_bytes.is_some() || s.home_quota_bytes.is_some()) {
+            tracing::warn!(
+                "the daemon is not root: kernels get no home quota (kernel.home_quota_mib) and share the host's \
+                 /dev/shm (kernel.shm_size_mib); both need a mount namespace per kernel"
+            );
+            s.shm_bytes = None;
+            s.home_quota_bytes = None;
+        }
+        s
+    }
+
+    /// Whether kernels get a mount namespace of their own.
+    pub fn private_mounts(&self) -> bool {
+        self.shm_bytes.is_some() || self.home_quota_bytes.is_some()
+    }
+}
+
+/// Sets the host's confinement; the first call wins (one daemon per process).
+pub fn configure(sandbox: Sandbox) {
+    if HOST.set(sandbox.clone()).is_err() && HOST.get() != Some(&sandbox) {
+        tracing::warn!("kernel confinement already set for this process; keeping the first");
+    }
+    tracing::info!(?sandbox, "kernel confinement");
+}
+
+/// The host's confinement (none until [`configure`]d).
+pub fn host() -> &'static Sandbox {
+    HOST.get().unwrap_or(&NONE)
+}
+
+/// What the child does between fork and exec, prepared before the fork (the child may
+/// not allocate).
+#[derive(Debug)]
+pub(super) struct ChildConfinement {
+    rlimits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
+    /// The `/dev/shm` tmpfs options ("size=…,mode=1777").
+    shm_options: Option<CString>,
+    private_mounts: bool,
+}
+
+impl ChildConfinement {
+    /// From the host's confinement. A limit above the daemon's own hard limit is cut to
+    /// it, so kernels still start.
+    pub fn new(sandbox: &Sandbox) -> anyhow::Result<Self> {
+        let mut rlimits = Vec::new();
+        for (resource, value) in
+            [(libc::RLIMIT_NOFILE, sandbox.open_files_max), (libc::RLIMIT_NPROC, sandbox.nproc_max)]
+        {
+            let Some(value) = value else { continue };
+            let mut current = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            // SAFETY: getrlimit(2) writes one rlimit into `current`, which outlives the call.
+            if unsafe { libc::getrlimit(resource, &mut current) } != 0 {
+                return Err(anyhow::Error::new(std::io::Error::last_os_error())
+                    .context(format!("reading the daemon's resource limit {resource}")));
+            }
+            // A cap, never a raise: raising a hard limit needs CAP_SYS_RESOURCE, which a
+            // container may withhold from even a root daemon.
+            let value = value.min(current.rlim_max);
+            rlimits.push((resource, libc::rlimit { rlim_cur: value, rlim_max: value }));
+        }
+        let shm_options = match sandbox.shm_bytes {
+            Some(bytes) => Some(
+                CString::new(format!("size={bytes},mode=1777"))
+                    .map_err(|e| anyhow::anyhow!("tmpfs options for /dev/shm: {e}"))?,
+            ),
+            None => None,
+        };
+        Ok(Self { rlimits, shm_options, private_mounts: sandbox.private_mounts() })
+    }
+
+    /// In the child, still root: limits, then a mount namespace of its own whose mounts
+    /// no longer propagate to the host's, with a fresh bounded `/dev/shm`.
+    ///
+    /// # Safety
+    /// Only between fork and exec: calls setrlimit(2), unshare(2) and mount(2) alone,
+    /// all async-signal-safe, and allocates nothing.
+    pub unsafe fn apply(&self) -> std::io::Result<()> {
+        // SAFETY: each call reads only integers and C strings this struct owns (or static
+        // ones), which outlive the calls.
+        unsafe {
+            for (resource, limit) in &self.rlimits {
+                if libc::setrlimit(*resource, limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if !self.private_mounts {
+                return Ok(());
+            }
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Slave, not private: unmounts on the host (a removed GPU, a lazily unmounted
+            // disk) still reach the kernel, but nothing mounted here reaches the host.
+            let none = std::ptr::null::<libc::c_char>();
+            if libc::mount(none, c"/".as_ptr(), none, libc::MS_REC | libc::MS_SLAVE, std::ptr::null()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if let Some(options) = &self.shm_options {
+                // Over the host's /dev/shm in this namespace only: the kernel sees neither the
+                // host's nor another kernel's segments, and cannot fill the host's memory.
+                let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+                if libc::mount(
+                    c"tmpfs".as_ptr(),
+                    c"/dev/shm".as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    flags,
+                    options.as_ptr().cast(),
+                ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Mounts need root: a daemon that is not root keeps the limits and drops the rest.
+    #[test]
+    fn without_root_kernels_keep_their_limits_but_get_no_mounts() {
+        let k = KernelConfig::default();
+        let root = Sandbox::from_config(&k, true);
+        assert!(root.private_mounts() && root.home_quota_bytes == Some(10 << 30) && root.shm_bytes == Some(2 << 30));
+        let user = Sandbox::from_config(&k, false);
+        assert!(!user.private_mounts());
+        assert_eq!((user.open_files_max, user.nproc_max), (Some(65_536), Some(32_768)));
+        let off = KernelConfig { open_files_max: 0, nproc_max: 0, shm_size_mib: 0, home_quota_mib: 0, ..k };
+        assert_eq!(Sandbox::from_config(&off, true), Sandbox::default());
+        // A limit is never raised above the daemon's own hard limit.
+        let huge = Sandbox { open_files_max: Some(u64::MAX), ..Sandbox::default() };
+        let child = ChildConfinement::new(&huge).expect("confinement");
+        let mut now = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit(2) writes one rlimit into `now`, which outlives the call.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut now) }, 0);
+        assert_eq!(child.rlimits[0].1.rlim_max, now.rlim_max);
+    }
+}
