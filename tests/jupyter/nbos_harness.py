@@ -96,6 +96,7 @@ class Daemon:
         fake_gpus: int = 0,
         idle_release: str = "30s",
         memory_limit_mib: int = 0,
+        limit_address_space: bool = False,
         tls: bool = False,
         gpu_extra: str = "",
     ) -> None:
@@ -145,6 +146,7 @@ token_file = "{self.token_file}"
 {tls_toml}[kernel]
 python = "{sys.executable}"
 memory_limit_mib = {memory_limit_mib}
+limit_address_space = {str(limit_address_space).lower()}
 {gpu}
 [log]
 format = "text"

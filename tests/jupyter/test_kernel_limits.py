@@ -1,5 +1,7 @@
-"""kernel.memory_limit_mib: a cell that allocates past the limit gets a
-MemoryError in its reply and the kernel keeps its other state."""
+"""kernel.memory_limit_mib with kernel.limit_address_space: a cell that allocates past the
+limit gets a MemoryError in its reply and the kernel keeps its other state. (Without
+limit_address_space, the shipped default since CUDA reserves more address space than it
+uses, only the memory cgroup bounds the kernel.)"""
 
 import json
 import uuid
@@ -11,7 +13,7 @@ from nbos_harness import Daemon
 
 @pytest.fixture(scope="module")
 def limited():
-    d = Daemon(memory_limit_mib=1024)
+    d = Daemon(memory_limit_mib=1024, limit_address_space=True)
     yield d
     d.stop()
 
