@@ -58,6 +58,16 @@ impl Sandbox {
             s.shm_bytes = None;
             s.home_quota_bytes = None;
         }
+        if s.private_mounts() && !root_is_a_mount_point() {
+            // In a chroot, "/" is a directory of some mount: its propagation cannot be made
+            // one-way (EINVAL), and a kernel's mounts could then appear on the host.
+            tracing::warn!(
+                "the daemon's root directory is not a mount point (a chroot?): kernels get no home quota \
+                 (kernel.home_quota_mib) and share the host's /dev/shm (kernel.shm_size_mib)"
+            );
+            s.shm_bytes = None;
+            s.home_quota_bytes = None;
+        }
         s
     }
 
@@ -65,6 +75,14 @@ impl Sandbox {
     pub fn private_mounts(&self) -> bool {
         self.shm_bytes.is_some() || self.home_quota_bytes.is_some()
     }
+}
+
+/// Whether this process's root directory is a mount point (it is not in a chroot), as
+/// `/proc/self/mountinfo` says; unreadable counts as not.
+fn root_is_a_mount_point() -> bool {
+    procfs::process::Process::myself()
+        .and_then(|p| p.mountinfo())
+        .is_ok_and(|mounts| mounts.into_iter().any(|m| m.mount_point == std::path::Path::new("/")))
 }
 
 /// Sets the host's confinement; the first call wins (one daemon per process).
