@@ -503,6 +503,9 @@ impl Shared {
 
     /// Adds what each process did since the last sweep to the Prometheus counters.
     fn sweep(&self) {
+        // Whose each counters file is, while its process lives: a process that exits before
+        // the worker's next poll is then still credited with its own file's counts.
+        self.note_counters();
         let mut dead = Vec::new();
         self.sweep_counts(&mut dead);
         dead.sort_unstable();
