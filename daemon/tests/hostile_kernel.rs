@@ -42,20 +42,29 @@ fn create_kernel(url: &str) -> (String, u32) {
     (id, pid)
 }
 
-/// Sends `code` to run in `kernel` and returns without waiting for a reply (a kernel that
-/// the daemon kills never sends one).
+/// Sends `code` to run in `kernel` and returns once the kernel has started it (its `busy`
+/// status), without waiting for a reply (a kernel that the daemon kills never sends one).
 async fn start_cell(url: &str, kernel: &str, code: &str) {
-    use futures_util::SinkExt;
+    use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::Message as WsFrame;
     let ws = format!("{}/api/kernels/{kernel}/channels?token={TOKEN}", url.replacen("http", "ws", 1));
     let (mut socket, _) = tokio_tungstenite::connect_async(ws).await.expect("websocket");
+    let msg_id = uuid::Uuid::new_v4().to_string();
     let req = serde_json::json!({
-        "header": {"msg_id": uuid::Uuid::new_v4().to_string(), "msg_type": "execute_request", "session": "s", "version": "5.3"},
+        "header": {"msg_id": msg_id, "msg_type": "execute_request", "session": "s", "version": "5.3"},
         "parent_header": {}, "metadata": {}, "content": {"code": code, "silent": false},
     });
     socket.send(WsFrame::Text(req.to_string().into())).await.expect("send");
-    // Give the daemon the request before the socket closes.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = async {
+        while let Some(Ok(frame)) = socket.next().await {
+            let WsFrame::Text(t) = frame else { continue };
+            let v: serde_json::Value = serde_json::from_str(t.as_str()).expect("json");
+            if v["parent_header"]["msg_id"] == msg_id.as_str() && v["content"]["execution_state"] == "busy" {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), started).await.expect("the kernel started the cell");
 }
 
 fn metric(url: &str, line_prefix: &str) -> f64 {

@@ -76,15 +76,24 @@ mod tests {
     async fn a_peer_over_the_cap_is_dropped_and_the_others_are_served() {
         let mut router = RouterSocket::with_options(options(CAP));
         let endpoint = router.bind("tcp://127.0.0.1:0").await.expect("bind").to_string();
+        let mut events = router.monitor();
+        // The router's recv drops the big peer (and says so on the monitor) and goes on waiting.
+        let received = tokio::spawn(async move { router.recv().await });
         let mut big = DealerSocket::new();
         big.connect(&endpoint).await.expect("connect");
         big.send(ZmqMessage::from(vec![7u8; 2 * CAP])).await.expect("send");
-        // Sent after the big one has reached the router.
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        let dropped = async {
+            while let Some(event) = futures_util::StreamExt::next(&mut events).await {
+                if matches!(event, zeromq::SocketEvent::Disconnected(_)) {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout(WAIT, dropped).await.expect("the peer over the cap was not dropped");
         let mut small = DealerSocket::new();
         small.connect(&endpoint).await.expect("connect");
         small.send(ZmqMessage::from("hello")).await.expect("send");
-        let got = tokio::time::timeout(WAIT, router.recv()).await.expect("an answer").expect("a message");
+        let got = tokio::time::timeout(WAIT, received).await.expect("an answer").expect("task").expect("a message");
         assert_eq!(got.get(1).map(|b| b.to_vec()), Some(b"hello".to_vec()), "the first message is the small one");
     }
 }
