@@ -32,6 +32,14 @@ pub struct ConnectionInfo {
     pub kernel_name: String,
 }
 
+/// Ports this process handed to kernels lately (a kernel binds its ports within seconds).
+static RECENT_PORTS: std::sync::Mutex<std::collections::VecDeque<u16>> =
+    std::sync::Mutex::new(std::collections::VecDeque::new());
+/// How many handed-out ports are remembered.
+const RECENT_PORTS_KEPT: usize = 1024;
+/// Picks of one port before one that was handed out lately is taken anyway.
+const PICK_TRIES: usize = 64;
+
 impl ConnectionInfo {
     /// Fresh loopback ports and a random 256-bit key.
     ///
@@ -42,10 +50,28 @@ impl ConnectionInfo {
     pub fn new_loopback(kernel_name: &str) -> anyhow::Result<Self> {
         let mut held = Vec::with_capacity(5);
         let mut ports = [0u16; 5];
-        for p in &mut ports {
-            let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("finding a free loopback port")?;
-            *p = l.local_addr().context("reading a bound port")?.port();
-            held.push(l);
+        {
+            // A port released here is free until its kernel binds it: the kernel's bind(0)
+            // hands it out again at once, so kernels started together got each other's ports
+            // (and, since the daemon checks who listens, failed their starts). Ports handed
+            // out recently are skipped, held bound meanwhile so the next pick differs.
+            let mut recent = RECENT_PORTS.lock().unwrap_or_else(|p| p.into_inner());
+            for p in &mut ports {
+                for _ in 0..PICK_TRIES {
+                    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("finding a free loopback port")?;
+                    *p = l.local_addr().context("reading a bound port")?.port();
+                    held.push(l);
+                    if !recent.contains(p) {
+                        break;
+                    }
+                }
+            }
+            for p in ports {
+                if recent.len() == RECENT_PORTS_KEPT {
+                    recent.pop_front();
+                }
+                recent.push_back(p);
+            }
         }
         drop(held);
         Ok(Self {
@@ -141,6 +167,19 @@ mod tests {
         assert_eq!(ports.len(), 5);
         let r = a.with_fresh_ports().expect("fresh");
         assert_eq!(r.key, a.key);
+    }
+
+    /// Kernels started together never get the same port: a released port is what the next
+    /// bind(0) hands out, so without the memory of recent ports these overlapped.
+    #[test]
+    fn kernels_picked_one_after_another_share_no_port() {
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..20 {
+            let c = ConnectionInfo::new_loopback("k").expect("ports");
+            for p in [c.shell_port, c.iopub_port, c.stdin_port, c.control_port, c.hb_port] {
+                assert!(seen.insert(p), "port {p} handed out twice");
+            }
+        }
     }
 
     #[test]
