@@ -58,6 +58,7 @@ DISK_ROOM_BYTES = 64 << 20  # a state disk with less room left than this after a
 
 # Bounds (seconds), stated in docs/chaos.md.
 CELL_TIMEOUT = 20       # one cell's reply; past it the client moves to another gateway
+STOP_BOUND = 30         # a host that stops itself (a failed raft log write) has exited within this
 AVAIL_BOUND = 60        # a kernel with a live majority answers a cell within this under the fault
 RECOVERY_BOUND = 90     # every kernel answers a cell within this after healing
 READY_BOUND = 120       # the cluster is whole again (every host up) within this after healing
@@ -247,17 +248,27 @@ class Campaign:
             p["enospc_after_s"] = round(log_time(lines[0], time.time()) - p["filled_at"], 2) if lines else None
             p["enospc_log_lines"] = len(lines)
             p["enospc_first"] = lines[0][-300:] if lines else None
-            p["host_alive_when_full"] = c.host(t).alive
+            # A host whose raft log write failed stops itself (fail-stop): its process may still
+            # be shutting down (alive) while its listener is already closed, so "up" means it
+            # answers /metrics; one that neither answers nor exits within the bound is hung.
             m = c.metrics(t)
+            stop_by = time.time() + STOP_BOUND
+            while not m and c.host(t).alive and time.time() < stop_by:
+                time.sleep(0.5)
+                m = c.metrics(t)
+            p["host_alive_when_full"] = c.host(t).alive
+            p["answered_when_full"] = bool(m)
             p["metrics"] = [ln for ln in m.splitlines() if ("fail" in ln or "stopped" in ln or "error" in ln) and not ln.startswith("#") and not ln.rstrip().endswith(" 0")][:20]
             st = c.status(t)
             p["self_status_registered"] = bool(st and st.get("registered"))
             if not lines:
                 self.anomaly("disk_full", f"host {t}: no error naming ENOSPC in its log within {ENOSPC_BOUND}s of its state disk filling")
-            elif c.host(t).alive and not any(ln.startswith("notebookos_sync_failures_total") for ln in p["metrics"]):
+            elif not m and c.host(t).alive:
+                self.anomaly("disk_full", f"host {t}: its process runs but it has not answered /metrics for {STOP_BOUND}s after ENOSPC ({p['enospc_first']})")
+            elif m and not any(ln.startswith("notebookos_sync_failures_total") for ln in p["metrics"]):
                 # Still up (no raft log write failed, which would have stopped it): the failed
                 # namespace writes must show on /metrics.
-                self.anomaly("disk_full", f"host {t}: its writes failed (ENOSPC) but notebookos_sync_failures_total did not move: {p['metrics']}")
+                self.anomaly("disk_full", f"host {t}: its writes failed (ENOSPC: {p['enospc_first']}) but notebookos_sync_failures_total did not move: {p['metrics']}")
             c.free_disk(t)
             # The operations guide: free space, then restart the daemon.
             pgid = c.host(t).proc.pid if c.host(t).proc else None
