@@ -187,7 +187,7 @@ fn register(path: &std::ffi::OsStr) -> Result<(UnixStream, u32, u32, u64, String
     let mut s = UnixStream::connect(path).map_err(|e| format!("connect {}: {e}", path.to_string_lossy()))?;
     let kernel_id = std::env::var("NBOS_KERNEL_ID").unwrap_or_default();
     let replica = std::env::var("NBOS_REPLICA").ok().and_then(|r| r.parse().ok()).unwrap_or(0);
-    let m = Message::Register { kernel_id, replica, pid: std::process::id() };
+    let m = Message::Register { kernel_id, replica, pid: nbos_lease_proto::own_pid() };
     write_message(&mut s, &m).map_err(|e| format!("send register: {e}"))?;
     s.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
     match read_message(&mut s) {

@@ -251,6 +251,11 @@ pub struct KernelConfig {
     /// allocation becomes a Python MemoryError, not an OOM kill). Off by default: CUDA
     /// and the JITs reserve far more address space than they use, and fail under it.
     pub limit_address_space: bool,
+    /// Each kernel process in a PID namespace of its own (root daemons): it can signal and
+    /// trace only its own processes, not the pre-warm pool's, other kernels' or the host's,
+    /// whatever account they share. Inside, Python is pid 2 under a small init that reaps
+    /// orphans. Off: kernels share the daemon's, as any process of their account does.
+    pub pid_namespace: bool,
     /// The unprivileged account kernels run as when the daemon is root (never root).
     pub user: String,
     /// Group kernels run as; unset means `user`'s primary group.
@@ -592,6 +597,7 @@ impl Default for KernelConfig {
             python: PathBuf::from("python3"),
             memory_limit_mib: DEFAULT_KERNEL_MEMORY_LIMIT_MIB,
             limit_address_space: false,
+            pid_namespace: true,
             user: DEFAULT_KERNEL_USER.to_owned(),
             group: None,
             uid_range: None,

@@ -604,12 +604,15 @@ fn a_killed_hosts_kernels_are_killed_when_its_daemon_starts_again() {
             .is_some_and(|state| state != Some('Z'))
     };
     assert!(before.iter().any(|&p| alive(p)), "the daemon's group kill leaves its kernels (each its own group)");
-    // ipykernel's parent poller (`parent_handle`) would end them by itself about a second
-    // later; stopped, they stay for the new daemon to find however long its start takes
-    // (a restart slower than the poller made this test flaky under CI load).
-    for &p in &before {
-        // SAFETY: kill(2) with SIGSTOP on a kernel process this test saw its host start.
-        unsafe { libc::kill(p, libc::SIGSTOP) };
+    // What ends them by itself about a second later: in a PID namespace of its own, the
+    // daemon's child that watches the namespace (the kernel's grandparent); otherwise
+    // ipykernel's parent poller (`parent_handle`). Stopped, it leaves them for the new
+    // daemon to find however long its start takes (a restart slower than the poller made
+    // this test flaky under CI load).
+    let watchers: Vec<i32> = before.iter().map(|&p| namespace_watcher(p).unwrap_or(p)).collect();
+    for &w in &watchers {
+        // SAFETY: kill(2) with SIGSTOP on a process this test saw its host start.
+        unsafe { libc::kill(w, libc::SIGSTOP) };
     }
     c.restart(3);
     wait_for(Duration::from_secs(20), "the killed daemon's kernels to be gone", || {
@@ -618,6 +621,23 @@ fn a_killed_hosts_kernels_are_killed_when_its_daemon_starts_again() {
     wait_for(Duration::from_secs(10), "the new daemon to say it killed them", || {
         c.host(3).log().contains("killed kernel processes a previous daemon of this host left running").then_some(())
     });
+    for &w in &watchers {
+        // SAFETY: as above; a watcher let go finds its namespace ended and exits.
+        unsafe { libc::kill(w, libc::SIGCONT) };
+    }
+}
+
+/// The parent's parent of kernel process `pid` when the kernel is in a PID namespace of
+/// its own (`NSpid` names two pids): the daemon's child that ends the namespace once the
+/// daemon is gone (kernel/pid_namespace.rs).
+fn namespace_watcher(pid: i32) -> Option<i32> {
+    let field = |pid: i32, name: &str| -> Option<String> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_owned())
+    };
+    (field(pid, "NSpid:")?.split_whitespace().count() > 1).then_some(())?;
+    let init: i32 = field(pid, "PPid:")?.parse().ok()?;
+    field(init, "PPid:")?.parse().ok()
 }
 
 #[test]

@@ -160,6 +160,90 @@ async fn a_kernel_of_a_root_daemon_runs_unprivileged_in_its_pids_cgroup_with_pri
     }
 }
 
+/// The pids of `pid`'s children (`/proc/<pid>/task/<pid>/children`).
+fn children_of(pid: u32) -> Vec<u32> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    text.split_whitespace().filter_map(|c| c.parse().ok()).collect()
+}
+
+/// A cell that leaves an orphan: a child that forks a grandchild and exits at once; the
+/// grandchild, reparented to the namespace's init, exits half a second later.
+const ORPHAN: &str = r#"import os, time
+child = os.fork()
+if child == 0:
+    if os.fork() == 0:
+        time.sleep(0.5)
+        os._exit(0)
+    os._exit(0)
+os.waitpid(child, 0)
+'orphaned'"#;
+
+/// Issue 29: kernels of the shared `kernel.user` could signal each other and the pre-warm
+/// pool. Each kernel process now runs in a PID namespace of its own: a cell sees itself as
+/// pid 2 under an init (pid 1) it cannot signal, a neighbour kernel's pid as `ps` shows it
+/// names nothing there, the daemon still knows (API) and signals the host pid, and an
+/// orphan the kernel leaves is reaped instead of staying a zombie.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_kernel_has_a_pid_namespace_of_its_own_and_cannot_signal_its_neighbour() {
+    if let Some(why) = cannot_run() {
+        required::cannot_run("kernel_user", &why);
+        return;
+    }
+    let d = start("prewarm_max = 0\n");
+    let (a, a_pid) = tokio::task::block_in_place(|| create_kernel(&d));
+    let (b, b_pid) = tokio::task::block_in_place(|| create_kernel(&d));
+    // The API's pids are the host's; inside, the kernel is pid 2.
+    assert_eq!(status(b_pid, "NSpid"), vec![b_pid.to_string(), "2".to_owned()], "kernel pid {b_pid}");
+    let cell = format!(
+        "import os, signal\ndef hit(p):\n    try:\n        os.kill(p, signal.SIGKILL)\n        return 'killed'\n    \
+         except ProcessLookupError:\n        return 'unreachable'\n    except PermissionError:\n        return 'refused'\n\
+         (os.getpid(), os.getppid(), hit({b_pid}), hit({}), hit(1))",
+        d.child.id()
+    );
+    assert_eq!(run_cell(&d.url, &a, &cell).await, "(2, 1, 'unreachable', 'unreachable', 'refused')");
+    assert_eq!(run_cell(&d.url, &b, "6 * 7").await, "42", "the neighbour was hurt");
+    // The orphan's zombie is reaped by the namespace's init: it ends with the kernel as its
+    // only child.
+    let init = status(a_pid, "PPid")[0].parse::<u32>().expect("init pid");
+    assert_eq!(run_cell(&d.url, &a, ORPHAN).await, "'orphaned'");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while children_of(init) != vec![a_pid] {
+        assert!(Instant::now() < deadline, "init {init} keeps children {:?} (kernel {a_pid})", children_of(init));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for id in [&a, &b] {
+        tokio::task::block_in_place(|| delete(&d, id));
+    }
+}
+
+/// A daemon killed outright (SIGKILL: no shutdown, no cleanup) leaves no kernel running:
+/// the daemon's child that holds the kernel's PID namespace sees its parent gone within a
+/// second and ends the namespace (what ipykernel's parent poller did before kernels had
+/// one, and it cannot see its parent from inside).
+#[test]
+fn a_kernel_ends_within_seconds_when_its_daemon_is_killed() {
+    if let Some(why) = cannot_run() {
+        required::cannot_run("kernel_user", &why);
+        return;
+    }
+    let mut d = start("prewarm_max = 0\n");
+    let (_id, pid) = create_kernel(&d);
+    let running = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
+            .is_some_and(|zombie| !zombie)
+    };
+    assert!(running(pid), "kernel {pid} does not run");
+    d.child.kill().expect("SIGKILL the daemon");
+    d.child.wait().expect("reap the daemon");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while running(pid) {
+        assert!(Instant::now() < deadline, "kernel {pid} still runs 10 s after its daemon was killed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Forks children that sleep until too many: how many, and what the failing fork raised.
 const FORK_PAST_THE_LIMIT: &str = r#"import os, errno, time
 kids, err = [], None

@@ -20,10 +20,12 @@
 mod codec;
 mod io;
 mod message;
+mod pid;
 
 pub use codec::{decode, decode_body, encode, DecodeError};
 pub use io::{read_message, write_message, ReadError};
 pub use message::{GpuUuid, Message};
+pub use pid::own_pid;
 
 /// Protocol version carried in every frame (2: `Registered` names the driver library).
 pub const VERSION: u8 = 2;

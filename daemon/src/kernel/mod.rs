@@ -32,6 +32,7 @@ pub mod hub;
 pub mod id;
 pub mod identity;
 pub mod orphans;
+pub mod pid_namespace;
 pub mod port_owner;
 pub mod prewarm;
 pub mod process;

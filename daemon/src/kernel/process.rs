@@ -11,6 +11,7 @@ use tokio::sync::watch;
 
 use super::home::{self, AttachedHome};
 use super::identity::{self, KernelIdentity};
+use super::pid_namespace::{self, PidReport};
 use super::sandbox::{self, ChildConfinement};
 
 /// The kernel's log in its directory (stdout and stderr).
@@ -82,7 +83,11 @@ impl std::fmt::Debug for PrepareHook {
 /// A running (or exited) kernel process.
 #[derive(Debug)]
 pub struct KernelProcess {
+    /// As the daemon sees it (in a PID namespace of its own, the kernel sees 2).
     pid: u32,
+    /// In a PID namespace the kernel is the daemon's grandchild's child: signalled through
+    /// this pidfd, never by a pid some other process may have by then.
+    pidfd: Option<Arc<std::os::fd::OwnedFd>>,
     exited: Arc<AtomicBool>,
     exit: watch::Receiver<Option<String>>,
 }
@@ -140,6 +145,10 @@ impl KernelProcess {
     pub fn signal(&self, sig: libc::c_int) -> anyhow::Result<()> {
         if self.has_exited() {
             return Ok(());
+        }
+        if let Some(pidfd) = &self.pidfd {
+            return pid_namespace::signal(pidfd, sig)
+                .with_context(|| format!("sending signal {sig} to kernel pid {}", self.pid));
         }
         let pid = libc::pid_t::try_from(self.pid).context("pid out of range")?;
         // SAFETY: kill(2) only reads its two integer arguments. The pid is our own
@@ -249,8 +258,11 @@ pub(super) fn ipykernel_args(connection_file: &Path) -> Vec<OsString> {
         // The kernel has a process group of its own (interrupts, kills), so a daemon that
         // dies by SIGKILL does not take it along: ipykernel's parent poller makes it exit
         // within a second once its parent is gone, instead of running on as an orphan
-        // (a restarted daemon starts its replicas afresh).
-        format!("--IPKernelApp.parent_handle={}", std::process::id()).into(),
+        // (a restarted daemon starts its replicas afresh). In a PID namespace of its own the
+        // kernel's parent is its namespace's init, which the daemon's death ends (see
+        // pid_namespace.rs): 1 turns the poller off (it would take init for a dead parent).
+        format!("--IPKernelApp.parent_handle={}", if sandbox::host().pid_namespace { 1 } else { std::process::id() })
+            .into(),
     ]
 }
 
@@ -347,12 +359,16 @@ impl Launch<'_> {
         let ids = self.identity.map(|id| (id.uid, id.gid));
         let procs_fds: Vec<libc::c_int> = cgroup_procs.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
         let home = home.map(|h| h.mount.clone());
+        let pid_report = confinement.pid_namespace().then(PidReport::new).transpose()?;
+        let report_fd = pid_report.as_ref().map(PidReport::write_fd);
+        let init_exe = pid_namespace::init_exe();
         // SAFETY: the closure runs in the child between fork and exec, where only
         // async-signal-safe calls are allowed: write(2), setrlimit(2), unshare(2),
-        // mount(2), open(2), fchdir(2), chdir(2), setgroups(2), setgid(2), setuid(2) and
-        // prctl(2) are, and the closure allocates nothing (it reads its own copies of
-        // plain integers, C strings and a Vec made before the fork; the fds stay open in
-        // the parent until spawn returns, the loop device too, held by the caller).
+        // mount(2), open(2), fchdir(2), chdir(2), setgroups(2), setgid(2), setuid(2),
+        // prctl(2) and those of pid_namespace::enter are, and the closure allocates nothing
+        // (it reads its own copies of plain integers, C strings and a Vec made before the
+        // fork; the fds stay open in the parent until spawn returns, the loop device too,
+        // held by the caller).
         unsafe {
             cmd.pre_exec(move || {
                 // Join the cgroups first, while still root (joining needs write access
@@ -376,6 +392,10 @@ impl Launch<'_> {
                 confinement.apply()?;
                 if let Some(home) = &home {
                     home.mount_here()?;
+                }
+                // A PID namespace of its own; only the kernel process returns from it.
+                if let Some(fd) = report_fd {
+                    pid_namespace::enter(fd, init_exe)?;
                 }
                 // Drop root for good: no supplementary groups, then the group, then the
                 // user (after setuid nothing else could be changed). Done here rather than
@@ -411,7 +431,12 @@ impl Launch<'_> {
             )
         })?;
         drop(cgroup_procs);
-        let pid = child.id().context("the kernel process exited before it could be watched")?;
+        let spawned = child.id().context("the kernel process exited before it could be watched")?;
+        // On error `child` is dropped, killed, and the namespace with it.
+        let (pid, pidfd) = match pid_report {
+            Some(report) => report.take(spawned).map(|(pid, fd)| (pid, Some(Arc::new(fd))))?,
+            None => (spawned, None),
+        };
         let exited = Arc::new(AtomicBool::new(false));
         let (tx, rx) = watch::channel(None);
         let flag = exited.clone();
@@ -425,7 +450,7 @@ impl Launch<'_> {
             };
             let _ = tx.send(Some(how));
         });
-        Ok(KernelProcess { pid, exited, exit: rx })
+        Ok(KernelProcess { pid, pidfd, exited, exit: rx })
     }
 }
 

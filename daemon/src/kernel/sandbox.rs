@@ -1,7 +1,7 @@
 //! What confines a kernel process besides its cgroups and its account: resource limits
 //! (RLIMIT_NOFILE, RLIMIT_NPROC) and, when the daemon is root, a mount namespace of its
 //! own with a bounded private `/dev/shm` and its home on a quota'd filesystem
-//! ([`super::home`]).
+//! ([`super::home`]), and a PID namespace of its own ([`super::pid_namespace`]).
 //!
 //! One set per host (`kernel.*`), applied by every spawn ([`super::process::Launch`]), so a
 //! pre-warmed process, started before its kernel is known, has exactly the limits of a
@@ -26,6 +26,8 @@ pub struct Sandbox {
     pub home_quota_bytes: Option<u64>,
     /// `kernel.limit_address_space`: the memory limit is also each process's RLIMIT_AS.
     pub limit_address_space: bool,
+    /// `kernel.pid_namespace`: each kernel process in a PID namespace of its own (root only).
+    pub pid_namespace: bool,
 }
 
 static HOST: OnceLock<Sandbox> = OnceLock::new();
@@ -35,6 +37,7 @@ static NONE: Sandbox = Sandbox {
     shm_bytes: None,
     home_quota_bytes: None,
     limit_address_space: false,
+    pid_namespace: false,
 };
 
 impl Sandbox {
@@ -49,7 +52,26 @@ impl Sandbox {
             shm_bytes: mib(kernel.shm_size_mib),
             home_quota_bytes: mib(kernel.home_quota_mib),
             limit_address_space: kernel.limit_address_space,
+            pid_namespace: kernel.pid_namespace && root,
         };
+        if kernel.pid_namespace && !root {
+            tracing::warn!(
+                "the daemon is not root: kernels share its PID namespace (kernel.pid_namespace), so a kernel \
+                 can signal the pre-warm pool's processes (they are checked at hand-over)"
+            );
+        }
+        if s.pid_namespace && !super::pid_namespace::supported() {
+            // A container, or a unit whose RestrictNamespaces= leaves out "pid".
+            tracing::warn!(
+                "this host refuses new PID namespaces (unshare(CLONE_NEWPID)): kernels share the daemon's \
+                 (kernel.pid_namespace), so a kernel can signal the pre-warm pool's processes (they are \
+                 checked at hand-over)"
+            );
+            s.pid_namespace = false;
+        }
+        if s.pid_namespace {
+            super::pid_namespace::open_own_binary();
+        }
         if !root && (s.shm_bytes.is_some() || s.home_quota_bytes.is_some()) {
             tracing::warn!(
                 "the daemon is not root: kernels get no home quota (kernel.home_quota_mib) and share the host's \
@@ -106,6 +128,7 @@ pub(super) struct ChildConfinement {
     /// The `/dev/shm` tmpfs options ("size=…,mode=1777").
     shm_options: Option<CString>,
     private_mounts: bool,
+    pid_namespace: bool,
 }
 
 impl ChildConfinement {
@@ -135,7 +158,17 @@ impl ChildConfinement {
             ),
             None => None,
         };
-        Ok(Self { rlimits, shm_options, private_mounts: sandbox.private_mounts() })
+        Ok(Self {
+            rlimits,
+            shm_options,
+            private_mounts: sandbox.private_mounts(),
+            pid_namespace: sandbox.pid_namespace,
+        })
+    }
+
+    /// Whether the child enters a PID namespace of its own ([`super::pid_namespace::enter`]).
+    pub fn pid_namespace(&self) -> bool {
+        self.pid_namespace
     }
 
     /// In the child, still root: limits, then a mount namespace of its own whose mounts
@@ -198,7 +231,14 @@ mod tests {
         let user = Sandbox::from_config(&k, false);
         assert!(!user.private_mounts());
         assert_eq!((user.open_files_max, user.nproc_max), (Some(65_536), Some(32_768)));
-        let off = KernelConfig { open_files_max: 0, nproc_max: 0, shm_size_mib: 0, home_quota_mib: 0, ..k };
+        let off = KernelConfig {
+            open_files_max: 0,
+            nproc_max: 0,
+            shm_size_mib: 0,
+            home_quota_mib: 0,
+            pid_namespace: false,
+            ..k
+        };
         assert_eq!(Sandbox::from_config(&off, true), Sandbox::default());
         // A limit is never raised above the daemon's own hard limit.
         let huge = Sandbox { open_files_max: Some(u64::MAX), ..Sandbox::default() };

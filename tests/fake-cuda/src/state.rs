@@ -113,9 +113,10 @@ pub fn set_current(ctx: u64) {
     CURRENT.with(|c| c.set(ctx));
 }
 
-/// This process's id.
+/// This process's id as the host sees it, as the real driver records it (a kernel in a
+/// PID namespace of its own is pid 2 there; the host's procfs at `/proc` says its pid).
 pub fn pid() -> u32 {
-    std::process::id()
+    std::fs::read_link("/proc/self").ok().and_then(|p| p.to_str()?.parse().ok()).unwrap_or_else(std::process::id)
 }
 
 /// Runs `f` on the initialised driver, under the shared checkpoint gate, catching panics.

@@ -1,0 +1,389 @@
+//! A PID namespace per kernel process (root daemons, `kernel.pid_namespace`): kill(2),
+//! ptrace(2) and pidfd_open(2) take pids of the caller's namespace, so a kernel reaches its
+//! own processes only, never a pre-warmed pool process, another kernel or the daemon,
+//! whatever account they share (issue 29; the BPF LSM pool guard needs a kernel that
+//! few hosts run).
+//!
+//! Between fork and exec the child S (the daemon's child, in the host's namespace)
+//! unshares a new namespace and forks its init R, which forks the kernel P:
+//!
+//! ```text
+//! notebookosd ── S (root, host namespace) ── R (root, pid 1: reaps) ── P (python, pid 2)
+//! ```
+//!
+//! S and R exec a fresh image of the daemon's binary (opened at start, so an upgrade that
+//! replaced the file changes nothing) as `nbos-kernel-init supervise|reap` ([`run_as_init`]):
+//! a fork that stayed would keep a copy of every daemon page the daemon later changes, per
+//! kernel. R reaps whatever the kernel orphans (a Python at pid 1 would not) and exits with
+//! P's code; S exits with R's, so the daemon's wait on S is its wait on the kernel. S kills R when the daemon is gone (as
+//! ipykernel's parent poller did when P was the daemon's child), R dies with S
+//! (`PR_SET_PDEATHSIG`), and the namespace dies with R. P tells the daemon its pid in the
+//! daemon's namespace (from `/proc/self` of the host's procfs, which stays mounted) on a
+//! pipe before it execs: that pid is what the daemon signals (through a pidfd), registers
+//! with the lease server and finds in `/proc`.
+
+use std::ffi::CStr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::OnceLock;
+
+use anyhow::Context;
+
+/// How often S looks whether the daemon is still its parent (P's exit wakes it at once).
+const PARENT_POLL_MS: libc::c_int = 1000;
+/// `argv[0]` of S and R after their exec (what `ps` shows), which [`run_as_init`] knows.
+const INIT_NAME: &CStr = c"nbos-kernel-init";
+/// P's pid inside: the second process of a new namespace, after R.
+const KERNEL_PID_INSIDE: libc::pid_t = 2;
+
+/// The daemon's own binary, opened once (`/proc/self/exe`), for S and R to exec.
+static EXE: OnceLock<OwnedFd> = OnceLock::new();
+
+/// Opens the daemon's binary for S and R (once per process); without it they stay forks
+/// of the daemon (working, but each holds a copy of the daemon's memory as it changes).
+pub fn open_own_binary() {
+    if EXE.get().is_some() {
+        return;
+    }
+    match std::fs::File::open("/proc/self/exe") {
+        Ok(f) => {
+            let _ = EXE.set(OwnedFd::from(f));
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot open the daemon's own binary (/proc/self/exe): kernels' PID namespace init stays a fork of the daemon")
+        }
+    }
+}
+
+/// In a process started as `nbos-kernel-init` (S or R after their exec), runs its loop and
+/// never returns; in any other, returns at once. The daemon's `main` calls it first.
+pub fn run_as_init() {
+    let mut args = std::env::args_os();
+    if args.next().as_deref() != Some(std::ffi::OsStr::new(INIT_NAME.to_str().unwrap_or_default())) {
+        return;
+    }
+    let role = args.next();
+    let mut pid = || args.next().and_then(|a| a.to_str()?.parse::<libc::pid_t>().ok());
+    let (first, second) = (pid(), pid());
+    // SAFETY: supervise and reap only make system calls on integers and stack structs.
+    unsafe {
+        match (role.as_deref().and_then(std::ffi::OsStr::to_str), first, second) {
+            (Some("supervise"), Some(init), Some(daemon)) => supervise(init, daemon),
+            (Some("reap"), Some(kernel), None) => reap(kernel),
+            _ => {
+                eprintln!("nbos-kernel-init: started with unexpected arguments (it is run by notebookosd only)");
+                std::process::exit(2)
+            }
+        }
+    }
+}
+
+/// Whether this host can give kernels a PID namespace: a child that tries
+/// `unshare(CLONE_NEWPID)` (a container or a unit's `RestrictNamespaces=` may refuse it).
+pub fn supported() -> bool {
+    // SAFETY: fork(2); the child only calls unshare(2) and _exit(2), both async-signal-safe,
+    // and the parent reaps it with waitpid(2) on the pid fork returned.
+    unsafe {
+        let pid = libc::fork();
+        if pid == 0 {
+            libc::_exit(i32::from(libc::unshare(libc::CLONE_NEWPID) != 0));
+        }
+        if pid < 0 {
+            return false;
+        }
+        let mut status = 0;
+        while libc::waitpid(pid, &mut status, 0) < 0 {
+            if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                return false;
+            }
+        }
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
+    }
+}
+
+/// The pipe on which P reports its pid, made before the fork (close-on-exec both ends).
+#[derive(Debug)]
+pub(super) struct PidReport {
+    read: OwnedFd,
+    write: OwnedFd,
+}
+
+impl PidReport {
+    pub fn new() -> anyhow::Result<Self> {
+        let mut fds = [0 as RawFd; 2];
+        // SAFETY: pipe2(2) writes two descriptors into `fds`, which outlives the call.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("making the kernel's pid report pipe");
+        }
+        // SAFETY: pipe2 succeeded: both descriptors are open and owned by nobody else.
+        Ok(unsafe { Self { read: OwnedFd::from_raw_fd(fds[0]), write: OwnedFd::from_raw_fd(fds[1]) } })
+    }
+
+    /// The write end's number, for the child (valid while `self` lives).
+    pub fn write_fd(&self) -> RawFd {
+        self.write.as_raw_fd()
+    }
+
+    /// After the spawn returned (P has exec'd, so it reported): P's pid, pinned by a
+    /// pidfd, checked to be the grandchild of `supervisor` (S).
+    pub fn take(self, supervisor: u32) -> anyhow::Result<(u32, OwnedFd)> {
+        drop(self.write);
+        let mut buf = [0u8; 4];
+        // SAFETY: read(2) into a 4-byte buffer that outlives the call.
+        let n = unsafe { libc::read(self.read.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        anyhow::ensure!(n == 4, "the kernel's pid namespace did not report its process (read {n} bytes)");
+        let pid = u32::from_ne_bytes(buf);
+        let raw = libc::pid_t::try_from(pid).context("reported pid out of range")?;
+        // SAFETY: pidfd_open(2) takes two integers.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, raw, 0) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error()).with_context(|| format!("pidfd_open of kernel process {pid}"));
+        }
+        // SAFETY: a descriptor pidfd_open just returned, owned by nobody else.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        // The pidfd names the process that has the pid now; it is P only if P's parent's
+        // parent is S (P cannot have been reaped and its pid reused while S still runs
+        // with R, which reaps P only to exit).
+        let init = parent_of(pid).context("reading the kernel process's parent")?;
+        anyhow::ensure!(
+            parent_of(init).ok() == Some(supervisor),
+            "process {pid} is not the kernel of pid namespace supervisor {supervisor}"
+        );
+        Ok((pid, pidfd))
+    }
+}
+
+/// The parent pid of `pid` (field 4 of `/proc/<pid>/stat`).
+fn parent_of(pid: u32) -> anyhow::Result<u32> {
+    let stat =
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("reading /proc/{pid}/stat"))?;
+    let rest = stat.rfind(')').map(|i| &stat[i + 1..]).context("no ')' in stat")?;
+    rest.split_whitespace().nth(1).and_then(|p| p.parse().ok()).context("no parent pid in stat")
+}
+
+/// Sends `sig` through `pidfd`; a process that is gone is no error.
+pub(super) fn signal(pidfd: &OwnedFd, sig: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: pidfd_send_signal(2) with a pidfd we own, a signal number and no siginfo.
+    let rc = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), sig, std::ptr::null::<u8>(), 0) };
+    if rc != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::ESRCH) {
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// In the daemon's child, still root: makes S, R and P; returns in P only (which goes on to
+/// drop root and exec). `report` is [`PidReport::write_fd`].
+///
+/// # Safety
+/// Only between fork and exec. Calls only async-signal-safe functions (unshare, fork,
+/// prctl, readlink, write, close_range, close, poll, nanosleep, waitpid, kill, getppid,
+/// _exit) and allocates nothing. fork(2) is safe here: this child is single-threaded.
+pub(super) unsafe fn enter(report: RawFd, exe: Option<RawFd>) -> std::io::Result<()> {
+    // SAFETY: see the function's contract; every buffer passed is on this stack.
+    unsafe {
+        let daemon = libc::getppid();
+        if libc::unshare(libc::CLONE_NEWPID) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let init = libc::fork();
+        if init < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if init > 0 {
+            let (mut a, mut b) = ([0u8; 12], [0u8; 12]);
+            exec_init(exe, c"supervise", &[digits(init, &mut a), digits(daemon, &mut b)]);
+            supervise(init, daemon);
+        }
+        // R, pid 1 of the new namespace: dies with S.
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let kernel = libc::fork();
+        if kernel < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if kernel > 0 {
+            if kernel == KERNEL_PID_INSIDE {
+                let mut a = [0u8; 12];
+                exec_init(exe, c"reap", &[digits(kernel, &mut a)]);
+            }
+            reap(kernel);
+        }
+        // P: report our pid as the daemon sees it, then go on to exec.
+        let mut link = [0u8; 16];
+        let n = libc::readlink(c"/proc/self".as_ptr(), link.as_mut_ptr().cast(), link.len());
+        let Some(pid) = usize::try_from(n).ok().and_then(|n| parse_pid(&link[..n.min(link.len())])) else {
+            return Err(std::io::Error::from_raw_os_error(libc::ENOENT));
+        };
+        let bytes = pid.to_ne_bytes();
+        if libc::write(report, bytes.as_ptr().cast(), bytes.len()) != 4 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// The pid an init of the daemon's image for a new kernel process would be handed:
+/// [`EXE`]'s descriptor, read before the fork.
+pub(super) fn init_exe() -> Option<RawFd> {
+    EXE.get().map(AsRawFd::as_raw_fd)
+}
+
+/// `n` as a NUL-terminated decimal string in `buf`, without allocating.
+fn digits(n: libc::pid_t, buf: &mut [u8; 12]) -> *const libc::c_char {
+    let mut v = n.unsigned_abs();
+    let mut i = buf.len() - 1;
+    buf[i] = 0;
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 || i == 0 {
+            break;
+        }
+    }
+    buf[i..].as_ptr().cast()
+}
+
+/// S or R: closes every descriptor but the binary's (std's exec-error pipe among them: the
+/// spawn returns once P has exec'd), then execs the daemon's binary as `nbos-kernel-init
+/// <role> <args>`. Returns only if that failed (the caller then runs the loop itself).
+///
+/// # Safety
+/// Between fork and exec, in S or R; `args` point to NUL-terminated strings on the stack.
+unsafe fn exec_init(exe: Option<RawFd>, role: &CStr, args: &[*const libc::c_char]) {
+    let Some(exe) = exe else { return };
+    // SAFETY: close_range(2) and execveat(2) with integers and NULL-terminated arrays of
+    // pointers to NUL-terminated strings, all on this stack or static.
+    unsafe {
+        let fd = u32::try_from(exe).unwrap_or(0);
+        if fd == 0
+            || libc::syscall(libc::SYS_close_range, 0u32, fd - 1, 0u32) != 0
+            || libc::syscall(libc::SYS_close_range, fd + 1, u32::MAX, 0u32) != 0
+        {
+            return;
+        }
+        let mut argv = [std::ptr::null::<libc::c_char>(); 5];
+        argv[0] = INIT_NAME.as_ptr();
+        argv[1] = role.as_ptr();
+        for (slot, a) in argv[2..4].iter_mut().zip(args) {
+            *slot = *a;
+        }
+        let envp = [std::ptr::null::<libc::c_char>()];
+        libc::syscall(libc::SYS_execveat, exe, c"".as_ptr(), argv.as_ptr(), envp.as_ptr(), libc::AT_EMPTY_PATH);
+    }
+}
+
+/// Digits to a pid, without allocating.
+fn parse_pid(digits: &[u8]) -> Option<u32> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u32, |acc, &d| {
+        d.is_ascii_digit().then_some(())?;
+        acc.checked_mul(10)?.checked_add(u32::from(d - b'0'))
+    })
+}
+
+/// Closes every descriptor (std's exec-error pipe among them: the spawn returns once P
+/// has exec'd, not when S exits).
+///
+/// # Safety
+/// Between fork and exec, in S or R.
+unsafe fn close_all() {
+    // SAFETY: close_range(2) and close(2) take integers.
+    unsafe {
+        if libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32) != 0 {
+            for fd in 0..65_536 {
+                libc::close(fd);
+            }
+        }
+    }
+}
+
+/// `status` of a reaped child as an exit code: its own, or 128 + the signal that ended it.
+fn exit_code(status: libc::c_int) -> libc::c_int {
+    if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        128 + libc::WTERMSIG(status)
+    }
+}
+
+/// S: waits for R; kills it (and the namespace) once the daemon is no longer its parent.
+///
+/// # Safety
+/// In S: between fork and exec, or after its exec as `nbos-kernel-init`.
+unsafe fn supervise(init: libc::pid_t, daemon: libc::pid_t) -> ! {
+    // SAFETY: async-signal-safe calls on integers and on-stack structs only.
+    unsafe {
+        close_all();
+        if libc::getppid() != daemon {
+            // The daemon died before this exec'd: its death went unseen by the loop below.
+            libc::kill(init, libc::SIGKILL);
+        }
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, init, 0) as libc::c_int;
+        loop {
+            if pidfd >= 0 {
+                let mut p = libc::pollfd { fd: pidfd, events: libc::POLLIN, revents: 0 };
+                libc::poll(&mut p, 1, PARENT_POLL_MS);
+            } else {
+                let t = libc::timespec { tv_sec: 0, tv_nsec: 100_000_000 };
+                libc::nanosleep(&t, std::ptr::null_mut());
+            }
+            let mut status = 0;
+            let r = libc::waitpid(init, &mut status, libc::WNOHANG);
+            if r == init {
+                libc::_exit(exit_code(status));
+            }
+            if r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                libc::_exit(127);
+            }
+            if libc::getppid() != daemon {
+                libc::kill(init, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// R: reaps every process of the namespace; exits as P did.
+///
+/// # Safety
+/// In R: between fork and exec, or after its exec as `nbos-kernel-init`.
+unsafe fn reap(kernel: libc::pid_t) -> ! {
+    // SAFETY: async-signal-safe calls on integers only.
+    unsafe {
+        close_all();
+        loop {
+            let mut status = 0;
+            let r = libc::waitpid(-1, &mut status, 0);
+            if r == kernel {
+                libc::_exit(exit_code(status));
+            }
+            if r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                libc::_exit(127);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{digits, parse_pid};
+
+    #[test]
+    fn pids_are_written_and_parsed_without_allocating() {
+        for n in [0, 7, 42, 4_194_304, libc::pid_t::MAX] {
+            let mut buf = [0u8; 12];
+            // SAFETY: digits returns a pointer into `buf`, NUL-terminated, alive here.
+            let s = unsafe { std::ffi::CStr::from_ptr(digits(n, &mut buf)) };
+            assert_eq!(s.to_str().ok(), Some(n.to_string().as_str()));
+        }
+        assert_eq!(parse_pid(b"4242"), Some(4242));
+        assert_eq!(parse_pid(b""), None);
+        assert_eq!(parse_pid(b"12a"), None);
+        assert_eq!(parse_pid(b"99999999999"), None);
+    }
+}
