@@ -126,7 +126,6 @@ pub fn ensure_started() {
         return;
     }
     install_fork_handlers();
-    crate::counters::open_for_this_process();
     let own_limit = match own_memory_limit() {
         Ok(l) => l,
         Err(reason) => {
@@ -136,6 +135,7 @@ pub fn ensure_started() {
         }
     };
     let Some(path) = std::env::var_os("NBOS_LEASE_SOCKET") else {
+        crate::counters::open_for_this_process(std::process::id());
         memory_limit::set_limit(own_limit);
         c.phase = Phase::Unmanaged;
         let mut g = GATE.write();
@@ -144,8 +144,10 @@ pub fn ensure_started() {
         return;
     };
     match register(&path) {
-        Ok((stream, device_count, interval, memory_limit, driver_path)) => {
+        Ok((stream, device_count, interval, memory_limit, host_pid, driver_path)) => {
             let _ = DRIVER_PATH.set(driver_path);
+            crate::host_pid::set(host_pid);
+            crate::counters::open_for_this_process(host_pid);
             let reader = match stream.try_clone() {
                 Ok(r) => r,
                 Err(e) => {
@@ -183,17 +185,23 @@ pub fn ensure_started() {
     }
 }
 
-fn register(path: &std::ffi::OsStr) -> Result<(UnixStream, u32, u32, u64, String), String> {
+/// What the host answered a registration with: the stream, device count, activity interval
+/// (ms), memory limit (bytes), host pid and the driver library's path.
+type Registration = (UnixStream, u32, u32, u64, u32, String);
+
+fn register(path: &std::ffi::OsStr) -> Result<Registration, String> {
     let mut s = UnixStream::connect(path).map_err(|e| format!("connect {}: {e}", path.to_string_lossy()))?;
     let kernel_id = std::env::var("NBOS_KERNEL_ID").unwrap_or_default();
     let replica = std::env::var("NBOS_REPLICA").ok().and_then(|r| r.parse().ok()).unwrap_or(0);
-    let m = Message::Register { kernel_id, replica, pid: nbos_lease_proto::own_pid() };
+    // Our pid as we see it; the host checks it against the socket's peer (in its namespace,
+    // or ours when we are in a PID namespace of our own) and answers with its own view.
+    let m = Message::Register { kernel_id, replica, pid: std::process::id() };
     write_message(&mut s, &m).map_err(|e| format!("send register: {e}"))?;
     s.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
     match read_message(&mut s) {
-        Ok(Message::Registered { device_count, activity_interval_ms, memory_limit_bytes, driver_path }) => {
+        Ok(Message::Registered { device_count, activity_interval_ms, memory_limit_bytes, host_pid, driver_path }) => {
             s.set_read_timeout(None).map_err(|e| e.to_string())?;
-            Ok((s, device_count, activity_interval_ms, memory_limit_bytes, driver_path))
+            Ok((s, device_count, activity_interval_ms, memory_limit_bytes, host_pid, driver_path))
         }
         Ok(Message::Refused { reason }) => Err(format!("refused by host: {reason}")),
         Ok(other) => Err(format!("unexpected reply {other:?}")),

@@ -1,6 +1,6 @@
 //! The per-process counters file the observer reads instead of probing every launch.
 //!
-//! With `NBOS_SHIM_COUNTERS_DIR` set, the first driver use creates `<dir>/<pid>` (the pid the daemon sees): one
+//! With `NBOS_SHIM_COUNTERS_DIR` set, the first driver use creates `<dir>/<pid>` (the pid the host sees): one
 //! 4096-byte page, mapped `MAP_SHARED`, whose layout is `nbos-ebpf`'s `src/shim_counters.rs`
 //! (word 0 = magic `b"NBSC"` | version 1 << 32; then launches, copies, copy_bytes, memsets,
 //! memset_bytes, syncs at offsets 8..56). Each gated pass-through of a counted call does a
@@ -72,10 +72,11 @@ pub fn sync() {
     add(SYNCS, 1);
 }
 
-/// Creates and maps this process's counters file when `NBOS_SHIM_COUNTERS_DIR` is set.
-/// Called once per process (again in a forked child) where the lease client starts; a
-/// failure is logged once and leaves counting off.
-pub fn open_for_this_process() {
+/// Creates and maps this process's counters file, `<dir>/<pid>` with `pid` as the host sees
+/// it (the daemon's observer looks it up by that), when `NBOS_SHIM_COUNTERS_DIR` is set.
+/// Called once per process (again in a forked child) where the lease client has started;
+/// a failure is logged once and leaves counting off.
+pub fn open_for_this_process(pid: u32) {
     if !PAGE.load(Ordering::Relaxed).is_null() {
         return;
     }
@@ -83,8 +84,6 @@ pub fn open_for_this_process() {
     if dir.is_empty() {
         return;
     }
-    // As the daemon's observer sees it (a kernel in a PID namespace of its own is pid 2).
-    let pid = nbos_lease_proto::own_pid();
     let path = std::path::Path::new(&dir).join(pid.to_string());
     match create(&path) {
         Ok(page) => PAGE.store(page, Ordering::Relaxed),

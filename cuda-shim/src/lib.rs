@@ -23,6 +23,7 @@ pub mod driver;
 pub mod gate;
 pub mod hooks;
 mod host_driver;
+pub mod host_pid;
 pub mod lease_view;
 pub mod memory_hooks;
 pub mod memory_limit;

@@ -180,9 +180,10 @@ os.waitpid(child, 0)
 
 /// Issue 29: kernels of the shared `kernel.user` could signal each other and the pre-warm
 /// pool. Each kernel process now runs in a PID namespace of its own: a cell sees itself as
-/// pid 2 under an init (pid 1) it cannot signal, a neighbour kernel's pid as `ps` shows it
-/// names nothing there, the daemon still knows (API) and signals the host pid, and an
-/// orphan the kernel leaves is reaped instead of staying a zombie.
+/// pid 2 under an init (pid 1) it cannot signal, a neighbour kernel's pid as `ps` on the
+/// host shows it names nothing there, `/proc` (and so psutil) shows the kernel's own
+/// processes with the pids `os.getpid()` gives, the daemon still knows (API) and signals
+/// the host pid, and an orphan the kernel leaves is reaped instead of staying a zombie.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_kernel_has_a_pid_namespace_of_its_own_and_cannot_signal_its_neighbour() {
     if let Some(why) = cannot_run() {
@@ -201,6 +202,11 @@ async fn each_kernel_has_a_pid_namespace_of_its_own_and_cannot_signal_its_neighb
         d.child.id()
     );
     assert_eq!(run_cell(&d.url, &a, &cell).await, "(2, 1, 'unreachable', 'unreachable', 'refused')");
+    let view = format!(
+        "import os, psutil\nme = psutil.Process()\n(me.pid, me.name().startswith('python'), sorted(psutil.pids()), \
+         os.path.exists('/proc/{b_pid}'), os.readlink('/proc/self'))"
+    );
+    assert_eq!(run_cell(&d.url, &a, &view).await, "(2, True, [1, 2], False, '2')");
     assert_eq!(run_cell(&d.url, &b, "6 * 7").await, "42", "the neighbour was hurt");
     // The orphan's zombie is reaped by the namespace's init: it ends with the kernel as its
     // only child.
@@ -241,6 +247,51 @@ fn a_kernel_ends_within_seconds_when_its_daemon_is_killed() {
     while running(pid) {
         assert!(Instant::now() < deadline, "kernel {pid} still runs 10 s after its daemon was killed");
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// GPU cells of two kernels in PID namespaces of their own (both pid 2 inside) on one fake
+/// GPU: each shim registers as its own process (the daemon knows it by its host pid and
+/// tells the shim so), so both cells get the GPU in turn and compute, and each kernel's
+/// counters file is named by its host pid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_kernels_in_pid_namespaces_of_their_own_take_turns_on_one_gpu() {
+    if let Some(why) = cannot_run() {
+        required::cannot_run("kernel_user", &why);
+        return;
+    }
+    let d = start_daemon(
+        &format!(
+            "[gpu]\ndriver = \"fake\"\nfake_gpus = 1\nidle_release = \"1s\"\n[kernel]\npython = {:?}\nprewarm_max = 0\n",
+            python()
+        ),
+        Stdio::inherit(),
+    );
+    let body = r#"{"name":"notebookos-python-1gpu"}"#;
+    let mut kernels = Vec::new();
+    for _ in 0..2 {
+        let (code, text) = http("POST", &format!("{}/api/kernels", d.url), Some(TOKEN), Some(body));
+        assert_eq!(code, 201, "{text}");
+        let model: serde_json::Value = serde_json::from_str(&text).expect("json");
+        let pid = model["pids"][0].as_u64().and_then(|p| u32::try_from(p).ok()).expect("pid");
+        kernels.push((model["id"].as_str().expect("id").to_owned(), pid));
+    }
+    let cell =
+        "from nbos_kernel import gpu\nimport os\n(os.getpid(), gpu.open_device().buffer(1024, 2.0).to_host()[0])";
+    for (id, _) in &kernels {
+        assert_eq!(run_cell(&d.url, id, cell).await, "(2, 2.0)", "kernel {id}");
+    }
+    let (_, status) = http("GET", &format!("{}/api/v1/status", d.url), Some(TOKEN), None);
+    let status: serde_json::Value = serde_json::from_str(&status).expect("status json");
+    // The test daemon's runtime directory is `run` beside its state directory.
+    let state_dir = PathBuf::from(status["state_dir"].as_str().expect("state_dir"));
+    let counters = state_dir.parent().expect("parent").join("run/counters");
+    for (id, pid) in &kernels {
+        assert!(counters.join(pid.to_string()).exists(), "no counters file for kernel {id} (host pid {pid})");
+    }
+    assert!(!counters.join("2").exists(), "a counters file is named by a pid inside a namespace");
+    for (id, _) in &kernels {
+        tokio::task::block_in_place(|| delete(&d, id));
     }
 }
 

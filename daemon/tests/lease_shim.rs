@@ -583,6 +583,7 @@ fn a_process_whose_host_went_away_gets_an_error_code_not_a_signal() {
         device_count: 1,
         activity_interval_ms: 0,
         memory_limit_bytes: 0,
+        host_pid: p.pid(),
         driver_path: host.fake.display().to_string(),
     };
     write_message(&mut s, &registered).expect("send");

@@ -55,10 +55,11 @@ pub fn encode(m: &Message, out: &mut Vec<u8>) {
             out.extend_from_slice(&replica.to_le_bytes());
             out.extend_from_slice(&pid.to_le_bytes());
         }
-        Message::Registered { device_count, activity_interval_ms, memory_limit_bytes, driver_path } => {
+        Message::Registered { device_count, activity_interval_ms, memory_limit_bytes, host_pid, driver_path } => {
             out.extend_from_slice(&device_count.to_le_bytes());
             out.extend_from_slice(&activity_interval_ms.to_le_bytes());
             out.extend_from_slice(&memory_limit_bytes.to_le_bytes());
+            out.extend_from_slice(&host_pid.to_le_bytes());
             text_capped(out, driver_path, MAX_PATH);
         }
         Message::Request { gpus } => out.extend_from_slice(&gpus.to_le_bytes()),
@@ -121,6 +122,7 @@ pub fn decode_body(body: &[u8]) -> Result<Message, DecodeError> {
             device_count: r.u32("device_count")?,
             activity_interval_ms: r.u32("activity_interval_ms")?,
             memory_limit_bytes: r.u64("memory_limit_bytes")?,
+            host_pid: r.u32("host_pid")?,
             driver_path: r.text_capped("driver_path", MAX_PATH)?,
         },
         3 => Message::Request { gpus: r.u32("gpus")? },

@@ -20,15 +20,14 @@
 mod codec;
 mod io;
 mod message;
-mod pid;
 
 pub use codec::{decode, decode_body, encode, DecodeError};
 pub use io::{read_message, write_message, ReadError};
 pub use message::{GpuUuid, Message};
-pub use pid::own_pid;
 
-/// Protocol version carried in every frame (2: `Registered` names the driver library).
-pub const VERSION: u8 = 2;
+/// Protocol version carried in every frame (2: `Registered` names the driver library; 3:
+/// and the process's host pid).
+pub const VERSION: u8 = 3;
 /// Largest frame body accepted (bytes after the length prefix).
 pub const MAX_BODY: usize = 4096;
 /// Most GPUs one grant may name (more than any host has).

@@ -24,6 +24,10 @@ pub enum Message {
         activity_interval_ms: u32,
         /// Device memory the process may allocate (`cuMemAlloc`), bytes (0: no limit).
         memory_limit_bytes: u64,
+        /// The process's pid as the host sees it (its socket peer's): a kernel in a PID
+        /// namespace of its own knows only its pid there. It names the process's counters
+        /// file and is what the real driver (and NVML) records.
+        host_pid: u32,
         /// Full path of the real CUDA driver library the shim forwards to (told here, not
         /// in the kernel's environment). At most [`crate::MAX_PATH`] bytes.
         driver_path: String,

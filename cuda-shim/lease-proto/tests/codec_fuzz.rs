@@ -13,9 +13,9 @@ fn message() -> impl Strategy<Value = Message> {
             replica,
             pid
         }),
-        (any::<u32>(), any::<u32>(), any::<u64>(), "/[a-z0-9/._-]{0,200}").prop_map(
-            |(device_count, activity_interval_ms, memory_limit_bytes, driver_path)| {
-                Message::Registered { device_count, activity_interval_ms, memory_limit_bytes, driver_path }
+        (any::<u32>(), any::<u32>(), any::<u64>(), any::<u32>(), "/[a-z0-9/._-]{0,200}").prop_map(
+            |(device_count, activity_interval_ms, memory_limit_bytes, host_pid, driver_path)| {
+                Message::Registered { device_count, activity_interval_ms, memory_limit_bytes, host_pid, driver_path }
             }
         ),
         any::<u32>().prop_map(|gpus| Message::Request { gpus }),
@@ -103,7 +103,13 @@ fn closed_connection_between_frames_is_reported_as_closed() {
 #[test]
 fn the_driver_path_may_be_longer_than_other_text_but_not_than_its_cap() {
     let long = format!("/{}", "d".repeat(MAX_TEXT + 100));
-    let m = Message::Registered { device_count: 1, activity_interval_ms: 0, memory_limit_bytes: 0, driver_path: long };
+    let m = Message::Registered {
+        device_count: 1,
+        activity_interval_ms: 0,
+        memory_limit_bytes: 0,
+        host_pid: 1,
+        driver_path: long,
+    };
     let mut buf = Vec::new();
     encode(&m, &mut buf);
     assert_eq!(decode(&buf).expect("valid").map(|(m, _)| m), Some(m));

@@ -15,18 +15,27 @@
 //! replaced the file changes nothing) as `nbos-kernel-init supervise|reap` ([`run_as_init`]):
 //! a fork that stayed would keep a copy of every daemon page the daemon later changes, per
 //! kernel. R reaps whatever the kernel orphans (a Python at pid 1 would not) and exits with
-//! P's code; S exits with R's, so the daemon's wait on S is its wait on the kernel. S kills R when the daemon is gone (as
-//! ipykernel's parent poller did when P was the daemon's child), R dies with S
-//! (`PR_SET_PDEATHSIG`), and the namespace dies with R. P tells the daemon its pid in the
-//! daemon's namespace (from `/proc/self` of the host's procfs, which stays mounted) on a
-//! pipe before it execs: that pid is what the daemon signals (through a pidfd), registers
-//! with the lease server and finds in `/proc`.
+//! P's code; S exits with R's, so the daemon's wait on S is its wait on the kernel (a kernel
+//! killed by signal N shows as "exit status: 128+N": R, its namespace's init, cannot die of
+//! a signal it sends itself). S kills R when the daemon is gone (as ipykernel's parent
+//! poller did when P was the daemon's child), R dies with S (`PR_SET_PDEATHSIG`), and the
+//! namespace dies with R.
+//!
+//! P tells the daemon its pid in the daemon's namespace (from `/proc/self`, still the
+//! host's procfs) on a pipe, then mounts a procfs of its namespace on `/proc` (in the
+//! kernel's own mount namespace) before it drops root and execs: inside, `/proc` shows the
+//! kernel's own processes only, with the pids `os.getpid()` gives (psutil and the like
+//! work), and no other process's files. The reported pid is what the daemon signals
+//! (through a pidfd), registers with the lease server and finds in its `/proc`; the CUDA
+//! shim learns it on registration.
 
 use std::ffi::CStr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::OnceLock;
 
 use anyhow::Context;
+
+use crate::lease::peer::{is_alive, parent_of, pidfd_open};
 
 /// How often S looks whether the daemon is still its parent (P's exit wakes it at once).
 const PARENT_POLL_MS: libc::c_int = 1000;
@@ -80,6 +89,9 @@ pub fn run_as_init() {
 /// Whether this host can give kernels a PID namespace: a child that tries
 /// `unshare(CLONE_NEWPID)` (a container or a unit's `RestrictNamespaces=` may refuse it).
 pub fn supported() -> bool {
+    if pidfd_open(std::process::id()).is_err() {
+        return false;
+    }
     // SAFETY: fork(2); the child only calls unshare(2) and _exit(2), both async-signal-safe,
     // and the parent reaps it with waitpid(2) on the pid fork returned.
     unsafe {
@@ -132,32 +144,17 @@ impl PidReport {
         let n = unsafe { libc::read(self.read.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
         anyhow::ensure!(n == 4, "the kernel's pid namespace did not report its process (read {n} bytes)");
         let pid = u32::from_ne_bytes(buf);
-        let raw = libc::pid_t::try_from(pid).context("reported pid out of range")?;
-        // SAFETY: pidfd_open(2) takes two integers.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, raw, 0) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error()).with_context(|| format!("pidfd_open of kernel process {pid}"));
-        }
-        // SAFETY: a descriptor pidfd_open just returned, owned by nobody else.
-        let pidfd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        let pidfd = pidfd_open(pid)
+            .with_context(|| format!("pidfd_open of kernel process {pid} (did it exit at once? see kernel.log)"))?;
         // The pidfd names the process that has the pid now; it is P only if P's parent's
-        // parent is S (P cannot have been reaped and its pid reused while S still runs
-        // with R, which reaps P only to exit).
+        // parent is S, checked while the pidfd's process still runs.
         let init = parent_of(pid).context("reading the kernel process's parent")?;
         anyhow::ensure!(
-            parent_of(init).ok() == Some(supervisor),
+            parent_of(init) == Some(supervisor) && is_alive(&pidfd),
             "process {pid} is not the kernel of pid namespace supervisor {supervisor}"
         );
         Ok((pid, pidfd))
     }
-}
-
-/// The parent pid of `pid` (field 4 of `/proc/<pid>/stat`).
-fn parent_of(pid: u32) -> anyhow::Result<u32> {
-    let stat =
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("reading /proc/{pid}/stat"))?;
-    let rest = stat.rfind(')').map(|i| &stat[i + 1..]).context("no ')' in stat")?;
-    rest.split_whitespace().nth(1).and_then(|p| p.parse().ok()).context("no parent pid in stat")
 }
 
 /// Sends `sig` through `pidfd`; a process that is gone is no error.
@@ -174,16 +171,16 @@ pub(super) fn signal(pidfd: &OwnedFd, sig: libc::c_int) -> std::io::Result<()> {
 }
 
 /// In the daemon's child, still root: makes S, R and P; returns in P only (which goes on to
-/// drop root and exec). `report` is [`PidReport::write_fd`].
+/// drop root and exec). `report` is [`PidReport::write_fd`], `exe` [`init_exe`], `daemon`
+/// the daemon's pid (read before the fork: the daemon may die meanwhile).
 ///
 /// # Safety
 /// Only between fork and exec. Calls only async-signal-safe functions (unshare, fork,
 /// prctl, readlink, write, close_range, close, poll, nanosleep, waitpid, kill, getppid,
 /// _exit) and allocates nothing. fork(2) is safe here: this child is single-threaded.
-pub(super) unsafe fn enter(report: RawFd, exe: Option<RawFd>) -> std::io::Result<()> {
+pub(super) unsafe fn enter(report: RawFd, exe: Option<RawFd>, daemon: libc::pid_t) -> std::io::Result<()> {
     // SAFETY: see the function's contract; every buffer passed is on this stack.
     unsafe {
-        let daemon = libc::getppid();
         if libc::unshare(libc::CLONE_NEWPID) != 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -219,6 +216,11 @@ pub(super) unsafe fn enter(report: RawFd, exe: Option<RawFd>) -> std::io::Result
         };
         let bytes = pid.to_ne_bytes();
         if libc::write(report, bytes.as_ptr().cast(), bytes.len()) != 4 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // This namespace's procfs over the host's, in the kernel's own mount namespace.
+        let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+        if libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), flags, std::ptr::null()) != 0 {
             return Err(std::io::Error::last_os_error());
         }
         Ok(())
@@ -296,7 +298,10 @@ unsafe fn close_all() {
     // SAFETY: close_range(2) and close(2) take integers.
     unsafe {
         if libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32) != 0 {
-            for fd in 0..65_536 {
+            // Before Linux 5.9: every descriptor up to the open-file limit.
+            let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            let top = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 { lim.rlim_cur } else { 1 << 20 };
+            for fd in 0..libc::c_int::try_from(top).unwrap_or(libc::c_int::MAX) {
                 libc::close(fd);
             }
         }

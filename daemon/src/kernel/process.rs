@@ -362,6 +362,7 @@ impl Launch<'_> {
         let pid_report = confinement.pid_namespace().then(PidReport::new).transpose()?;
         let report_fd = pid_report.as_ref().map(PidReport::write_fd);
         let init_exe = pid_namespace::init_exe();
+        let daemon_pid = libc::pid_t::try_from(std::process::id()).context("the daemon's pid out of range")?;
         // SAFETY: the closure runs in the child between fork and exec, where only
         // async-signal-safe calls are allowed: write(2), setrlimit(2), unshare(2),
         // mount(2), open(2), fchdir(2), chdir(2), setgroups(2), setgid(2), setuid(2),
@@ -395,7 +396,7 @@ impl Launch<'_> {
                 }
                 // A PID namespace of its own; only the kernel process returns from it.
                 if let Some(fd) = report_fd {
-                    pid_namespace::enter(fd, init_exe)?;
+                    pid_namespace::enter(fd, init_exe, daemon_pid)?;
                 }
                 // Drop root for good: no supplementary groups, then the group, then the
                 // user (after setuid nothing else could be changed). Done here rather than

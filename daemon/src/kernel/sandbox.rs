@@ -54,48 +54,48 @@ impl Sandbox {
             limit_address_space: kernel.limit_address_space,
             pid_namespace: kernel.pid_namespace && root,
         };
-        if kernel.pid_namespace && !root {
+        if !root && (s.shm_bytes.is_some() || s.home_quota_bytes.is_some() || kernel.pid_namespace) {
             tracing::warn!(
-                "the daemon is not root: kernels share its PID namespace (kernel.pid_namespace), so a kernel \
-                 can signal the pre-warm pool's processes (they are checked at hand-over)"
-            );
-        }
-        if s.pid_namespace && !super::pid_namespace::supported() {
-            // A container, or a unit whose RestrictNamespaces= leaves out "pid".
-            tracing::warn!(
-                "this host refuses new PID namespaces (unshare(CLONE_NEWPID)): kernels share the daemon's \
-                 (kernel.pid_namespace), so a kernel can signal the pre-warm pool's processes (they are \
-                 checked at hand-over)"
-            );
-            s.pid_namespace = false;
-        }
-        if s.pid_namespace {
-            super::pid_namespace::open_own_binary();
-        }
-        if !root && (s.shm_bytes.is_some() || s.home_quota_bytes.is_some()) {
-            tracing::warn!(
-                "the daemon is not root: kernels get no home quota (kernel.home_quota_mib) and share the host's \
-                 /dev/shm (kernel.shm_size_mib); both need a mount namespace per kernel"
+                "the daemon is not root: kernels get no home quota (kernel.home_quota_mib), share the host's \
+                 /dev/shm (kernel.shm_size_mib) and the daemon's PID namespace (kernel.pid_namespace: a kernel \
+                 can signal the pre-warm pool's processes, which are checked at hand-over); all need namespaces \
+                 per kernel"
             );
             s.shm_bytes = None;
             s.home_quota_bytes = None;
         }
         if s.private_mounts() && !root_is_a_mount_point() {
             // In a chroot, "/" is a directory of some mount: its propagation cannot be made
-            // one-way (EINVAL), and a kernel's mounts could then appear on the host.
+            // one-way (EINVAL), and a kernel's mounts (its /dev/shm, home, /proc) could then
+            // appear on the host.
             tracing::warn!(
                 "the daemon's root directory is not a mount point (a chroot?): kernels get no home quota \
-                 (kernel.home_quota_mib) and share the host's /dev/shm (kernel.shm_size_mib)"
+                 (kernel.home_quota_mib), share the host's /dev/shm (kernel.shm_size_mib) and the daemon's PID \
+                 namespace (kernel.pid_namespace)"
             );
             s.shm_bytes = None;
             s.home_quota_bytes = None;
+            s.pid_namespace = false;
+        }
+        if s.pid_namespace && !super::pid_namespace::supported() {
+            // A container, or a unit whose RestrictNamespaces= leaves out "pid".
+            tracing::warn!(
+                "this host refuses new PID namespaces (unshare(CLONE_NEWPID)) or has no pidfd_open (Linux 5.3): \
+                 kernels share the daemon's (kernel.pid_namespace), so a kernel can signal the pre-warm pool's \
+                 processes (they are checked at hand-over)"
+            );
+            s.pid_namespace = false;
+        }
+        if s.pid_namespace {
+            super::pid_namespace::open_own_binary();
         }
         s
     }
 
-    /// Whether kernels get a mount namespace of their own.
+    /// Whether kernels get a mount namespace of their own (a PID namespace brings one: its
+    /// own /proc is mounted in it).
     pub fn private_mounts(&self) -> bool {
-        self.shm_bytes.is_some() || self.home_quota_bytes.is_some()
+        self.shm_bytes.is_some() || self.home_quota_bytes.is_some() || self.pid_namespace
     }
 }
 

@@ -61,8 +61,9 @@ impl LeaseControl for ServerLeases {
 }
 
 /// The effective uid of process `pid` (what `SO_PEERCRED` reports for its connections),
-/// from `/proc/<pid>/status`. Read right after the spawn, once the kernel has exec'd as
-/// its own account and is still the daemon's unreaped child (its pid cannot be reused).
+/// from `/proc/<pid>/status`. Read once the kernel has exec'd as its own account and
+/// answered: its pid names it while it runs (in a PID namespace of its own it is reaped by
+/// that namespace's init, not the daemon, so one that died just now leaves its pid free).
 fn effective_uid_of(pid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let ids = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;

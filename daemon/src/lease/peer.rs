@@ -49,6 +49,13 @@ pub fn parent_of(pid: u32) -> Option<u32> {
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// The pid `pid` has in its own (innermost) PID namespace: the last of `NSpid` in
+/// `/proc/<pid>/status` (None when the process is gone).
+pub fn innermost_pid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
+}
+
 /// A pidfd of process `pid` (`pidfd_open`): it refers to that process until it is reaped,
 /// and never to a later process that gets the same pid.
 pub fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {

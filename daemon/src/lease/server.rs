@@ -268,8 +268,8 @@ impl LeaseServer {
 
     /// Allows `p` (and its descendants) to lease GPUs.
     pub fn register_process(&self, p: KernelProcess) {
-        // Opened now, while the process is the daemon's unreaped child: the pidfd then refers
-        // to this process for good, and says when it has exited even if its pid is reused.
+        // Opened now, once the kernel answered (so it runs): the pidfd then refers to this
+        // process for good, and says when it has exited even if its pid is reused.
         let pidfd = peer::pidfd_open(p.pid);
         if let Err(e) = &pidfd {
             tracing::warn!(pid = p.pid, kernel = %p.kernel_id, error = %e, "no pidfd of the kernel process; it cannot lease");
@@ -636,7 +636,8 @@ fn serve_conn(conn: u64, cred: PeerCred, mut s: UnixStream, shared: &Shared, met
     if !peer::is_alive(&pidfd) {
         return refuse(s, metrics, "peer_exited", format!("process {} exited while it was checked", cred.pid));
     }
-    if pid != cred.pid {
+    // Its pid as it sees it: ours, or in a kernel's PID namespace its pid there.
+    if pid != cred.pid && peer::innermost_pid(cred.pid) != Some(pid) {
         return refuse(s, metrics, "pid_mismatch", format!("claims pid {pid} but is pid {}", cred.pid));
     }
     if kernel_id != root.kernel_id {
@@ -649,6 +650,8 @@ fn serve_conn(conn: u64, cred: PeerCred, mut s: UnixStream, shared: &Shared, met
     }
     let _ = s.set_read_timeout(None);
     let Ok(writer) = s.try_clone() else { return };
+    // From here on the process is known by its pid in the daemon's namespace.
+    let pid = cred.pid;
     if !shared.apply(Some(Event::Connected { conn, pid, kernel_id, gpus: root.gpus, writer })) {
         return;
     }
@@ -731,6 +734,7 @@ impl Actor {
                     device_count: want as u32,
                     activity_interval_ms: u32::try_from(self.cfg.activity_interval.as_millis()).unwrap_or(u32::MAX),
                     memory_limit_bytes: self.cfg.memory_limit_bytes,
+                    host_pid: pid,
                     driver_path: self.cfg.driver_path.to_string_lossy().into_owned(),
                 };
                 if write_message(&mut writer, &reply).is_err() {

@@ -63,6 +63,7 @@ fn check_encode(data: &[u8]) {
             device_count: f.u32(),
             activity_interval_ms: f.u32(),
             memory_limit_bytes: f.u64(),
+            host_pid: f.u32(),
             driver_path: f.text(8),
         },
         2 => Message::Request { gpus: f.u32() },

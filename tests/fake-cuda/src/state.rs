@@ -113,10 +113,31 @@ pub fn set_current(ctx: u64) {
     CURRENT.with(|c| c.set(ctx));
 }
 
-/// This process's id as the host sees it, as the real driver records it (a kernel in a
-/// PID namespace of its own is pid 2 there; the host's procfs at `/proc` says its pid).
+/// This process's id as the host sees it, which is what the real driver records and what
+/// the daemon looks processes up by (ledger entries, the control socket's name).
+///
+/// A kernel in a PID namespace of its own has a small pid there and a procfs that shows
+/// only that namespace, so neither `getpid()` nor `/proc/self` says it. The CUDA shim
+/// learns the host pid from the daemon over its authenticated lease socket and exports it
+/// as `extern "C" fn nbos_shim_host_pid() -> u32`; that is used when the shim is loaded
+/// and answers non-zero. Otherwise (no shim, or not registered yet) the process is taken
+/// to be in the host's namespace or unmanaged, and `getpid()` is its pid.
+///
+/// Nothing is cached: after a fork the child must get its own pid, and the shim's answer
+/// changes from 0 once it registers.
 pub fn pid() -> u32 {
-    std::fs::read_link("/proc/self").ok().and_then(|p| p.to_str()?.parse().ok()).unwrap_or_else(std::process::id)
+    // SAFETY: RTLD_DEFAULT with a NUL-terminated name only searches the loaded objects.
+    let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"nbos_shim_host_pid".as_ptr()) };
+    if !sym.is_null() {
+        // SAFETY: the shim defines `nbos_shim_host_pid` with exactly this signature, and a
+        // symbol of a loaded object stays valid while it is found by RTLD_DEFAULT.
+        let host_pid = unsafe { std::mem::transmute::<*mut libc::c_void, extern "C" fn() -> u32>(sym) };
+        let p = host_pid();
+        if p != 0 {
+            return p;
+        }
+    }
+    std::process::id()
 }
 
 /// Runs `f` on the initialised driver, under the shared checkpoint gate, catching panics.
@@ -177,4 +198,16 @@ extern "C" fn child() {
     *STATE.lock() = None;
     set_current(0);
     crate::checkpoint::forget_server_after_fork();
+    crate::ledger::forget_liveness_after_fork();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pid_without_shim_is_getpid() {
+        // The test binary does not define `nbos_shim_host_pid`.
+        assert_eq!(pid(), std::process::id());
+    }
 }

@@ -222,6 +222,9 @@ fn nvml_lists_this_process_with_the_bytes_it_allocated_and_answers_size_queries(
     let before = mine(&query());
     let (rc, p) = alloc(3 << 20);
     assert_eq!(rc, result::SUCCESS);
+    // Recording memory took this process's liveness file, which other processes test.
+    let state_dir = std::env::var_os("FAKE_CUDA_STATE_DIR").expect("set by setup");
+    assert!(std::path::Path::new(&state_dir).join("live").join(me.to_string()).exists());
     let infos = query();
     assert!(!infos.is_empty());
     assert_eq!(mine(&infos), before + (3 << 20));

@@ -1,10 +1,10 @@
 //! Pool processes out of the kernels' reach: a BPF LSM program ([`nbos_ebpf::PoolGuard`],
 //! `ebpf/bpf/pool_guard.bpf.c`) refuses signals, ptrace and `/proc` access to the pids the
 //! daemon protects, unless they come from root or the process itself. Kernels share the
-//! pool's account (`kernel.user`), so without it any kernel can SIGSTOP a pool process.
-//! When it cannot load (not root, a kernel without the BPF LSM) the pool runs without it,
-//! and the hand-over check ([`super::check`]) keeps a poisoned process from becoming a
-//! kernel.
+//! pool's account (`kernel.user`); what keeps them from SIGSTOPping a pool process is first
+//! the PID namespace each kernel runs in ([`crate::kernel::pid_namespace`]), then this guard
+//! where it loads. When neither holds (not root, a kernel without the BPF LSM) the
+//! hand-over check ([`super::check`]) keeps a poisoned process from becoming a kernel.
 
 use std::sync::Mutex;
 

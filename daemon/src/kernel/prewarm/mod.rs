@@ -9,10 +9,11 @@
 //! libraries are the pool's: with `kernel.uid_range` (an account per kernel) there is
 //! no pool.
 //!
-//! A kernel of the pool's account could stop or trace a pool process: the pool guard
-//! ([`guard`], a BPF LSM program) refuses that where it loads, and every hand-over first
-//! checks that the process runs and answers ([`check`]); one that fails is killed and the
-//! kernel starts a new Python.
+//! A kernel of the pool's account could stop or trace a pool process: every kernel runs in
+//! a PID namespace of its own ([`super::pid_namespace`]), where pool processes cannot be
+//! named; the pool guard ([`guard`], a BPF LSM program) refuses it too where it loads; and
+//! every hand-over first checks that the process runs and answers ([`check`]): one that
+//! fails is killed and the kernel starts a new Python.
 
 mod check;
 mod guard;
