@@ -29,6 +29,7 @@ fn main() -> std::io::Result<()> {
             device_count: 2,
             activity_interval_ms: 500,
             memory_limit_bytes: 8 << 30,
+            host_pid: 424_242,
             driver_path: "/usr/lib/x86_64-linux-gnu/libcuda.so.1".into(),
         },
         Lease::Request { gpus: 2 },
