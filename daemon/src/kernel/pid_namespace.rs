@@ -86,30 +86,49 @@ pub fn run_as_init() {
     }
 }
 
-/// Whether this host can give kernels a PID namespace: a child that tries
-/// `unshare(CLONE_NEWPID)` (a container or a unit's `RestrictNamespaces=` may refuse it).
+/// Whether this host can give kernels a PID namespace: `pidfd_open` exists (Linux 5.3),
+/// and a child can do what a kernel's start does, in namespaces that end with it: unshare a
+/// mount and a PID namespace, and mount the new namespace's procfs from inside it (a
+/// container, or a unit's `RestrictNamespaces=`, may refuse either).
 pub fn supported() -> bool {
     if pidfd_open(std::process::id()).is_err() {
         return false;
     }
-    // SAFETY: fork(2); the child only calls unshare(2) and _exit(2), both async-signal-safe,
-    // and the parent reaps it with waitpid(2) on the pid fork returned.
+    // SAFETY: fork(2) twice; each child only calls unshare(2), mount(2), fork(2), waitpid(2)
+    // and _exit(2), all async-signal-safe, on integers and static strings, and each parent
+    // reaps its child with waitpid(2) on the pid fork returned.
     unsafe {
-        let pid = libc::fork();
-        if pid == 0 {
-            libc::_exit(i32::from(libc::unshare(libc::CLONE_NEWPID) != 0));
+        let probe = libc::fork();
+        if probe == 0 {
+            let none = std::ptr::null::<libc::c_char>();
+            if libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWPID) != 0
+                || libc::mount(none, c"/".as_ptr(), none, libc::MS_REC | libc::MS_SLAVE, std::ptr::null()) != 0
+            {
+                libc::_exit(1);
+            }
+            let inside = libc::fork();
+            if inside == 0 {
+                let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+                libc::_exit(i32::from(
+                    libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), flags, std::ptr::null()) != 0,
+                ));
+            }
+            libc::_exit(if inside > 0 && exited_zero(inside) { 0 } else { 1 });
         }
-        if pid < 0 {
+        probe > 0 && exited_zero(probe)
+    }
+}
+
+/// Reaps child `pid`: whether it exited with 0.
+fn exited_zero(pid: libc::pid_t) -> bool {
+    let mut status = 0;
+    // SAFETY: waitpid(2) on a child of this process, into a local.
+    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
             return false;
         }
-        let mut status = 0;
-        while libc::waitpid(pid, &mut status, 0) < 0 {
-            if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-                return false;
-            }
-        }
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
     }
+    libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
 }
 
 /// The pipe on which P reports its pid, made before the fork (close-on-exec both ends).
