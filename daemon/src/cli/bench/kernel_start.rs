@@ -44,6 +44,10 @@ pub struct Args {
     /// Log filter of the daemons.
     #[arg(long, default_value = "warn")]
     pub log_level: String,
+    /// `kernel.pid_namespace` of the hosts (a root daemon's kernels in PID namespaces of
+    /// their own, the default), to measure what it costs a start.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub pid_namespace: bool,
 }
 
 /// Create → first cell answered, ms, with and without the pool.
@@ -91,8 +95,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&result)?);
     } else {
         println!(
-            "kernel start, create -> first cell answered, {} samples each, pool of {} per host:",
-            args.samples, args.pool
+            "kernel start, create -> first cell answered, {} samples each, pool of {} per host, pid_namespace = {}:",
+            args.samples, args.pool, args.pid_namespace
         );
         for (what, t) in
             [("one host (a replica)", &result.replica), ("3-host cluster (3 replicas)", &result.cluster_kernel)]
@@ -142,7 +146,7 @@ fn measure(
         daemon: exe.with_file_name("notebookosd"),
         log_level: args.log_level.clone(),
         keep: args.keep_logs,
-        kernel_toml: kernel_toml.to_owned(),
+        kernel_toml: format!("{kernel_toml}pid_namespace = {}\n", args.pid_namespace),
         standalone: hosts == 1,
     };
     let cluster = LocalCluster::start(&cfg)?;
