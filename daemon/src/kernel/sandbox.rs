@@ -80,7 +80,8 @@ impl Sandbox {
         if s.pid_namespace && !super::pid_namespace::supported() {
             // A container, or a unit whose RestrictNamespaces= leaves out "pid".
             tracing::warn!(
-                "this host refuses new PID namespaces (unshare(CLONE_NEWPID)) or has no pidfd_open (Linux 5.3): \
+                "this host refuses new PID namespaces (unshare(CLONE_NEWPID), or mounting their /proc) or has no \
+                 pidfd_open (Linux 5.3): \
                  kernels share the daemon's (kernel.pid_namespace), so a kernel can signal the pre-warm pool's \
                  processes (they are checked at hand-over)"
             );
