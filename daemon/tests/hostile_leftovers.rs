@@ -8,11 +8,11 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod common;
 mod required;
-use common::{http, kernel_traversable_tempdir, python, wait_for_endpoint, NOTEBOOKOSD, TOKEN};
+use common::{http, kernel_traversable_tempdir, python, wait_for_endpoint, wait_until, NOTEBOOKOSD, TOKEN};
 
 /// A uid range no other test uses (`kernel_user.rs` has 2_000_000..).
 const RANGE_FIRST: u32 = 2_100_000;
@@ -128,14 +128,6 @@ fn kernel_cgroups_of(pid: u32) -> Vec<PathBuf> {
         dirs.push(mount.join(path.trim_start_matches('/')));
     }
     dirs
-}
-
-fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting until {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// The attack: a `uid_range` kernel copies a shell into the daemon's `counters/` and

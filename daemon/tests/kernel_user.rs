@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 mod required;
-use common::{http, python, start_daemon, Daemon, NOTEBOOKOSD, TOKEN};
+use common::{http, python, start_daemon, wait_until, Daemon, NOTEBOOKOSD, TOKEN};
 
 /// The first uid of the range the isolation test hands out (no account has it).
 const RANGE_FIRST: u32 = 2_000_000;
@@ -167,12 +167,14 @@ fn children_of(pid: u32) -> Vec<u32> {
 }
 
 /// A cell that leaves an orphan: a child that forks a grandchild and exits at once; the
-/// grandchild, reparented to the namespace's init, exits half a second later.
+/// grandchild exits once it has been reparented to the namespace's init (or after 10 s).
 const ORPHAN: &str = r#"import os, time
 child = os.fork()
 if child == 0:
     if os.fork() == 0:
-        time.sleep(0.5)
+        end = time.monotonic() + 10
+        while os.getppid() != 1 and time.monotonic() < end:
+            time.sleep(0.01)
         os._exit(0)
     os._exit(0)
 os.waitpid(child, 0)
@@ -195,13 +197,17 @@ async fn each_kernel_has_a_pid_namespace_of_its_own_and_cannot_signal_its_neighb
     let (b, b_pid) = tokio::task::block_in_place(|| create_kernel(&d));
     // The API's pids are the host's; inside, the kernel is pid 2.
     assert_eq!(status(b_pid, "NSpid"), vec![b_pid.to_string(), "2".to_owned()], "kernel pid {b_pid}");
+    // The root processes that hold its namespace: its init (pid 1 inside) and the daemon's
+    // child above it (`nbos-kernel-init supervise`, outside), by their host pids.
+    let init = status(a_pid, "PPid")[0].parse::<u32>().expect("init pid");
+    let supervisor = status(init, "PPid")[0].parse::<u32>().expect("supervisor pid");
     let cell = format!(
         "import os, signal\ndef hit(p):\n    try:\n        os.kill(p, signal.SIGKILL)\n        return 'killed'\n    \
          except ProcessLookupError:\n        return 'unreachable'\n    except PermissionError:\n        return 'refused'\n\
-         (os.getpid(), os.getppid(), hit({b_pid}), hit({}), hit(1))",
+         (os.getpid(), os.getppid(), hit({b_pid}), hit({}), hit({supervisor}), hit(1))",
         d.child.id()
     );
-    assert_eq!(run_cell(&d.url, &a, &cell).await, "(2, 1, 'unreachable', 'unreachable', 'refused')");
+    assert_eq!(run_cell(&d.url, &a, &cell).await, "(2, 1, 'unreachable', 'unreachable', 'unreachable', 'refused')");
     let view = format!(
         "import os, psutil\nme = psutil.Process()\n(me.pid, me.name().startswith('python'), sorted(psutil.pids()), \
          os.path.exists('/proc/{b_pid}'), os.readlink('/proc/self'))"
@@ -210,13 +216,10 @@ async fn each_kernel_has_a_pid_namespace_of_its_own_and_cannot_signal_its_neighb
     assert_eq!(run_cell(&d.url, &b, "6 * 7").await, "42", "the neighbour was hurt");
     // The orphan's zombie is reaped by the namespace's init: it ends with the kernel as its
     // only child.
-    let init = status(a_pid, "PPid")[0].parse::<u32>().expect("init pid");
     assert_eq!(run_cell(&d.url, &a, ORPHAN).await, "'orphaned'");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while children_of(init) != vec![a_pid] {
-        assert!(Instant::now() < deadline, "init {init} keeps children {:?} (kernel {a_pid})", children_of(init));
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until(&format!("init {init} keeps only the kernel {a_pid} as its child"), Duration::from_secs(10), || {
+        children_of(init) == vec![a_pid]
+    });
     for id in [&a, &b] {
         tokio::task::block_in_place(|| delete(&d, id));
     }
@@ -243,11 +246,7 @@ fn a_kernel_ends_within_seconds_when_its_daemon_is_killed() {
     assert!(running(pid), "kernel {pid} does not run");
     d.child.kill().expect("SIGKILL the daemon");
     d.child.wait().expect("reap the daemon");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while running(pid) {
-        assert!(Instant::now() < deadline, "kernel {pid} still runs 10 s after its daemon was killed");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until(&format!("kernel {pid} ends after its daemon was killed"), Duration::from_secs(10), || !running(pid));
 }
 
 /// GPU cells of two kernels in PID namespaces of their own (both pid 2 inside) on one fake

@@ -195,8 +195,8 @@ pub(super) fn signal(pidfd: &OwnedFd, sig: libc::c_int) -> std::io::Result<()> {
 ///
 /// # Safety
 /// Only between fork and exec. Calls only async-signal-safe functions (unshare, fork,
-/// prctl, readlink, write, close_range, close, poll, nanosleep, waitpid, kill, getppid,
-/// _exit) and allocates nothing. fork(2) is safe here: this child is single-threaded.
+/// prctl, readlink, write, mount, close_range, close, execveat, poll, waitpid, kill,
+/// getppid, _exit) and allocates nothing. fork(2) is safe here: this child is single-threaded.
 pub(super) unsafe fn enter(report: RawFd, exe: Option<RawFd>, daemon: libc::pid_t) -> std::io::Result<()> {
     // SAFETY: see the function's contract; every buffer passed is on this stack.
     unsafe {
@@ -350,13 +350,10 @@ unsafe fn supervise(init: libc::pid_t, daemon: libc::pid_t) -> ! {
         }
         let pidfd = libc::syscall(libc::SYS_pidfd_open, init, 0) as libc::c_int;
         loop {
-            if pidfd >= 0 {
-                let mut p = libc::pollfd { fd: pidfd, events: libc::POLLIN, revents: 0 };
-                libc::poll(&mut p, 1, PARENT_POLL_MS);
-            } else {
-                let t = libc::timespec { tv_sec: 0, tv_nsec: 100_000_000 };
-                libc::nanosleep(&t, std::ptr::null_mut());
-            }
+            // R's exit wakes the poll at once; without a pidfd (supported() found pidfd_open,
+            // so only out of descriptors) the poll is a plain wait of PARENT_POLL_MS.
+            let mut p = libc::pollfd { fd: pidfd, events: libc::POLLIN, revents: 0 };
+            libc::poll(&mut p, libc::nfds_t::from(pidfd >= 0), PARENT_POLL_MS);
             let mut status = 0;
             let r = libc::waitpid(init, &mut status, libc::WNOHANG);
             if r == init {

@@ -116,6 +116,16 @@ pub fn http(method: &str, url: &str, token: Option<&str>, body: Option<&str>) ->
     }
 }
 
+/// Polls `done` until it holds; fails the test after `timeout`, naming `what`.
+#[allow(dead_code)] // used by some test crates only
+pub fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting until {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Runs `code` in kernel `kernel` over its channels WebSocket, to its reply and `idle`:
 /// the execute_result's text, or `ename: evalue` (JSON-quoted) of an error.
 #[allow(dead_code)] // used by some test crates only
