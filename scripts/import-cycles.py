@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Finds import circles between the files of a Rust crate.
+"""Finds import circles, and imports that run up the layers, between the files of a Rust crate.
 
 Reads every `.rs` file under a crate's `src/`, resolves each path that starts with
 `crate::`, `super::` or `self::` (in `use` statements and in code) to the file of the
@@ -8,13 +8,20 @@ with more than one file. A `mod x;` declaration is containment, not a use, so it
 edge, and a re-export (`pub use x::Y` in a `mod.rs` or `lib.rs`) is a facade: a path
 through it counts as a use of the file that defines `Y`. Usage:
 
-    scripts/import-cycles.py CRATE_DIR [CRATE_DIR ...]   # exit 1 if any circle
+    scripts/import-cycles.py CRATE_DIR [CRATE_DIR ...]   # exit 1 if any circle or upward arrow
+
+A crate may declare its layers in `CRATE_DIR/layers.toml`: for a module (`""` is the crate
+root, `"cluster"` a folder), its child modules from the top layer down, one list per layer.
+A file may use its own layer and those below; an import into a layer above is an upward
+arrow and fails the check. Every child of a module with declared layers must be listed, so a
+new module has to be placed. The deepest declared module that holds both ends decides.
 
 Comments and string literals are stripped before reading paths.
 """
 import os
 import re
 import sys
+import tomllib
 
 REEXPORT_RE = re.compile(r"\bpub\s+use\s+([^;]+);")
 PATH_RE = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)+)")
@@ -206,11 +213,72 @@ def cycles(edges):
     return out
 
 
+def load_layers(crate):
+    """{module tuple: {child name: layer index (0 = top)}} from CRATE_DIR/layers.toml."""
+    path = os.path.join(crate, "layers.toml")
+    if not os.path.exists(path):
+        return {}
+    with open(path, "rb") as f:
+        declared = tomllib.load(f).get("layers", {})
+    out = {}
+    for module, layers in declared.items():
+        key = tuple(p for p in module.split("::") if p)
+        out[key] = {name: i for i, layer in enumerate(layers) for name in layer}
+    return out
+
+
+def children(src, module):
+    """The child modules of a module folder (files and folders, not mod.rs/lib.rs/main.rs)."""
+    folder = os.path.join(src, *module)
+    names = set()
+    for entry in os.listdir(folder):
+        full = os.path.join(folder, entry)
+        if os.path.isdir(full) and (os.path.exists(os.path.join(full, "mod.rs")) or os.path.exists(full + ".rs")):
+            names.add(entry)
+        elif entry.endswith(".rs") and entry not in ("mod.rs", "lib.rs", "main.rs"):
+            names.add(entry[:-3])
+    if not module:
+        names.discard("bin")
+    return names
+
+
+def layer_problems(src, edges, layers):
+    """Unplaced modules and upward arrows: (message, ...) lines."""
+    out = []
+    for module, placed in sorted(layers.items()):
+        if not os.path.isdir(os.path.join(src, *module)):
+            out.append(f"layers.toml names {'::'.join(module) or 'the crate root'}, which is not a folder")
+            continue
+        for name in sorted(children(src, module) - set(placed)):
+            out.append(f"module {'::'.join(module + (name,))} has no layer in layers.toml")
+        for name in sorted(set(placed) - children(src, module)):
+            out.append(f"layers.toml places {'::'.join(module + (name,))}, which does not exist")
+    for a in sorted(edges):
+        ma = module_of(src, a)
+        for b in sorted(edges[a]):
+            mb = module_of(src, b)
+            common = 0
+            while common < min(len(ma), len(mb)) and ma[common] == mb[common]:
+                common += 1
+            for depth in range(common, -1, -1):
+                placed = layers.get(tuple(ma[:depth]))
+                if placed is None or depth >= len(ma) or depth >= len(mb):
+                    continue
+                la, lb = placed.get(ma[depth]), placed.get(mb[depth])
+                if la is not None and lb is not None and lb < la:
+                    out.append(f"upward arrow: {a} ({ma[depth]}) uses {b} ({mb[depth]}, a layer above)")
+                break
+    return out
+
+
 def main(crates):
     found = 0
     for crate in crates:
         src = os.path.join(crate, "src")
         edges = build_graph(src)
+        for line in layer_problems(src, edges, load_layers(crate)):
+            found += 1
+            print(line)
         for comp in cycles(edges):
             found += 1
             print(f"import circle in {crate} ({len(comp)} files):")
@@ -219,9 +287,9 @@ def main(crates):
                 inside = sorted(w for w in edges[v] if w in members)
                 print(f"  {v} -> {', '.join(inside)}")
     if found:
-        print(f"{found} import circle(s)")
+        print(f"{found} import circle(s) or layer violation(s)")
         return 1
-    print(f"no import circles in {', '.join(crates)}")
+    print(f"no import circles and no upward arrows in {', '.join(crates)}")
     return 0
 
 
