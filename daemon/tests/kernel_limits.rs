@@ -176,7 +176,7 @@ async fn a_cell_cannot_fill_the_hosts_disk_or_dev_shm_and_has_the_configured_rli
 }
 
 /// The shipped config bounds kernels: a memory limit, homes with a quota (on disk under
-/// the state directory, node.rs), a bounded /dev/shm, an open-file limit below the
+/// the state directory, node/kernels_dir.rs), a bounded /dev/shm, an open-file limit below the
 /// daemon's.
 #[test]
 fn the_shipped_config_bounds_what_a_kernel_may_take() {

@@ -14,7 +14,7 @@
 //!   the export and commit of its namespace (measured median 24 ms; `CELL` allows 250 ms
 //!   on a loaded 2-core VM);
 //! - GPU-seconds bound: the same plus `TICK` per cell: the daemon releases idle-held GPUs on
-//!   a 1 s tick (`node.rs`), so they are held up to 1 s longer than `gpu.idle_release`;
+//!   a 1 s tick (`node/kernels.rs`), so they are held up to 1 s longer than `gpu.idle_release`;
 //! - delays: `DELAY` × K per cell: the election and GPU commit the simulator counts as 2 ms
 //!   take 2–20 ms on a busy 2-core VM (docs/cluster.md), plus the client's timer wake-up;
 //!   100 ms of real time covers that with room;

@@ -448,7 +448,7 @@ pub fn run(
         let order = if round % 2 == 0 { [true, false] } else { [false, true] };
         for observe in order {
             if observe {
-                // As the daemon's node starts it (daemon/src/node.rs `start_observer`).
+                // As the daemon's node starts it (daemon/src/node/observer.rs `start_observer`).
                 let cfg = ObserverConfig {
                     mode: mode_request,
                     libraries: vec![opts.library.clone()],

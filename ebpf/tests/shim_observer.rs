@@ -22,7 +22,7 @@ fn the_observer_reports_exactly_what_a_process_under_the_shim_did_then_its_idlen
     let driver = common::driver_library();
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let shim = ShimEnv::unmanaged(&common::shim_library(), &driver, dir.path()).unwrap();
-    // As daemon/src/node.rs starts it.
+    // As daemon/src/node/observer.rs starts it.
     let production = ObserverConfig {
         libraries: vec![driver.clone()],
         launch_probes: false,

@@ -1,7 +1,7 @@
 //! How this host authenticates its calls to other hosts' HTTP APIs (forwarded cluster
 //! calls, interrupt/restart and the channels of a replica, `?replica=local`).
 //!
-//! With an identity ([`set_identity`], done once by `node.rs` when the host serves HTTPS
+//! With an identity ([`set_identity`], done once by `node/cluster.rs` when the host serves HTTPS
 //! with a client CA and has a node certificate): TLS with the node certificate and
 //! [`NODE_HEADER`] naming this host. Without one (a cluster whose hosts verify no client
 //! certificates): the operator token ([`set_fallback_token`]), as the receiving host then
@@ -34,13 +34,13 @@ pub fn set_identity(identity: HostIdentity) -> bool {
 }
 
 /// The credential of calls to other hosts when this host has no node identity: the
-/// operator token (set once by `node.rs`; later calls are ignored and return false).
+/// operator token (set once by `node/credentials.rs`; later calls are ignored and return false).
 pub fn set_fallback_token(operator_token: String) -> bool {
     FALLBACK_TOKEN.set(operator_token).is_ok()
 }
 
 /// The operator token this host sends with the membership calls it forwards for an
-/// operator (set once by `node.rs` when `http.operator_token_file` is configured).
+/// operator (set once by `node/credentials.rs` when `http.operator_token_file` is configured).
 pub fn set_operator_token(operator_token: String) -> bool {
     OPERATOR_TOKEN.set(operator_token).is_ok()
 }

@@ -1,4 +1,4 @@
-//! The daemon's config file (daemon/src/config.rs): TOML parsed with unknown keys refused,
+//! The daemon's config file (daemon/src/config/): TOML parsed with unknown keys refused,
 //! then validated. Written by an operator, but read by a privileged daemon, and its errors
 //! must name the field rather than crash or mislead.
 //!
