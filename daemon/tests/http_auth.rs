@@ -222,11 +222,11 @@ fn plaintext_on_a_non_loopback_address_is_refused_at_startup() {
 
 #[test]
 fn nbos_pki_makes_a_ca_and_node_and_client_certificates() {
+    use common::NBOS;
     use std::os::unix::fs::PermissionsExt;
-    const NBOS: &str = env!("CARGO_BIN_EXE_nbos");
     let dir = tempfile::tempdir().expect("tmp");
     let pki = dir.path().join("pki");
-    let nbos = |args: &[&str]| Command::new(NBOS).args(args).output().expect("nbos");
+    let nbos = |args: &[&str]| Command::new(*NBOS).args(args).output().expect("nbos");
     let d = pki.to_str().expect("utf8");
     assert!(nbos(&["pki", "init", "--dir", d]).status.success());
     let again = nbos(&["pki", "init", "--dir", d]);
