@@ -16,7 +16,9 @@ use tokio_tungstenite::tungstenite::Message as WsFrame;
 mod common;
 use common::{http, python, start_daemon, Daemon, TOKEN};
 
-use common::NBOS;
+#[path = "common/workspace.rs"]
+mod workspace;
+use workspace::NBOS;
 
 fn start() -> Daemon {
     start_daemon(&format!("[kernel]\npython = {:?}\n[log]\nformat = \"text\"\n", python()), Stdio::null())

@@ -13,7 +13,9 @@ use tokio_tungstenite::tungstenite::Message as WsFrame;
 mod common;
 use common::{http, python, start_daemon, TOKEN};
 
-use common::NBOS;
+#[path = "common/workspace.rs"]
+mod workspace;
+use workspace::NBOS;
 
 /// Allocates 3 MiB, then 1 MiB, through the shim: prints the three CUresults.
 const CELL: &str = r#"import ctypes

@@ -6,10 +6,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub const NOTEBOOKOSD: &str = env!("CARGO_BIN_EXE_notebookosd");
-/// The `nbos` binary (the CLI's package builds it; see workspace.rs).
-mod workspace;
-#[allow(unused_imports)] // not every test runs nbos
-pub use workspace::NBOS;
 /// The API token every test daemon is started with.
 pub const TOKEN: &str = "integration-test-token-0123456789";
 
