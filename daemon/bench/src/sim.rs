@@ -1,5 +1,5 @@
 //! `nbos sim`: replays a workload under the scheduling policies in virtual time
-//! (`daemon/src/sim/`, driving the daemon's scheduler core) and prints a table or
+//! (`nbos_sched::sim`, driving the daemon's scheduler core) and prints a table or
 //! `--json`; `--out DIR` also writes SVG plots and a markdown report. See
 //! `docs/simulator.md`.
 
