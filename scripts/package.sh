@@ -28,7 +28,7 @@ METADATA=$("$CARGO" metadata --format-version 1 --no-deps)
 TARGET_DIR=$(python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])' <<<"$METADATA")
 VERSION=$(python3 -c 'import json, sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "notebookosd"))' <<<"$METADATA")
 BUILT="$TARGET_DIR/$PROFILE_DIR"
-"$CARGO" build --profile "$PROFILE" -p notebookosd -p nbos-cuda-shim --bins --lib
+"$CARGO" build --profile "$PROFILE" -p notebookosd -p nbos-cli -p nbos-cuda-shim --bins --lib
 
 GEN=packaging/generated
 rm -rf "$GEN"

@@ -1,10 +1,11 @@
-//! `notebookosd`, the NotebookOS node daemon, and the `nbos` operator CLI.
+//! `notebookosd`, the NotebookOS node daemon.
 //!
 //! The layout follows the path of a cell (see `docs/design.md`): entry points and
 //! [`node`] wiring at the top, then the [`gateway`], the lease server and GPU
-//! control ([`lease`], [`gpu`]), down to pure modules such as [`config`].
+//! control ([`lease`], [`gpu`]), down to pure modules such as [`config`]. The scheduler
+//! core it drives is the `nbos-sched` crate (daemon/sched); the `nbos` CLI, its
+//! benchmarks and the kernel proxy are crates of their own (daemon/cli, daemon/bench).
 
-pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod gateway;
@@ -17,6 +18,4 @@ pub mod logging;
 pub mod metrics;
 pub mod node;
 pub mod pki;
-pub mod sched;
-pub mod sim;
 pub mod status;

@@ -6,6 +6,8 @@
 
 #[allow(dead_code, reason = "each test crate uses part of the shared harness")]
 mod common;
+#[path = "common/workspace.rs"]
+mod workspace;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -223,10 +225,10 @@ fn plaintext_on_a_non_loopback_address_is_refused_at_startup() {
 #[test]
 fn nbos_pki_makes_a_ca_and_node_and_client_certificates() {
     use std::os::unix::fs::PermissionsExt;
-    const NBOS: &str = env!("CARGO_BIN_EXE_nbos");
+    use workspace::NBOS;
     let dir = tempfile::tempdir().expect("tmp");
     let pki = dir.path().join("pki");
-    let nbos = |args: &[&str]| Command::new(NBOS).args(args).output().expect("nbos");
+    let nbos = |args: &[&str]| Command::new(*NBOS).args(args).output().expect("nbos");
     let d = pki.to_str().expect("utf8");
     assert!(nbos(&["pki", "init", "--dir", d]).status.success());
     let again = nbos(&["pki", "init", "--dir", d]);

@@ -4,7 +4,7 @@
 notebookosd runs it with one JSON request on stdin (docs/autoscaling.md) and reads one JSON
 answer from stdout. `scale_out` starts `count` daemons from a config template and has each
 join the cluster (`nbos cluster join`); `release` stops a daemon that has left the cluster.
-This is the provider the test suite uses (daemon/tests/cluster_autoscale.rs); a cloud
+This is the provider the test suite uses (daemon/bench/tests/cluster_autoscale.rs); a cloud
 auto-scaling group or a Kubernetes node pool follows the same contract
 (examples/autoscale/aws-asg-provider.sh, examples/autoscale/k8s-node-pool-provider.sh).
 

@@ -34,7 +34,7 @@ if ! python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.v
 fi
 
 section "build (release)"
-cargo build --release -p nbos-cuda-shim -p fake-cuda -p notebookosd
+cargo build --release -p nbos-cuda-shim -p fake-cuda -p notebookosd -p nbos-cli
 cargo test --release --no-run -p notebookosd --test lease_shim --test device_guard
 
 # A failing step is reported and the rest still runs (the figures are wanted either way);

@@ -29,7 +29,7 @@ def bin_dir() -> Path:
     if env:
         return Path(env)
     subprocess.run(
-        ["cargo", "build", "-q", "-p", "notebookosd", "--bins"], cwd=REPO, check=True
+        ["cargo", "build", "-q", "-p", "notebookosd", "-p", "nbos-cli", "--bins"], cwd=REPO, check=True
     )
     return Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target") / "debug"
 

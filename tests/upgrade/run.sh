@@ -31,8 +31,9 @@ if [ ! -x "$old_bins/notebookosd" ]; then
   git archive "$old_rev" | tar -x -C "$work/src"
   # Line tables only and no incremental cache: the old tree's own profile may carry full
   # debug info (gigabytes) and it is built once.
+  # nbos is its own package (nbos-cli) since issue 35; before, notebookosd built it.
   (cd "$work/src" && CARGO_TARGET_DIR=$work/target CARGO_INCREMENTAL=0 CARGO_PROFILE_DEV_DEBUG=line-tables-only \
-    "$CARGO" build -q -p notebookosd -p fake-cuda -p nbos-cuda-shim)
+    "$CARGO" build -q -p notebookosd -p fake-cuda -p nbos-cuda-shim $(test -d daemon/cli && echo -p nbos-cli))
   cp "$work/target/debug/"{notebookosd,nbos,libfake_cuda.so,libnbos_cuda_shim.so} "$old_bins/"
   rm -rf "$work/target"
 fi
@@ -45,6 +46,6 @@ WRAPPER
 chmod 0755 "$old_bins/python" "$work" "$work/src" "$target/upgrade"
 
 echo "== building this version"
-"$CARGO" build -q -p notebookosd -p fake-cuda -p nbos-cuda-shim
+"$CARGO" build -q -p notebookosd -p nbos-cli -p fake-cuda -p nbos-cuda-shim
 NBOS_BIN_DIR=$target/debug NBOS_OLD_BIN_DIR=$old_bins NBOS_OLD_REF=$old_rev \
   "$PYTHON" -m pytest -q -p no:cacheprovider tests/upgrade "$@"

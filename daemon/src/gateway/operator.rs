@@ -77,7 +77,7 @@ pub async fn status(State(st): State<Arc<AppState>>) -> Json<NodeStatus> {
 }
 
 /// `GET /api/v1/gpus`: who holds which GPU, and which cells wait.
-pub async fn gpus(State(st): State<Arc<AppState>>) -> Json<crate::sched::host::Snapshot> {
+pub async fn gpus(State(st): State<Arc<AppState>>) -> Json<nbos_sched::host::Snapshot> {
     Json(st.kernels.binder().snapshot())
 }
 

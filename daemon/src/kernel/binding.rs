@@ -24,8 +24,8 @@ use super::hub::ClientId;
 use super::Kernel;
 use crate::jupyter::{Channel, Message};
 use crate::metrics::{Metrics, OutcomeLabels};
-use crate::sched::host::{Action, HostScheduler};
-use crate::sched::Millis;
+use nbos_sched::host::{Action, HostScheduler};
+use nbos_sched::Millis;
 
 /// What per-cell binding needs from the lease server (`daemon/src/lease`), so the
 /// shim in a kernel process is granted exactly the GPUs the scheduler committed.
@@ -153,7 +153,7 @@ impl Binder {
     }
 
     /// Registers a kernel; refused when the host's subscription ratio would be exceeded.
-    pub fn add_kernel(&self, kernel: &Arc<Kernel>) -> Result<(), crate::sched::Refusal> {
+    pub fn add_kernel(&self, kernel: &Arc<Kernel>) -> Result<(), nbos_sched::Refusal> {
         let mut st = self.lock();
         let now = self.now();
         st.sched.add_kernel(&kernel.id, kernel.gpus, now)?;
@@ -188,7 +188,7 @@ impl Binder {
     }
 
     /// Checks admission before a kernel is started (same rule as [`Self::add_kernel`]).
-    pub fn would_admit(&self, gpus: u32) -> Result<(), crate::sched::Refusal> {
+    pub fn would_admit(&self, gpus: u32) -> Result<(), nbos_sched::Refusal> {
         let mut probe = self.lock().sched.clone();
         probe.add_kernel("\u{0}probe", gpus, 0)
     }
@@ -392,7 +392,7 @@ impl Binder {
     }
 
     /// The scheduler's view (for `GET /api/v1/gpus` and `nbos kernels`).
-    pub fn snapshot(&self) -> crate::sched::host::Snapshot {
+    pub fn snapshot(&self) -> nbos_sched::host::Snapshot {
         let mut st = self.lock();
         let now = self.now();
         st.sched.advance(now);

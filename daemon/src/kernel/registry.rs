@@ -36,7 +36,7 @@ pub enum CreateError {
     BadGpuRequest(String),
     /// The host cannot take another kernel asking for GPUs.
     #[error("{0}")]
-    Refused(crate::sched::Refusal),
+    Refused(nbos_sched::Refusal),
     /// The id is not a kernel id (a canonical UUID, see [`super::id`]).
     #[error("not a kernel id: {0:?}")]
     BadKernelId(String),

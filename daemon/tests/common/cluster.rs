@@ -15,8 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub const NOTEBOOKOSD: &str = env!("CARGO_BIN_EXE_notebookosd");
-pub const NBOS: &str = env!("CARGO_BIN_EXE_nbos");
+#[path = "workspace.rs"]
+mod workspace;
+pub use workspace::{repo, NBOS, NOTEBOOKOSD};
 /// The API token every host shares.
 pub const TOKEN: &str = "cluster-test-token-0123456789abcdef";
 /// The operator token every host shares (membership, drain, re-placement).
@@ -181,7 +182,7 @@ impl TestCluster {
         let dir = self.dir.path().join(format!("host{node_id}"));
         std::fs::create_dir_all(&dir).expect("host dir");
         let config = dir.join("notebookosd.toml");
-        let python = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+        let python = repo().join(".venv/bin/python");
         let gpu = if self.options.fake_gpus > 0 {
             format!(
                 "[gpu]\ndriver = \"fake\"\nfake_gpus = {}\nsubscription_ratio = {:?}\n[observer]\nmode = \"procfs\"\n",
@@ -242,7 +243,7 @@ impl TestCluster {
         let _ = std::fs::remove_file(h.dir.join("run/endpoint.json"));
         h.starts += 1;
         let log = std::fs::File::create(h.log_path()).expect("log file");
-        let child = Command::new(NOTEBOOKOSD)
+        let child = Command::new(*NOTEBOOKOSD)
             .arg("--config")
             .arg(&h.config)
             .env("NBOS_LOG", "info,raft=warn,raft_store=info")
@@ -411,7 +412,7 @@ impl TestCluster {
 
     /// Runs `nbos` against a host; returns (success, stdout, stderr).
     pub fn nbos(&self, node_id: u64, args: &[&str]) -> (bool, String, String) {
-        let out = Command::new(NBOS)
+        let out = Command::new(*NBOS)
             .arg("--url")
             .arg(&self.host(node_id).url)
             // Secrets through the environment: argv is readable by every local user.

@@ -49,7 +49,12 @@ pub struct S3Server {
 impl S3Server {
     /// Starts moto with `bucket`; `prefix` scopes the `scoped` user; `iam` enforces IAM.
     pub fn start(bucket: &str, prefix: &str, iam: bool) -> S3Server {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+        // The repository's root, from notebookosd's tests or another package's.
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .ancestors()
+            .find(|d| d.join("Cargo.lock").is_file())
+            .expect("the workspace root")
+            .to_path_buf();
         let python = root.join(".venv/bin/python");
         let mut cmd = Command::new(&python);
         cmd.arg(root.join("tests/s3/moto_server.py")).arg(bucket).arg(prefix);

@@ -3,8 +3,8 @@
 //! and the result kept within `[min_hosts, max_hosts]`. Pure (time comes in as ms).
 
 use crate::config::{AutoscaleConfig, AutoscaleRule};
-use crate::sched::scale::{self, OursRule, PaperRule, PeakTracker, Scale};
-use crate::sched::Millis;
+use nbos_sched::scale::{self, OursRule, PaperRule, PeakTracker, Scale};
+use nbos_sched::Millis;
 
 /// The cluster at one decision.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

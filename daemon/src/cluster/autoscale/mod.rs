@@ -1,7 +1,7 @@
 //! The autoscaler (`[autoscale]`): every `interval`, the meta leader decides with the
-//! scheduler core's rule ([`crate::sched::scale`]: ours or the paper's) whether the cluster
+//! scheduler core's rule ([`nbos_sched::scale`]: ours or the paper's) whether the cluster
 //! needs more hosts or fewer, then asks the [`provider`] for hosts, or drains idle ones
-//! ([`crate::sched::drain::choose`]: replicas moved off first, then `leave`) and has the
+//! ([`nbos_sched::drain::choose`]: replicas moved off first, then `leave`) and has the
 //! provider release them. Unmet demand counts: kernels that placement refused and cells that
 //! found no host to move a replica to ([`crate::cluster::meta::demand`]) make it scale out
 //! even when committed GPUs alone would not.
@@ -22,8 +22,8 @@ use self::decision::{ClusterNow, Decider};
 use self::provider::{ClusterView, Provider, ProviderHost, ProviderRequest};
 use super::meta::Cluster;
 use crate::config::AutoscaleConfig;
-use crate::sched::drain::{self, Candidate};
-use crate::sched::scale::Scale;
+use nbos_sched::drain::{self, Candidate};
+use nbos_sched::scale::Scale;
 
 /// How long a released host's replicas may take to move before its release is given up.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(600);

@@ -16,7 +16,7 @@ use super::state::Current;
 use crate::cluster::meta::{MoveAnswer, MoveRequest};
 use crate::cluster::records::{ElectionRecord, MoveReason, MoveRecord, RunningRecord};
 use crate::jupyter::Channel;
-use crate::sched::preselect::{preselect, Candidate};
+use nbos_sched::preselect::{preselect, Candidate};
 
 /// How long a round waits for its designee's outcome before asking again.
 const OUTCOME_TIMEOUT: Duration = Duration::from_secs(15);
@@ -28,7 +28,7 @@ const YIELD_RETRY: Duration = Duration::from_millis(500);
 const MOVE_ASK_EVERY: Duration = Duration::from_secs(1);
 
 /// Asks the meta leader, in the background, to move one of the kernel's replicas to a host
-/// that can commit its GPUs now ([`crate::sched::migrate::choose`]); the cell loop sees the
+/// that can commit its GPUs now ([`nbos_sched::migrate::choose`]); the cell loop sees the
 /// move in the kernel's record.
 fn ask_to_move(k: &Arc<FrontendKernel>) {
     let Some(cluster) = k.shared.cluster.get().cloned() else { return };

@@ -17,7 +17,7 @@ use crate::cluster::records::{keys, KernelRecord};
 use crate::jupyter::message::error_reply;
 use crate::jupyter::{Channel, Message};
 use crate::kernel::hub::{ClientId, Hub};
-use crate::sched::preselect::Candidate;
+use nbos_sched::preselect::Candidate;
 
 /// How long a cell waits for any replica host to be reachable before it fails.
 pub(super) const NO_REPLICA_TIMEOUT: Duration = Duration::from_secs(30);

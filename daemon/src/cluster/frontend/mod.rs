@@ -4,7 +4,7 @@
 //! It keeps one link per replica host (in-process to this host's own replica, else an
 //! internal WebSocket, `…/channels?replica=local` with this host's node credential, reconnected with
 //! backoff), serialises the kernel's cells, and runs each cell's election rounds:
-//! pre-selection ([`crate::sched::preselect`]), `execute_request` to every live replica
+//! pre-selection ([`nbos_sched::preselect`]), `execute_request` to every live replica
 //! with `metadata.nbos_election`, then the outcomes: `executed` → the reply goes to the
 //! client; `yielded` → the next round (after telling the client once that the cell waits
 //! for GPUs, and waiting for a `load/` change); `stale` → the next round from the current

@@ -1,7 +1,7 @@
 //! [`ClusterError`]: why a cluster call failed, in the words the HTTP answers and the
 //! CLI show.
 
-use crate::sched::placement::PlacementError;
+use nbos_sched::placement::PlacementError;
 
 /// How a placement refusal's message begins (a forwarded one arrives as text).
 pub const PLACEMENT_REFUSAL: &str = "cannot place the kernel";

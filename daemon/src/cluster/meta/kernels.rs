@@ -1,6 +1,6 @@
 //! Kernel records on the meta leader: placing a new kernel's replicas, deleting a kernel,
 //! re-placing the replica of a host that is gone. Placement itself is pure
-//! ([`crate::sched::placement`]); this file reads the hosts and commits by compare-and-swap,
+//! ([`nbos_sched::placement`]); this file reads the hosts and commits by compare-and-swap,
 //! one placement at a time.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -12,7 +12,7 @@ use super::error::{ClusterError, Result};
 use super::forward::{Authority, HttpMethod};
 use super::handle::Cluster;
 use crate::cluster::records::{self, keys, KernelRecord, ReplicaRecord};
-use crate::sched::placement::{self, HostLoad};
+use nbos_sched::placement::{self, HostLoad};
 
 /// What a client asks for when it creates a kernel (`POST /api/v1/cluster/kernels`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

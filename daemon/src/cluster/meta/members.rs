@@ -13,7 +13,7 @@ use super::forward::{Authority, HttpMethod};
 use super::handle::Cluster;
 use super::moves::{MoveAnswer, MoveRequest};
 use crate::cluster::records::{keys, KernelRecord, MoveReason, META_GROUP};
-use crate::sched::placement::{self, HostLoad};
+use nbos_sched::placement::{self, HostLoad};
 
 /// How long `leave` waits for its replicas' moves to finish (a cell running on one ends
 /// first; `nbos cluster leave` waits with its own `--timeout` instead).

@@ -19,8 +19,8 @@ use super::error::{ClusterError, Result};
 use super::forward::{Authority, HttpMethod};
 use super::handle::Cluster;
 use crate::cluster::records::{self, keys, KernelRecord, MoveReason, MoveRecord, ReplicaRecord};
-use crate::sched::migrate::{self, ReplicaAt, Target};
-use crate::sched::placement;
+use nbos_sched::migrate::{self, ReplicaAt, Target};
+use nbos_sched::placement;
 
 /// What `POST /api/v1/cluster/kernels/{id}/migrate` takes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -3,7 +3,7 @@
 //! replica (kernel creation, re-placement, migration) takes one over instead of starting
 //! Python, which is most of a kernel's start. See `docs/prewarm.md`.
 //!
-//! The pool's size follows demand ([`crate::sched::prewarm::pool_size`], between
+//! The pool's size follows demand ([`nbos_sched::prewarm::pool_size`], between
 //! `kernel.prewarm_min` and `kernel.prewarm_max`); it is kept by a refill task. A
 //! process is only for a kernel whose account, interpreter, memory limit and preloaded
 //! libraries are the pool's: with `kernel.uid_range` (an account per kernel) there is
@@ -377,7 +377,7 @@ impl PrewarmPool {
         }
         let n = u32::try_from(takes.len()).unwrap_or(u32::MAX);
         let window = u64::try_from(WINDOW.as_millis()).unwrap_or(u64::MAX);
-        crate::sched::prewarm::pool_size(
+        nbos_sched::prewarm::pool_size(
             n,
             window,
             self.refill_ms.load(Ordering::SeqCst),

@@ -1,0 +1,104 @@
+//! The cluster a replay drives: a loopback cluster it starts itself (the daemons of
+//! `nbos bench election`'s [`LocalCluster`], with simulated GPUs), or an existing one at
+//! `--url`. Either way its hosts are found in `GET /api/v1/cluster/status`, kernels are
+//! created and cells run through gateways, and each host's `/metrics` is read.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use crate::election::{LocalCluster, LocalClusterConfig};
+use notebookosd::link::client::GatewayClient;
+
+/// One host of the cluster.
+#[derive(Debug, Clone)]
+pub struct Host {
+    /// Raft node id.
+    pub node_id: u64,
+    /// Its gateway.
+    pub url: String,
+    /// GPUs it has.
+    pub gpus: u32,
+}
+
+/// The cluster under replay.
+pub struct Target {
+    /// Its hosts with GPUs (gateway-only hosts hold no GPU kernel and bill nothing here).
+    pub hosts: Vec<Host>,
+    gateways: Vec<GatewayClient>,
+    agent: ureq::Agent,
+    token: Option<String>,
+    /// Kept alive for the replay; its daemons stop when it drops.
+    _local: Option<LocalCluster>,
+}
+
+impl Target {
+    /// Starts a loopback cluster of `cfg.hosts` daemons and waits until it is ready.
+    pub fn local(cfg: &LocalClusterConfig) -> anyhow::Result<Self> {
+        let cluster = LocalCluster::start(cfg).context("starting the loopback cluster")?;
+        let gateways = (0..cluster.hosts.len()).map(|i| cluster.client(i)).collect();
+        let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(10)).build();
+        let token = Some(cluster.token.clone());
+        Self::discover(gateways, agent, token, Some(cluster))
+    }
+
+    /// An existing cluster, through the gateway and credentials of the command line.
+    pub fn remote(t: &crate::client::Target) -> anyhow::Result<Self> {
+        let url = t.url.clone().context("--url names the cluster to replay against")?;
+        let token = t.token()?;
+        let mut gateway = GatewayClient::new(&url, token.clone());
+        if let Some(ca) = &t.ca_cert {
+            let identity = t.client_cert.as_deref().zip(t.client_key.as_deref());
+            gateway = gateway.with_tls(notebookosd::link::tls::client_config(ca, identity)?);
+        }
+        Self::discover(vec![gateway], t.agent(Duration::from_secs(10))?, token, None)
+    }
+
+    fn discover(
+        gateways: Vec<GatewayClient>,
+        agent: ureq::Agent,
+        token: Option<String>,
+        local: Option<LocalCluster>,
+    ) -> anyhow::Result<Self> {
+        let first = gateways.first().context("no gateway")?.url.clone();
+        let mut me = Self { hosts: Vec::new(), gateways, agent, token, _local: local };
+        let status: serde_json::Value = me
+            .get(&first, "/api/v1/cluster/status")?
+            .into_json()
+            .with_context(|| format!("{first}: decoding the cluster status"))?;
+        for m in status.get("members").and_then(|m| m.as_array()).into_iter().flatten() {
+            let up = m.get("up").and_then(serde_json::Value::as_bool) == Some(true);
+            let Some(host) = m.get("host").filter(|_| up) else { continue };
+            let gpus = host.get("gpus").and_then(|g| g.as_array()).map_or(0, Vec::len);
+            let url = host.get("gateway_url").and_then(|u| u.as_str()).unwrap_or_default();
+            if gpus > 0 && !url.is_empty() {
+                me.hosts.push(Host {
+                    node_id: m.get("node_id").and_then(serde_json::Value::as_u64).unwrap_or(0),
+                    url: url.trim_end_matches('/').to_owned(),
+                    gpus: u32::try_from(gpus).unwrap_or(u32::MAX),
+                });
+            }
+        }
+        anyhow::ensure!(!me.hosts.is_empty(), "{first}: the cluster status lists no host with GPUs that is up");
+        Ok(me)
+    }
+
+    fn get(&self, base: &str, path: &str) -> anyhow::Result<ureq::Response> {
+        let mut req = self.agent.get(&format!("{base}{path}"));
+        if let Some(t) = &self.token {
+            req = req.set("Authorization", &format!("token {t}"));
+        }
+        req.call().with_context(|| format!("GET {base}{path}"))
+    }
+
+    /// The gateway session `i` uses: spread over the gateways, round robin.
+    pub fn gateway(&self, i: usize) -> GatewayClient {
+        self.gateways[i % self.gateways.len()].clone()
+    }
+
+    /// Host `i`'s `/metrics` text.
+    pub fn metrics(&self, i: usize) -> anyhow::Result<String> {
+        let url = &self.hosts[i].url;
+        self.get(url, "/metrics")?.into_string().with_context(|| format!("{url}: reading /metrics"))
+    }
+}

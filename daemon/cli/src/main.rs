@@ -1,0 +1,136 @@
+//! `nbos`: the NotebookOS operator CLI.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use nbos_cli::{self as cli, client::Target, NotYet};
+
+/// Operate a NotebookOS host: status, kernels, benchmarks, simulation.
+#[derive(Debug, Parser)]
+#[command(
+    name = "nbos",
+    version,
+    about = "NotebookOS operator CLI: hosts, kernels, cluster membership, benchmarks, simulation"
+)]
+struct Args {
+    #[command(flatten)]
+    target: Target,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Show this host: GPUs, kernels, endpoint.
+    Status(cli::status::Args),
+    /// List kernels, their replicas and who holds which GPU.
+    Kernels(cli::kernels::Args),
+    /// The hosts of a cluster: status, join, leave.
+    #[command(subcommand)]
+    Cluster(cli::cluster::ClusterCmd),
+    /// The cluster's large-object store: what it holds, and collecting what no replica needs.
+    #[command(subcommand)]
+    Objects(cli::objects::ObjectsCmd),
+    /// Run a benchmark.
+    #[command(subcommand)]
+    Bench(cli::bench::BenchCmd),
+    /// The fault campaign's checks (the campaign itself: `make chaos`, docs/chaos.md).
+    #[command(subcommand)]
+    Chaos(cli::chaos::ChaosCmd),
+    /// Replay a workload trace under the scheduling policies.
+    Sim(cli::sim::Args),
+    /// Replay a session template on a real cluster (a loopback one it starts, or --url),
+    /// time compressed by --speedup, and report what `nbos sim` reports.
+    #[command(after_long_help = "\
+Sessions become kernels (created at their compressed start with the session's GPUs, deleted \
+at their stop); trainings become cells that sleep for duration / K while the daemon's binder \
+holds the kernel's GPUs. Measured per cell: submission -> the executor wrote the cell to \
+ipykernel with its GPUs committed (the reply's nbos_election.dispatched_unix_us); GPUs \
+committed and idle-held: the hosts' /metrics gauges, sampled every --sample-ms; provisioned: \
+hosts x GPUs x span. Every real time is multiplied by K back into trace time. Migrations \
+and scale events are read from /metrics counters when the daemons have them, else 0.
+
+The output prints the nbos sim flags that model the same cluster; docs/simulator.md \
+(\"Replay against a real cluster\") gives the tolerance within which both agree.
+
+Example: nbos replay traces/templates/single_session_3_trainings.json --speedup 10 --json")]
+    Replay(cli::replay::Args),
+    /// Live view of per-process GPU activity.
+    Observe(cli::observe::Args),
+    /// Local ZMQ kernel facade that forwards to the gateway (used by kernelspecs).
+    KernelProxy(cli::proxy::Args),
+    /// A cluster's own CA and certificates (raft TLS, HTTPS, host and client identities).
+    #[command(subcommand)]
+    Pki(cli::pki::PkiCmd),
+    /// Install a Jupyter kernelspec that runs `nbos kernel-proxy` (for nbclient, papermill, VS Code).
+    InstallKernelspec(cli::proxy::InstallArgs),
+    /// Print a shell completion script (e.g. `nbos completions bash > /etc/bash_completion.d/nbos`).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write the manual pages nbos(1) and nbos-SUBCOMMAND(1) into DIR (used to build the packages).
+    #[command(hide = true)]
+    Manpages {
+        /// Where to write them.
+        dir: std::path::PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if let Err(e) = args.target.check() {
+        eprintln!("nbos: {e:#}");
+        return ExitCode::from(2);
+    }
+    let result = match args.cmd {
+        Cmd::Status(a) => cli::status::run(&args.target, a),
+        Cmd::Kernels(a) => cli::kernels::run(&args.target, a),
+        Cmd::Cluster(c) => cli::cluster::run(&args.target, c),
+        Cmd::Objects(c) => cli::objects::run(&args.target, c),
+        Cmd::Bench(b) => cli::bench::run(b),
+        Cmd::Chaos(c) => cli::chaos::run(c),
+        Cmd::Sim(a) => cli::sim::run(a),
+        Cmd::Replay(a) => cli::replay::run(&args.target, a),
+        Cmd::Pki(c) => cli::pki::run(c),
+        Cmd::Observe(a) => cli::observe::run(a),
+        Cmd::KernelProxy(a) => {
+            // The proxy runs as a kernel: its logs go to stderr, which Jupyter clients show or keep.
+            notebookosd::logging::init(&notebookosd::config::LogConfig {
+                level: "info,zeromq=warn".to_owned(),
+                ..notebookosd::config::LogConfig::default()
+            });
+            cli::proxy::run(&args.target, a)
+        }
+        Cmd::InstallKernelspec(a) => cli::proxy::install_kernelspec(&args.target, a),
+        Cmd::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut <Args as clap::CommandFactory>::command(),
+                "nbos",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
+        Cmd::Manpages { dir } => manpages(&dir),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nbos: {e:#}");
+            if e.downcast_ref::<NotYet>().is_some() {
+                ExitCode::from(NotYet::EXIT_CODE as u8)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+/// nbos(1) and a page per subcommand (nbos-cluster(1), nbos-cluster-join(1), …).
+fn manpages(dir: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let cmd = <Args as clap::CommandFactory>::command();
+    clap_mangen::generate_to(cmd, dir).with_context(|| format!("writing manual pages into {}", dir.display()))
+}

@@ -1,0 +1,337 @@
+//! The binaries as an operator uses them: config validation, dev mode, `nbos status`,
+//! token auth, unfinished subcommands.
+
+#[path = "../../tests/required/mod.rs"]
+mod required;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+#[path = "../../tests/common/workspace.rs"]
+mod workspace;
+use workspace::NOTEBOOKOSD;
+const NBOS: &str = env!("CARGO_BIN_EXE_nbos");
+
+fn run(bin: &str, args: &[&str]) -> Output {
+    Command::new(bin).args(args).env_remove("NBOS_URL").env_remove("NBOS_TOKEN").output().expect("spawn")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn write_config(dir: &Path, body: &str) -> std::path::PathBuf {
+    let p = dir.join("notebookosd.toml");
+    std::fs::write(&p, body).expect("write config");
+    p
+}
+
+/// A daemon child process, killed on drop.
+struct Daemon {
+    child: Child,
+    url: String,
+}
+
+impl Daemon {
+    fn start(args: &[&str]) -> Daemon {
+        let child = Command::new(*NOTEBOOKOSD)
+            .args(args)
+            .env("NBOS_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn notebookosd");
+        // Owned by a Daemon from here on, so a failed start below still kills and reaps it.
+        let mut daemon = Daemon { child, url: String::new() };
+        let out = daemon.child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line =
+                rx.recv_timeout(left).unwrap_or_else(|_| panic!("notebookosd did not print its URL within 20 s"));
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                daemon.url = rest.trim().to_owned();
+                return daemon;
+            }
+        }
+    }
+
+    fn terminate(mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
+        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        assert_eq!(rc, 0, "kill SIGTERM");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(st) = self.child.try_wait().expect("wait") {
+                return st;
+            }
+            assert!(Instant::now() < deadline, "notebookosd did not exit within 10 s of SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn http_get(url: &str, token: Option<&str>) -> (u16, String) {
+    let mut req = ureq::get(url);
+    if let Some(t) = token {
+        req = req.set("Authorization", &format!("token {t}"));
+    }
+    match req.call() {
+        Ok(r) => (r.status(), r.into_string().expect("body")),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        Err(e) => panic!("GET {url}: {e}"),
+    }
+}
+
+#[test]
+fn both_binaries_answer_help_and_version() {
+    for bin in [*NOTEBOOKOSD, NBOS] {
+        let v = run(bin, &["--version"]);
+        assert!(v.status.success(), "{bin} --version: {}", stderr(&v));
+        assert!(stdout(&v).contains(env!("CARGO_PKG_VERSION")), "{}", stdout(&v));
+        let h = run(bin, &["--help"]);
+        assert!(h.status.success());
+        assert!(stdout(&h).contains("Usage:"), "{}", stdout(&h));
+    }
+    let h = stdout(&run(NBOS, &["--help"]));
+    for sub in ["status", "kernels", "bench", "sim", "replay", "kernel-proxy"] {
+        assert!(h.contains(sub), "nbos --help lacks {sub}: {h}");
+    }
+}
+
+#[test]
+fn replay_refuses_a_trace_with_the_reason() {
+    let o = run(NBOS, &["replay", "traces/sensei_june_60sec.csv", "--speedup", "100"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("session template") && e.contains("nbos sim"), "{e}");
+    let o = run(NBOS, &["replay", "x.json", "--speedup", "0"]);
+    assert!(stderr(&o).contains("--speedup must be a positive number"), "{}", stderr(&o));
+}
+
+#[test]
+fn unknown_config_key_is_refused_and_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), "[gpu]\nidle_releas = \"10s\"\n");
+    let o = run(*NOTEBOOKOSD, &["--config", cfg.to_str().expect("utf8")]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("idle_releas") && e.contains("gpu"), "{e}");
+    assert!(e.contains("line 2"), "{e}");
+}
+
+#[test]
+fn malformed_config_value_is_refused_and_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), "[gpu]\nsubscription_ratio = \"lots\"\n");
+    let o = run(*NOTEBOOKOSD, &["--config", cfg.to_str().expect("utf8")]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("gpu.subscription_ratio"), "{}", stderr(&o));
+
+    let cfg = write_config(dir.path(), "[http]\nlisten = \"0.0.0.0:8888\"\n");
+    let o = run(*NOTEBOOKOSD, &["--config", cfg.to_str().expect("utf8"), "--check-config"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("http.token_file"), "{}", stderr(&o));
+}
+
+#[test]
+fn missing_config_file_is_named() {
+    let o = run(*NOTEBOOKOSD, &["--config", "/nonexistent/notebookosd.toml"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("/nonexistent/notebookosd.toml"), "{}", stderr(&o));
+}
+
+#[test]
+fn shipped_config_passes_check_config() {
+    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/../../packaging/notebookosd.toml");
+    let o = run(*NOTEBOOKOSD, &["--config", shipped, "--check-config"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("configuration OK"));
+}
+
+#[test]
+fn dev_mode_refuses_a_non_loopback_address() {
+    let o = run(*NOTEBOOKOSD, &["--dev", "--listen", "0.0.0.0:0"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("loopback"), "{}", stderr(&o));
+}
+
+#[test]
+fn dev_daemon_serves_status_health_and_metrics_then_cleans_up() {
+    let d = Daemon::start(&["--dev", "--listen", "127.0.0.1:0", "--fake-gpus", "2"]);
+    assert!(d.url.starts_with("http://127.0.0.1:"), "{}", d.url);
+
+    let (code, body) = http_get(&format!("{}/healthz", d.url), None);
+    assert_eq!((code, body.trim()), (200, "ok"));
+
+    let o = Command::new(NBOS).args(["status", "--json"]).env("NBOS_URL", &d.url).output().expect("nbos");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let status: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json status");
+    assert_eq!(status["dev"], true);
+    assert_eq!(status["inventory"]["source"], "fake");
+    let gpus = status["inventory"]["gpus"].as_array().expect("gpus");
+    assert_eq!(gpus.len(), 2);
+    assert!(gpus.iter().all(|g| g["simulated"] == true));
+    let state_dir = status["state_dir"].as_str().expect("state_dir").to_owned();
+    assert!(Path::new(&state_dir).is_dir(), "{state_dir}");
+
+    let table = Command::new(NBOS).arg("status").env("NBOS_URL", &d.url).output().expect("nbos");
+    assert!(stdout(&table).contains("SIMULATED"), "{}", stdout(&table));
+
+    let (code, metrics) = http_get(&format!("{}/metrics", d.url), None);
+    assert_eq!(code, 200);
+    assert!(metrics.contains("notebookos_gpus 2"), "{metrics}");
+    assert!(metrics.contains("notebookos_http_requests_total{route=\"/api/v1/status\",code=\"200\"}"), "{metrics}");
+
+    let st = d.terminate();
+    assert!(st.success(), "graceful shutdown exits 0, got {st}");
+    assert!(!Path::new(&state_dir).exists(), "temporary dev state dir {state_dir} must be removed on exit");
+}
+
+/// One raw HTTP/1.1 request (so `Host` and `Origin` are exactly what an attacker sends);
+/// returns the status code.
+fn raw_status(url: &str, request: &str) -> u16 {
+    use std::io::{Read, Write};
+    let addr = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.write_all(request.as_bytes()).expect("write");
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).expect("status line");
+    String::from_utf8_lossy(&head[9..12]).parse().expect("status code")
+}
+
+#[test]
+fn the_token_less_dev_api_answers_only_local_programs() {
+    let d = Daemon::start(&["--dev", "--listen", "127.0.0.1:0"]);
+    let port = d.url.rsplit(':').next().expect("port").to_owned();
+    let get = |host: &str, extra: &str| {
+        raw_status(&d.url, &format!("GET /api/v1/status HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n"))
+    };
+    // What a local client sends.
+    assert_eq!(get(&format!("127.0.0.1:{port}"), ""), 200);
+    assert_eq!(get(&format!("localhost:{port}"), &format!("Origin: http://localhost:{port}\r\n")), 200);
+    // DNS rebinding: a web page's name resolved to 127.0.0.1.
+    assert_eq!(get(&format!("rebound.evil.example:{port}"), ""), 403);
+    // A web page on another origin calling the loopback port.
+    assert_eq!(get(&format!("127.0.0.1:{port}"), "Origin: https://evil.example\r\n"), 403);
+    // A form post (no preflight) must not start a kernel.
+    let form = "name=python3";
+    let post = format!(
+        "POST /api/kernels HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{form}",
+        form.len()
+    );
+    assert_eq!(raw_status(&d.url, &post), 415);
+    let (code, kernels) = http_get(&format!("{}/api/kernels", d.url), None);
+    assert_eq!((code, kernels.trim()), (200, "[]"), "no kernel was started");
+    let (_, metrics) = http_get(&format!("{}/metrics", d.url), None);
+    assert!(metrics.contains("code=\"403\"") && metrics.contains("code=\"415\""), "{metrics}");
+}
+
+#[test]
+fn token_is_required_when_configured() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = "0123456789abcdef-test-token";
+    std::fs::write(dir.path().join("token"), format!("{token}\n")).expect("token");
+    let cfg = write_config(
+        dir.path(),
+        &format!(
+            "[node]\nstate_dir = \"{0}/state\"\nruntime_dir = \"{0}/run\"\n[http]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"{0}/token\"\n[gpu]\ndriver = \"none\"\n",
+            dir.path().display()
+        ),
+    );
+    let d = Daemon::start(&["--config", cfg.to_str().expect("utf8")]);
+    let status = format!("{}/api/v1/status", d.url);
+    assert_eq!(http_get(&status, None).0, 401);
+    assert_eq!(http_get(&status, Some("wrong-token-wrong-token")).0, 401);
+    assert_eq!(http_get(&status, Some(token)).0, 200);
+    assert_eq!(http_get(&format!("{status}?token={token}"), None).0, 200);
+    // Probes stay open for load balancers and Prometheus.
+    assert_eq!(http_get(&format!("{}/healthz", d.url), None).0, 200);
+
+    let nbos = |args: &[&str], env_token: Option<&str>| {
+        let mut c = Command::new(NBOS);
+        c.args(args).env("NBOS_URL", &d.url).env_remove("NBOS_TOKEN").env_remove("NBOS_TOKEN_FILE");
+        if let Some(t) = env_token {
+            c.env("NBOS_TOKEN", t);
+        }
+        c.output().expect("nbos")
+    };
+    let o = nbos(&["status"], Some("nope-nope-nope"));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("401"), "{}", stderr(&o));
+    // The token from the environment or from a file, which other local users cannot read.
+    let o = nbos(&["status"], Some(token));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let file = dir.path().join("token").display().to_string();
+    let o = nbos(&["status", "--token-file", &file], None);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // In argv (/proc/PID/cmdline, readable by every local user) a secret is refused before
+    // anything is sent, naming what to use instead.
+    for (flag, env) in [("--token", "NBOS_TOKEN"), ("--operator-token", "NBOS_OPERATOR_TOKEN")] {
+        let o = nbos(&["status", flag, token], None);
+        assert_eq!(o.status.code(), Some(2), "{flag}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(e.contains("command line") && e.contains(env) && e.contains(&format!("{flag}-file")), "{e}");
+        let o = nbos(&[flag, token, "kernels"], None);
+        assert_eq!(o.status.code(), Some(2), "{flag} before the subcommand: {}", stderr(&o));
+    }
+
+    let (_, m) = http_get(&format!("{}/metrics", d.url), None);
+    assert!(m.contains("notebookos_http_auth_failures_total 3"), "{m}");
+    assert!(d.terminate().success());
+}
+
+#[test]
+fn nbos_status_without_a_daemon_says_where_it_looked() {
+    let o = Command::new(NBOS).args(["status"]).env("NBOS_URL", "http://127.0.0.1:9").output().expect("nbos");
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert!(e.contains("cannot reach notebookosd at http://127.0.0.1:9"), "{e}");
+    assert!(!e.contains("panicked"), "{e}");
+}
+
+#[test]
+fn systemd_unit_verifies_against_the_built_daemon() {
+    let Ok(analyze) = which("systemd-analyze") else {
+        required::cannot_run("systemd_unit_verifies", "systemd-analyze is not installed (Debian package systemd)");
+        return;
+    };
+    let unit = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../packaging/notebookosd.service"))
+        .expect("unit file");
+    assert!(unit.contains("Type=notify") && unit.contains("WatchdogSec="), "{unit}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("notebookosd.service");
+    std::fs::write(&path, unit.replace("/usr/bin/notebookosd", *NOTEBOOKOSD)).expect("write unit");
+    let o = Command::new(analyze).arg("verify").arg(&path).output().expect("systemd-analyze");
+    assert!(o.status.success(), "systemd-analyze verify: {}{}", stdout(&o), stderr(&o));
+    let noise = stderr(&o);
+    assert!(!noise.contains("notebookosd.service:"), "unit has warnings: {noise}");
+}
+
+fn which(name: &str) -> Result<std::path::PathBuf, ()> {
+    std::env::var_os("PATH")
+        .and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|c| c.is_file()))
+        .ok_or(())
+}

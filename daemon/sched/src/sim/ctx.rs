@@ -1,0 +1,75 @@
+//! What a policy sees and acts through while the engine replays a workload: the
+//! workload, the model, the event queue, the cluster, the seeded randomness and virtual
+//! now, plus what the engine measures for every policy alike.
+
+use super::cluster::Cluster;
+use super::events::{Ev, Queue};
+use super::rng::Rng;
+use super::workload::{Training, Workload};
+use super::Model;
+use crate::Millis;
+
+/// What policies see and act through.
+pub struct Ctx<'a> {
+    /// The workload.
+    pub w: &'a Workload,
+    /// The cluster model.
+    pub m: &'a Model,
+    /// Future events.
+    pub q: Queue,
+    /// The hosts.
+    pub c: Cluster,
+    /// Randomness, from the seed.
+    pub rng: Rng,
+    /// Virtual now.
+    pub now: Millis,
+    pub(crate) next: Vec<u32>,
+    pub(crate) submitted_at: Vec<Millis>,
+    pub(crate) delays_ms: Vec<Millis>,
+    /// Migrations performed (replicas moved to run a cell).
+    pub migrations: u64,
+    /// Idle replicas moved in the background (off a host being drained, or to cover a kernel).
+    pub background_moves: u64,
+    pub(crate) completed: usize,
+}
+
+impl Ctx<'_> {
+    /// The session's current (next or running) training.
+    pub fn training(&self, s: u32) -> &Training {
+        let sess = &self.w.sessions[s as usize];
+        &sess.trainings[(self.next[s as usize] as usize).min(sess.trainings.len().saturating_sub(1))]
+    }
+
+    /// The current training's index in its session.
+    pub fn training_index(&self, s: u32) -> u32 {
+        self.next[s as usize]
+    }
+
+    /// The session's GPUs.
+    pub fn session_gpus(&self, s: u32) -> u32 {
+        self.w.sessions[s as usize].gpus
+    }
+
+    /// The current training starts running on `host` after `extra` ms (container start,
+    /// state load, election): the delay is measured from its submission.
+    pub fn start_training(&mut self, s: u32, host: u32, extra: Millis) {
+        let begins = self.now + extra;
+        self.delays_ms.push(begins - self.submitted_at[s as usize]);
+        let end = begins + self.training(s).duration;
+        self.q.push(end, Ev::TrainingEnd { session: s, host });
+    }
+
+    /// Requests a host; a `HostUp` follows after the provisioning delay. A fixed cluster
+    /// (`Model::fixed_hosts`) gets none: the request is dropped and `None` returned, and
+    /// whatever waited for the host waits for GPUs or room to free up instead.
+    pub fn request_host(&mut self) -> Option<u32> {
+        if self.m.fixed_hosts > 0 {
+            return None;
+        }
+        let h = self.c.request(self.now);
+        let j = self.m.provision_jitter_ms;
+        let delay = self.m.provision_ms.saturating_sub(j) + self.rng.below(2 * j + 1);
+        self.q.push(self.now + delay, Ev::HostUp(h));
+        Some(h)
+    }
+}
