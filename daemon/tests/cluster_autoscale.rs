@@ -4,15 +4,15 @@
 //! `POST /api/kernels` waits and then succeeds), and once it is deleted the idle hosts are
 //! drained, leave and are stopped, with no kernel lost and every cell answered.
 
-#[path = "common/cluster.rs"]
-mod cluster;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use cluster::{wait_for, Options, TestCluster, NBOS, NOTEBOOKOSD, TOKEN};
+use nbos_test_support::{wait_for, Options, TestCluster, TOKEN};
 use notebookosd::cli::bench::election::CellClient;
 use notebookosd::link::client::GatewayClient;
+
+const NBOS: &str = env!("CARGO_BIN_EXE_nbos");
+const NOTEBOOKOSD: &str = env!("CARGO_BIN_EXE_notebookosd");
 
 const CELL_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -57,7 +57,8 @@ fn metric(c: &TestCluster, line: &str) -> f64 {
 #[test]
 fn the_example_provider_scales_out_for_kernels_and_back_in_when_they_go() {
     // One GPU per host at ratio 1: three hosts hold exactly one one-GPU kernel.
-    let mut c = TestCluster::create_tls(3, Options { fake_gpus: 1, subscription_ratio: 1.0, ..Options::default() });
+    let mut c =
+        TestCluster::create_tls(3, Options { fake_gpus: 1, subscription_ratio: Some(1.0), ..Options::default() });
     let dir = c.dir().to_owned();
     let provided = dir.join("provided");
     let _guard = ProviderHosts(provided.clone());
@@ -111,10 +112,9 @@ fn the_example_provider_scales_out_for_kernels_and_back_in_when_they_go() {
          max_hosts = 6\ninterval = \"1s\"\nspare_hosts = 0\npeak_window = \"2s\"\nplacement_wait = \"120s\"\n"
     );
     for id in 1..=3 {
-        let config = c.host(id).config.clone();
-        let mut text = std::fs::read_to_string(&config).expect("config");
-        text.push_str(&autoscale);
-        std::fs::write(&config, text).expect("config");
+        c.reconfigure(id, |config| {
+            config.overlay(&autoscale).expect("[autoscale]");
+        });
         c.restart(id);
     }
     c.wait_ready(&[1, 2, 3], Duration::from_secs(60));

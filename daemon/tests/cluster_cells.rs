@@ -12,17 +12,16 @@
 //! - 200 cells under random host kills (never two down): every cell ran exactly once
 //!   (a counter with no gap or duplicate, one election winner per cell).
 
-#[path = "common/cluster.rs"]
-mod cluster;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant, SystemTime};
 
-use cluster::{wait_for, Options, TestCluster, NBOS, TOKEN};
+use nbos_test_support::{wait_for, Options, TestCluster, TOKEN};
 use notebookosd::cli::bench::election::{CellClient, CellRun};
 use notebookosd::jupyter::{wire, Message, Signer};
 use notebookosd::kernel::connection::ConnectionInfo;
 use notebookosd::link::client::GatewayClient;
+
+const NBOS: &str = env!("CARGO_BIN_EXE_nbos");
 
 const CELL_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long replicas may take to apply a cell before their digests are compared.
@@ -34,7 +33,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 fn start_cluster() -> TestCluster {
     // With the cluster's PKI: raft mutual TLS, HTTPS, node certificates between hosts.
-    let c = TestCluster::start_tls(3, Options { fake_gpus: 1, host_ttl: "1s".to_owned(), ..Options::default() });
+    let c = TestCluster::start_tls(3, Options { fake_gpus: 1, host_ttl: Duration::from_secs(1), ..Options::default() });
     c.wait_ready(&[1, 2, 3], Duration::from_secs(60));
     c
 }

@@ -3,8 +3,6 @@
 //! host joins with `nbos cluster join`, placement refuses with too few hosts, the replicas
 //! of a dead host are re-placed, and `nbos cluster leave` moves replicas or refuses.
 
-#[path = "common/cluster.rs"]
-mod cluster;
 #[allow(dead_code, reason = "the kernel-group tests' store harness; this file uses part of it")]
 #[path = "common/group_store.rs"]
 mod group_store;
@@ -12,8 +10,11 @@ mod group_store;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cluster::{wait_for, Options, TestCluster, NOTEBOOKOSD};
+use nbos_test_support::{wait_for, Options, TestCluster};
 use serde_json::{json, Value};
+
+const NBOS: &str = env!("CARGO_BIN_EXE_nbos");
+const NOTEBOOKOSD: &str = env!("CARGO_BIN_EXE_notebookosd");
 
 /// Node ids of a kernel record's replicas, sorted.
 fn replica_nodes(record: &Value) -> Vec<u64> {
@@ -298,7 +299,7 @@ fn single_host_commands_say_the_cluster_is_off_and_bad_cluster_config_names_the_
         let v: Value = serde_json::from_str(&std::fs::read_to_string(&endpoint).ok()?).ok()?;
         v["url"].as_str().map(str::to_owned)
     });
-    let out = Command::new(cluster::NBOS).args(["--url", &url, "cluster", "status"]).output().expect("nbos");
+    let out = Command::new(NBOS).args(["--url", &url, "cluster", "status"]).output().expect("nbos");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("single host"), "{err}");
     daemon.stop();

@@ -6,15 +6,13 @@
 //! fails that cell's sync with a clear reply, loses nothing acknowledged, and the next cells
 //! are synchronised again.
 
-#[path = "common/cluster.rs"]
-mod cluster;
 #[path = "common/s3.rs"]
 mod s3;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use cluster::{wait_for, Options, TestCluster, TOKEN};
+use nbos_test_support::{wait_for, Options, TestCluster, TOKEN};
 use notebookosd::cli::bench::election::{CellClient, CellRun};
 use notebookosd::link::client::GatewayClient;
 use s3::{Fault, FaultProxy, S3Server};
@@ -31,7 +29,8 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn start(object_store: Option<String>, env: Vec<(String, String)>, extra: &str) -> TestCluster {
-    let options = Options { fake_gpus: 0, object_store, env, extra_toml: extra.to_owned(), ..Options::default() };
+    let options =
+        Options { fake_gpus: 0, object_store, env, overlay: format!("[cluster]\n{extra}"), ..Options::default() };
     let c = TestCluster::start(3, options);
     c.wait_ready(&[1, 2, 3], Duration::from_secs(60));
     c

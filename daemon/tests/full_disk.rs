@@ -17,8 +17,6 @@
 //!
 //! Needs root (mount); skips elsewhere unless `NBOS_REQUIRE_PRIVILEGED=1`.
 
-#[path = "common/cluster.rs"]
-mod cluster;
 mod required;
 
 use std::io::Write;
@@ -26,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use cluster::{wait_for, Options, TestCluster, TOKEN};
+use nbos_test_support::{wait_for, Options, TestCluster, TOKEN};
 use notebookosd::cli::bench::election::{executed_revision, CellClient, CellRun};
 use notebookosd::link::client::GatewayClient;
 
@@ -97,7 +95,8 @@ fn a_host_whose_state_disk_fills_stops_and_catches_up_once_space_returns() {
         required::cannot_run(TEST, "mounting a small filesystem needs root");
         return;
     }
-    let mut c = TestCluster::create_tls(3, Options { fake_gpus: 1, host_ttl: "1s".to_owned(), ..Options::default() });
+    let mut c =
+        TestCluster::create_tls(3, Options { fake_gpus: 1, host_ttl: Duration::from_secs(1), ..Options::default() });
     let state3 = c.host(3).dir.join("state");
     let Some(_disk) = Tmpfs::mount(&state3, "64m") else {
         required::cannot_run(TEST, "mount -t tmpfs failed");

@@ -13,8 +13,7 @@ use notebookosd::jupyter::{ws, Channel, Message};
 use notebookosd::link::client::GatewayClient;
 use tokio_tungstenite::tungstenite::Message as WsFrame;
 
-mod common;
-use common::{http, python, start_daemon, Daemon, TOKEN};
+use nbos_test_support::{bins::python, http, start_daemon, Daemon, TOKEN};
 
 const NBOS: &str = env!("CARGO_BIN_EXE_nbos");
 

@@ -10,9 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-mod common;
 mod required;
-use common::{http, kernel_traversable_tempdir, python, wait_for_endpoint, wait_until, NOTEBOOKOSD, TOKEN};
+use nbos_test_support::{
+    bins::python, daemon::kernel_traversable_tempdir, daemon::wait_for_endpoint, http, run_cell, wait_until, TOKEN,
+};
+
+const NOTEBOOKOSD: &str = env!("CARGO_BIN_EXE_notebookosd");
 
 /// A uid range no other test uses (`kernel_user.rs` has 2_000_000..).
 const RANGE_FIRST: u32 = 2_100_000;
@@ -152,7 +155,7 @@ async fn a_uid_range_kernels_setuid_files_in_the_daemons_run_dirs_go_with_its_ui
                  paths = [os.path.join(os.environ[v], 'planted-suid') for v in ('NBOS_SHIM_COUNTERS_DIR', 'FAKE_CUDA_STATE_DIR')]\n\
                  for p in paths:\n    shutil.copy('/bin/sh', p); os.chmod(p, 0o6755)\n\
                  len(paths)";
-    let planted = common::run_cell(&d.url, &kernel, plant).await;
+    let planted = run_cell(&d.url, TOKEN, &kernel, plant).await.value();
     assert_eq!(planted.trim(), "2", "the cell planted both files: {planted}");
     let files = [host.run_dir().join("counters/planted-suid"), host.run_dir().join("fake-cuda/planted-suid")];
     for f in &files {

@@ -4,18 +4,17 @@
 //! listener on a non-loopback address (refused at startup). Every refusal is counted
 //! in `notebookos_http_auth_refusals_total{reason}`.
 
-#[allow(dead_code, reason = "each test crate uses part of the shared harness")]
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{python, wait_for_endpoint, NOTEBOOKOSD, TOKEN};
+use nbos_test_support::{bins::python, daemon::wait_for_endpoint, TOKEN};
 use notebookosd::link::client::GatewayClient;
 use notebookosd::link::tls::client_config;
 use notebookosd::pki::Pki;
+
+const NOTEBOOKOSD: &str = env!("CARGO_BIN_EXE_notebookosd");
 
 /// A daemon child process (SIGTERM and reaped on drop) with HTTPS and a client CA.
 struct TlsDaemon {

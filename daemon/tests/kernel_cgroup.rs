@@ -8,9 +8,8 @@ use std::time::{Duration, Instant};
 
 const LIMIT_MIB: u64 = 1024;
 
-mod common;
 mod required;
-use common::{http, python, start_daemon, Daemon, TOKEN};
+use nbos_test_support::{bins::python, http, start_daemon, Daemon, TOKEN};
 
 /// Why this host cannot run the test, if it cannot.
 fn cannot_run() -> Option<String> {

@@ -3,13 +3,11 @@
 //! (PATH, HOME, the locale…), plus what the daemon sets on purpose and the client's
 //! `KERNEL_*`. What a user can check: `/proc/<kernel pid>/environ`.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{http, python, start_daemon_under, TOKEN};
+use nbos_test_support::{bins::python, http, start_daemon_under, TOKEN};
 
 /// `/proc/PID/environ` as a map.
 fn environ_of(pid: u32) -> BTreeMap<String, String> {

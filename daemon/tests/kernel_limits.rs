@@ -10,9 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
 mod required;
-use common::{http, python, start_daemon, Daemon, TOKEN};
+use nbos_test_support::{bins::python, http, run_cell, start_daemon, Daemon, TOKEN};
 
 const HOME_QUOTA_MIB: u64 = 64;
 const SHM_MIB: u64 = 16;
@@ -70,7 +69,7 @@ fn metric(d: &Daemon, series: &str) -> f64 {
 
 /// Runs `code` (whose last line is a `json.dumps(...)`) in the kernel; its value.
 async fn cell_json(url: &str, kernel: &str, code: &str) -> serde_json::Value {
-    let out = common::run_cell(url, kernel, code).await;
+    let out = run_cell(url, TOKEN, kernel, code).await.value();
     let text = out.trim().trim_matches('\'');
     serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: cell printed {out}"))
 }

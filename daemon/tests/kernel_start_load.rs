@@ -7,13 +7,11 @@
 //! time"). The unit test `kernel::replica::tests::a_kernel_that_opens_its_ports_late_is_reached_as_soon_as_it_does`
 //! pins the mechanism; this test is what an operator sees.
 
-mod common;
-
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use common::{http, python, start_daemon, TOKEN};
+use nbos_test_support::{bins::python, http, start_daemon, TOKEN};
 
 const KERNELS: usize = 6;
 

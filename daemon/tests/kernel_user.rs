@@ -12,9 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
 mod required;
-use common::{http, python, start_daemon, wait_until, Daemon, NOTEBOOKOSD, TOKEN};
+use nbos_test_support::{bins::python, http, start_daemon, wait_until, Daemon, TOKEN};
+
+const NOTEBOOKOSD: &str = env!("CARGO_BIN_EXE_notebookosd");
 
 /// The first uid of the range the isolation test hands out (no account has it).
 const RANGE_FIRST: u32 = 2_000_000;
@@ -93,7 +94,7 @@ fn connection_file_of(pid: u32) -> PathBuf {
 /// Runs `code` in the kernel: the execute_result's text, or `ename: evalue` of an error
 /// (without double quotes).
 async fn run_cell(url: &str, kernel: &str, code: &str) -> String {
-    common::run_cell(url, kernel, code).await.replace('"', "")
+    nbos_test_support::run_cell(url, TOKEN, kernel, code).await.value().replace('"', "")
 }
 
 fn delete(d: &Daemon, id: &str) {
@@ -448,7 +449,7 @@ fn a_root_daemon_refuses_a_kernel_account_that_is_root_or_missing() {
         required::cannot_run("kernel_user", &why);
         return;
     }
-    let dir = common::kernel_traversable_tempdir();
+    let dir = nbos_test_support::daemon::kernel_traversable_tempdir();
     for (kernel_toml, says) in [
         ("user = \"root\"\n", "kernel.user`: must name an unprivileged account"),
         ("group = \"root\"\n", "kernel.group`: must name an unprivileged group"),

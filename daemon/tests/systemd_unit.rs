@@ -7,13 +7,12 @@
 //! unit the kernel enforces on its own: the bounding set and no_new_privs with `setpriv`,
 //! the umask with the shell. Mount and device restrictions need systemd itself.
 
-mod common;
 mod required;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{http, python, start_daemon_under, TOKEN};
+use nbos_test_support::{bins::python, http, start_daemon_under, TOKEN};
 
 const UNIT: &str = include_str!("../../packaging/notebookosd.service");
 /// `systemd-analyze security` exposure (0 safest, 10 least safe) the unit must stay under.
