@@ -5,7 +5,7 @@ kernel's last cell (`kill -9` of its daemon and its kernel processes) and shows 
 kernel carry on from a survivor with all its state, and the restarted host catch up.
 
     python examples/run_replicated.py --urls http://127.0.0.1:8881,... --nbos target/debug/nbos \
-        --pidfiles .nbos/demo/h1/pid,... --restart "scripts/demo.sh restart-host {i}"
+        --pidfiles .nbos/demo/host1/pid,... --restart "scripts/demo.sh restart-host {i}"
 
 The client is jupyter_client (what nbclient and papermill use) through the
 `nbos kernel-proxy` kernelspec, given every host's gateway.

@@ -51,7 +51,7 @@ def test_a_kernel_opens_a_gpu_device_file_only_while_it_holds_that_gpus_lease():
         os.chmod(p, 0o666)
     paths.append("/dev/null")
 
-    d = Daemon(fake_gpus=2, idle_release="1s", gpu_extra='device_guard = "ebpf"\n')
+    d = Daemon(fake_gpus=2, idle_release="1s", gpu_extra={"device_guard": "ebpf"})
     try:
         kernel = call(d, "POST", "/api/kernels", {"name": "notebookos-python-1gpu"})[1]["id"]
         ws = connect(d, kernel)

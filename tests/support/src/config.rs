@@ -132,6 +132,22 @@ impl DaemonConfig {
         Ok(self)
     }
 
+    /// Merges a JSON object of sections (`{"kernel": {"prewarm_max": 0}}`) over the
+    /// configuration, as [`DaemonConfig::overlay`] does: what `nbos-test-cluster config`
+    /// takes from the Python test kit.
+    pub fn overlay_json(&mut self, sections: &serde_json::Value) -> anyhow::Result<&mut Self> {
+        let table = toml::Table::try_from(sections).with_context(|| format!("overlay {sections}"))?;
+        merge(&mut self.overlay, table);
+        Ok(self)
+    }
+
+    /// The configuration file's text, checked as the daemon checks it at start.
+    pub fn to_checked_toml(&self) -> anyhow::Result<String> {
+        let text = self.to_toml()?;
+        Config::parse(&text, "the built config")?;
+        Ok(text)
+    }
+
     /// The configuration file's text.
     pub fn to_toml(&self) -> anyhow::Result<String> {
         let mut table = toml::Table::try_from(&self.config).context("serialising the config")?;

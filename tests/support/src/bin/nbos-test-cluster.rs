@@ -1,3 +1,4 @@
+//! `nbos-test-cluster config`: prints one daemon's config from JSON sections.
 //! `nbos-test-cluster prepare`: lays out a loopback cluster (tokens, PKI, each host's
 //! directory, ports and config, from the same code as the Rust tests' launcher) and prints
 //! it as one JSON object on stdout. The Python test kit and `scripts/demo.sh` start the
@@ -7,6 +8,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use anyhow::Context;
+use nbos_test_support::config::DaemonConfig;
 use nbos_test_support::layout::{Layout, Options, PortBases};
 
 #[derive(Debug, Parser)]
@@ -14,6 +17,19 @@ use nbos_test_support::layout::{Layout, Options, PortBases};
 enum Cli {
     /// Writes the cluster's directory and prints its layout.
     Prepare(Prepare),
+    /// Prints one daemon's config: state and runtime directories under `--dir`, an HTTP
+    /// listener on a loopback port it picks, and the sections of `--json` merged over that.
+    Config(ConfigArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ConfigArgs {
+    /// The daemon's directory (`state/`, `run/`).
+    #[arg(long)]
+    dir: PathBuf,
+    /// A JSON object of config sections, e.g. `{"kernel": {"python": "/usr/bin/python3"}}`.
+    #[arg(long, default_value = "{}")]
+    json: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -72,7 +88,19 @@ fn humantime_duration(s: &str) -> Result<Duration, humantime::DurationError> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let Cli::Prepare(p) = Cli::parse();
+    match Cli::parse() {
+        Cli::Prepare(p) => prepare(p),
+        Cli::Config(c) => {
+            let sections: serde_json::Value = serde_json::from_str(&c.json).context("--json")?;
+            let mut config = DaemonConfig::new(&std::path::absolute(&c.dir)?);
+            config.overlay_json(&sections)?;
+            print!("{}", config.to_checked_toml()?);
+            Ok(())
+        }
+    }
+}
+
+fn prepare(p: Prepare) -> anyhow::Result<()> {
     std::fs::create_dir_all(&p.dir)?;
     let dir = std::path::absolute(&p.dir)?;
     let options = Options {
