@@ -14,11 +14,12 @@ use notebookosd::link::client::GatewayClient;
 use tokio_tungstenite::tungstenite::Message as WsFrame;
 
 use nbos_test_support::{bins::python, http, start_daemon, Daemon, TOKEN};
+use notebookosd::config::LogFormat;
 
 const NBOS: &str = env!("CARGO_BIN_EXE_nbos");
 
 fn start() -> Daemon {
-    start_daemon(&format!("[kernel]\npython = {:?}\n[log]\nformat = \"text\"\n", python()), Stdio::null())
+    start_daemon(&[], Stdio::null(), |c| c.config.log.format = LogFormat::Text)
 }
 
 fn metric(url: &str, prefix: &str) -> f64 {

@@ -18,7 +18,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use nbos_test_support::{bins::python, daemon::{start_configured, wait_for_endpoint}, http, run_cell, Daemon, TOKEN};
+use nbos_test_support::{daemon::wait_for_endpoint, http, run_cell, start_daemon, Daemon, DaemonConfig, TOKEN};
+use notebookosd::config::HttpTlsConfig;
 use notebookosd::link::client::GatewayClient;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -101,8 +102,8 @@ async fn served_again(from: [u8; 4], to: SocketAddr) {
 }
 
 fn start(http_keys: &str) -> Daemon {
-    start_configured(&[], Stdio::null(), |c| {
-        c.python(&python()).overlay(&format!("[http]\n{http_keys}")).expect("[http] keys");
+    start_daemon(&[], Stdio::null(), |c| {
+        c.overlay(&format!("[http]\n{http_keys}")).expect("[http] keys");
     })
 }
 
@@ -256,20 +257,11 @@ impl TlsDaemon {
         let node = pki.issue_node(1, &["localhost".into()], &["127.0.0.1".parse().expect("ip")]).expect("node cert");
         let token = dir.path().join("token");
         std::fs::write(&token, format!("{TOKEN}\n")).expect("token");
-        let config = dir.path().join("c.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[node]\nstate_dir = {:?}\nruntime_dir = {:?}\n[http]\nlisten = \"127.0.0.1:0\"\ntoken_file = {:?}\n\
-                 tls = {{ cert = {:?}, key = {:?} }}\n{http_keys}",
-                dir.path().join("state"),
-                dir.path().join("run"),
-                token,
-                node.cert,
-                node.key,
-            ),
-        )
-        .expect("config");
+        let mut c = DaemonConfig::new(dir.path());
+        c.tokens(&token, None).config.http.tls =
+            Some(HttpTlsConfig { cert: node.cert, key: node.key, client_ca: None });
+        c.overlay(&format!("[http]\n{http_keys}")).expect("[http] keys");
+        let config = c.write(&dir.path().join("c.toml")).expect("config");
         let child =
             Command::new(NOTEBOOKOSD).arg("--config").arg(&config).stdout(Stdio::null()).stderr(Stdio::null()).spawn();
         let mut d = TlsDaemon { child: child.expect("spawn"), url: String::new(), ca: pki.ca_cert(), _dir: dir };

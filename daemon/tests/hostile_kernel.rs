@@ -7,7 +7,7 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use nbos_test_support::{bins::python, http, run_cell, start_daemon, TOKEN};
+use nbos_test_support::{http, run_cell, start_daemon, TOKEN};
 
 /// Writes a frame header announcing 2^62 bytes on every TCP connection of the kernel
 /// process (its sockets to the daemon), as any notebook user can.
@@ -77,7 +77,7 @@ fn metric(url: &str, line_prefix: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cell_that_sends_a_giant_frame_header_to_its_daemon_kills_its_kernel_not_the_daemon() {
-    let mut d = start_daemon(&format!("[kernel]\npython = {:?}\nprewarm_max = 0\n", python()), Stdio::inherit());
+    let mut d = start_daemon(&[], Stdio::inherit(), |c| c.config.kernel.prewarm_max = 0);
     let url = d.url.clone();
     let (hostile, hostile_pid) = create_kernel(&url);
     let (neighbour, _) = create_kernel(&url);

@@ -4,12 +4,13 @@
 //! listener on a non-loopback address (refused at startup). Every refusal is counted
 //! in `notebookos_http_auth_refusals_total{reason}`.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nbos_test_support::{bins::python, daemon::wait_for_endpoint, TOKEN};
+use nbos_test_support::{bins::python, daemon::wait_for_endpoint, DaemonConfig, TOKEN};
 use notebookosd::link::client::GatewayClient;
 use notebookosd::link::tls::client_config;
 use notebookosd::pki::Pki;
@@ -43,22 +44,9 @@ impl TlsDaemon {
         pki.issue_client("jupyter").expect("client cert");
         let token = dir.path().join("token");
         std::fs::write(&token, format!("{TOKEN}\n")).expect("token");
-        let config = dir.path().join("c.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[node]\nstate_dir = {:?}\nruntime_dir = {:?}\n[http]\nlisten = \"127.0.0.1:0\"\ntoken_file = {:?}\n\
-                 tls = {{ cert = {:?}, key = {:?}, client_ca = {:?} }}\n[kernel]\npython = {:?}\n",
-                dir.path().join("state"),
-                dir.path().join("run"),
-                token,
-                node.cert,
-                node.key,
-                pki.ca_cert(),
-                python(),
-            ),
-        )
-        .expect("config");
+        let mut c = DaemonConfig::new(dir.path());
+        c.tokens(&token, None).python(&python()).https(&node.cert, &node.key, &pki.ca_cert());
+        let config = c.write(&dir.path().join("c.toml")).expect("config");
         let child = Command::new(NOTEBOOKOSD)
             .arg("--config")
             .arg(&config)
@@ -191,19 +179,11 @@ fn plaintext_on_a_non_loopback_address_is_refused_at_startup() {
     let dir = tempfile::tempdir().expect("tmp");
     let token = dir.path().join("token");
     std::fs::write(&token, format!("{TOKEN}\n")).expect("token");
-    let config = |extra: &str| {
-        let path = dir.path().join("c.toml");
-        std::fs::write(
-            &path,
-            format!(
-                "[node]\nstate_dir = {:?}\nruntime_dir = {:?}\n[http]\nlisten = \"0.0.0.0:0\"\ntoken_file = {:?}\n{extra}",
-                dir.path().join("state"),
-                dir.path().join("run"),
-                token
-            ),
-        )
-        .expect("config");
-        path
+    let config = |http_keys: &str| {
+        let mut c = DaemonConfig::new(dir.path());
+        c.tokens(&token, None).listen(SocketAddr::from(([0, 0, 0, 0], 0)));
+        c.overlay(&format!("[http]\n{http_keys}")).expect("[http] keys");
+        c.write(&dir.path().join("c.toml")).expect("config")
     };
     let out = Command::new(NOTEBOOKOSD).arg("--config").arg(config("")).output().expect("run");
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use nbos_test_support::{bins::python, http, start_daemon_under, TOKEN};
+use nbos_test_support::{http, start_daemon, TOKEN};
 
 /// `/proc/PID/environ` as a map.
 fn environ_of(pid: u32) -> BTreeMap<String, String> {
@@ -47,11 +47,9 @@ fn check_environment(prewarm_toml: &str, started_afresh: bool) {
         "NBOS_LOG=info",
         "LC_ALL=C.UTF-8",
     ];
-    let d = start_daemon_under(
-        &wrapper,
-        &format!("[kernel]\npython = {:?}\n{prewarm_toml}[gpu]\ndriver = \"fake\"\nfake_gpus = 1\n", python()),
-        Stdio::inherit(),
-    );
+    let d = start_daemon(&wrapper, Stdio::inherit(), |c| {
+        c.fake_gpus(1).overlay(&format!("[kernel]\n{prewarm_toml}")).expect("[kernel] keys");
+    });
     let body = serde_json::json!({
         "name": "notebookos-python-1gpu",
         "env": { "KERNEL_PROJECT": "vision", "LD_PRELOAD": "/tmp/evil.so", "AWS_PROFILE": "client" },

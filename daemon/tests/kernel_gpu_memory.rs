@@ -6,7 +6,7 @@
 
 use std::process::{Command, Stdio};
 
-use nbos_test_support::{bins::python, http, run_cell, start_daemon, TOKEN};
+use nbos_test_support::{http, run_cell, start_daemon, TOKEN};
 
 const NBOS: &str = env!("CARGO_BIN_EXE_nbos");
 
@@ -24,13 +24,9 @@ f"over={over} under={under} total={total.value}""#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kernel_created_with_a_gpu_memory_limit_is_held_to_it_and_shows_it() {
-    let d = start_daemon(
-        &format!(
-            "[kernel]\npython = {:?}\n[gpu]\ndriver = \"fake\"\nfake_gpus = 1\nfake_gpu_memory_mib = 64\n",
-            python()
-        ),
-        Stdio::inherit(),
-    );
+    let d = start_daemon(&[], Stdio::inherit(), |c| {
+        c.fake_gpus(1).config.gpu.fake_gpu_memory_mib = 64;
+    });
     let url = d.url.clone();
     let u = url.clone();
     let kernel = tokio::task::spawn_blocking(move || {

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use nbos_test_support::{bins::python, http, run_cell, start_daemon, Daemon, TOKEN};
+use nbos_test_support::{http, run_cell, start_daemon, Daemon, TOKEN};
 
 const NOTEBOOKOSD: &str = env!("CARGO_BIN_EXE_notebookosd");
 
@@ -64,10 +64,9 @@ fn wait_for_ready_pool(d: &Daemon, kernels_dir: &str, n: usize) -> BTreeSet<u32>
 }
 
 fn start(prewarm: &str) -> (Daemon, String) {
-    let d = start_daemon(
-        &format!("[gpu]\ndriver = \"fake\"\nfake_gpus = 1\n[kernel]\npython = {:?}\n{prewarm}", python()),
-        Stdio::inherit(),
-    );
+    let d = start_daemon(&[], Stdio::inherit(), |c| {
+        c.fake_gpus(1).overlay(&format!("[kernel]\n{prewarm}")).expect("[kernel] keys");
+    });
     let (_, status) = http("GET", &format!("{}/api/v1/status", d.url), Some(TOKEN), None);
     let status: serde_json::Value = serde_json::from_str(&status).expect("status json");
     let state_dir = status["state_dir"].as_str().expect("state_dir").to_owned();

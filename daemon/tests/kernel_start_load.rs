@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use nbos_test_support::{bins::python, http, start_daemon, TOKEN};
+use nbos_test_support::{http, start_daemon, TOKEN};
 
 const KERNELS: usize = 6;
 
@@ -19,10 +19,9 @@ const KERNELS: usize = 6;
 fn kernels_started_at_once_on_a_busy_host_all_start() {
     let log = tempfile::NamedTempFile::new().expect("log file");
     // No pool: every start is a cold Python start, the slow path.
-    let d = start_daemon(
-        &format!("[gpu]\ndriver = \"none\"\n[kernel]\npython = {:?}\nprewarm_max = 0\n", python()),
-        Stdio::from(log.reopen().expect("log")),
-    );
+    let d = start_daemon(&[], Stdio::from(log.reopen().expect("log")), |c| {
+        c.fake_gpus(0).config.kernel.prewarm_max = 0;
+    });
     // Both cores busy while the kernels start (as three daemons and their kernels were).
     let stop = Arc::new(AtomicBool::new(false));
     let burners: Vec<_> = (0..2)

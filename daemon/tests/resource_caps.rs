@@ -16,7 +16,7 @@ use notebookosd::link::client::GatewayClient;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::Message as WsFrame;
 
-use nbos_test_support::{bins::python, http, start_daemon, Daemon, TOKEN};
+use nbos_test_support::{http, start_daemon, Daemon, TOKEN};
 
 /// Upper bound on any one wait (a hang fails the test instead of hanging it).
 const WAIT: Duration = Duration::from_secs(60);
@@ -28,7 +28,9 @@ fn refusals(url: &str, reason: &str) -> f64 {
 }
 
 fn start(limits: &str) -> Daemon {
-    start_daemon(&format!("[kernel]\npython = {:?}\n[limits]\n{limits}", python()), Stdio::null())
+    start_daemon(&[], Stdio::null(), |c| {
+        c.overlay(&format!("[limits]\n{limits}")).expect("[limits] keys");
+    })
 }
 
 fn create_kernel(url: &str) -> (u16, serde_json::Value) {

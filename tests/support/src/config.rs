@@ -56,16 +56,21 @@ impl DaemonConfig {
         self
     }
 
-    /// `n` simulated GPUs (`gpu.driver = "fake"`, observed through procfs); 0: `driver = "none"`
-    /// (not "auto": on a machine with real GPUs it would find them).
+    /// `n` simulated GPUs (`gpu.driver = "fake"`); 0: `driver = "none"` (not "auto": on a
+    /// machine with real GPUs it would find them).
     pub fn fake_gpus(&mut self, n: u32) -> &mut Self {
         if n == 0 {
             self.config.gpu.driver = GpuDriver::None;
         } else {
             self.config.gpu.driver = GpuDriver::Fake;
             self.config.gpu.fake_gpus = n;
-            self.config.observer.mode = ObserverMode::Procfs;
         }
+        self
+    }
+
+    /// `observer.mode`.
+    pub fn observer(&mut self, mode: ObserverMode) -> &mut Self {
+        self.config.observer.mode = mode;
         self
     }
 
@@ -184,6 +189,7 @@ mod tests {
         let mut b = DaemonConfig::new(dir);
         b.name("h1")
             .fake_gpus(2)
+            .observer(ObserverMode::Procfs)
             .subscription_ratio(3.0)
             .idle_release(Duration::from_millis(1500))
             .host_ttl(Duration::from_secs(1))

@@ -39,32 +39,20 @@ impl Drop for Daemon {
 }
 
 /// The configuration [`start_daemon`] starts from: its own state and runtime directories
-/// under `dir`, a loopback port the daemon picks, and [`TOKEN`] (written to `dir/token`).
+/// under `dir`, a loopback port the daemon picks, [`TOKEN`] (written to `dir/token`) and
+/// the repository's venv as the kernels' Python.
 pub fn base_config(dir: &Path) -> DaemonConfig {
     let token = dir.join("token");
     std::fs::write(&token, format!("{TOKEN}\n")).expect("token");
     let mut config = DaemonConfig::new(dir);
-    config.tokens(&token, None);
+    config.tokens(&token, None).python(&bins::python());
     config
 }
 
-/// Starts a daemon on a loopback port with its own state, runtime dir and [`TOKEN`];
-/// `overlay` (whole TOML sections) is merged over that. Returns once its endpoint file
-/// names its URL.
-pub fn start_daemon(overlay: &str, stderr: Stdio) -> Daemon {
-    start_daemon_under(&[], overlay, stderr)
-}
-
-/// [`start_daemon`] with the daemon's command line run by `wrapper` (a program and its
-/// arguments, e.g. `setpriv …`), which must exec the command it is given.
-pub fn start_daemon_under(wrapper: &[&str], overlay: &str, stderr: Stdio) -> Daemon {
-    start_configured(wrapper, stderr, |c| {
-        c.overlay(overlay).expect("overlay");
-    })
-}
-
-/// Starts a daemon from [`base_config`] as `edit` changes it, under `wrapper` (may be empty).
-pub fn start_configured(wrapper: &[&str], stderr: Stdio, edit: impl FnOnce(&mut DaemonConfig)) -> Daemon {
+/// Starts a daemon from [`base_config`] as `edit` changes it, its command line run by
+/// `wrapper` (a program and its arguments, e.g. `setpriv …`, which must exec the command
+/// it is given; empty: none). Returns once its endpoint file names its URL.
+pub fn start_daemon(wrapper: &[&str], stderr: Stdio, edit: impl FnOnce(&mut DaemonConfig)) -> Daemon {
     let dir = kernel_traversable_tempdir();
     let mut config = base_config(dir.path());
     edit(&mut config);

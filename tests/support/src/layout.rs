@@ -239,7 +239,12 @@ impl Layout {
         let python = if python.components().count() > 1 { std::path::absolute(&python)? } else { python };
         c.python(&python);
         let gateway_only = node_id > self.gpu_hosts && node_id <= self.prepared_hosts;
-        c.fake_gpus(if gateway_only { 0 } else { o.fake_gpus });
+        let gpus = if gateway_only { 0 } else { o.fake_gpus };
+        c.fake_gpus(gpus);
+        if gpus > 0 {
+            // Simulated GPUs have no driver to attach eBPF probes to.
+            c.observer(notebookosd::config::ObserverMode::Procfs);
+        }
         if let Some(r) = o.subscription_ratio {
             c.subscription_ratio(r);
         }

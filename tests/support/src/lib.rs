@@ -18,7 +18,7 @@ pub mod wait;
 pub use cell::{run_cell, run_cell_on, CellOutcome};
 pub use cluster::{Host, TestCluster};
 pub use config::DaemonConfig;
-pub use daemon::{start_daemon, start_daemon_under, Daemon};
+pub use daemon::{start_daemon, Daemon};
 pub use http::http;
 pub use layout::{Layout, Options};
 pub use wait::{wait_for, wait_until};
