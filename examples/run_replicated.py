@@ -5,7 +5,7 @@ kernel's last cell (`kill -9` of its daemon and its kernel processes) and shows 
 kernel carry on from a survivor with all its state, and the restarted host catch up.
 
     python examples/run_replicated.py --urls http://127.0.0.1:8881,... --nbos target/debug/nbos \
-        --pidfiles .nbos/demo/h1/pid,... --restart "scripts/demo.sh restart-host {i}"
+        --pidfiles .nbos/demo/host1/pid,... --restart "scripts/demo.sh restart-host {i}"
 
 The client is jupyter_client (what nbclient and papermill use) through the
 `nbos kernel-proxy` kernelspec, given every host's gateway.
@@ -27,6 +27,9 @@ import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+# The test kit's run_cell (tests/support/python).
+sys.path.insert(0, str(HERE.parent / "tests" / "support" / "python"))
+from nbos_testkit import run_cell as run_cell_on  # noqa: E402
 
 
 def tls_context():
@@ -54,28 +57,14 @@ def wait_for(what: str, cond, timeout: float):
 
 
 def run_cell(kc, code: str, timeout: float) -> dict:
-    """Executes `code`; returns status, stdout, stderr and the executor's host."""
-    msg_id = kc.execute(code)
-    reply = kc.get_shell_msg(timeout=timeout)
-    while reply["parent_header"].get("msg_id") != msg_id:
-        reply = kc.get_shell_msg(timeout=timeout)
-    out, err = [], []
-    while True:
-        m = kc.get_iopub_msg(timeout=timeout)
-        if m["parent_header"].get("msg_id") != msg_id:
-            continue
-        if m["msg_type"] == "stream":
-            (out if m["content"]["name"] == "stdout" else err).append(m["content"]["text"])
-        if m["msg_type"] == "error":
-            err.append(f"{m['content']['ename']}: {m['content']['evalue']}")
-        if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
-            break
-    election = reply["metadata"].get("nbos_election", {})
+    """Executes `code` (the test kit's run_cell); returns status, stdout, stderr and errors,
+    and the executor's host."""
+    c = run_cell_on(kc, code, timeout)
     return {
-        "status": reply["content"]["status"],
-        "out": "".join(out).strip(),
-        "err": "".join(err).strip(),
-        "host": election.get("node_id"),
+        "status": c.status,
+        "out": c.stdout.strip(),
+        "err": "".join([c.stderr, *c.errors]).strip(),
+        "host": c.host,
     }
 
 

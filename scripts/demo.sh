@@ -13,25 +13,30 @@ python=${NBOS_PYTHON:-.venv/bin/python}
 http_base=${NBOS_DEMO_HTTP_BASE:-8880}   # host i listens on 127.0.0.1:(base + i)
 raft_base=${NBOS_DEMO_RAFT_BASE:-7100}
 hosts=3
-seeds=$(for i in $(seq $hosts); do printf '%s=127.0.0.1:%s,' "$i" $((raft_base + i)); done)
-seeds=${seeds%,}
 
 pki=$demo_dir/pki
 # Never plaintext: raft mutual TLS, HTTPS, and node certificates between hosts, from a
 # PKI made for the demo. nbos (and the kernelspecs it installs) trust its CA.
 export NBOS_CA_CERT=$pki/ca.pem
 url() { echo "https://127.0.0.1:$((http_base + $1))"; }
-pidfile() { echo "$demo_dir/h$1/pid"; }
+pidfile() { echo "$demo_dir/host$1/pid"; }
 alive() { [ -f "$(pidfile "$1")" ] && kill -0 "$(cat "$(pidfile "$1")")" 2>/dev/null; }
+
+# The cluster's directory — PKI, each host's directory and config — is laid out by
+# nbos-test-cluster (tests/support), the launcher the tests use too: host i on HTTP port
+# http_base+i and raft port raft_base+i, one simulated GPU, a token-less loopback API as
+# `notebookosd --dev` serves (clients present certificates from the demo's PKI).
+prepare() {
+  "$bin/nbos-test-cluster" prepare --dir "$demo_dir" --hosts $hosts --tls --fake-gpus 1 --python python3 \
+    --http-base "$http_base" --raft-base "$raft_base" --unauthenticated-loopback --host-ttl 1s \
+    >"$demo_dir/layout.json"
+}
 
 start_host() {
   local i=$1
-  mkdir -p "$demo_dir/h$i"
   # setsid: each host is its own process group, so "kill the host" takes its kernels too.
-  setsid "$bin/notebookosd" --dev --state-dir "$demo_dir/h$i" --listen "127.0.0.1:$((http_base + i))" \
-    --fake-gpus 1 --cluster-node-id "$i" --seeds "$seeds" --host-ttl 1s --pki "$pki" \
-    --object-store "file://$demo_dir/objects" \
-    >"$demo_dir/h$i/out" 2>>"$demo_dir/h$i/log" </dev/null &
+  setsid "$bin/notebookosd" --config "$demo_dir/host$i/notebookosd.toml" \
+    >"$demo_dir/host$i/out" 2>>"$demo_dir/host$i/log" </dev/null &
   echo $! > "$(pidfile "$i")"
   disown  # killed on purpose later: no "Killed" job notice from this shell
 }
@@ -44,7 +49,7 @@ wait_up() {
     fi
     sleep 0.2
   done
-  echo "demo: the cluster did not come up in 60 s; logs: $demo_dir/h*/log"
+  echo "demo: the cluster did not come up in 60 s; logs: $demo_dir/host*/log"
   exit 1
 }
 
@@ -65,18 +70,17 @@ stop() {
 }
 
 start() {
-  for lib in libnbos_cuda_shim.so libfake_cuda.so; do
+  for lib in libnbos_cuda_shim.so libfake_cuda.so nbos-test-cluster; do
     [ -f "$bin/$lib" ] || { echo "demo: $bin/$lib is missing; run cargo build --workspace first"; exit 1; }
   done
   stop >/dev/null
   # A fresh cluster each time: the demo's state is not worth keeping.
   rm -rf "$demo_dir"
-  mkdir -p "$demo_dir/objects"
+  mkdir -p "$demo_dir"
   # Kernels run as another uid (kernel.user): they must pass through to each host's
-  # runtime directory (enter, not list), whatever the umask.
-  chmod 0711 "$(dirname "$demo_dir")" "$demo_dir"
-  "$bin/nbos" pki init --dir "$pki" >/dev/null
-  for i in $(seq $hosts); do "$bin/nbos" pki issue --dir "$pki" node "$i" --ip 127.0.0.1 --dns localhost >/dev/null; done
+  # runtime directory (enter, not list), whatever the umask (prepare sets $demo_dir's).
+  chmod 0711 "$(dirname "$demo_dir")"
+  prepare
   "$bin/nbos" pki issue --dir "$pki" client jupyter >/dev/null
   for i in $(seq $hosts); do start_host "$i"; done
   wait_up $hosts
@@ -88,7 +92,7 @@ start() {
   "$python" examples/run_replicated.py --urls "${urls%,}" --nbos "$bin/nbos" --pidfiles "${pids%,}" \
     --restart "$0 restart-host {i}" --kernels 3
   echo
-  echo "The cluster keeps running (logs: $demo_dir/h*/log). Any host's gateway serves any kernel:"
+  echo "The cluster keeps running (logs: $demo_dir/host*/log). Any host's gateway serves any kernel:"
   echo "Try:   $python -m jupyter lab --gateway-url=$(url 1) --GatewayClient.ca_certs=$pki/ca.pem \\"
   echo "         --GatewayClient.client_cert=$pki/client-jupyter.pem --GatewayClient.client_key=$pki/client-jupyter.key"
   echo "       $bin/nbos --ca-cert $pki/ca.pem --url $(url 2) cluster status"

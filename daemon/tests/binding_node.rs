@@ -8,19 +8,16 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use nbos_test_support::DaemonConfig;
+
 const NOTEBOOKOSD: &str = env!("CARGO_BIN_EXE_notebookosd");
 
-fn config(dir: &Path, extra: &str) -> std::path::PathBuf {
-    let p = dir.join("notebookosd.toml");
-    let body = format!(
-        "[node]\nname = \"t\"\nstate_dir = \"{s}\"\nruntime_dir = \"{r}\"\n\
-         [http]\nlisten = \"127.0.0.1:0\"\nallow_unauthenticated_loopback = true\n\
-         [gpu]\ndriver = \"fake\"\nfake_gpus = 1\n{extra}",
-        s = dir.join("state").display(),
-        r = dir.join("run").display(),
-    );
-    std::fs::write(&p, body).expect("write config");
-    p
+/// A token-less loopback host with one simulated GPU; `overlay` (TOML sections) over that.
+fn config(dir: &Path, overlay: &str) -> std::path::PathBuf {
+    let mut c = DaemonConfig::new(dir);
+    c.name("t").fake_gpus(1).config.http.allow_unauthenticated_loopback = true;
+    c.overlay(overlay).expect("overlay");
+    c.write(&dir.join("notebookosd.toml")).expect("write config")
 }
 
 /// A daemon child, killed on drop.
@@ -85,7 +82,7 @@ fn with_gpus_the_node_serves_leases_and_exports_the_observer_mode() {
 #[test]
 fn a_missing_shim_library_is_a_start_error_naming_the_setting() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = config(dir.path(), "shim_library = \"/nonexistent/libnbos_cuda_shim.so\"\n");
+    let cfg = config(dir.path(), "[gpu]\nshim_library = \"/nonexistent/libnbos_cuda_shim.so\"\n");
     let out = Command::new(NOTEBOOKOSD).arg("--config").arg(&cfg).env("NBOS_LOG", "warn").output().expect("run");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

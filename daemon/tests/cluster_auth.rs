@@ -13,12 +13,9 @@
 //!
 //! Every refusal is counted in `notebookos_http_auth_refusals_total{reason}`.
 
-#[path = "common/cluster.rs"]
-mod cluster;
-
 use std::time::Duration;
 
-use cluster::{Options, TestCluster, OPERATOR_TOKEN, TOKEN};
+use nbos_test_support::{Options, TestCluster, OPERATOR_TOKEN, TOKEN};
 use serde_json::json;
 
 /// A kernel id no host has: a request that passes authentication gets 404.

@@ -3,8 +3,6 @@
 //! host joins with `nbos cluster join`, placement refuses with too few hosts, the replicas
 //! of a dead host are re-placed, and `nbos cluster leave` moves replicas or refuses.
 
-#[path = "common/cluster.rs"]
-mod cluster;
 #[allow(dead_code, reason = "the kernel-group tests' store harness; this file uses part of it")]
 #[path = "common/group_store.rs"]
 mod group_store;
@@ -12,8 +10,13 @@ mod group_store;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cluster::{wait_for, Options, TestCluster, NOTEBOOKOSD};
+use nbos_test_support::{wait_for, Options, TestCluster};
 use serde_json::{json, Value};
+
+fn nbos() -> std::path::PathBuf {
+    nbos_test_support::bins::nbos()
+}
+const NOTEBOOKOSD: &str = env!("CARGO_BIN_EXE_notebookosd");
 
 /// Node ids of a kernel record's replicas, sorted.
 fn replica_nodes(record: &Value) -> Vec<u64> {
@@ -258,7 +261,7 @@ fn single_host_commands_say_the_cluster_is_off_and_bad_cluster_config_names_the_
     ] {
         let path = dir.path().join("bad.toml");
         std::fs::write(&path, toml).expect("write");
-        let out = Command::new(*NOTEBOOKOSD).arg("--config").arg(&path).arg("--check-config").output().expect("run");
+        let out = Command::new(NOTEBOOKOSD).arg("--config").arg(&path).arg("--check-config").output().expect("run");
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{toml}: {err}");
         assert!(err.contains(key), "{toml}: expected `{key}` in: {err}");
@@ -266,7 +269,7 @@ fn single_host_commands_say_the_cluster_is_off_and_bad_cluster_config_names_the_
 
     // The --dev cluster flags go through the same checks.
     let dev = |args: &[&str]| {
-        let out = Command::new(*NOTEBOOKOSD).args(["--dev", "--check-config"]).args(args).output().expect("run");
+        let out = Command::new(NOTEBOOKOSD).args(["--dev", "--check-config"]).args(args).output().expect("run");
         (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
     };
     // A dev cluster always runs with a PKI (raft mutual TLS, HTTPS, node certificates).
@@ -285,7 +288,7 @@ fn single_host_commands_say_the_cluster_is_off_and_bad_cluster_config_names_the_
     assert!(code == Some(2) && text.contains("--seeds"), "{text}");
 
     // A single host (no [cluster]) serves no cluster API; `nbos cluster status` says so.
-    let out = Command::new(*NOTEBOOKOSD)
+    let out = Command::new(NOTEBOOKOSD)
         .args(["--dev", "--listen", "127.0.0.1:0", "--state-dir"])
         .arg(dir.path().join("single"))
         .stdout(std::process::Stdio::piped())
@@ -298,7 +301,7 @@ fn single_host_commands_say_the_cluster_is_off_and_bad_cluster_config_names_the_
         let v: Value = serde_json::from_str(&std::fs::read_to_string(&endpoint).ok()?).ok()?;
         v["url"].as_str().map(str::to_owned)
     });
-    let out = Command::new(*cluster::NBOS).args(["--url", &url, "cluster", "status"]).output().expect("nbos");
+    let out = Command::new(nbos()).args(["--url", &url, "cluster", "status"]).output().expect("nbos");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("single host"), "{err}");
     daemon.stop();

@@ -13,15 +13,15 @@ use notebookosd::jupyter::{ws, Channel, Message};
 use notebookosd::link::client::GatewayClient;
 use tokio_tungstenite::tungstenite::Message as WsFrame;
 
-mod common;
-use common::{http, python, start_daemon, Daemon, TOKEN};
+use nbos_test_support::{bins::python, http, start_daemon, Daemon, TOKEN};
+use notebookosd::config::LogFormat;
 
 #[path = "common/workspace.rs"]
 mod workspace;
 use workspace::NBOS;
 
 fn start() -> Daemon {
-    start_daemon(&format!("[kernel]\npython = {:?}\n[log]\nformat = \"text\"\n", python()), Stdio::null())
+    start_daemon(&[], Stdio::null(), |c| c.config.log.format = LogFormat::Text)
 }
 
 fn metric(url: &str, prefix: &str) -> f64 {

@@ -13,20 +13,20 @@
 //! Waits are bounded by [`WAIT`] only so that a regression fails instead of hanging;
 //! nothing asserts how long anything took.
 
-#[allow(dead_code, reason = "each test crate uses part of the shared harness")]
-mod common;
-
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{http, python, run_cell, start_daemon, wait_for_endpoint, Daemon, NOTEBOOKOSD, TOKEN};
 use futures_util::{SinkExt, StreamExt};
+use nbos_test_support::{daemon::wait_for_endpoint, http, run_cell, start_daemon, Daemon, DaemonConfig, TOKEN};
+use notebookosd::config::HttpTlsConfig;
 use notebookosd::link::client::GatewayClient;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::Message as WsFrame;
+
+const NOTEBOOKOSD: &str = env!("CARGO_BIN_EXE_notebookosd");
 
 /// Upper bound on any one wait (a hang fails the test instead of hanging it).
 const WAIT: Duration = Duration::from_secs(60);
@@ -102,7 +102,9 @@ async fn served_again(from: [u8; 4], to: SocketAddr) {
 }
 
 fn start(http_keys: &str) -> Daemon {
-    start_daemon(&format!("{http_keys}[kernel]\npython = {:?}\n", python()), Stdio::null())
+    start_daemon(&[], Stdio::null(), |c| {
+        c.overlay(&format!("[http]\n{http_keys}")).expect("[http] keys");
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -141,10 +143,14 @@ async fn an_oversized_websocket_message_closes_its_socket_and_the_kernel_serves_
 
     // The daemon keeps serving: the other socket, new ones, and a large message under the cap.
     drop(bystander);
-    assert_eq!(run_cell(&url, &kernel, "1 + 1").await, "2");
+    assert_eq!(run_cell(&url, TOKEN, &kernel, "1 + 1").await.value(), "2");
     let n = 4 << 20;
     let code = format!("len('{}')", "x".repeat(n));
-    assert_eq!(run_cell(&url, &kernel, &code).await, n.to_string(), "a 4 MiB cell reaches the kernel whole");
+    assert_eq!(
+        run_cell(&url, TOKEN, &kernel, &code).await.value(),
+        n.to_string(),
+        "a 4 MiB cell reaches the kernel whole"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -251,20 +257,11 @@ impl TlsDaemon {
         let node = pki.issue_node(1, &["localhost".into()], &["127.0.0.1".parse().expect("ip")]).expect("node cert");
         let token = dir.path().join("token");
         std::fs::write(&token, format!("{TOKEN}\n")).expect("token");
-        let config = dir.path().join("c.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[node]\nstate_dir = {:?}\nruntime_dir = {:?}\n[http]\nlisten = \"127.0.0.1:0\"\ntoken_file = {:?}\n\
-                 tls = {{ cert = {:?}, key = {:?} }}\n{http_keys}",
-                dir.path().join("state"),
-                dir.path().join("run"),
-                token,
-                node.cert,
-                node.key,
-            ),
-        )
-        .expect("config");
+        let mut c = DaemonConfig::new(dir.path());
+        c.tokens(&token, None).config.http.tls =
+            Some(HttpTlsConfig { cert: node.cert, key: node.key, client_ca: None });
+        c.overlay(&format!("[http]\n{http_keys}")).expect("[http] keys");
+        let config = c.write(&dir.path().join("c.toml")).expect("config");
         let child =
             Command::new(NOTEBOOKOSD).arg("--config").arg(&config).stdout(Stdio::null()).stderr(Stdio::null()).spawn();
         let mut d = TlsDaemon { child: child.expect("spawn"), url: String::new(), ca: pki.ca_cert(), _dir: dir };

@@ -4,12 +4,10 @@
 //! failed") and every kernel of the host died with it. Now that kernel is cut off and
 //! killed, the kill is counted, and the daemon and its other kernels go on.
 
-mod common;
-
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{http, python, run_cell, start_daemon, TOKEN};
+use nbos_test_support::{http, run_cell, start_daemon, TOKEN};
 
 /// Writes a frame header announcing 2^62 bytes on every TCP connection of the kernel
 /// process (its sockets to the daemon), as any notebook user can.
@@ -79,11 +77,11 @@ fn metric(url: &str, line_prefix: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cell_that_sends_a_giant_frame_header_to_its_daemon_kills_its_kernel_not_the_daemon() {
-    let mut d = start_daemon(&format!("[kernel]\npython = {:?}\nprewarm_max = 0\n", python()), Stdio::inherit());
+    let mut d = start_daemon(&[], Stdio::inherit(), |c| c.config.kernel.prewarm_max = 0);
     let url = d.url.clone();
     let (hostile, hostile_pid) = create_kernel(&url);
     let (neighbour, _) = create_kernel(&url);
-    assert_eq!(run_cell(&url, &neighbour, "x = 41\nx + 1").await, "42");
+    assert_eq!(run_cell(&url, TOKEN, &neighbour, "x = 41\nx + 1").await.value(), "42");
 
     start_cell(&url, &hostile, ATTACK).await;
 
@@ -100,7 +98,7 @@ async fn a_cell_that_sends_a_giant_frame_header_to_its_daemon_kills_its_kernel_n
     let (status, _) = http("GET", &format!("{url}/api/kernels"), Some(TOKEN), None);
     assert_eq!(status, 200, "the daemon answers");
     // The neighbour kept its state and runs cells.
-    assert_eq!(run_cell(&url, &neighbour, "x + 2").await, "43");
+    assert_eq!(run_cell(&url, TOKEN, &neighbour, "x + 2").await.value(), "43");
     let violations = metric(&url, r#"notebookos_messages_dropped_total{source="kernel",reason="protocol_violation"}"#);
     assert!(violations >= 1.0, "the violation is not counted");
 }

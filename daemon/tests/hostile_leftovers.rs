@@ -10,9 +10,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-mod common;
 mod required;
-use common::{http, kernel_traversable_tempdir, python, wait_for_endpoint, wait_until, NOTEBOOKOSD, TOKEN};
+use nbos_test_support::daemon::{base_config, kernel_traversable_tempdir, wait_for_endpoint};
+use nbos_test_support::{http, run_cell, wait_until, TOKEN};
+
+const NOTEBOOKOSD: &str = env!("CARGO_BIN_EXE_notebookosd");
 
 /// A uid range no other test uses (`kernel_user.rs` has 2_000_000..).
 const RANGE_FIRST: u32 = 2_100_000;
@@ -53,23 +55,12 @@ impl Drop for Running {
 }
 
 impl Host {
-    fn new(extra_toml: &str) -> Self {
+    /// A host whose config is the test daemon's base with `overlay` (TOML sections) over it.
+    fn new(overlay: &str) -> Self {
         let dir = kernel_traversable_tempdir();
-        let token = dir.path().join("token");
-        std::fs::write(&token, format!("{TOKEN}\n")).expect("token");
-        let config = dir.path().join("c.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[node]\nstate_dir = {:?}\nruntime_dir = {:?}\n[http]\nlisten = \"127.0.0.1:0\"\ntoken_file = {:?}\n\
-                 [kernel]\npython = {:?}\n{extra_toml}",
-                dir.path().join("state"),
-                dir.path().join("run"),
-                token,
-                python(),
-            ),
-        )
-        .expect("config");
+        let mut c = base_config(dir.path());
+        c.overlay(overlay).expect("overlay");
+        let config = c.write(&dir.path().join("c.toml")).expect("config");
         Self { dir, config }
     }
 
@@ -141,7 +132,7 @@ async fn a_uid_range_kernels_setuid_files_in_the_daemons_run_dirs_go_with_its_ui
         return;
     }
     let host = Host::new(&format!(
-        "uid_range = [{RANGE_FIRST}, {}]\n[gpu]\ndriver = \"fake\"\nfake_gpus = 1\nfake_gpu_memory_mib = 64\n",
+        "[kernel]\nuid_range = [{RANGE_FIRST}, {}]\n[gpu]\ndriver = \"fake\"\nfake_gpus = 1\nfake_gpu_memory_mib = 64\n",
         RANGE_FIRST + 9
     ));
     let d = host.start();
@@ -152,7 +143,7 @@ async fn a_uid_range_kernels_setuid_files_in_the_daemons_run_dirs_go_with_its_ui
                  paths = [os.path.join(os.environ[v], 'planted-suid') for v in ('NBOS_SHIM_COUNTERS_DIR', 'FAKE_CUDA_STATE_DIR')]\n\
                  for p in paths:\n    shutil.copy('/bin/sh', p); os.chmod(p, 0o6755)\n\
                  len(paths)";
-    let planted = common::run_cell(&d.url, &kernel, plant).await;
+    let planted = run_cell(&d.url, TOKEN, &kernel, plant).await.value();
     assert_eq!(planted.trim(), "2", "the cell planted both files: {planted}");
     let files = [host.run_dir().join("counters/planted-suid"), host.run_dir().join("fake-cuda/planted-suid")];
     for f in &files {

@@ -4,20 +4,18 @@
 //! listener on a non-loopback address (refused at startup). Every refusal is counted
 //! in `notebookos_http_auth_refusals_total{reason}`.
 
-#[allow(dead_code, reason = "each test crate uses part of the shared harness")]
-mod common;
-#[path = "common/workspace.rs"]
-mod workspace;
-
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{python, wait_for_endpoint, NOTEBOOKOSD, TOKEN};
+use nbos_test_support::{bins::python, daemon::wait_for_endpoint, DaemonConfig, TOKEN};
 use notebookosd::link::client::GatewayClient;
 use notebookosd::link::tls::client_config;
 use notebookosd::pki::Pki;
+
+const NOTEBOOKOSD: &str = env!("CARGO_BIN_EXE_notebookosd");
 
 /// A daemon child process (SIGTERM and reaped on drop) with HTTPS and a client CA.
 struct TlsDaemon {
@@ -46,22 +44,9 @@ impl TlsDaemon {
         pki.issue_client("jupyter").expect("client cert");
         let token = dir.path().join("token");
         std::fs::write(&token, format!("{TOKEN}\n")).expect("token");
-        let config = dir.path().join("c.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[node]\nstate_dir = {:?}\nruntime_dir = {:?}\n[http]\nlisten = \"127.0.0.1:0\"\ntoken_file = {:?}\n\
-                 tls = {{ cert = {:?}, key = {:?}, client_ca = {:?} }}\n[kernel]\npython = {:?}\n",
-                dir.path().join("state"),
-                dir.path().join("run"),
-                token,
-                node.cert,
-                node.key,
-                pki.ca_cert(),
-                python(),
-            ),
-        )
-        .expect("config");
+        let mut c = DaemonConfig::new(dir.path());
+        c.tokens(&token, None).python(&python()).https(&node.cert, &node.key, &pki.ca_cert());
+        let config = c.write(&dir.path().join("c.toml")).expect("config");
         let child = Command::new(NOTEBOOKOSD)
             .arg("--config")
             .arg(&config)
@@ -194,19 +179,11 @@ fn plaintext_on_a_non_loopback_address_is_refused_at_startup() {
     let dir = tempfile::tempdir().expect("tmp");
     let token = dir.path().join("token");
     std::fs::write(&token, format!("{TOKEN}\n")).expect("token");
-    let config = |extra: &str| {
-        let path = dir.path().join("c.toml");
-        std::fs::write(
-            &path,
-            format!(
-                "[node]\nstate_dir = {:?}\nruntime_dir = {:?}\n[http]\nlisten = \"0.0.0.0:0\"\ntoken_file = {:?}\n{extra}",
-                dir.path().join("state"),
-                dir.path().join("run"),
-                token
-            ),
-        )
-        .expect("config");
-        path
+    let config = |http_keys: &str| {
+        let mut c = DaemonConfig::new(dir.path());
+        c.tokens(&token, None).listen(SocketAddr::from(([0, 0, 0, 0], 0)));
+        c.overlay(&format!("[http]\n{http_keys}")).expect("[http] keys");
+        c.write(&dir.path().join("c.toml")).expect("config")
     };
     let out = Command::new(NOTEBOOKOSD).arg("--config").arg(config("")).output().expect("run");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -225,10 +202,10 @@ fn plaintext_on_a_non_loopback_address_is_refused_at_startup() {
 #[test]
 fn nbos_pki_makes_a_ca_and_node_and_client_certificates() {
     use std::os::unix::fs::PermissionsExt;
-    use workspace::NBOS;
+    let nbos_bin = nbos_test_support::bins::nbos();
     let dir = tempfile::tempdir().expect("tmp");
     let pki = dir.path().join("pki");
-    let nbos = |args: &[&str]| Command::new(*NBOS).args(args).output().expect("nbos");
+    let nbos = |args: &[&str]| Command::new(&nbos_bin).args(args).output().expect("nbos");
     let d = pki.to_str().expect("utf8");
     assert!(nbos(&["pki", "init", "--dir", d]).status.success());
     let again = nbos(&["pki", "init", "--dir", d]);

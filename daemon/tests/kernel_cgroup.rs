@@ -8,9 +8,8 @@ use std::time::{Duration, Instant};
 
 const LIMIT_MIB: u64 = 1024;
 
-mod common;
 mod required;
-use common::{http, python, start_daemon, Daemon, TOKEN};
+use nbos_test_support::{http, start_daemon, Daemon, TOKEN};
 
 /// Why this host cannot run the test, if it cannot.
 fn cannot_run() -> Option<String> {
@@ -27,10 +26,9 @@ fn cannot_run() -> Option<String> {
 }
 
 fn start() -> Daemon {
-    start_daemon(
-        &format!("[gpu]\ndriver = \"none\"\n[kernel]\npython = {:?}\nmemory_limit_mib = {LIMIT_MIB}\n", python()),
-        Stdio::inherit(),
-    )
+    start_daemon(&[], Stdio::inherit(), |c| {
+        c.fake_gpus(0).config.kernel.memory_limit_mib = LIMIT_MIB;
+    })
 }
 
 /// The kernel's memory cgroup directory and limit file, from `/proc/<pid>/cgroup`.

@@ -3,13 +3,11 @@
 //! (PATH, HOME, the locale…), plus what the daemon sets on purpose and the client's
 //! `KERNEL_*`. What a user can check: `/proc/<kernel pid>/environ`.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{http, python, start_daemon_under, TOKEN};
+use nbos_test_support::{http, start_daemon, TOKEN};
 
 /// `/proc/PID/environ` as a map.
 fn environ_of(pid: u32) -> BTreeMap<String, String> {
@@ -49,11 +47,9 @@ fn check_environment(prewarm_toml: &str, started_afresh: bool) {
         "NBOS_LOG=info",
         "LC_ALL=C.UTF-8",
     ];
-    let d = start_daemon_under(
-        &wrapper,
-        &format!("[kernel]\npython = {:?}\n{prewarm_toml}[gpu]\ndriver = \"fake\"\nfake_gpus = 1\n", python()),
-        Stdio::inherit(),
-    );
+    let d = start_daemon(&wrapper, Stdio::inherit(), |c| {
+        c.fake_gpus(1).overlay(&format!("[kernel]\n{prewarm_toml}")).expect("[kernel] keys");
+    });
     let body = serde_json::json!({
         "name": "notebookos-python-1gpu",
         "env": { "KERNEL_PROJECT": "vision", "LD_PRELOAD": "/tmp/evil.so", "AWS_PROFILE": "client" },

@@ -5,13 +5,8 @@
 //! `CUDA_ERROR_OUT_OF_MEMORY` over it and memory under it.
 
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
-use tokio_tungstenite::tungstenite::Message as WsFrame;
-
-mod common;
-use common::{http, python, start_daemon, TOKEN};
+use nbos_test_support::{http, run_cell, start_daemon, TOKEN};
 
 #[path = "common/workspace.rs"]
 mod workspace;
@@ -29,46 +24,11 @@ free, total = ctypes.c_size_t(), ctypes.c_size_t()
 cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
 f"over={over} under={under} total={total.value}""#;
 
-/// Runs `code` in the kernel over the JSON WebSocket; returns (status, text/plain result).
-async fn run_cell(url: &str, kernel: &str, code: &str) -> (String, Option<String>) {
-    let ws = format!("{}/api/kernels/{kernel}/channels?token={TOKEN}", url.replacen("http", "ws", 1));
-    let (socket, _) = tokio_tungstenite::connect_async(ws).await.expect("websocket");
-    let (mut tx, mut rx) = socket.split();
-    let req = serde_json::json!({
-        "header": {"msg_id": "gpu-mem", "msg_type": "execute_request", "session": "s", "version": "5.3"},
-        "parent_header": {}, "metadata": {}, "content": {"code": code, "silent": false},
-    });
-    tx.send(WsFrame::Text(req.to_string().into())).await.expect("send");
-    let (mut status, mut value, mut idle) = (None, None, false);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while status.is_none() || !idle {
-        let frame =
-            tokio::time::timeout_at(deadline, rx.next()).await.expect("reply in time").expect("open").expect("ok");
-        let WsFrame::Text(t) = frame else { continue };
-        let v: serde_json::Value = serde_json::from_str(t.as_str()).expect("json");
-        if v["parent_header"]["msg_id"] != "gpu-mem" {
-            continue;
-        }
-        match v["msg_type"].as_str() {
-            Some("execute_result") => value = v["content"]["data"]["text/plain"].as_str().map(str::to_owned),
-            Some("error") => value = Some(format!("{}: {}", v["content"]["ename"], v["content"]["evalue"])),
-            Some("status") => idle |= v["content"]["execution_state"] == "idle",
-            Some("execute_reply") => status = v["content"]["status"].as_str().map(str::to_owned),
-            _ => {}
-        }
-    }
-    (status.unwrap_or_default(), value)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kernel_created_with_a_gpu_memory_limit_is_held_to_it_and_shows_it() {
-    let d = start_daemon(
-        &format!(
-            "[kernel]\npython = {:?}\n[gpu]\ndriver = \"fake\"\nfake_gpus = 1\nfake_gpu_memory_mib = 64\n",
-            python()
-        ),
-        Stdio::inherit(),
-    );
+    let d = start_daemon(&[], Stdio::inherit(), |c| {
+        c.fake_gpus(1).config.gpu.fake_gpu_memory_mib = 64;
+    });
     let url = d.url.clone();
     let u = url.clone();
     let kernel = tokio::task::spawn_blocking(move || {
@@ -118,7 +78,7 @@ async fn a_kernel_created_with_a_gpu_memory_limit_is_held_to_it_and_shows_it() {
 
     // A cell allocating through the shim: over 2 MiB is CUDA_ERROR_OUT_OF_MEMORY (2), under
     // it succeeds, and the driver's view of the GPU is the limit.
-    let (status, value) = run_cell(&url, &kernel, CELL).await;
-    assert_eq!(status, "ok", "{value:?}");
-    assert_eq!(value.as_deref(), Some(format!("'over=2 under=0 total={}'", 2 << 20).as_str()));
+    let cell = run_cell(&url, TOKEN, &kernel, CELL).await;
+    assert_eq!(cell.status, "ok", "{cell:?}");
+    assert_eq!(cell.result.as_deref(), Some(format!("'over=2 under=0 total={}'", 2 << 20).as_str()));
 }

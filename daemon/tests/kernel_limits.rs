@@ -10,9 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
 mod required;
-use common::{http, python, start_daemon, Daemon, TOKEN};
+use nbos_test_support::{http, run_cell, start_daemon, Daemon, TOKEN};
 
 const HOME_QUOTA_MIB: u64 = 64;
 const SHM_MIB: u64 = 16;
@@ -38,14 +37,12 @@ fn cannot_run() -> Option<String> {
 }
 
 fn start(prewarm: &str) -> (Daemon, PathBuf) {
-    let d = start_daemon(
-        &format!(
-            "[gpu]\ndriver = \"none\"\n[kernel]\npython = {:?}\nhome_quota_mib = {HOME_QUOTA_MIB}\n\
-             shm_size_mib = {SHM_MIB}\nopen_files_max = {OPEN_FILES}\nnproc_max = {NPROC}\n{prewarm}",
-            python()
-        ),
-        Stdio::inherit(),
-    );
+    let d = start_daemon(&[], Stdio::inherit(), |c| {
+        let k = &mut c.fake_gpus(0).config.kernel;
+        (k.home_quota_mib, k.shm_size_mib, k.open_files_max, k.nproc_max) =
+            (HOME_QUOTA_MIB, SHM_MIB, OPEN_FILES, NPROC);
+        c.overlay(&format!("[kernel]\n{prewarm}")).expect("[kernel] keys");
+    });
     let (_, status) = http("GET", &format!("{}/api/v1/status", d.url), Some(TOKEN), None);
     let status: serde_json::Value = serde_json::from_str(&status).expect("status json");
     let state_dir = PathBuf::from(status["state_dir"].as_str().expect("state_dir"));
@@ -70,7 +67,7 @@ fn metric(d: &Daemon, series: &str) -> f64 {
 
 /// Runs `code` (whose last line is a `json.dumps(...)`) in the kernel; its value.
 async fn cell_json(url: &str, kernel: &str, code: &str) -> serde_json::Value {
-    let out = common::run_cell(url, kernel, code).await;
+    let out = run_cell(url, TOKEN, kernel, code).await.value();
     let text = out.trim().trim_matches('\'');
     serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: cell printed {out}"))
 }

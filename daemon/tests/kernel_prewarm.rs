@@ -8,8 +8,9 @@ use std::collections::BTreeSet;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-mod common;
-use common::{http, python, run_cell, start_daemon, Daemon, TOKEN};
+use nbos_test_support::{http, run_cell, start_daemon, Daemon, TOKEN};
+
+const NOTEBOOKOSD: &str = env!("CARGO_BIN_EXE_notebookosd");
 
 /// How long a pool may take to fill (Pythons importing ipykernel beside other tests).
 const FILL: Duration = Duration::from_secs(90);
@@ -63,10 +64,9 @@ fn wait_for_ready_pool(d: &Daemon, kernels_dir: &str, n: usize) -> BTreeSet<u32>
 }
 
 fn start(prewarm: &str) -> (Daemon, String) {
-    let d = start_daemon(
-        &format!("[gpu]\ndriver = \"fake\"\nfake_gpus = 1\n[kernel]\npython = {:?}\n{prewarm}", python()),
-        Stdio::inherit(),
-    );
+    let d = start_daemon(&[], Stdio::inherit(), |c| {
+        c.fake_gpus(1).overlay(&format!("[kernel]\n{prewarm}")).expect("[kernel] keys");
+    });
     let (_, status) = http("GET", &format!("{}/api/v1/status", d.url), Some(TOKEN), None);
     let status: serde_json::Value = serde_json::from_str(&status).expect("status json");
     let state_dir = status["state_dir"].as_str().expect("state_dir").to_owned();
@@ -109,7 +109,7 @@ async fn new_kernels_take_over_pre_warmed_processes_which_are_refilled() {
     assert_eq!(tokio::task::block_in_place(|| metric(&d, r#"notebookos_prewarm_takes_total{result="hit"}"#)), 1.0);
 
     // From inside, it is the kernel a new Python would have been.
-    let portrait = run_cell(&url, &id, SELF_PORTRAIT).await;
+    let portrait = run_cell(&url, TOKEN, &id, SELF_PORTRAIT).await.value();
     let p: serde_json::Value =
         serde_json::from_str(portrait.trim_matches('\'')).unwrap_or_else(|e| panic!("{e}: {portrait}"));
     let own_dir = format!("{kernels_dir}/{id}");
@@ -133,15 +133,15 @@ async fn new_kernels_take_over_pre_warmed_processes_which_are_refilled() {
         let target =
             *tokio::task::block_in_place(|| wait_for_ready_pool(&d, &kernels_dir, 2)).iter().next().expect("pid");
         for path in [format!("/proc/{target}/fd/0"), format!("/proc/{target}/environ")] {
-            let tried = run_cell(&url, &id, &format!("open({path:?}, 'rb').read(1)")).await;
+            let tried = run_cell(&url, TOKEN, &id, &format!("open({path:?}, 'rb').read(1)")).await.value();
             assert!(
                 tried.contains("PermissionError") || tried.contains("FileNotFoundError"),
                 "a kernel opened {path}: {tried}"
             );
         }
     }
-    assert_eq!(run_cell(&url, &id, "x = 20\nx + 22").await, "42", "the namespace");
-    assert_eq!(run_cell(&url, &id, "x").await, "20");
+    assert_eq!(run_cell(&url, TOKEN, &id, "x = 20\nx + 22").await.value(), "42", "the namespace");
+    assert_eq!(run_cell(&url, TOKEN, &id, "x").await.value(), "20");
 
     // The pool is refilled with a new process, and a dead idle one is replaced.
     let refilled = tokio::task::block_in_place(|| wait_for_ready_pool(&d, &kernels_dir, 2));
@@ -156,7 +156,7 @@ async fn new_kernels_take_over_pre_warmed_processes_which_are_refilled() {
     // no pool process behind.
     let (id2, pid2) = tokio::task::block_in_place(|| create_kernel(&d, &serde_json::json!({ "name": "python3" })));
     assert!(replaced.contains(&pid2), "kernel pid {pid2} is not one of the pool's {replaced:?}");
-    assert_eq!(run_cell(&url, &id2, "1 + 1").await, "2");
+    assert_eq!(run_cell(&url, TOKEN, &id2, "1 + 1").await.value(), "2");
     for k in [&id, &id2] {
         assert_eq!(http("DELETE", &format!("{url}/api/kernels/{k}"), Some(TOKEN), None).0, 204);
     }
@@ -186,7 +186,7 @@ fn a_pool_bigger_than_its_cap_is_refused_at_start() {
     let dir = tempfile::tempdir().expect("tmp");
     let config = dir.path().join("c.toml");
     std::fs::write(&config, "[kernel]\nprewarm_min = 4\nprewarm_max = 2\n").expect("write");
-    let out = std::process::Command::new(common::NOTEBOOKOSD)
+    let out = std::process::Command::new(NOTEBOOKOSD)
         .args(["--check-config", "--config"])
         .arg(&config)
         .output()
@@ -225,7 +225,7 @@ async fn a_stopped_pool_process_is_not_handed_over_and_the_kernel_starts() {
     }
     let (id, pid) = tokio::task::block_in_place(|| create_kernel(&d, &serde_json::json!({ "name": "python3" })));
     assert!(!stopped.contains(&pid), "the stopped pool process {pid} was handed the kernel");
-    assert_eq!(run_cell(&url, &id, "6 * 7").await, "42");
+    assert_eq!(run_cell(&url, TOKEN, &id, "6 * 7").await.value(), "42");
     let rejected = tokio::task::block_in_place(|| metric(&d, r#"notebookos_prewarm_rejected_total{reason="stopped"}"#));
     assert!(rejected >= 1.0, "no stopped pool process was counted as rejected");
     // Every stopped one is killed, and the pool is whole again.
@@ -267,7 +267,7 @@ async fn a_kernel_that_stops_the_pool_cannot_stop_the_next_kernel_start() {
          os.kill(p, signal.SIGSTOP)\n        r.append('stopped')\n    except PermissionError:\n        \
          r.append('refused')\n    except ProcessLookupError:\n        r.append('unreachable')\n' '.join(r)"
     );
-    let outcome = run_cell(&url, &attacker, &cell).await;
+    let outcome = run_cell(&url, TOKEN, &attacker, &cell).await.value();
     let own_namespace = outcome.starts_with("'2 ");
     if std::env::var("NBOS_REQUIRE_PRIVILEGED").as_deref() == Ok("1") {
         assert!(own_namespace, "{TEST}: the kernel is not in a PID namespace of its own: {outcome}");
@@ -275,7 +275,7 @@ async fn a_kernel_that_stops_the_pool_cannot_stop_the_next_kernel_start() {
     assert!(pids.iter().all(|p| proc_state(*p) != Some('T')), "a pool process is stopped: {outcome}");
     let (id, pid) = tokio::task::block_in_place(|| create_kernel(&d, &serde_json::json!({ "name": "python3" })));
     assert_ne!(proc_state(pid), Some('T'), "the new kernel {pid} is a stopped process");
-    assert_eq!(run_cell(&url, &id, "6 * 7").await, "42");
+    assert_eq!(run_cell(&url, TOKEN, &id, "6 * 7").await.value(), "42");
     if own_namespace {
         assert_eq!(
             outcome,

@@ -7,13 +7,11 @@
 //! time"). The unit test `kernel::replica::tests::a_kernel_that_opens_its_ports_late_is_reached_as_soon_as_it_does`
 //! pins the mechanism; this test is what an operator sees.
 
-mod common;
-
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use common::{http, python, start_daemon, TOKEN};
+use nbos_test_support::{http, start_daemon, TOKEN};
 
 const KERNELS: usize = 6;
 
@@ -21,10 +19,9 @@ const KERNELS: usize = 6;
 fn kernels_started_at_once_on_a_busy_host_all_start() {
     let log = tempfile::NamedTempFile::new().expect("log file");
     // No pool: every start is a cold Python start, the slow path.
-    let d = start_daemon(
-        &format!("[gpu]\ndriver = \"none\"\n[kernel]\npython = {:?}\nprewarm_max = 0\n", python()),
-        Stdio::from(log.reopen().expect("log")),
-    );
+    let d = start_daemon(&[], Stdio::from(log.reopen().expect("log")), |c| {
+        c.fake_gpus(0).config.kernel.prewarm_max = 0;
+    });
     // Both cores busy while the kernels start (as three daemons and their kernels were).
     let stop = Arc::new(AtomicBool::new(false));
     let burners: Vec<_> = (0..2)

@@ -12,9 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
 mod required;
-use common::{http, python, start_daemon, wait_until, Daemon, NOTEBOOKOSD, TOKEN};
+use nbos_test_support::{http, start_daemon, wait_until, Daemon, DaemonConfig, TOKEN};
+
+const NOTEBOOKOSD: &str = env!("CARGO_BIN_EXE_notebookosd");
 
 /// The first uid of the range the isolation test hands out (no account has it).
 const RANGE_FIRST: u32 = 2_000_000;
@@ -42,10 +43,9 @@ fn account(flag: &str) -> Option<u32> {
 }
 
 fn start(extra_kernel_toml: &str) -> Daemon {
-    start_daemon(
-        &format!("[gpu]\ndriver = \"none\"\n[kernel]\npython = {:?}\n{extra_kernel_toml}", python()),
-        Stdio::inherit(),
-    )
+    start_daemon(&[], Stdio::inherit(), |c| {
+        c.fake_gpus(0).overlay(&format!("[kernel]\n{extra_kernel_toml}")).expect("[kernel] keys");
+    })
 }
 
 /// Creates a kernel; returns its id and pid.
@@ -93,7 +93,7 @@ fn connection_file_of(pid: u32) -> PathBuf {
 /// Runs `code` in the kernel: the execute_result's text, or `ename: evalue` of an error
 /// (without double quotes).
 async fn run_cell(url: &str, kernel: &str, code: &str) -> String {
-    common::run_cell(url, kernel, code).await.replace('"', "")
+    nbos_test_support::run_cell(url, TOKEN, kernel, code).await.value().replace('"', "")
 }
 
 fn delete(d: &Daemon, id: &str) {
@@ -259,13 +259,9 @@ async fn gpu_kernels_in_pid_namespaces_of_their_own_take_turns_on_one_gpu() {
         required::cannot_run("kernel_user", &why);
         return;
     }
-    let d = start_daemon(
-        &format!(
-            "[gpu]\ndriver = \"fake\"\nfake_gpus = 1\nidle_release = \"1s\"\n[kernel]\npython = {:?}\nprewarm_max = 0\n",
-            python()
-        ),
-        Stdio::inherit(),
-    );
+    let d = start_daemon(&[], Stdio::inherit(), |c| {
+        c.fake_gpus(1).idle_release(Duration::from_secs(1)).config.kernel.prewarm_max = 0;
+    });
     let body = r#"{"name":"notebookos-python-1gpu"}"#;
     let mut kernels = Vec::new();
     for _ in 0..2 {
@@ -448,7 +444,7 @@ fn a_root_daemon_refuses_a_kernel_account_that_is_root_or_missing() {
         required::cannot_run("kernel_user", &why);
         return;
     }
-    let dir = common::kernel_traversable_tempdir();
+    let dir = nbos_test_support::daemon::kernel_traversable_tempdir();
     for (kernel_toml, says) in [
         ("user = \"root\"\n", "kernel.user`: must name an unprivileged account"),
         ("group = \"root\"\n", "kernel.group`: must name an unprivileged group"),
@@ -458,17 +454,10 @@ fn a_root_daemon_refuses_a_kernel_account_that_is_root_or_missing() {
             "useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin nbos-no-such-user",
         ),
     ] {
-        let cfg = dir.path().join("c.toml");
-        std::fs::write(
-            &cfg,
-            format!(
-                "[node]\nstate_dir = {:?}\nruntime_dir = {:?}\n[http]\nlisten = \"127.0.0.1:0\"\n\
-                 allow_unauthenticated_loopback = true\n[gpu]\ndriver = \"none\"\n[kernel]\n{kernel_toml}",
-                dir.path().join("state"),
-                dir.path().join("run"),
-            ),
-        )
-        .expect("config");
+        let mut c = DaemonConfig::new(dir.path());
+        c.fake_gpus(0).config.http.allow_unauthenticated_loopback = true;
+        c.overlay(&format!("[kernel]\n{kernel_toml}")).expect("[kernel] keys");
+        let cfg = c.write(&dir.path().join("c.toml")).expect("config");
         let out = Command::new(NOTEBOOKOSD).arg("--config").arg(&cfg).output().expect("run");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{kernel_toml}: started");

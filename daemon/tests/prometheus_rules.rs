@@ -14,8 +14,6 @@
 //! Without `prometheus`/`promtool` (Debian package prometheus) the tests skip with the
 //! reason, unless `NBOS_REQUIRE_PRIVILEGED=1` or `CI` is set: then they fail.
 
-#[path = "common/cluster.rs"]
-mod cluster;
 mod required;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -23,8 +21,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cluster::{wait_for, Options, TestCluster, TOKEN};
 use futures_util::{SinkExt, StreamExt};
+use nbos_test_support::{run_cell_on, wait_for, CellOutcome, Options, TestCluster, TOKEN};
 use notebookosd::link::client::GatewayClient;
 use serde_json::Value;
 use tokio_tungstenite::tungstenite::Message as WsFrame;
@@ -502,44 +500,6 @@ fn sample_value(sample: &Value) -> f64 {
 
 // ------------------------------------------------------------------------------ the workload
 
-/// Runs `code` over a kernel's channels WebSocket (JSON encoding); the reply's status
-/// and the cell's stdout.
-async fn run_cell<Tx, Rx>(tx: &mut Tx, rx: &mut Rx, code: &str) -> (String, String)
-where
-    Tx: futures_util::Sink<WsFrame> + Unpin,
-    Tx::Error: std::fmt::Debug,
-    Rx: futures_util::Stream<Item = Result<WsFrame, tokio_tungstenite::tungstenite::Error>> + Unpin,
-{
-    let msg_id = uuid::Uuid::new_v4().to_string();
-    let req = serde_json::json!({
-        "header": {"msg_id": msg_id, "msg_type": "execute_request", "session": "s", "version": "5.3"},
-        "parent_header": {}, "metadata": {}, "content": {"code": code, "silent": false},
-    });
-    tx.send(WsFrame::Text(req.to_string().into())).await.expect("send the cell");
-    let (mut status, mut stdout, mut idle) = (None, String::new(), false);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while status.is_none() || !idle {
-        let frame = tokio::time::timeout_at(deadline, rx.next())
-            .await
-            .expect("the cell's reply in time")
-            .expect("the WebSocket open")
-            .expect("a frame");
-        let WsFrame::Text(t) = frame else { continue };
-        let v: Value = serde_json::from_str(t.as_str()).expect("JSON message");
-        if v["parent_header"]["msg_id"] != msg_id.as_str() {
-            continue;
-        }
-        match v["msg_type"].as_str() {
-            Some("stream") => stdout.push_str(v["content"]["text"].as_str().unwrap_or("")),
-            Some("error") => stdout.push_str(&format!("{}: {}", v["content"]["ename"], v["content"]["evalue"])),
-            Some("status") => idle |= v["content"]["execution_state"] == "idle",
-            Some("execute_reply") => status = v["content"]["status"].as_str().map(str::to_owned),
-            _ => {}
-        }
-    }
-    (status.unwrap_or_default(), stdout)
-}
-
 /// `/metrics` of every running host.
 fn scrape_all(c: &TestCluster) -> Vec<String> {
     c.hosts
@@ -560,15 +520,9 @@ fn scrape_all(c: &TestCluster) -> Vec<String> {
 /// Starts the three hosts with `gpu.idle_release = 1s` and runs the workload that
 /// [`TRIGGERED`] describes.
 fn cluster_with_workload() -> TestCluster {
-    let mut c = TestCluster::create_tls(3, Options { fake_gpus: 1, ..Options::default() });
-    for id in 1..=3 {
-        let config = c.host(id).config.clone();
-        let text = read(&config);
-        assert!(text.contains("[gpu]\n"), "{}: no [gpu] section", config.display());
-        // GPUs come back 1 s after a cell: the test sees an eviction soon.
-        std::fs::write(&config, text.replacen("[gpu]\n", "[gpu]\nidle_release = \"1s\"\n", 1)).expect("config");
-        c.restart(id);
-    }
+    // GPUs come back 1 s after a cell: the test sees an eviction soon.
+    let idle_release = Some(Duration::from_secs(1));
+    let c = TestCluster::start_tls(3, Options { fake_gpus: 1, idle_release, ..Options::default() });
     c.wait_ready(&[1, 2, 3], Duration::from_secs(60));
 
     // A variable a client may not set is left out and counted.
@@ -598,7 +552,7 @@ fn cluster_with_workload() -> TestCluster {
     rt.block_on(async {
         let (mut tx, mut rx) = gateway.connect_channels(&kernel, false).await.expect("channels WebSocket").split();
         tx.send(WsFrame::Text("{oops".into())).await.expect("send a malformed message");
-        let (status, out) = run_cell(&mut tx, &mut rx, GPU_CELL).await;
+        let CellOutcome { status, stdout: out, .. } = run_cell_on(&mut tx, &mut rx, GPU_CELL).await;
         assert_eq!((status.as_str(), out.lines().find(|l| l.starts_with("SUM"))), ("ok", Some("SUM 65536.0")), "{out}");
     });
     // The GPU is taken back after `idle_release` and the kernel's memory checkpointed.
@@ -611,7 +565,7 @@ fn cluster_with_workload() -> TestCluster {
         // not there (device handles cannot be pickled) and a new buffer is made.
         let cell = "try:\n    print('SUM', dev.sum(buf))\nexcept NameError:\n    exec(CELL)"
             .replace("CELL", &format!("{GPU_CELL:?}"));
-        let (status, out) = run_cell(&mut tx, &mut rx, &cell).await;
+        let CellOutcome { status, stdout: out, .. } = run_cell_on(&mut tx, &mut rx, &cell).await;
         assert_eq!((status.as_str(), out.lines().find(|l| l.starts_with("SUM"))), ("ok", Some("SUM 65536.0")), "{out}");
     });
     c

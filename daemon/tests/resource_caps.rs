@@ -16,11 +16,7 @@ use notebookosd::link::client::GatewayClient;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::Message as WsFrame;
 
-mod common;
-use common::{http, python, start_daemon, Daemon, TOKEN};
-
-#[path = "common/cluster.rs"]
-mod cluster;
+use nbos_test_support::{http, start_daemon, Daemon, TOKEN};
 
 /// Upper bound on any one wait (a hang fails the test instead of hanging it).
 const WAIT: Duration = Duration::from_secs(60);
@@ -32,7 +28,9 @@ fn refusals(url: &str, reason: &str) -> f64 {
 }
 
 fn start(limits: &str) -> Daemon {
-    start_daemon(&format!("[kernel]\npython = {:?}\n[limits]\n{limits}", python()), Stdio::null())
+    start_daemon(&[], Stdio::null(), |c| {
+        c.overlay(&format!("[limits]\n{limits}")).expect("[limits] keys");
+    })
 }
 
 fn create_kernel(url: &str) -> (u16, serde_json::Value) {
@@ -161,9 +159,13 @@ async fn gateway_caps_refuse_with_clear_errors_and_count() {
 
 #[test]
 fn cluster_api_checks_the_environment_and_allocates_kernel_groups() {
-    let c = cluster::TestCluster::start(
+    let c = nbos_test_support::TestCluster::start(
         1,
-        cluster::Options { fake_gpus: 0, extra_toml: "replicas = 1\n".to_owned(), ..Default::default() },
+        nbos_test_support::Options {
+            fake_gpus: 0,
+            overlay: "[cluster]\nreplicas = 1\n".to_owned(),
+            ..Default::default()
+        },
     );
     c.wait_ready(&[1], WAIT);
     let url = c.host(1).url.clone();

@@ -7,13 +7,13 @@
 //! unit the kernel enforces on its own: the bounding set and no_new_privs with `setpriv`,
 //! the umask with the shell. Mount and device restrictions need systemd itself.
 
-mod common;
 mod required;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{http, python, start_daemon_under, TOKEN};
+use nbos_test_support::{http, start_daemon, TOKEN};
+use notebookosd::config::ObserverMode;
 
 const UNIT: &str = include_str!("../../packaging/notebookosd.service");
 /// `systemd-analyze security` exposure (0 safest, 10 least safe) the unit must stay under.
@@ -101,14 +101,9 @@ fn the_daemon_does_its_job_with_only_the_units_capabilities() {
         ["setpriv", "--no-new-privs", "--inh-caps=-all", "--bounding-set", &bounding, "--", "sh", "-c", &shell];
     // The eBPF observer is required (the daemon refuses to start without it) and kernels
     // get memory cgroups: the privileged parts of the daemon's job.
-    let d = start_daemon_under(
-        &wrapper,
-        &format!(
-            "[kernel]\npython = {:?}\nmemory_limit_mib = 2048\n[gpu]\ndriver = \"fake\"\nfake_gpus = 1\n[observer]\nmode = \"ebpf\"\n",
-            python()
-        ),
-        Stdio::inherit(),
-    );
+    let d = start_daemon(&wrapper, Stdio::inherit(), |c| {
+        c.fake_gpus(1).observer(ObserverMode::Ebpf).config.kernel.memory_limit_mib = 2048;
+    });
     // What the unit grants, less what this machine withholds from its own processes.
     let expected = unit_capability_mask() & bounding_set_of(std::process::id());
     assert_eq!(bounding_set_of(d.child.id()), expected, "the daemon runs with the unit's bounding set");

@@ -11,6 +11,8 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "jupyter"))
+# The test kit (launcher, config, run_cell) shared with the other suites.
+sys.path.insert(0, str(HERE.parent / "support" / "python"))
 
 import lab_harness  # noqa: E402
 

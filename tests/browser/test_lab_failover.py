@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster_harness import Cluster
+from nbos_testkit import Cluster
 from nbos_harness import free_port
 from lab_harness import ARTIFACTS_DIR, Lab, Notebook, chromium, close, wait_until
 

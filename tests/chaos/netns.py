@@ -47,6 +47,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+# The test kit's config builder (tests/support/python).
+sys.path.insert(0, str(REPO / "tests" / "support" / "python"))
+
+from nbos_testkit import write_config  # noqa: E402
+
 SUBNET = "10.77.0"
 BRIDGE = "nbcbr0"
 RAFT_PORT = 7000
@@ -198,7 +203,7 @@ class ChaosCluster:
             (self.root / f).chmod(0o600)
         self.objects = self.root / "objects"
         self.objects.mkdir(mode=0o700)
-        self.seeds = ", ".join(f'"{h.n}={h.ip}:{RAFT_PORT}"' for h in self.hosts)
+        self.seeds = [f"{h.n}={h.ip}:{RAFT_PORT}" for h in self.hosts]
         for h in self.hosts:
             h.dir.mkdir()
             h.dir.chmod(0o711)
@@ -217,41 +222,34 @@ class ChaosCluster:
         """Host h's notebookosd.toml for its current node id (a founding seed, or a host that
         joins: it advertises the proxy's address for its raft traffic)."""
         node = self.pki / f"node-{h.node_id}"
-        advertise = f'raft_advertise = "{h.ip}:{RAFT_PORT}"' if h.node_id != h.n else ""
-        h.config.write_text(
-            f"""
-[node]
-name = "chaos-{h.node_id}"
-state_dir = "{h.state}"
-runtime_dir = "{h.run}"
-[http]
-listen = "127.0.0.1:{HTTP_PORT}"
-token_file = "{self.root / 'token'}"
-operator_token_file = "{self.root / 'operator-token'}"
-tls = {{ cert = "{node}.pem", key = "{node}.key", client_ca = "{self.ca}" }}
-[kernel]
-python = "{self.python}"
-prewarm_min = 0
-prewarm_max = 0
-[gpu]
-driver = "fake"
-fake_gpus = {self.fake_gpus}
-[observer]
-mode = "procfs"
-[cluster]
-enabled = true
-node_id = {h.node_id}
-raft_listen = "127.0.0.1:{RAFT_PORT}"
-{advertise}
-advertise_url = "{h.url}"
-seeds = [{self.seeds}]
-host_ttl = "{self.host_ttl}"
-object_store = "file://{self.objects}"
-tls = {{ ca_cert = "{self.ca}", cert = "{node}.pem", key = "{node}.key" }}
-[log]
-format = "text"
-"""
-        )
+        cert, key, ca = f"{node}.pem", f"{node}.key", str(self.ca)
+        cluster = {
+            "enabled": True,
+            "node_id": h.node_id,
+            "raft_listen": f"127.0.0.1:{RAFT_PORT}",
+            "advertise_url": h.url,
+            "seeds": self.seeds,
+            "host_ttl": self.host_ttl,
+            "object_store": f"file://{self.objects}",
+            "tls": {"ca_cert": ca, "cert": cert, "key": key},
+        }
+        if h.node_id != h.n:
+            cluster["raft_advertise"] = f"{h.ip}:{RAFT_PORT}"
+        sections = {
+            "node": {"name": f"chaos-{h.node_id}", "state_dir": str(h.state), "runtime_dir": str(h.run)},
+            "http": {
+                "listen": f"127.0.0.1:{HTTP_PORT}",
+                "token_file": str(self.root / "token"),
+                "operator_token_file": str(self.root / "operator-token"),
+                "tls": {"cert": cert, "key": key, "client_ca": ca},
+            },
+            "kernel": {"python": str(self.python), "prewarm_min": 0, "prewarm_max": 0},
+            "gpu": {"driver": "fake", "fake_gpus": self.fake_gpus},
+            "observer": {"mode": "procfs"},
+            "cluster": cluster,
+            "log": {"format": "text"},
+        }
+        write_config(h.config, h.dir, sections)
 
     def _start_proxy(self, h: Host) -> None:
         pairs = [f"{h.ip}:{p}=127.0.0.1:{p}" for p in (RAFT_PORT, HTTP_PORT)]

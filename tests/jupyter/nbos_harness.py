@@ -18,20 +18,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# The test kit (tests/support/python): binaries, config builder, launcher, run_cell.
+sys.path.insert(0, str(REPO / "tests" / "support" / "python"))
 
-
-def bin_dir() -> Path:
-    env = os.environ.get("NBOS_BIN_DIR")
-    if env:
-        return Path(env)
-    subprocess.run(
-        ["cargo", "build", "-q", "-p", "notebookosd", "-p", "nbos-cli", "--bins"], cwd=REPO, check=True
-    )
-    return Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target") / "debug"
+from nbos_testkit import bin_dir, wait_for, write_config  # noqa: E402
 
 
 _next_port = random.randrange(12_000)
@@ -52,17 +45,6 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError("no free loopback port in 20000..32000")
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def kill_until_given_up(model, first_pid: int, most: int = 8) -> list[int]:
@@ -98,7 +80,7 @@ class Daemon:
         memory_limit_mib: int = 0,
         limit_address_space: bool = False,
         tls: bool = False,
-        gpu_extra: str = "",
+        gpu_extra: dict | None = None,
     ) -> None:
         self.bins = bin_dir()
         self.dir = Path(tempfile.mkdtemp(prefix="nbos-jupyter-test-"))
@@ -108,7 +90,7 @@ class Daemon:
         # HTTPS with a client CA: a PKI made by `nbos pki`, a node certificate for the
         # listener (127.0.0.1) and a client certificate for jupyter_server.
         self.pki = self.dir / "pki"
-        tls_toml = ""
+        http: dict = {"listen": "127.0.0.1:0"}
         tls_args: list[str] = []
         if tls:
             for args in (["init"], ["issue", "node", "1", "--ip", "127.0.0.1"], ["issue", "client", "jupyter"]):
@@ -118,40 +100,31 @@ class Daemon:
             self.ca_cert = self.pki / "ca.pem"
             self.client_cert = self.pki / "client-jupyter.pem"
             self.client_key = self.pki / "client-jupyter.key"
-            tls_toml = (
-                f'tls = {{ cert = "{self.pki / "node-1.pem"}", key = "{self.pki / "node-1.key"}", '
-                f'client_ca = "{self.ca_cert}" }}\n'
-            )
+            http["tls"] = {
+                "cert": str(self.pki / "node-1.pem"),
+                "key": str(self.pki / "node-1.key"),
+                "client_ca": str(self.ca_cert),
+            }
             tls_args = ["--ca-cert", str(self.ca_cert)]
         self.token = secrets.token_hex(24)
         self.token_file = self.dir / "token"
         self.token_file.write_text(self.token + "\n")
         self.token_file.chmod(0o600)
         runtime = self.dir / "run"
-        config = self.dir / "notebookosd.toml"
-        gpu = (
-            f'[gpu]\ndriver = "fake"\nfake_gpus = {fake_gpus}\nidle_release = "{idle_release}"\n{gpu_extra}'
-            if fake_gpus
-            else ""
-        )
-        config.write_text(
-            f"""
-[node]
-name = "pytest"
-state_dir = "{self.dir / 'state'}"
-runtime_dir = "{runtime}"
-[http]
-listen = "127.0.0.1:0"
-token_file = "{self.token_file}"
-{tls_toml}[kernel]
-python = "{sys.executable}"
-memory_limit_mib = {memory_limit_mib}
-limit_address_space = {str(limit_address_space).lower()}
-{gpu}
-[log]
-format = "text"
-"""
-        )
+        http["token_file"] = str(self.token_file)
+        sections = {
+            "node": {"name": "pytest"},
+            "http": http,
+            "kernel": {
+                "python": sys.executable,
+                "memory_limit_mib": memory_limit_mib,
+                "limit_address_space": limit_address_space,
+            },
+            "log": {"format": "text"},
+        }
+        if fake_gpus:
+            sections["gpu"] = {"driver": "fake", "fake_gpus": fake_gpus, "idle_release": idle_release, **(gpu_extra or {})}
+        config = write_config(self.dir / "notebookosd.toml", self.dir, sections)
         self.log = open(self.dir / "daemon.log", "wb")
         self.proc = subprocess.Popen(
             [str(self.bins / "notebookosd"), "--config", str(config)],

@@ -3,7 +3,6 @@ kernels are 404, and malformed or badly signed messages are dropped, counted and
 logged while the kernel keeps working."""
 
 import json
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -12,6 +11,7 @@ import pytest
 import websocket  # websocket-client, a jupyter_server dependency
 from jupyter_client.session import Session
 from nbos_harness import daemon, wait_for
+from nbos_testkit import run_cell
 
 
 def http(method: str, path: str, token: str | None, body: dict | None = None):
@@ -105,38 +105,6 @@ def dropped_count(reason: str, source: str) -> float:
     return 0.0
 
 
-def execute(ws, code: str) -> dict:
-    msg_id = uuid.uuid4().hex
-    ws.send(
-        json.dumps(
-            {
-                "header": {"msg_id": msg_id, "msg_type": "execute_request", "session": "t", "username": "t", "date": time.time(), "version": "5.3"},
-                "parent_header": {},
-                "metadata": {},
-                "content": {"code": code, "silent": False},
-            }
-        )
-    )
-    deadline = time.monotonic() + 60
-    result = {}
-    idle = False
-    while time.monotonic() < deadline:
-        m = json.loads(ws.recv())
-        if m["parent_header"].get("msg_id") != msg_id:
-            continue
-        if m["msg_type"] == "execute_result":
-            result["value"] = m["content"]["data"]["text/plain"]
-        if m["msg_type"] == "execute_reply":
-            result["status"] = m["content"]["status"]
-        # The result (iopub) and the reply (shell) have no order between them;
-        # the idle status for the cell comes after its output.
-        if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
-            idle = True
-        if "status" in result and idle:
-            return result
-    raise TimeoutError("no execute_reply and idle status")
-
-
 def test_malformed_websocket_messages_are_dropped_counted_and_the_kernel_keeps_working(kernel_id):
     d = daemon()
     ws = websocket.create_connection(
@@ -152,7 +120,8 @@ def test_malformed_websocket_messages_are_dropped_counted_and_the_kernel_keeps_w
     before_chan = dropped_count("unknown_channel", "websocket")
     ws.send(json.dumps({"channel": "bogus", "header": {"msg_id": "y", "msg_type": "x"}}))
     wait_for(lambda: dropped_count("unknown_channel", "websocket") >= before_chan + 1, 10, "the drop to be counted")
-    assert execute(ws, "6 * 7") == {"status": "ok", "value": "42"}
+    cell = run_cell(ws, "6 * 7", timeout=60)
+    assert (cell.status, cell.result) == ("ok", "42")
     ws.close()
     # The cell was counted by outcome and its interactivity delay observed.
     metrics = urllib.request.urlopen(d.url + "/metrics", timeout=10).read().decode()

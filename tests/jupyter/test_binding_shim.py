@@ -12,7 +12,8 @@ import urllib.request
 
 import pytest
 from nbos_harness import Daemon
-from test_gpu_binding import call, connect, run_cell
+from test_gpu_binding import call, connect
+from nbos_testkit import run_cell
 
 
 @pytest.fixture(scope="module")
@@ -94,11 +95,11 @@ def test_kernels_load_the_shim_and_share_one_gpu_with_device_data_intact(one_gpu
     for i, k in enumerate(kernels):
         first, second, third = results[k]
         for cell in (first, second, third):
-            assert cell["reply"]["status"] == "ok", (k, cell)
-        assert "SHIM True" in first["stdout"], first
-        assert "/cuda/libcuda.so.1" in first["stdout"], first
-        assert "TRAIN" in second["stdout"], second
-        assert f"SUM {4096 * (i + 1)}.0" in third["stdout"], (k, third)
+            assert cell.reply["status"] == "ok", (k, cell)
+        assert "SHIM True" in first.stdout, first
+        assert "/cuda/libcuda.so.1" in first.stdout, first
+        assert "TRAIN" in second.stdout, second
+        assert f"SUM {4096 * (i + 1)}.0" in third.stdout, (k, third)
 
     text = metrics(d)
     # Every kernel got the GPU through the lease server at least once, and turns
@@ -182,13 +183,13 @@ def test_a_restarted_kernel_may_lease_again(one_gpu):
     k = call(d, "POST", "/api/kernels", {"name": "notebookos-python-1gpu"})[1]["id"]
     code = "from nbos_kernel import gpu\nprint('VALUE', gpu.open_device().buffer(64, 3.0).to_host()[0])"
     ws = connect(d, k)
-    assert "VALUE 3.0" in run_cell(ws, code)["stdout"]
+    assert "VALUE 3.0" in run_cell(ws, code).stdout
     ws.close()
     status, _ = call(d, "POST", f"/api/kernels/{k}/restart")
     assert status == 200
     # The new process is registered with the lease server: its shim is not refused.
     ws = connect(d, k)
     out = run_cell(ws, code)
-    assert out["reply"]["status"] == "ok" and "VALUE 3.0" in out["stdout"], out
+    assert out.reply["status"] == "ok" and "VALUE 3.0" in out.stdout, out
     ws.close()
     call(d, "DELETE", f"/api/kernels/{k}")

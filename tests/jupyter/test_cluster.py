@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cluster_harness import Cluster
+from nbos_testkit import Cluster, run_cell
 from jupyter_client.manager import KernelManager
 from nbos_harness import wait_for
 
@@ -22,24 +22,6 @@ def cluster():
     c = Cluster()
     yield c
     c.stop()
-
-
-def run_cell(kc, code: str, timeout: float = 90) -> tuple[dict, dict, str]:
-    """Executes `code`; returns the reply content, its metadata and the cell's stdout."""
-    msg_id = kc.execute(code)
-    reply = kc.get_shell_msg(timeout=timeout)
-    while reply["parent_header"].get("msg_id") != msg_id:
-        # Late kernel_info replies of wait_for_ready's retries.
-        reply = kc.get_shell_msg(timeout=timeout)
-    out = []
-    while True:
-        m = kc.get_iopub_msg(timeout=timeout)
-        if m["parent_header"].get("msg_id") != msg_id:
-            continue
-        if m["msg_type"] == "stream" and m["content"]["name"] == "stdout":
-            out.append(m["content"]["text"])
-        if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
-            return reply["content"], reply["metadata"], "".join(out)
 
 
 def test_a_jupyter_client_keeps_its_kernel_when_its_gateway_host_dies(cluster: Cluster, tmp_path: Path) -> None:
@@ -78,7 +60,8 @@ def test_a_jupyter_client_keeps_its_kernel_when_its_gateway_host_dies(cluster: C
 
         executors = []
         for i in range(1, 4):
-            reply, meta, _ = run_cell(kc, f"x{i} = {i}")
+            cell = run_cell(kc, f"x{i} = {i}", timeout=90)
+            reply, meta, _ = cell.reply, cell.metadata, cell.stdout
             assert reply["status"] == "ok", reply
             executors.append(meta["nbos_election"]["node_id"])
 
@@ -90,12 +73,14 @@ def test_a_jupyter_client_keeps_its_kernel_when_its_gateway_host_dies(cluster: C
             60,
             "the proxy to reconnect to a surviving gateway",
         )
-        reply, meta, out = run_cell(kc, "print(x1 + x2 + x3)")
+        cell = run_cell(kc, "print(x1 + x2 + x3)", timeout=90)
+        reply, meta, out = cell.reply, cell.metadata, cell.stdout
         assert reply["status"] == "ok", (reply, cluster.logs())
         assert out.strip() == "6"
         assert meta["nbos_election"]["node_id"] in (2, 3)
 
-        reply, _, out = run_cell(kc, "import os\nprint(os.environ['NOTEBOOKOS_KERNEL_ID'])")
+        cell = run_cell(kc, "import os\nprint(os.environ['NOTEBOOKOS_KERNEL_ID'])", timeout=90)
+        reply, _, out = cell.reply, cell.metadata, cell.stdout
         assert reply["status"] == "ok", reply
         assert out.strip() == kernel_id, "the same kernel, not a new one"
         assert [k["id"] for k in cluster.get(1, "/api/kernels")] == [kernel_id]

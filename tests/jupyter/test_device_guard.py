@@ -13,7 +13,8 @@ import tempfile
 import pytest
 from nbos_harness import Daemon, wait_for
 from test_binding_shim import metric, metrics
-from test_gpu_binding import call, connect, run_cell
+from test_gpu_binding import call, connect
+from nbos_testkit import run_cell
 
 PROBE = """
 import os
@@ -35,8 +36,8 @@ def cannot_run(why: str):
 
 def errnos(ws, paths) -> list[int]:
     out = run_cell(ws, PROBE.format(paths=[str(p) for p in paths]))
-    assert out["reply"]["status"] == "ok", out
-    line = next(l for l in out["stdout"].splitlines() if l.startswith("ERRNO"))
+    assert out.reply["status"] == "ok", out
+    line = next(l for l in out.stdout.splitlines() if l.startswith("ERRNO"))
     return [int(x) for x in line.split()[1:]]
 
 
@@ -51,7 +52,7 @@ def test_a_kernel_opens_a_gpu_device_file_only_while_it_holds_that_gpus_lease():
         os.chmod(p, 0o666)
     paths.append("/dev/null")
 
-    d = Daemon(fake_gpus=2, idle_release="1s", gpu_extra='device_guard = "ebpf"\n')
+    d = Daemon(fake_gpus=2, idle_release="1s", gpu_extra={"device_guard": "ebpf"})
     try:
         kernel = call(d, "POST", "/api/kernels", {"name": "notebookos-python-1gpu"})[1]["id"]
         ws = connect(d, kernel)

@@ -8,11 +8,11 @@ import signal
 import threading
 import time
 import urllib.request
-import uuid
 
 import pytest
 import websocket
 from nbos_harness import Daemon, kill_until_given_up, wait_for
+from nbos_testkit import run_cell
 
 # The per-cell GPU commitment is bookkeeping in the daemon's scheduler (the
 # lease server enforces it inside the process with the CUDA shim); these tests
@@ -45,29 +45,6 @@ def connect(d: Daemon, kernel_id: str):
     )
 
 
-def run_cell(ws, code: str) -> dict:
-    """Runs a cell; returns the reply content, stderr text and stdout text.
-
-    The reply (shell) and the output (iopub) travel on different channels with
-    no order between them, so this waits for both the reply and the kernel's
-    idle status for the cell, which ipykernel sends after the cell's output."""
-    msg_id = uuid.uuid4().hex
-    ws.send(json.dumps({"header": {"msg_id": msg_id, "msg_type": "execute_request", "session": "s"}, "content": {"code": code}}))
-    out = {"stdout": "", "stderr": ""}
-    idle = False
-    while not (idle and "reply" in out):
-        m = json.loads(ws.recv())
-        if m["parent_header"].get("msg_id") != msg_id:
-            continue
-        if m["msg_type"] == "stream":
-            out[m["content"]["name"]] += m["content"]["text"]
-        if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
-            idle = True
-        if m["msg_type"] == "execute_reply":
-            out["reply"] = m["content"]
-    return out
-
-
 def gpus_view(d: Daemon) -> dict:
     return call(d, "GET", "/api/v1/gpus")[1]
 
@@ -80,8 +57,8 @@ def test_three_kernels_take_turns_on_one_gpu(one_gpu):
     def worker(k):
         ws = connect(d, k)
         # The cell keeps a value in the kernel; the next cell checks it survived.
-        results[k] = run_cell(ws, "import time; t0 = time.time(); time.sleep(1.0); t1 = time.time(); print(t0, t1); data = list(range(1000))")
-        results[k]["after"] = run_cell(ws, "print(sum(data))")
+        first = run_cell(ws, "import time; t0 = time.time(); time.sleep(1.0); t1 = time.time(); print(t0, t1); data = list(range(1000))")
+        results[k] = (first, run_cell(ws, "print(sum(data))"))
         ws.close()
 
     threads = [threading.Thread(target=worker, args=(k,)) for k in kernels]
@@ -91,15 +68,15 @@ def test_three_kernels_take_turns_on_one_gpu(one_gpu):
         t.join(timeout=120)
     assert len(results) == 3
     spans = []
-    for k, r in results.items():
-        assert r["reply"]["status"] == "ok", r
-        t0, t1 = map(float, r["stdout"].split())
+    for k, (r, after) in results.items():
+        assert r.reply["status"] == "ok", r
+        t0, t1 = map(float, r.stdout.split())
         spans.append((t0, t1))
-        assert r["after"]["stdout"].strip() == str(sum(range(1000)))
+        assert after.stdout.strip() == str(sum(range(1000)))
     spans.sort()
     for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
         assert a1 <= b0, f"two cells held the only GPU at once: {spans}"
-    waited = [r for r in results.values() if "[NotebookOS] waiting for 1 GPU" in r["stderr"]]
+    waited = [r for r, _ in results.values() if "[NotebookOS] waiting for 1 GPU" in r.stderr]
     assert waited, "no client was told its cell waits for a GPU"
     # Per-cell binding bound less GPU time than reserving the GPU for each session.
     view = gpus_view(d)
@@ -122,7 +99,7 @@ def test_a_killed_kernel_frees_its_gpu_within_a_second(one_gpu):
     wa.send(json.dumps({"header": {"msg_id": "long", "msg_type": "execute_request", "session": "s"}, "content": {"code": "import time; time.sleep(300)"}}))
     wait_for(lambda: gpus_view(d)["holders"] == [f"committed:{a['id']}"], 10, "kernel A to hold the GPU")
     result = {}
-    t = threading.Thread(target=lambda: result.update(run_cell(wb, "print('B ran')")))
+    t = threading.Thread(target=lambda: result.update(cell=run_cell(wb, "print('B ran')")))
     t.start()
     wait_for(lambda: gpus_view(d)["waiting"], 10, "kernel B's cell to wait")
     metrics = urllib.request.urlopen(d.url + "/metrics", timeout=10).read().decode()
@@ -130,7 +107,7 @@ def test_a_killed_kernel_frees_its_gpu_within_a_second(one_gpu):
     os.kill(a["pids"][0], signal.SIGKILL)
     wait_for(lambda: gpus_view(d)["holders"] != [f"committed:{a['id']}"], 1.0, "the dead kernel's GPU to be freed")
     t.join(timeout=60)
-    assert result["reply"]["status"] == "ok" and "B ran" in result["stdout"]
+    assert result["cell"].reply["status"] == "ok" and "B ran" in result["cell"].stdout
     wa.close()
     wb.close()
     for k in (a, b):
@@ -142,10 +119,10 @@ def test_a_cell_needing_more_gpus_than_the_host_has_gets_an_error_reply(one_gpu)
     k = call(d, "POST", "/api/kernels", {"name": "notebookos-python-2gpu"})[1]
     ws = connect(d, k["id"])
     r = run_cell(ws, "print('should not run')")
-    assert r["reply"]["status"] == "error"
-    assert r["reply"]["ename"] == "NotEnoughGPUs"
-    assert "needs 2 GPUs but the host has 1" in r["reply"]["evalue"]
-    assert "should not run" not in r["stdout"]
+    assert r.reply["status"] == "error"
+    assert r.reply["ename"] == "NotEnoughGPUs"
+    assert "needs 2 GPUs but the host has 1" in r.reply["evalue"]
+    assert "should not run" not in r.stdout
     # A CPU-only request on the same kernel is unaffected.
     ws.send(json.dumps({"header": {"msg_id": "ki", "msg_type": "kernel_info_request", "session": "s"}, "content": {}}))
     while json.loads(ws.recv())["msg_type"] != "kernel_info_reply":
@@ -158,7 +135,7 @@ def test_idle_held_gpu_is_released_after_idle_release(one_gpu):
     d = one_gpu
     k = call(d, "POST", "/api/kernels", {"name": "notebookos-python-1gpu"})[1]
     ws = connect(d, k["id"])
-    assert run_cell(ws, "1")["reply"]["status"] == "ok"
+    assert run_cell(ws, "1").reply["status"] == "ok"
     assert gpus_view(d)["holders"] == [f"idle:{k['id']}"]
     wait_for(lambda: gpus_view(d)["holders"] == ["free"], 10, "idle_release (2 s) to free the GPU")
     ws.close()
@@ -185,7 +162,7 @@ def test_restarting_a_kernel_mid_cell_frees_its_gpu_and_answers_its_waiting_cell
     assert replies["next"]["ename"] == "KernelRestarted", replies
     # The restarted kernel runs new cells on the GPU.
     r = run_cell(wa, "print('after restart')")
-    assert r["reply"]["status"] == "ok" and "after restart" in r["stdout"]
+    assert r.reply["status"] == "ok" and "after restart" in r.stdout
     wa.close()
     call(d, "DELETE", f"/api/kernels/{a['id']}")
 
@@ -199,7 +176,7 @@ def test_a_gpu_kernel_that_is_given_up_answers_its_cells_with_errors(one_gpu):
     kill_until_given_up(lambda: call(d, "GET", f"/api/kernels/{k['id']}")[1], k["pids"][0])
     assert gpus_view(d)["holders"] == ["free"]
     r = run_cell(ws, "print('never')")
-    assert r["reply"]["status"] == "error" and r["reply"]["ename"] == "DeadKernel", r
-    assert "never" not in r["stdout"]
+    assert r.reply["status"] == "error" and r.reply["ename"] == "DeadKernel", r
+    assert "never" not in r.stdout
     ws.close()
     call(d, "DELETE", f"/api/kernels/{k['id']}")

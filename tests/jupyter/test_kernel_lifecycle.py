@@ -12,7 +12,8 @@ import uuid
 
 import websocket
 from nbos_harness import daemon, kill_until_given_up, wait_for
-from test_bad_input import execute, http
+from nbos_testkit import run_cell
+from test_bad_input import http
 
 
 def connect(kernel_id: str):
@@ -62,32 +63,6 @@ def send_request(ws, msg_type: str, content: dict, channel: str = "shell") -> st
     header = {"msg_id": msg_id, "msg_type": msg_type, "session": "t", "username": "t", "version": "5.3"}
     ws.send(json.dumps({"header": header, "parent_header": {}, "metadata": {}, "content": content, "channel": channel}))
     return msg_id
-
-
-def run_cell(ws, code: str) -> dict:
-    """Runs a cell; returns its reply content, stdout, result value, and every
-    IOPub status (of any parent) read meanwhile. Waits for both the reply and the
-    cell's idle status: shell and iopub have no order between them."""
-    msg_id = send_request(ws, "execute_request", {"code": code, "silent": False})
-    out = {"stdout": "", "states": []}
-    idle = False
-    deadline = time.monotonic() + 120
-    while not (idle and "reply" in out):
-        assert time.monotonic() < deadline, f"no execute_reply and idle status: {out}"
-        m = json.loads(ws.recv())
-        if m["msg_type"] == "status":
-            out["states"].append(m["content"]["execution_state"])
-        if m["parent_header"].get("msg_id") != msg_id:
-            continue
-        if m["msg_type"] == "stream" and m["content"]["name"] == "stdout":
-            out["stdout"] += m["content"]["text"]
-        if m["msg_type"] == "execute_result":
-            out["value"] = m["content"]["data"]["text/plain"]
-        if m["msg_type"] == "execute_reply":
-            out["reply"] = m["content"]
-        if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
-            idle = True
-    return out
 
 
 def read_states(ws, until, timeout: float = 120) -> list:
@@ -145,7 +120,7 @@ def test_interrupt_restart_and_delete():
     d = daemon()
     k = new_kernel()
     ws = connect(k["id"])
-    assert execute(ws, "x = 5; x")["value"] == "5"
+    assert run_cell(ws, "x = 5; x", timeout=60).result == "5"
     msg_id = send_execute(ws, "import time; print('started', flush=True); time.sleep(120)")
     # Interrupt once the cell's code runs (a SIGINT that lands while ipykernel is
     # still setting the cell up is a different test).
@@ -171,7 +146,7 @@ def test_interrupt_restart_and_delete():
     assert new_pid != old_pid
     wait_for(lambda: not pid_alive(old_pid), 10, "the old process to exit")
     # Same WebSocket, fresh interpreter: the restart dropped `x`.
-    assert execute(ws, "'x' in globals()")["value"] == "False"
+    assert run_cell(ws, "'x' in globals()", timeout=60).result == "False"
     ws.close()
 
     assert http("DELETE", f"/api/kernels/{k['id']}", d.token)[0] == 204
@@ -184,7 +159,7 @@ def test_a_requested_restart_is_not_reported_as_a_crash_and_a_cell_sent_during_i
     k = new_kernel()
     try:
         ws = connect(k["id"])
-        assert execute(ws, "x = 5; x")["value"] == "5"
+        assert run_cell(ws, "x = 5; x", timeout=60).result == "5"
         old_pid = k["pids"][0]
         restarted = {}
 
@@ -204,9 +179,9 @@ def test_a_requested_restart_is_not_reported_as_a_crash_and_a_cell_sent_during_i
         assert status == 200, model
         assert sent_during_restart, "the restart ended before the cell was sent: nothing was tested"
         # Answered by the new interpreter, and no `restarting` (JupyterLab's "kernel died" dialog).
-        assert r["reply"]["status"] == "ok", r
-        assert "after restart" in r["stdout"] and r["value"] == "False", r
-        assert "restarting" not in r["states"], r["states"]
+        assert r.reply["status"] == "ok", r
+        assert "after restart" in r.stdout and r.result == "False", r
+        assert "restarting" not in r.states, r.states
         assert model_of(k["id"])["pids"] == model["pids"] != [old_pid]
         ws.close()
     finally:
@@ -217,7 +192,7 @@ def test_a_killed_kernel_is_restarted_with_a_fresh_namespace():
     k = new_kernel()
     try:
         ws = connect(k["id"])
-        assert execute(ws, "x = 5; x")["value"] == "5"
+        assert run_cell(ws, "x = 5; x", timeout=60).result == "5"
         old_pid = k["pids"][0]
         restarts = metric("notebookos_kernel_auto_restarts_total")
         os.kill(old_pid, signal.SIGKILL)
@@ -233,8 +208,8 @@ def test_a_killed_kernel_is_restarted_with_a_fresh_namespace():
         assert metric("notebookos_kernel_auto_restarts_total") > restarts
         # The namespace died with the process; new cells run.
         r = run_cell(ws, "x")
-        assert r["reply"]["status"] == "error" and r["reply"]["ename"] == "NameError", r
-        assert execute(ws, "y = 2; y + 1")["value"] == "3"
+        assert r.reply["status"] == "error" and r.reply["ename"] == "NameError", r
+        assert run_cell(ws, "y = 2; y + 1", timeout=60).result == "3"
         ws.close()
     finally:
         http("DELETE", f"/api/kernels/{k['id']}", daemon().token)
@@ -257,8 +232,8 @@ def test_a_kernel_that_keeps_dying_right_after_it_starts_is_given_up_and_answers
         assert "restarting" in states, states
         # A request now gets an error reply instead of silence.
         r = run_cell(ws, "print('never')")
-        assert r["reply"]["status"] == "error" and r["reply"]["ename"] == "DeadKernel", r
-        assert "never" not in r["stdout"]
+        assert r.reply["status"] == "error" and r.reply["ename"] == "DeadKernel", r
+        assert "never" not in r.stdout
         msg_id = send_request(ws, "kernel_info_request", {})
         while True:
             m = json.loads(ws.recv())
@@ -289,7 +264,7 @@ def test_nbos_kernel_helper_is_loaded_into_every_kernel():
     k = new_kernel()
     try:
         ws = connect(k["id"])
-        assert execute(ws, "type(_nbos_tracker).__module__")["value"] == "'nbos_kernel.namespace'"
+        assert run_cell(ws, "type(_nbos_tracker).__module__", timeout=60).result == "'nbos_kernel.namespace'"
         ws.close()
     finally:
         http("DELETE", f"/api/kernels/{k['id']}", daemon().token)

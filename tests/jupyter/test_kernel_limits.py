@@ -19,16 +19,17 @@ def limited():
 
 
 def test_allocation_beyond_the_limit_is_a_memoryerror_not_a_dead_kernel(limited):
-    from test_gpu_binding import call, connect, run_cell
+    from nbos_testkit import run_cell
+    from test_gpu_binding import call, connect
 
     d = limited
     status, k = call(d, "POST", "/api/kernels", {"name": "python3"})
     assert status == 201, k
     ws = connect(d, k["id"])
-    assert run_cell(ws, "keep = 'still here'")["reply"]["status"] == "ok"
+    assert run_cell(ws, "keep = 'still here'").reply["status"] == "ok"
     r = run_cell(ws, "big = bytearray(2 * 1024**3)")
-    assert r["reply"]["status"] == "error" and r["reply"]["ename"] == "MemoryError", r["reply"]
+    assert r.reply["status"] == "error" and r.reply["ename"] == "MemoryError", r.reply
     r = run_cell(ws, "print(keep)")
-    assert r["stdout"].strip() == "still here"
+    assert r.stdout.strip() == "still here"
     ws.close()
     call(d, "DELETE", f"/api/kernels/{k['id']}")

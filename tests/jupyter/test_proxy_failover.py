@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from jupyter_client.manager import KernelManager
 from nbos_harness import daemon, wait_for
+from nbos_testkit import run_cell
 
 
 class Forwarder:
@@ -108,21 +109,6 @@ def shell_reply(kc, msg_id: str, timeout: float) -> dict:
             return reply
 
 
-def run_cell(kc, code: str, timeout: float = 60) -> tuple[dict, list[str]]:
-    """Executes `code`; returns the reply content and the stdout texts of the cell."""
-    msg_id = kc.execute(code)
-    out: list[str] = []
-    reply = shell_reply(kc, msg_id, timeout)
-    while True:
-        m = kc.get_iopub_msg(timeout=timeout)
-        if m["parent_header"].get("msg_id") != msg_id:
-            continue
-        if m["msg_type"] == "stream":
-            out.append(m["content"]["text"])
-        if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
-            return reply["content"], out
-
-
 def test_proxy_reconnects_to_the_next_gateway_and_keeps_the_kernel(tmp_path: Path) -> None:
     d = daemon()
     host, port = d.url.removeprefix("http://").rsplit(":", 1)
@@ -160,7 +146,8 @@ def test_proxy_reconnects_to_the_next_gateway_and_keeps_the_kernel(tmp_path: Pat
         assert len(created) == 1, created
         kernel_id = created[0]
 
-        reply, _ = run_cell(kc, "x = 41")
+        cell = run_cell(kc, "x = 41", timeout=60)
+        reply, _ = cell.reply, [cell.stdout, cell.stderr]
         assert reply["status"] == "ok"
 
         # Gateway A dies between cells: the next cell runs on the same kernel through B.
@@ -168,7 +155,8 @@ def test_proxy_reconnects_to_the_next_gateway_and_keeps_the_kernel(tmp_path: Pat
         # The proxy notices the loss and reconnects through B on its own, not only when
         # the client next sends something.
         wait_for(lambda: len(b.conns) >= 2, 60, "the proxy to reconnect through gateway B")
-        reply, out = run_cell(kc, "x += 1\nprint(x)")
+        cell = run_cell(kc, "x += 1\nprint(x)", timeout=60)
+        reply, out = cell.reply, [cell.stdout, cell.stderr]
         assert reply["status"] == "ok", reply
         assert "".join(out).strip() == "42"
 
@@ -193,7 +181,8 @@ def test_proxy_reconnects_to_the_next_gateway_and_keeps_the_kernel(tmp_path: Pat
         assert reply["content"]["ename"] == "GatewayConnectionLost"
         gate.write_text("go")
 
-        reply, out = run_cell(kc, "print(x)")
+        cell = run_cell(kc, "print(x)", timeout=60)
+        reply, out = cell.reply, [cell.stdout, cell.stderr]
         assert reply["status"] == "ok", reply
         assert "".join(out).strip() == "42", "the late cell's output must not leak into this one"
         assert [k["id"] for k in kernels(d) if k["id"] not in before] == [kernel_id], "same kernel, no new one"

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cluster_harness import Cluster
+from nbos_testkit import Cluster, run_cell
 from jupyter_client.manager import KernelManager
 from nbos_harness import bin_dir, wait_for
 
@@ -26,22 +26,6 @@ pytestmark = pytest.mark.skipif(not OLD_BINS, reason="needs the old version's bi
 
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def run_cell(kc, code: str, timeout: float = 120) -> tuple[dict, str]:
-    msg_id = kc.execute(code)
-    reply = kc.get_shell_msg(timeout=timeout)
-    while reply["parent_header"].get("msg_id") != msg_id:
-        reply = kc.get_shell_msg(timeout=timeout)
-    out = []
-    while True:
-        m = kc.get_iopub_msg(timeout=timeout)
-        if m["parent_header"].get("msg_id") != msg_id:
-            continue
-        if m["msg_type"] == "stream" and m["content"]["name"] == "stdout":
-            out.append(m["content"]["text"])
-        if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
-            return reply["content"], "".join(out)
 
 
 def replica_hosts(cluster: Cluster, via: int, kernel_id: str) -> set[int]:
@@ -90,7 +74,8 @@ def test_three_old_hosts_are_replaced_one_by_one_and_the_kernel_keeps_its_namesp
         kernel_id = cluster.get(0, "/api/kernels")[0]["id"]
         assert replica_hosts(cluster, 0, kernel_id) == {1, 2, 3}
 
-        reply, _ = run_cell(kc, "history = ['old']\nimport hashlib\nblob = bytes(range(256)) * 4096")
+        cell = run_cell(kc, "history = ['old']\nimport hashlib\nblob = bytes(range(256)) * 4096")
+        reply, _ = cell.reply, cell.stdout
         assert reply["status"] == "ok", reply
         for step in range(3):
             gone, added = step, step + 3  # host slots: old h1..h3 replaced by new h4..h6
@@ -104,7 +89,8 @@ def test_three_old_hosts_are_replaced_one_by_one_and_the_kernel_keeps_its_namesp
                 120,
                 f"the kernel's replicas on hosts {sorted(expected)}",
             )
-            reply, out = run_cell(kc, f"history.append('step{step}')\nprint(history)")
+            cell = run_cell(kc, f"history.append('step{step}')\nprint(history)")
+            reply, out = cell.reply, cell.stdout
             assert reply["status"] == "ok", (reply, cluster.logs())
             assert out.strip() == str(["old"] + [f"step{s}" for s in range(step + 1)]), out
 
@@ -115,7 +101,8 @@ def test_three_old_hosts_are_replaced_one_by_one_and_the_kernel_keeps_its_namesp
             return {m["node_id"] for m in status["members"] if m.get("up")}
 
         wait_for(lambda: members_up() == {4, 5, 6}, 60, "only the new hosts 4, 5, 6 up in the cluster")
-        reply, out = run_cell(kc, "print(len(history), hashlib.sha256(blob).hexdigest())")
+        cell = run_cell(kc, "print(len(history), hashlib.sha256(blob).hexdigest())")
+        reply, out = cell.reply, cell.stdout
         assert reply["status"] == "ok", reply
         assert out.split() == ["4", hashlib.sha256(bytes(range(256)) * 4096).hexdigest()], out
         kc.stop_channels()

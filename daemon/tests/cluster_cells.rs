@@ -12,17 +12,18 @@
 //! - 200 cells under random host kills (never two down): every cell ran exactly once
 //!   (a counter with no gap or duplicate, one election winner per cell).
 
-#[path = "../../tests/common/cluster.rs"]
-mod cluster;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant, SystemTime};
 
-use cluster::{wait_for, Options, TestCluster, NBOS, TOKEN};
-use nbos_bench::election::{CellClient, CellRun};
+use nbos_test_support::{wait_for, Options, TestCluster, TOKEN};
+use nbos_test_support::cell_client::{CellClient, CellRun};
 use notebookosd::jupyter::{wire, Message, Signer};
 use notebookosd::kernel::connection::ConnectionInfo;
 use notebookosd::link::client::GatewayClient;
+
+fn nbos() -> std::path::PathBuf {
+    nbos_test_support::bins::nbos()
+}
 
 const CELL_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long replicas may take to apply a cell before their digests are compared.
@@ -34,7 +35,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 fn start_cluster() -> TestCluster {
     // With the cluster's PKI: raft mutual TLS, HTTPS, node certificates between hosts.
-    let c = TestCluster::start_tls(3, Options { fake_gpus: 1, host_ttl: "1s".to_owned(), ..Options::default() });
+    let c = TestCluster::start_tls(3, Options { fake_gpus: 1, host_ttl: Duration::from_secs(1), ..Options::default() });
     c.wait_ready(&[1, 2, 3], Duration::from_secs(60));
     c
 }
@@ -255,7 +256,7 @@ impl ProxyClient {
         let file = dir.path().join("kernel.json");
         conn.write(&file).expect("connection file");
         let log = std::fs::File::create(dir.path().join("proxy.log")).expect("log");
-        let child = std::process::Command::new(*NBOS)
+        let child = std::process::Command::new(nbos())
             .args(["kernel-proxy", "-f"])
             .arg(&file)
             .args(["--kernel-id", kernel, "--gateway", &gateways.join(","), "--token-file"])
@@ -817,8 +818,8 @@ async fn wait_for_stderr(client: &mut CellClient, id: &str, needle: &str) -> Str
 
 #[test]
 fn bench_election_prints_one_json_object_with_the_promised_keys() {
-    let python = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python");
-    let out = std::process::Command::new(*NBOS)
+    let python = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    let out = std::process::Command::new(nbos())
         .args(["bench", "election", "--json", "--cells", "10", "--warmup", "1", "--small-objects", "200"])
         .args(["--large-mib", "2", "--python"])
         .arg(&python)
@@ -848,7 +849,7 @@ fn bench_election_prints_one_json_object_with_the_promised_keys() {
     assert!(v["first_output_remote_p50_ms"].as_f64() > v["election_remote_p50_ms"].as_f64(), "{v}");
     assert_eq!(v["hosts"], 4, "three GPU hosts and a gateway-only one: {v}");
     assert_eq!(v["sync_large_bytes"], 2 * 1024 * 1024, "{v}");
-    let bad = std::process::Command::new(*NBOS)
+    let bad = std::process::Command::new(nbos())
         .args(["bench", "election", "--json", "--cells", "3"])
         .output()
         .expect("run nbos bench election");

@@ -4,15 +4,17 @@
 //! `POST /api/kernels` waits and then succeeds), and once it is deleted the idle hosts are
 //! drained, leave and are stopped, with no kernel lost and every cell answered.
 
-#[path = "../../tests/common/cluster.rs"]
-mod cluster;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use cluster::{wait_for, Options, TestCluster, NBOS, NOTEBOOKOSD, TOKEN};
-use nbos_bench::election::CellClient;
+use nbos_test_support::{wait_for, Options, TestCluster, TOKEN};
+use nbos_test_support::cell_client::CellClient;
 use notebookosd::link::client::GatewayClient;
+
+fn nbos() -> std::path::PathBuf {
+    nbos_test_support::bins::nbos()
+}
+const NOTEBOOKOSD: &str = env!("CARGO_BIN_EXE_notebookosd");
 
 const CELL_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -57,7 +59,8 @@ fn metric(c: &TestCluster, line: &str) -> f64 {
 #[test]
 fn the_example_provider_scales_out_for_kernels_and_back_in_when_they_go() {
     // One GPU per host at ratio 1: three hosts hold exactly one one-GPU kernel.
-    let mut c = TestCluster::create_tls(3, Options { fake_gpus: 1, subscription_ratio: 1.0, ..Options::default() });
+    let mut c =
+        TestCluster::create_tls(3, Options { fake_gpus: 1, subscription_ratio: Some(1.0), ..Options::default() });
     let dir = c.dir().to_owned();
     let provided = dir.join("provided");
     let _guard = ProviderHosts(provided.clone());
@@ -65,7 +68,7 @@ fn the_example_provider_scales_out_for_kernels_and_back_in_when_they_go() {
     let pki = dir.join("pki");
     let tls4 = raft_store::NodeTlsFiles::in_dir(&pki, 4);
     let per_host = |p: &Path| p.display().to_string().replace("node-4", "node-{node_id}");
-    let python = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python");
+    let python = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
     let seeds = c.seed_list().iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ");
     let template = format!(
         "[node]\nname = \"auto{{node_id}}\"\nstate_dir = \"{{dir}}/state\"\nruntime_dir = \"{{dir}}/run\"\n\
@@ -85,7 +88,7 @@ fn the_example_provider_scales_out_for_kernels_and_back_in_when_they_go() {
     );
     let template_path = dir.join("provider-template.toml");
     std::fs::write(&template_path, template).expect("template");
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/autoscale/local-dev-provider.py");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/autoscale/local-dev-provider.py");
     let command = [
         python.display().to_string(),
         script.display().to_string(),
@@ -96,9 +99,9 @@ fn the_example_provider_scales_out_for_kernels_and_back_in_when_they_go() {
         "--first-node-id".into(),
         "4".into(),
         "--notebookosd".into(),
-        (*NOTEBOOKOSD).into(),
+        NOTEBOOKOSD.into(),
         "--nbos".into(),
-        (*NBOS).into(),
+        nbos().display().to_string(),
         "--ca-cert".into(),
         tls4.ca_cert.display().to_string(),
         "--token-file".into(),
@@ -111,10 +114,9 @@ fn the_example_provider_scales_out_for_kernels_and_back_in_when_they_go() {
          max_hosts = 6\ninterval = \"1s\"\nspare_hosts = 0\npeak_window = \"2s\"\nplacement_wait = \"120s\"\n"
     );
     for id in 1..=3 {
-        let config = c.host(id).config.clone();
-        let mut text = std::fs::read_to_string(&config).expect("config");
-        text.push_str(&autoscale);
-        std::fs::write(&config, text).expect("config");
+        c.reconfigure(id, |config| {
+            config.overlay(&autoscale).expect("[autoscale]");
+        });
         c.restart(id);
     }
     c.wait_ready(&[1, 2, 3], Duration::from_secs(60));

@@ -7,14 +7,11 @@
 //!   queued behind it) loses no cell: the running cell ends there, the queued one runs
 //!   elsewhere, the replica moves, and the host leaves.
 
-#[path = "../../tests/common/cluster.rs"]
-mod cluster;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use cluster::{wait_for, Options, TestCluster, TOKEN};
-use nbos_bench::election::{CellClient, CellRun};
+use nbos_test_support::{wait_for, Options, TestCluster, TOKEN};
+use nbos_test_support::cell_client::{CellClient, CellRun};
 use notebookosd::link::client::GatewayClient;
 
 const CELL_TIMEOUT: Duration = Duration::from_secs(120);
@@ -85,7 +82,8 @@ fn kernel_tempdir() -> tempfile::TempDir {
 #[test]
 fn a_cell_every_replica_yields_runs_after_a_replica_moves_to_a_fourth_host_with_its_namespace() {
     // One GPU per host; four one-GPU kernels on three hosts need a ratio of 4.
-    let mut c = TestCluster::start_tls(3, Options { fake_gpus: 1, subscription_ratio: 4.0, ..Options::default() });
+    let mut c =
+        TestCluster::start_tls(3, Options { fake_gpus: 1, subscription_ratio: Some(4.0), ..Options::default() });
     c.wait_ready(&[1, 2, 3], Duration::from_secs(60));
     let k = create_kernel(&c, 1);
     let blockers: Vec<String> = (1..=3).map(|h| create_kernel(&c, h)).collect();

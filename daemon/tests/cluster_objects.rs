@@ -6,16 +6,14 @@
 //! fails that cell's sync with a clear reply, loses nothing acknowledged, and the next cells
 //! are synchronised again.
 
-#[path = "../../tests/common/cluster.rs"]
-mod cluster;
-#[path = "../../tests/common/s3.rs"]
+#[path = "common/s3.rs"]
 mod s3;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use cluster::{wait_for, Options, TestCluster, TOKEN};
-use nbos_bench::election::{CellClient, CellRun};
+use nbos_test_support::{wait_for, Options, TestCluster, TOKEN};
+use nbos_test_support::cell_client::{CellClient, CellRun};
 use notebookosd::link::client::GatewayClient;
 use s3::{Fault, FaultProxy, S3Server};
 
@@ -31,7 +29,8 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn start(object_store: Option<String>, env: Vec<(String, String)>, extra: &str) -> TestCluster {
-    let options = Options { fake_gpus: 0, object_store, env, extra_toml: extra.to_owned(), ..Options::default() };
+    let options =
+        Options { fake_gpus: 0, object_store, env, overlay: format!("[cluster]\n{extra}"), ..Options::default() };
     let c = TestCluster::start(3, options);
     c.wait_ready(&[1, 2, 3], Duration::from_secs(60));
     c
@@ -214,7 +213,7 @@ fn a_store_that_stalls_mid_upload_fails_the_cells_sync_and_loses_nothing() {
 /// 100 cells each overwriting one array, the store's size before and after one collection
 /// (issue 18's measurement). The array is 256 KiB in `make test`; the closing note's run
 /// sets `NBOS_OVERWRITE_MIB=32` (3.2 GB written):
-/// `NBOS_OVERWRITE_MIB=32 cargo nextest run -p nbos-bench -E 'test(hundred_overwrites)' --no-capture`.
+/// `NBOS_OVERWRITE_MIB=32 cargo nextest run -p notebookosd -E 'test(hundred_overwrites)' --no-capture`.
 #[test]
 fn hundred_overwrites_of_an_array_leave_one_after_collection() {
     let kib: u64 =

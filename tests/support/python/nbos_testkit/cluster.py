@@ -1,24 +1,72 @@
-"""Three notebookosd processes forming one cluster on loopback, for the Jupyter client
-tests of issue 7. Each host has its own state and runtime directories, HTTP and raft
-ports, one simulated GPU and its own process group (so `kill()` takes its kernel
-processes down with it, like a host losing power); they share a token and a
-large-object directory."""
+"""The Python launcher of a loopback cluster. `nbos-test-cluster prepare` (the Rust support
+crate) writes the cluster's directory — tokens, PKI, each host's directory, ports and
+config — and prints it as JSON; this module starts, stops and kills the daemons from it,
+each in its own process group (so `kill()` takes its kernel processes down with it, like
+a host losing power)."""
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import ssl
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 
-from nbos_harness import bin_dir, free_port, wait_for
+from nbos_testkit.bins import bin_dir
 
+
+def wait_for(predicate, timeout: float, what: str):
+    """Polls `predicate` until it returns something true; that, or TimeoutError."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def prepare(
+    directory: Path,
+    hosts: int = 3,
+    founders: int | None = None,
+    tls: bool = True,
+    python: list[str] | None = None,
+    fake_gpus: int = 1,
+    log_level: str = "info",
+    extra: list[str] | None = None,
+) -> dict:
+    """Lays out a cluster in `directory` with `nbos-test-cluster prepare`; its layout:
+    `dir`, `token`, `operator_token`, `token_file`, `operator_token_file`, `ca_cert`,
+    `seeds`, `hosts` (each `node_id`, `dir`, `config_path`, `raft_addr`, `url`, `seed`)."""
+    args = [
+        str(bin_dir() / "nbos-test-cluster"),
+        "prepare",
+        "--dir",
+        str(directory),
+        "--hosts",
+        str(hosts),
+        "--fake-gpus",
+        str(fake_gpus),
+        "--log-level",
+        log_level,
+    ]
+    if founders is not None:
+        args += ["--founders", str(founders)]
+    if tls:
+        args.append("--tls")
+    for p in python or []:
+        args += ["--python", p]
+    r = subprocess.run([*args, *(extra or [])], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"nbos-test-cluster prepare: exit {r.returncode}\n{r.stderr}")
+    return json.loads(r.stdout)
 
 
 class Cluster:
@@ -37,82 +85,30 @@ class Cluster:
         founders = hosts if founders is None else founders
         self.bins = bin_dir()
         self.host_bins = host_bins or [self.bins] * hosts
-        python = host_python or [sys.executable] * hosts
         self.nbos = str(self.bins / "nbos")
         self.dir = Path(tempfile.mkdtemp(prefix="nbos-cluster-test-"))
-        # Kernels run as another uid (kernel.user): they pass through (0711), never list.
-        self.dir.chmod(0o711)
-        # A PKI made by `nbos pki`: raft mutual TLS, HTTPS with client certificates, and
-        # node certificates on host-to-host calls. Plain HTTP only where a TLS-terminating
-        # proxy would sit in front (tls=False).
+        layout = prepare(self.dir, hosts, founders, tls, host_python or [sys.executable])
+        self.layout = layout
+        # A PKI (raft mutual TLS, HTTPS with client certificates, node certificates on
+        # host-to-host calls). Plain HTTP only where a TLS-terminating proxy would sit in
+        # front (tls=False).
         self.pki = self.dir / "pki"
         self.nbos_tls_args: list[str] = []
         self.ssl_context = None
         if tls:
-            self._pki("init")
-            for i in range(hosts):
-                self._pki("issue", "node", str(i + 1), "--ip", "127.0.0.1")
-            self.nbos_tls_args = ["--ca-cert", str(self.pki / "ca.pem")]
-            self.ssl_context = ssl.create_default_context(cafile=str(self.pki / "ca.pem"))
-        self.token = secrets.token_hex(24)
-        self.token_file = self.dir / "token"
-        self.token_file.write_text(self.token + "\n")
-        self.token_file.chmod(0o600)
+            self.nbos_tls_args = ["--ca-cert", layout["ca_cert"]]
+            self.ssl_context = ssl.create_default_context(cafile=layout["ca_cert"])
+        self.token = layout["token"]
+        self.token_file = Path(layout["token_file"])
         # Membership and drain; also what hosts call each other with when they have no
         # node certificates (tls=False): never the users' token.
-        self.operator_token = secrets.token_hex(24)
-        self.operator_token_file = self.dir / "operator-token"
-        self.operator_token_file.write_text(self.operator_token + "\n")
-        self.operator_token_file.chmod(0o600)
-        objects = self.dir / "objects"
-        objects.mkdir()
-        raft = [free_port() for _ in range(hosts)]
-        http = [free_port() for _ in range(hosts)]
-        self.raft = raft
-        seeds = ", ".join(f'"{i + 1}=127.0.0.1:{p}"' for i, p in enumerate(raft[:founders]))
-        scheme = "https" if tls else "http"
-        self.urls = [f"{scheme}://127.0.0.1:{p}" for p in http]
-        self.configs = []
-        self.procs: list[subprocess.Popen | None] = []
-        for i in range(hosts):
-            d = self.dir / f"h{i + 1}"
-            d.mkdir()
-            config = d / "notebookosd.toml"
-            node, ca = self.pki / f"node-{i + 1}", self.pki / "ca.pem"
-            http_tls = f'tls = {{ cert = "{node}.pem", key = "{node}.key", client_ca = "{ca}" }}' if tls else ""
-            raft_tls = f'tls = {{ ca_cert = "{ca}", cert = "{node}.pem", key = "{node}.key" }}' if tls else ""
-            config.write_text(
-                f"""
-[node]
-name = "h{i + 1}"
-state_dir = "{d / 'state'}"
-runtime_dir = "{d / 'run'}"
-[http]
-listen = "127.0.0.1:{http[i]}"
-token_file = "{self.token_file}"
-operator_token_file = "{self.operator_token_file}"
-{http_tls}
-[kernel]
-python = "{python[i]}"
-[gpu]
-driver = "fake"
-fake_gpus = 1
-[observer]
-mode = "procfs"
-[cluster]
-enabled = true
-node_id = {i + 1}
-raft_listen = "127.0.0.1:{raft[i]}"
-seeds = [{seeds}]
-host_ttl = "1s"
-object_store = "file://{objects}"
-{raft_tls}
-[log]
-format = "text"
-"""
-            )
-            self.configs.append(config)
-            self.procs.append(None)
+        self.operator_token = layout["operator_token"]
+        self.operator_token_file = Path(layout["operator_token_file"])
+        self.raft = [int(h["raft_addr"].rsplit(":", 1)[1]) for h in layout["hosts"]]
+        self.urls = [h["url"] for h in layout["hosts"]]
+        self.host_dirs = [Path(h["dir"]) for h in layout["hosts"]]
+        self.configs = [Path(h["config_path"]) for h in layout["hosts"]]
+        self.procs: list[subprocess.Popen | None] = [None] * hosts
         for i in range(founders):
             self.start(i)
         self.wait_ready()
@@ -125,8 +121,11 @@ format = "text"
         self._pki("issue", "client", name)
         return self.pki / f"client-{name}.pem", self.pki / f"client-{name}.key"
 
+    def log_path(self, i: int) -> Path:
+        return self.host_dirs[i] / "daemon.log"
+
     def start(self, i: int) -> None:
-        log = open(self.dir / f"h{i + 1}" / "daemon.log", "ab")
+        log = open(self.log_path(i), "ab")
         self.procs[i] = subprocess.Popen(
             [str(self.host_bins[i] / "notebookosd"), "--config", str(self.configs[i])],
             stdout=subprocess.DEVNULL,
@@ -199,9 +198,9 @@ format = "text"
 
     def logs(self) -> str:
         return "\n".join(
-            f"--- h{i + 1} ---\n" + (self.dir / f"h{i + 1}" / "daemon.log").read_text()[-3000:]
+            f"--- host {i + 1} ---\n" + self.log_path(i).read_text()[-3000:]
             for i in range(len(self.procs))
-            if (self.dir / f"h{i + 1}" / "daemon.log").exists()
+            if self.log_path(i).exists()
         )
 
     def stop(self) -> None:

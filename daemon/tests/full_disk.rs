@@ -17,9 +17,6 @@
 //!
 //! Needs root (mount); skips elsewhere unless `NBOS_REQUIRE_PRIVILEGED=1`.
 
-#[path = "../../tests/common/cluster.rs"]
-mod cluster;
-#[path = "../../tests/required/mod.rs"]
 mod required;
 
 use std::io::Write;
@@ -27,8 +24,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use cluster::{wait_for, Options, TestCluster, TOKEN};
-use nbos_bench::election::{executed_revision, CellClient, CellRun};
+use nbos_test_support::{wait_for, Options, TestCluster, TOKEN};
+use nbos_test_support::cell_client::{executed_revision, CellClient, CellRun};
 use notebookosd::link::client::GatewayClient;
 
 const CELL_TIMEOUT: Duration = Duration::from_secs(90);
@@ -98,7 +95,8 @@ fn a_host_whose_state_disk_fills_stops_and_catches_up_once_space_returns() {
         required::cannot_run(TEST, "mounting a small filesystem needs root");
         return;
     }
-    let mut c = TestCluster::create_tls(3, Options { fake_gpus: 1, host_ttl: "1s".to_owned(), ..Options::default() });
+    let mut c =
+        TestCluster::create_tls(3, Options { fake_gpus: 1, host_ttl: Duration::from_secs(1), ..Options::default() });
     let state3 = c.host(3).dir.join("state");
     let Some(_disk) = Tmpfs::mount(&state3, "64m") else {
         required::cannot_run(TEST, "mount -t tmpfs failed");

@@ -1,0 +1,30 @@
+//! What the tests, benches and demo share to run daemons on one machine: the one config
+//! builder ([`config::DaemonConfig`], the daemon's own config types serialised with
+//! `toml`), the one loopback-cluster layout and launcher ([`layout::Layout`],
+//! [`cluster::TestCluster`]), one daemon on its own ([`daemon::start_daemon`]) and the one
+//! `run_cell` ([`cell::run_cell`]). `nbos-test-cluster` prints a layout for the Python test
+//! kit (`tests/support/python/nbos_testkit`).
+
+pub mod bins;
+pub mod cell;
+pub mod cell_client;
+pub mod cluster;
+pub mod config;
+pub mod daemon;
+pub mod http;
+pub mod layout;
+pub mod signal;
+pub mod wait;
+
+pub use cell::{run_cell, run_cell_on, CellOutcome};
+pub use cluster::{Host, TestCluster};
+pub use config::DaemonConfig;
+pub use daemon::{start_daemon, Daemon};
+pub use http::http;
+pub use layout::{Layout, Options};
+pub use wait::{wait_for, wait_until};
+
+/// The API token of every test daemon and cluster (benches and the Python kit use random ones).
+pub const TOKEN: &str = "cluster-test-token-0123456789abcdef";
+/// The operator token of every test cluster (membership, drain, re-placement).
+pub const OPERATOR_TOKEN: &str = "cluster-test-operator-token-fedcba9876543210";
