@@ -20,3 +20,4 @@ pub mod pki;
 pub mod sched;
 pub mod sim;
 pub mod status;
+pub mod sys;

@@ -456,7 +456,7 @@ impl Kernel {
     pub async fn interrupt(&self) -> anyhow::Result<()> {
         let r = self.executor().await?;
         tracing::info!(kernel = %self.id, pid = r.process.pid(), "interrupting kernel");
-        r.process.signal(libc::SIGINT)
+        r.process.signal(crate::sys::signals::SIGINT)
     }
 
     /// Replaces every replica's process with a fresh one (same key, fresh ports).

@@ -9,6 +9,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::sys::signals;
+
 /// Whether a process's command line (`/proc/<pid>/cmdline`, NUL-separated) names a file in
 /// `kernels_dir` (a kernel's connection file, the pre-warm launcher): one of this host's.
 pub fn is_ours(cmdline: &[u8], kernels_dir: &Path) -> bool {
@@ -38,17 +40,16 @@ pub fn kill_left_over(kernels_dir: &Path) -> usize {
             continue;
         }
         let group = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|s| process_group(&s));
-        // SAFETY: kill(2) with a pid (or its own process group) read from /proc just now; a
-        // pid reused meanwhile by a process that does not name our directory is the only
-        // risk, and the window is a few microseconds.
-        let rc = unsafe {
-            if group == Some(pid) {
-                libc::killpg(pid, libc::SIGKILL)
-            } else {
-                libc::kill(pid, libc::SIGKILL)
-            }
+        // A pid (or its own process group) read from /proc just now; a pid reused meanwhile
+        // by a process that does not name our directory is the only risk, and the window is
+        // a few microseconds.
+        let Ok(target) = u32::try_from(pid) else { continue };
+        let sent = if group == Some(pid) {
+            signals::kill_group(target, signals::SIGKILL)
+        } else {
+            signals::kill(target, signals::SIGKILL)
         };
-        if rc == 0 {
+        if sent.is_ok() {
             killed += 1;
         }
     }

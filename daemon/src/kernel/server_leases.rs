@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use super::binding::LeaseControl;
 use crate::lease::{KernelProcess, LeaseServer};
+use crate::sys::credentials;
 
 /// Lease control backed by the running [`LeaseServer`].
 pub struct ServerLeases {
@@ -22,9 +23,7 @@ pub struct ServerLeases {
 impl ServerLeases {
     /// Controls leases through `server`.
     pub fn new(server: Arc<LeaseServer>) -> Self {
-        // SAFETY: getuid(2) has no arguments and cannot fail.
-        let uid = unsafe { libc::getuid() };
-        Self { server, uid }
+        Self { server, uid: credentials::uid() }
     }
 }
 
@@ -74,8 +73,7 @@ fn effective_uid_of(pid: u32) -> Option<u32> {
 mod tests {
     #[test]
     fn the_effective_uid_of_this_process_is_read_from_proc() {
-        // SAFETY: geteuid(2) has no arguments and cannot fail.
-        let euid = unsafe { libc::geteuid() };
+        let euid = crate::sys::credentials::euid();
         assert_eq!(super::effective_uid_of(std::process::id()), Some(euid));
         assert_eq!(super::effective_uid_of(u32::MAX), None);
     }

@@ -31,7 +31,9 @@ use nbos_lease_proto::{read_message, write_message, Message};
 use crate::gpu::control::{Eviction, GpuControl};
 use crate::gpu::GpuInfo;
 use crate::lease::metrics::{ConnectionRefusedLabels, LeaseMetrics, RefusedLabels};
-use crate::lease::peer::{self, PeerCred};
+use crate::lease::peer;
+use crate::sys;
+use crate::sys::peer_credentials::PeerCred;
 use crate::lease::table::{Action, LeaseState, Policy, Table};
 
 /// How long a new connection may take to send `Register`.
@@ -270,7 +272,7 @@ impl LeaseServer {
     pub fn register_process(&self, p: KernelProcess) {
         // Opened now, once the kernel answered (so it runs): the pidfd then refers to this
         // process for good, and says when it has exited even if its pid is reused.
-        let pidfd = peer::pidfd_open(p.pid);
+        let pidfd = sys::pidfd::pidfd_open(p.pid);
         if let Err(e) = &pidfd {
             tracing::warn!(pid = p.pid, kernel = %p.kernel_id, error = %e, "no pidfd of the kernel process; it cannot lease");
         }
@@ -353,8 +355,7 @@ impl Drop for LeaseServer {
         self.shared.post(Event::Stop);
         // Wake the acceptor blocked in accept(): shutdown on a listening socket makes
         // accept fail (the socket file may already be gone, so connecting is no way).
-        // SAFETY: the fd is owned by self.listener and alive; shutdown does not close it.
-        unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&self.listener), libc::SHUT_RDWR) };
+        let _ = crate::sys::socket::shutdown_listener(&self.listener);
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -535,7 +536,7 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>, metrics: LeaseMetric
         };
         // Refusals below are written by the acceptor itself, non-blocking: the frame fits
         // the fresh socket's empty buffer, and a peer that never reads cannot stall accepts.
-        let cred = match peer::peer_cred(&stream) {
+        let cred = match sys::peer_credentials::peer_cred(&stream) {
             Ok(c) => c,
             Err(e) => {
                 let _ = stream.set_nonblocking(true);
@@ -593,7 +594,7 @@ fn serve_conn(conn: u64, cred: PeerCred, mut s: UnixStream, shared: &Shared, met
         Err(e) => return refuse(s, metrics, "bad_frame", e.to_string()),
     };
     // Pinned before /proc is read: while the pidfd's process lives, its pid names nothing else.
-    let pidfd = match peer::peer_pidfd(&s, cred.pid) {
+    let pidfd = match sys::pidfd::peer_pidfd(&s, cred.pid) {
         Ok(fd) => fd,
         Err(e) => return refuse(s, metrics, "bad_peer", format!("cannot open a pidfd of process {}: {e}", cred.pid)),
     };
@@ -605,7 +606,7 @@ fn serve_conn(conn: u64, cred: PeerCred, mut s: UnixStream, shared: &Shared, met
         let mut root = None;
         for p in peer::lineage(cred.pid) {
             let Some(k) = reg.get(&p).filter(|k| k.process.uid == cred.uid) else { continue };
-            if k.pidfd.as_ref().is_some_and(peer::is_alive) {
+            if k.pidfd.as_ref().is_some_and(sys::pidfd::is_alive) {
                 root = Some(k.process.clone());
                 break;
             }
@@ -633,11 +634,11 @@ fn serve_conn(conn: u64, cred: PeerCred, mut s: UnixStream, shared: &Shared, met
             format!("process {} (uid {}) is not a kernel process of this host", cred.pid, cred.uid),
         );
     };
-    if !peer::is_alive(&pidfd) {
+    if !sys::pidfd::is_alive(&pidfd) {
         return refuse(s, metrics, "peer_exited", format!("process {} exited while it was checked", cred.pid));
     }
     // Its pid as it sees it: ours, or in a kernel's PID namespace its pid there.
-    if pid != cred.pid && peer::innermost_pid(cred.pid) != Some(pid) {
+    if pid != cred.pid && sys::procfs::innermost_pid(cred.pid) != Some(pid) {
         return refuse(s, metrics, "pid_mismatch", format!("claims pid {pid} but is pid {}", cred.pid));
     }
     if kernel_id != root.kernel_id {

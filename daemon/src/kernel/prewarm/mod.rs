@@ -106,7 +106,7 @@ impl Warm {
     /// Kills it (stopped or not: SIGKILL ends a stopped process too) and counts why.
     fn reject(&self, why: Rejected) {
         let pid = self.pid();
-        let _ = self.process.signal(libc::SIGKILL);
+        let _ = self.process.signal(crate::sys::signals::SIGKILL);
         self.metrics.prewarm_rejected_total.get_or_create(&PrewarmRejectLabels { reason: why.label().into() }).inc();
         tracing::warn!(
             pid,
@@ -174,7 +174,7 @@ impl Warm {
                 match e.downcast_ref::<Rejected>() {
                     Some(why) => self.reject(*why),
                     None => {
-                        let _ = self.process.signal(libc::SIGKILL);
+                        let _ = self.process.signal(crate::sys::signals::SIGKILL);
                         self.unguard();
                     }
                 }
