@@ -19,9 +19,10 @@ use nbos_lease_proto::{read_message, write_message, Message};
 use notebookosd::gpu::checkpoint::DriverCheckpoint;
 use notebookosd::gpu::control::GpuControl;
 use notebookosd::gpu::inventory::fake_gpu_uuid;
+use notebookosd::gpu::metrics::EvictionLabels;
 use notebookosd::gpu::process_memory::ProcessGpuMemory;
 use notebookosd::gpu::GpuInfo;
-use notebookosd::lease::metrics::{EvictionLabels, LeaseMetrics, RefusedLabels};
+use notebookosd::lease::metrics::{LeaseMetrics, RefusedLabels};
 use notebookosd::lease::table::Policy;
 use notebookosd::lease::{KernelProcess, LeaseServer, LeaseServerConfig, LeaseState, ProcessStatus};
 
@@ -522,7 +523,7 @@ fn revoke_checkpoint_and_restore_onto_another_gpu_keeps_data_pointers_and_kernel
     p.send("bye");
     let (code, lines) = p.wait();
     assert_eq!(code, 0, "{lines:?}");
-    let evictions = host.metrics.evictions.get_or_create(&EvictionLabels { mode: "checkpoint".into() }).get();
+    let evictions = host.metrics.eviction.evictions.get_or_create(&EvictionLabels { mode: "checkpoint".into() }).get();
     assert_eq!(evictions, 1);
 }
 
@@ -540,7 +541,7 @@ fn two_processes_oversubscribing_one_gpu_take_turns_without_corruption() {
     let (cb, lb) = b.wait();
     assert_eq!((ca, cb), (0, 0), "a: {la:?}\nb: {lb:?}");
     assert!(la.contains(&"DONE 0".to_owned()) && lb.contains(&"DONE 0".to_owned()));
-    let evictions = host.metrics.evictions.get_or_create(&EvictionLabels { mode: "checkpoint".into() }).get();
+    let evictions = host.metrics.eviction.evictions.get_or_create(&EvictionLabels { mode: "checkpoint".into() }).get();
     assert!(evictions >= 1, "the GPU must have changed hands through a checkpoint: {evictions}");
 }
 

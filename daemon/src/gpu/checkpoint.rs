@@ -142,10 +142,11 @@ impl CheckpointApi for DriverCheckpoint {
 
     fn restore(&self, pid: u32, pairs: &[([u8; 16], [u8; 16])]) -> Result<(), DriverError> {
         let p = c_pid("cuCheckpointProcessRestore", pid)?;
-        let code = self
-            .entry_points
-            .restore(p, pairs)
-            .ok_or(DriverError { op: "cuCheckpointProcessRestore", pid, code: 1 })?;
+        let code = self.entry_points.restore(p, pairs).ok_or(DriverError {
+            op: "cuCheckpointProcessRestore",
+            pid,
+            code: 1,
+        })?;
         check("cuCheckpointProcessRestore", pid, code)
     }
 

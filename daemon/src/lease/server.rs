@@ -32,9 +32,9 @@ use crate::gpu::control::{Eviction, GpuControl};
 use crate::gpu::GpuInfo;
 use crate::lease::metrics::{ConnectionRefusedLabels, LeaseMetrics, RefusedLabels};
 use crate::lease::peer;
+use crate::lease::table::{Action, LeaseState, Policy, Table};
 use crate::sys;
 use crate::sys::peer_credentials::PeerCred;
-use crate::lease::table::{Action, LeaseState, Policy, Table};
 
 /// How long a new connection may take to send `Register`.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(5);

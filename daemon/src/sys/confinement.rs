@@ -34,7 +34,10 @@ impl ChildConfinement {
             // SAFETY: getrlimit(2) writes one rlimit into `current`, which outlives the call.
             if unsafe { libc::getrlimit(resource, &mut current) } != 0 {
                 let e = std::io::Error::last_os_error();
-                return Err(std::io::Error::new(e.kind(), format!("reading the daemon's resource limit {resource}: {e}")));
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!("reading the daemon's resource limit {resource}: {e}"),
+                ));
             }
             // A cap, never a raise: raising a hard limit needs CAP_SYS_RESOURCE, which a
             // container may withhold from even a root daemon.
