@@ -24,7 +24,7 @@ use notebookosd::gpu::process_memory::ProcessGpuMemory;
 use notebookosd::gpu::GpuInfo;
 use notebookosd::lease::metrics::{LeaseMetrics, RefusedLabels};
 use notebookosd::lease::table::Policy;
-use notebookosd::lease::{KernelProcess, LeaseServer, LeaseServerConfig, LeaseState, ProcessStatus};
+use notebookosd::lease::{LeaseServer, LeaseServerConfig, LeaseState, ProcessStatus, RegisteredProcess};
 
 const WAIT: Duration = Duration::from_secs(30);
 /// A GPU UUID no driver lists (neither the test double's nor a real GPU's).
@@ -299,7 +299,7 @@ impl Host {
         if register {
             // SAFETY: getuid cannot fail.
             let uid = unsafe { libc::getuid() };
-            self.server.register_process(KernelProcess {
+            self.server.register_process(RegisteredProcess {
                 kernel_id: kernel.into(),
                 replica: 0,
                 pid: child.id(),
@@ -609,7 +609,7 @@ fn a_registered_process_claiming_another_kernel_or_pid_is_refused() {
     let host = Host::start(1, 64, Duration::from_secs(60));
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
-    host.server.register_process(KernelProcess {
+    host.server.register_process(RegisteredProcess {
         kernel_id: "k-me".into(),
         replica: 0,
         pid: std::process::id(),

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use super::binding::LeaseControl;
-use crate::lease::{KernelProcess, LeaseServer};
+use crate::lease::{LeaseServer, RegisteredProcess};
 use crate::sys::credentials;
 
 /// Lease control backed by the running [`LeaseServer`].
@@ -32,7 +32,7 @@ impl LeaseControl for ServerLeases {
         // A root daemon's kernels run as their own account (kernel.user, kernel.uid_range):
         // the shim connects with that uid, not the daemon's.
         let uid = effective_uid_of(pid).unwrap_or(self.uid);
-        self.server.register_process(KernelProcess { kernel_id: kernel.to_owned(), replica: 0, pid, uid, gpus });
+        self.server.register_process(RegisteredProcess { kernel_id: kernel.to_owned(), replica: 0, pid, uid, gpus });
     }
 
     fn bind(&self, kernel: &str, pids: &[u32], gpus: &[u32]) {
