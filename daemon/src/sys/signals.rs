@@ -45,3 +45,26 @@ pub fn kill_all_of_own_uid_before_exec(cmd: &mut std::process::Command) {
         });
     }
 }
+
+/// Signals sent by pid or process group, behind a trait: the host's ([`HostSignals`]), or
+/// a test's double that records what would be killed.
+pub trait ProcessSignals {
+    /// Sends `sig` to process `pid` ([`kill`]).
+    fn kill(&self, pid: u32, sig: Signal) -> std::io::Result<()>;
+    /// Sends `sig` to process group `pgid` ([`kill_group`]).
+    fn kill_group(&self, pgid: u32, sig: Signal) -> std::io::Result<()>;
+}
+
+/// The host's signals: kill(2) and killpg(2).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HostSignals;
+
+impl ProcessSignals for HostSignals {
+    fn kill(&self, pid: u32, sig: Signal) -> std::io::Result<()> {
+        kill(pid, sig)
+    }
+
+    fn kill_group(&self, pgid: u32, sig: Signal) -> std::io::Result<()> {
+        kill_group(pgid, sig)
+    }
+}
