@@ -2,7 +2,8 @@
 //! block of this crate lives here, in files named by what they wrap; callers get safe
 //! functions returning `std::io::Result` or typed errors.
 //!
-//! - [`signals`]: kill(2), killpg(2) and the signals the daemon sends.
+//! - [`signals`]: kill(2), killpg(2) (also behind [`signals::ProcessSignals`], which tests
+//!   replace with a recording double) and the signals the daemon sends.
 //! - [`pidfd`]: process descriptors (pidfd_open, `SO_PEERPIDFD`, pidfd_send_signal).
 //! - [`peer_credentials`]: `SO_PEERCRED` of a unix socket's peer.
 //! - [`procfs`]: a process's parent and innermost pid from `/proc`.

@@ -35,17 +35,20 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+pub use self::actor::{ActivityHook, DeviceHook, ProcessStatus, RegisteredProcess};
+pub use self::config::{
+    ConnectionLimits, LeaseServerConfig, LeaseServerError, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_UID,
+};
+pub use self::gpu_uuid::{uuid_bytes, uuid_string};
+
+use self::actor::{lock, timer_loop, Actor, Event, Registration, Shared};
+use self::caps::{OpenCounts, Slots};
+use self::connection::accept_loop;
 use crate::gpu::control::GpuControl;
 use crate::gpu::GpuInfo;
 use crate::lease::metrics::LeaseMetrics;
 use crate::lease::table::Table;
 use crate::sys;
-use actor::{lock, timer_loop, Actor, Event, Registration, Shared};
-pub use actor::{ActivityHook, DeviceHook, ProcessStatus, RegisteredProcess};
-use caps::{OpenCounts, Slots};
-pub use config::{ConnectionLimits, LeaseServerConfig, LeaseServerError, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_UID};
-use connection::accept_loop;
-pub use gpu_uuid::{uuid_bytes, uuid_string};
 
 /// The running lease server. Dropping it stops it and removes the socket.
 pub struct LeaseServer {
