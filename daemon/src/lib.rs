@@ -19,3 +19,4 @@ pub mod metrics;
 pub mod node;
 pub mod pki;
 pub mod status;
+pub mod sys;

@@ -79,8 +79,8 @@ struct Args {
 const DEFAULT_CONFIG: &str = "/etc/notebookos/notebookosd.toml";
 
 fn main() -> ExitCode {
-    // A kernel's PID namespace init is this binary re-executed (kernel/pid_namespace.rs).
-    notebookosd::kernel::pid_namespace::run_as_init();
+    // A kernel's PID namespace init is this binary re-executed (sys/pid_namespace.rs).
+    notebookosd::sys::pid_namespace::run_as_init();
     let args = Args::parse();
     if args.manpage {
         let cmd = <Args as clap::CommandFactory>::command();

@@ -24,7 +24,7 @@ use notebookosd::gpu::GpuInfo;
 use notebookosd::kernel::device_cgroup::{self, DeviceCgroups, DeviceGuardMetrics, UpdateLabels};
 use notebookosd::lease::metrics::LeaseMetrics;
 use notebookosd::lease::table::Policy;
-use notebookosd::lease::{KernelProcess, LeaseServer, LeaseServerConfig, LeaseState};
+use notebookosd::lease::{LeaseServer, LeaseServerConfig, LeaseState, RegisteredProcess};
 
 const KERNEL: &str = "3e5b7a10-2c4d-4e6f-8a9b-0c1d2e3f4a5b";
 const WAIT: Duration = Duration::from_secs(10);
@@ -84,7 +84,7 @@ fn a_kernel_opens_its_leased_gpu_only_while_the_lease_is_held() {
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
     let me = std::process::id();
-    server.register_process(KernelProcess { kernel_id: KERNEL.into(), replica: 0, pid: me, uid, gpus: 1 });
+    server.register_process(RegisteredProcess { kernel_id: KERNEL.into(), replica: 0, pid: me, uid, gpus: 1 });
     server.assign(KERNEL, vec![0]);
     let mut s = UnixStream::connect(server.socket()).expect("connect");
     s.set_read_timeout(Some(WAIT)).expect("timeout");

@@ -11,7 +11,7 @@ use nbos_lease_proto::{read_message, write_message, Message};
 use notebookosd::gpu::control::GpuControl;
 use notebookosd::lease::metrics::LeaseMetrics;
 use notebookosd::lease::table::Policy;
-use notebookosd::lease::{ConnectionLimits, KernelProcess, LeaseServer, LeaseServerConfig};
+use notebookosd::lease::{ConnectionLimits, LeaseServer, LeaseServerConfig, RegisteredProcess};
 
 /// Upper bound on waiting for the server (a hang fails the test instead of hanging it).
 const WAIT: Duration = Duration::from_secs(30);
@@ -39,7 +39,7 @@ fn host(limits: ConnectionLimits) -> Host {
         LeaseServer::start_with_limits(cfg, Vec::new(), control, metrics.clone(), limits).expect("lease server");
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
-    server.register_process(KernelProcess {
+    server.register_process(RegisteredProcess {
         kernel_id: KERNEL.into(),
         replica: 0,
         pid: std::process::id(),

@@ -15,7 +15,7 @@ use nbos_lease_proto::{decode, encode, read_message, write_message, Message};
 use notebookosd::gpu::control::GpuControl;
 use notebookosd::lease::metrics::{LeaseMetrics, RefusedLabels};
 use notebookosd::lease::table::Policy;
-use notebookosd::lease::{KernelProcess, LeaseServer, LeaseServerConfig};
+use notebookosd::lease::{LeaseServer, LeaseServerConfig, RegisteredProcess};
 
 const DEAD_KERNEL: &str = "0b9c6f1e-6d0e-4c52-9a43-3f1f2c4d5e6f";
 const LIVE_KERNEL: &str = "5d2a8c3b-1e4f-4a6b-8c7d-9e0f1a2b3c4d";
@@ -32,9 +32,9 @@ fn server(dir: &Path, metrics: &LeaseMetrics) -> LeaseServer {
     LeaseServer::start(cfg, Vec::new(), GpuControl::new(None, metrics.clone()), metrics.clone()).expect("lease server")
 }
 
-fn kernel(id: &str, pid: u32) -> KernelProcess {
+fn kernel(id: &str, pid: u32) -> RegisteredProcess {
     // SAFETY: getuid cannot fail.
-    KernelProcess { kernel_id: id.into(), replica: 0, pid, uid: unsafe { libc::getuid() }, gpus: 0 }
+    RegisteredProcess { kernel_id: id.into(), replica: 0, pid, uid: unsafe { libc::getuid() }, gpus: 0 }
 }
 
 /// Forks a child that gets pid `pid` (the next pid is set through `ns_last_pid`; retried while

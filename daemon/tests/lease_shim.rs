@@ -19,11 +19,12 @@ use nbos_lease_proto::{read_message, write_message, Message};
 use notebookosd::gpu::checkpoint::DriverCheckpoint;
 use notebookosd::gpu::control::GpuControl;
 use notebookosd::gpu::inventory::fake_gpu_uuid;
+use notebookosd::gpu::metrics::EvictionLabels;
 use notebookosd::gpu::process_memory::ProcessGpuMemory;
 use notebookosd::gpu::GpuInfo;
-use notebookosd::lease::metrics::{EvictionLabels, LeaseMetrics, RefusedLabels};
+use notebookosd::lease::metrics::{LeaseMetrics, RefusedLabels};
 use notebookosd::lease::table::Policy;
-use notebookosd::lease::{KernelProcess, LeaseServer, LeaseServerConfig, LeaseState, ProcessStatus};
+use notebookosd::lease::{LeaseServer, LeaseServerConfig, LeaseState, ProcessStatus, RegisteredProcess};
 
 const WAIT: Duration = Duration::from_secs(30);
 /// A GPU UUID no driver lists (neither the test double's nor a real GPU's).
@@ -298,7 +299,7 @@ impl Host {
         if register {
             // SAFETY: getuid cannot fail.
             let uid = unsafe { libc::getuid() };
-            self.server.register_process(KernelProcess {
+            self.server.register_process(RegisteredProcess {
                 kernel_id: kernel.into(),
                 replica: 0,
                 pid: child.id(),
@@ -522,7 +523,7 @@ fn revoke_checkpoint_and_restore_onto_another_gpu_keeps_data_pointers_and_kernel
     p.send("bye");
     let (code, lines) = p.wait();
     assert_eq!(code, 0, "{lines:?}");
-    let evictions = host.metrics.evictions.get_or_create(&EvictionLabels { mode: "checkpoint".into() }).get();
+    let evictions = host.metrics.eviction.evictions.get_or_create(&EvictionLabels { mode: "checkpoint".into() }).get();
     assert_eq!(evictions, 1);
 }
 
@@ -540,7 +541,7 @@ fn two_processes_oversubscribing_one_gpu_take_turns_without_corruption() {
     let (cb, lb) = b.wait();
     assert_eq!((ca, cb), (0, 0), "a: {la:?}\nb: {lb:?}");
     assert!(la.contains(&"DONE 0".to_owned()) && lb.contains(&"DONE 0".to_owned()));
-    let evictions = host.metrics.evictions.get_or_create(&EvictionLabels { mode: "checkpoint".into() }).get();
+    let evictions = host.metrics.eviction.evictions.get_or_create(&EvictionLabels { mode: "checkpoint".into() }).get();
     assert!(evictions >= 1, "the GPU must have changed hands through a checkpoint: {evictions}");
 }
 
@@ -608,7 +609,7 @@ fn a_registered_process_claiming_another_kernel_or_pid_is_refused() {
     let host = Host::start(1, 64, Duration::from_secs(60));
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
-    host.server.register_process(KernelProcess {
+    host.server.register_process(RegisteredProcess {
         kernel_id: "k-me".into(),
         replica: 0,
         pid: std::process::id(),

@@ -25,7 +25,7 @@ pub async fn metrics(State(st): State<Arc<AppState>>, mode: Option<cluster::Mode
     for k in st.kernels.list().await {
         st.metrics.kernels.get_or_create(&StateLabels { state: k.execution_state }).inc();
     }
-    match free_bytes(std::path::Path::new(&st.state_dir)) {
+    match crate::sys::fs_stats::free_bytes(std::path::Path::new(&st.state_dir)) {
         Ok(free) => {
             st.metrics.state_dir_free_bytes.set(i64::try_from(free).unwrap_or(i64::MAX));
         }
@@ -40,20 +40,6 @@ pub async fn metrics(State(st): State<Arc<AppState>>, mode: Option<cluster::Mode
         crate::metrics::append_exposition(&mode.cluster.store().metrics_text(), &mut text);
     }
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
-}
-
-/// Bytes available to an unprivileged writer on the filesystem holding `path` (`df`'s
-/// "Avail").
-fn free_bytes(path: &std::path::Path) -> std::io::Result<u64> {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
-    let mut s = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: a NUL-terminated path and a buffer of the right type for statvfs(3) to fill.
-    if unsafe { libc::statvfs(c.as_ptr(), s.as_mut_ptr()) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: statvfs returned 0, so it filled the whole struct.
-    let s = unsafe { s.assume_init() };
-    Ok(s.f_bavail.saturating_mul(s.f_frsize))
 }
 
 /// `GET /api`: what Jupyter clients probe first.

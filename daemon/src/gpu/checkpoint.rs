@@ -1,12 +1,14 @@
 //! The driver's process checkpoint API (`cuCheckpointProcess*`, CUDA 12.8+ with GPU
-//! remapping on restore), behind one trait: the seam tests replace, and the one place
-//! the daemon calls into a CUDA driver.
+//! remapping on restore), behind one trait: the seam tests replace. The calls into the CUDA
+//! driver itself are `sys::cuda_checkpoint`'s.
 //!
 //! The driver is opened by full path (config `gpu.cuda_driver_path`, discovery, or the
 //! fake-cuda TEST DOUBLE), with `RTLD_LOCAL`. The daemon never loads the shim.
 
-use std::ffi::{c_int, c_void, CStr, CString};
+use std::ffi::c_int;
 use std::path::{Path, PathBuf};
+
+use crate::sys::cuda_checkpoint::{CheckpointEntryPoints, DlError};
 
 /// `CUprocessState`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,39 +78,11 @@ pub trait CheckpointApi: Send + Sync {
     fn state(&self, pid: u32) -> Result<ProcessState, DriverError>;
 }
 
-#[repr(C)]
-struct LockArgs {
-    timeout_ms: u32,
-    reserved0: u32,
-    reserved1: [u64; 7],
-}
-
-#[repr(C)]
-struct GpuPair {
-    old: [u8; 16],
-    new: [u8; 16],
-}
-
-#[repr(C)]
-struct RestoreArgs {
-    pairs: *const GpuPair,
-    count: u32,
-    reserved: [u8; 44],
-    reserved1: u64,
-}
-
-type PidArgs = unsafe extern "C" fn(c_int, *const c_void) -> u32;
-type PidOut = unsafe extern "C" fn(c_int, *mut c_int) -> u32;
-
 /// The checkpoint API of a driver library loaded by path.
 #[derive(Debug)]
 pub struct DriverCheckpoint {
     path: PathBuf,
-    lock: PidArgs,
-    checkpoint: PidArgs,
-    restore: PidArgs,
-    unlock: PidArgs,
-    get_state: PidOut,
+    entry_points: CheckpointEntryPoints,
 }
 
 /// Where NVIDIA installs the driver.
@@ -130,51 +104,10 @@ pub fn find_driver(configured: Option<&Path>) -> Result<PathBuf, LoadError> {
 impl DriverCheckpoint {
     /// Opens the driver at `path` (full path) and resolves the checkpoint API.
     pub fn load(path: &Path) -> Result<Self, LoadError> {
-        let open_err = |reason: String| LoadError::Open { path: path.to_owned(), reason };
-        let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| open_err(e.to_string()))?;
-        // SAFETY: c is a valid C string; RTLD_LOCAL keeps the driver's symbols private to us.
-        // The handle is never closed: the functions below must stay valid for the daemon's life.
-        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if h.is_null() {
-            // SAFETY: dlerror returns NULL or a NUL-terminated message.
-            let e = unsafe { libc::dlerror() };
-            let reason = if e.is_null() {
-                "unknown error".to_owned()
-            } else {
-                // SAFETY: non-null dlerror message.
-                unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
-            };
-            return Err(open_err(reason));
-        }
-        let sym = |name: &'static CStr| -> Result<usize, LoadError> {
-            // SAFETY: h is a live handle; name is NUL-terminated.
-            let p = unsafe { libc::dlsym(h, name.as_ptr()) } as usize;
-            if p == 0 {
-                return Err(LoadError::Missing {
-                    path: path.to_owned(),
-                    symbol: name.to_str().unwrap_or("cuCheckpointProcess*"),
-                });
-            }
-            Ok(p)
-        };
-        let (l, c, r, u, s) = (
-            sym(c"cuCheckpointProcessLock")?,
-            sym(c"cuCheckpointProcessCheckpoint")?,
-            sym(c"cuCheckpointProcessRestore")?,
-            sym(c"cuCheckpointProcessUnlock")?,
-            sym(c"cuCheckpointProcessGetState")?,
-        );
-        // SAFETY: each address is the driver's export of that entry point, whose C signature
-        // is `CUresult f(int pid, <args>*)`; every args struct is passed by pointer.
-        unsafe {
-            Ok(Self {
-                path: path.to_owned(),
-                lock: std::mem::transmute::<usize, PidArgs>(l),
-                checkpoint: std::mem::transmute::<usize, PidArgs>(c),
-                restore: std::mem::transmute::<usize, PidArgs>(r),
-                unlock: std::mem::transmute::<usize, PidArgs>(u),
-                get_state: std::mem::transmute::<usize, PidOut>(s),
-            })
+        match CheckpointEntryPoints::load(path) {
+            Ok(entry_points) => Ok(Self { path: path.to_owned(), entry_points }),
+            Err(DlError::Open(reason)) => Err(LoadError::Open { path: path.to_owned(), reason }),
+            Err(DlError::Missing(symbol)) => Err(LoadError::Missing { path: path.to_owned(), symbol }),
         }
     }
 
@@ -199,44 +132,33 @@ fn c_pid(op: &'static str, pid: u32) -> Result<c_int, DriverError> {
 impl CheckpointApi for DriverCheckpoint {
     fn lock(&self, pid: u32, timeout_ms: u32) -> Result<(), DriverError> {
         let p = c_pid("cuCheckpointProcessLock", pid)?;
-        let args = LockArgs { timeout_ms, reserved0: 0, reserved1: [0; 7] };
-        // SAFETY: driver entry point; args lives across the call.
-        check("cuCheckpointProcessLock", pid, unsafe { (self.lock)(p, (&raw const args).cast()) })
+        check("cuCheckpointProcessLock", pid, self.entry_points.lock(p, timeout_ms))
     }
 
     fn checkpoint(&self, pid: u32) -> Result<(), DriverError> {
         let p = c_pid("cuCheckpointProcessCheckpoint", pid)?;
-        // SAFETY: driver entry point; NULL args are allowed ("optional").
-        check("cuCheckpointProcessCheckpoint", pid, unsafe { (self.checkpoint)(p, std::ptr::null()) })
+        check("cuCheckpointProcessCheckpoint", pid, self.entry_points.checkpoint(p))
     }
 
     fn restore(&self, pid: u32, pairs: &[([u8; 16], [u8; 16])]) -> Result<(), DriverError> {
         let p = c_pid("cuCheckpointProcessRestore", pid)?;
-        let pairs: Vec<GpuPair> = pairs.iter().map(|(old, new)| GpuPair { old: *old, new: *new }).collect();
-        let count =
-            u32::try_from(pairs.len()).map_err(|_| DriverError { op: "cuCheckpointProcessRestore", pid, code: 1 })?;
-        let args = RestoreArgs {
-            pairs: if pairs.is_empty() { std::ptr::null() } else { pairs.as_ptr() },
-            count,
-            reserved: [0; 44],
-            reserved1: 0,
-        };
-        let argp = if pairs.is_empty() { std::ptr::null() } else { (&raw const args).cast() };
-        // SAFETY: driver entry point; args and the pairs it points at live across the call.
-        check("cuCheckpointProcessRestore", pid, unsafe { (self.restore)(p, argp) })
+        let code = self.entry_points.restore(p, pairs).ok_or(DriverError {
+            op: "cuCheckpointProcessRestore",
+            pid,
+            code: 1,
+        })?;
+        check("cuCheckpointProcessRestore", pid, code)
     }
 
     fn unlock(&self, pid: u32) -> Result<(), DriverError> {
         let p = c_pid("cuCheckpointProcessUnlock", pid)?;
-        // SAFETY: driver entry point; NULL args are allowed.
-        check("cuCheckpointProcessUnlock", pid, unsafe { (self.unlock)(p, std::ptr::null()) })
+        check("cuCheckpointProcessUnlock", pid, self.entry_points.unlock(p))
     }
 
     fn state(&self, pid: u32) -> Result<ProcessState, DriverError> {
         let p = c_pid("cuCheckpointProcessGetState", pid)?;
-        let mut s: c_int = -1;
-        // SAFETY: driver entry point; the output is a local.
-        check("cuCheckpointProcessGetState", pid, unsafe { (self.get_state)(p, &mut s) })?;
+        let (code, s) = self.entry_points.get_state(p);
+        check("cuCheckpointProcessGetState", pid, code)?;
         Ok(match s {
             0 => ProcessState::Running,
             1 => ProcessState::Locked,
@@ -245,9 +167,3 @@ impl CheckpointApi for DriverCheckpoint {
         })
     }
 }
-
-// SAFETY: the struct holds only plain function pointers into a library that is never
-// unloaded; the driver's checkpoint API is documented as callable from any thread.
-unsafe impl Send for DriverCheckpoint {}
-// SAFETY: as above; no interior state.
-unsafe impl Sync for DriverCheckpoint {}

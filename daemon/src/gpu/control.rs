@@ -7,8 +7,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::gpu::checkpoint::{CheckpointApi, DriverError, ProcessState, ILLEGAL_STATE, NOT_INITIALIZED};
+use crate::gpu::metrics::{EvictionLabels, EvictionMetrics};
 use crate::gpu::process_memory::ProcessGpuMemory;
-use crate::lease::metrics::{EvictionLabels, LeaseMetrics};
 
 /// How long to wait for a process's in-flight CUDA calls when locking it.
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -27,7 +27,7 @@ pub enum Eviction {
 /// GPU control: evicts and restores processes by pid.
 pub struct GpuControl {
     api: Option<Box<dyn CheckpointApi>>,
-    metrics: LeaseMetrics,
+    metrics: EvictionMetrics,
     /// NVML's per-process memory, for the byte counters (`None`: not counted).
     memory: Option<ProcessGpuMemory>,
     /// Bytes each checkpointed process had on its GPUs, counted again when restored.
@@ -42,7 +42,8 @@ impl std::fmt::Debug for GpuControl {
 
 impl GpuControl {
     /// With the given checkpoint API (`None`: always keep memory resident).
-    pub fn new(api: Option<Box<dyn CheckpointApi>>, metrics: LeaseMetrics) -> Self {
+    pub fn new(api: Option<Box<dyn CheckpointApi>>, metrics: impl Into<EvictionMetrics>) -> Self {
+        let metrics = metrics.into();
         if api.is_none() {
             tracing::warn!("no CUDA checkpoint API: revoked GPU memory stays resident on the GPU");
         }

@@ -10,6 +10,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::sys::signals;
+
 /// A cgroup operation that failed; names the path.
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
@@ -132,15 +134,15 @@ impl Hierarchy {
         loop {
             // Whatever the kernel forked and left behind would keep the cgroup busy.
             let text = std::fs::read_to_string(&procs).map_err(io("reading", &procs))?;
-            for pid in text.lines().filter_map(|l| l.trim().parse::<libc::pid_t>().ok()) {
-                // SAFETY: kill(2) only reads its integer arguments; the pid is a member of
-                // the kernel's own cgroup, which only the kernel's processes join.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+            for pid in text.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
+                // The pid is a member of the kernel's own cgroup, which only the kernel's
+                // processes join.
+                let _ = signals::kill(pid, signals::SIGKILL);
             }
             match std::fs::remove_dir(&dir) {
                 Ok(()) => return Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                Err(e) if e.kind() == std::io::ErrorKind::ResourceBusy => {
                     if Instant::now() >= deadline {
                         return Err(CgroupError::Busy(dir));
                     }

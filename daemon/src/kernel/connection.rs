@@ -130,7 +130,7 @@ impl ConnectionInfo {
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
-            .custom_flags(libc::O_NOFOLLOW)
+            .custom_flags(crate::sys::open_flags::O_NOFOLLOW)
             .mode(0o600)
             .open(path)
             .with_context(|| format!("creating connection file {}", path.display()))?;

@@ -23,6 +23,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
 use crate::gpu::GpuInfo;
+use crate::sys::signals;
 
 /// How long removing a cgroup waits for the processes killed in it to be gone.
 const REMOVE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -331,15 +332,15 @@ pub(crate) fn remove_cgroup_dir(dir: &Path) -> std::io::Result<()> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(e),
         };
-        for pid in procs.lines().filter_map(|l| l.trim().parse::<libc::pid_t>().ok()) {
-            // SAFETY: kill(2) only reads its integer arguments; the pid is a member of the
-            // kernel's own cgroup, which only the kernel's processes join.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+        for pid in procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
+            // The pid is a member of the kernel's own cgroup, which only the kernel's
+            // processes join.
+            let _ = signals::kill(pid, signals::SIGKILL);
         }
         match std::fs::remove_dir(dir) {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && std::time::Instant::now() < deadline => {
+            Err(e) if e.kind() == std::io::ErrorKind::ResourceBusy && std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
             Err(e) => return Err(e),

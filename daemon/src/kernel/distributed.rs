@@ -1,6 +1,12 @@
 //! A kernel as clients see it: a *distributed* kernel whose replicas run on hosts,
 //! with a router that picks the replica that executes. On one host there is one
 //! replica; replication (issue 7) adds replicas and an election, not a rewrite.
+//!
+//! Its restarts (on request, and after a death) are [`restart`]'s; whether a failed
+//! start lost a port to another process, [`port_race`]'s.
+
+mod port_race;
+mod restart;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -19,6 +25,7 @@ use super::replica::Replica;
 use crate::jupyter::message::{error_reply, iso_date};
 use crate::jupyter::{Channel, Message};
 use crate::metrics::Metrics;
+use port_race::{lost_a_port_race, START_ATTEMPTS};
 
 /// How long a kernel has to answer its first `kernel_info_request`.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -30,43 +37,6 @@ const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(1);
 const HEARTBEAT_MISSES: u32 = 2;
 /// How long a kernel has to exit after `shutdown_request` before it is killed.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
-/// Starts of a new kernel tried when it lost one of its ports to another process.
-const START_ATTEMPTS: u32 = 3;
-/// Restarts after deaths in a row, each within [`STABLE_START_TIME`] of its process's
-/// start; the next such death is final (jupyter_client's `restart_limit`, same count).
-const RESTART_LIMIT: u32 = 5;
-/// A process that lived this long had started well (jupyter_client's `stable_start_time`).
-const STABLE_START_TIME: Duration = Duration::from_secs(10);
-
-/// Whether a start that failed with `err` lost one of its ports to another process: another
-/// process listens on one of the kernel's ports (the daemon does not connect to it; the
-/// kernel's own bind fails a moment later), the daemon reached a socket of another type
-/// there, or the kernel log gained a failed bind after `offset`.
-fn lost_a_port_race(err: &anyhow::Error, log: &std::path::Path, offset: u64) -> bool {
-    err.chain().any(|c| c.is::<super::port_owner::PortTaken>())
-        || reached_another_socket(err)
-        || log_shows_failed_bind(log, offset)
-}
-
-/// Whether `err` comes from a ZMQ handshake with a socket type ours cannot talk to.
-fn reached_another_socket(err: &anyhow::Error) -> bool {
-    err.chain().any(|c| {
-        matches!(c.downcast_ref::<zeromq::ZmqError>(), Some(zeromq::ZmqError::Other(m)) if m.contains("not compatible"))
-    })
-}
-
-/// Whether the kernel log gained a failed bind (`zmq.error.ZMQError: Address already in
-/// use`) after `offset`.
-fn log_shows_failed_bind(log: &std::path::Path, offset: u64) -> bool {
-    use std::io::{Read, Seek, SeekFrom};
-    let Ok(mut f) = std::fs::File::open(log) else { return false };
-    let mut tail = Vec::new();
-    // The tail a start writes is a traceback of a few KiB; read at most 1 MiB of it.
-    let needle = b"Address already in use";
-    f.seek(SeekFrom::Start(offset)).is_ok()
-        && f.take(1 << 20).read_to_end(&mut tail).is_ok()
-        && tail.windows(needle.len()).any(|w| w == needle)
-}
 
 /// The Kernel Gateway kernel model (`GET /api/kernels/{id}`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -456,38 +426,7 @@ impl Kernel {
     pub async fn interrupt(&self) -> anyhow::Result<()> {
         let r = self.executor().await?;
         tracing::info!(kernel = %self.id, pid = r.process.pid(), "interrupting kernel");
-        r.process.signal(libc::SIGINT)
-    }
-
-    /// Replaces every replica's process with a fresh one (same key, fresh ports).
-    ///
-    /// Clients are not sent `restarting`: jupyter_server sends it only for an automatic
-    /// restart after a death, and JupyterLab answers it with its "kernel died" dialog.
-    pub async fn restart(self: &Arc<Self>) -> anyhow::Result<()> {
-        let _g = self.lifecycle.lock().await;
-        tracing::info!(kernel = %self.id, "restarting kernel");
-        self.hub.set_state("restarting", SystemTime::now());
-        // Asked for: earlier deaths no longer count towards giving up.
-        self.quick_deaths.store(0, Ordering::SeqCst);
-        let old = std::mem::take(&mut *self.replicas.write().await);
-        let conn = old.first().map(|r| r.conn.clone());
-        for r in &old {
-            self.stop_replica(r).await;
-        }
-        drop(old);
-        // The old process's last statuses may have overwritten it.
-        self.hub.set_state("restarting", SystemTime::now());
-        // The cells the old processes ran or queued will never be answered.
-        self.run_restart_hook();
-        let replica = match self.spawn_replica(conn.as_ref()).await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(kernel = %self.id, error = format!("{e:#}"), "the restarted kernel did not start; it is dead");
-                self.declare_dead(&[]);
-                return Err(e);
-            }
-        };
-        self.wait_ready(&replica).await
+        r.process.signal(crate::sys::signals::SIGINT)
     }
 
     /// Starts a new process (same key as `conn`, fresh ports; a new key without one) as
@@ -521,91 +460,6 @@ impl Kernel {
         }
         self.watch_exit(&replica);
         Ok(replica)
-    }
-
-    /// A replica's process exited. The caller holds `lifecycle`, so a restart or
-    /// shutdown that replaced the replica has finished and it is no longer current.
-    async fn on_exit(self: &Arc<Self>, pid: u32, how: &str) {
-        let current = self.replicas.read().await.iter().any(|x| x.process.pid() == pid);
-        if !current || self.stopping.load(Ordering::SeqCst) {
-            return;
-        }
-        tracing::warn!(kernel = %self.id, pid, exit = %how, "kernel process died");
-        self.metrics.kernel_deaths_total.inc();
-        let conn = {
-            let mut replicas = self.replicas.write().await;
-            let conn = replicas.iter().find(|x| x.process.pid() == pid).map(|x| x.conn.clone());
-            replicas.retain(|x| x.process.pid() != pid);
-            conn
-        };
-        if !self.auto_restart.load(Ordering::SeqCst) {
-            self.hub.set_state("dead", SystemTime::now());
-            self.run_exit_hook(&[pid]);
-            return;
-        }
-        let lived = self.started_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner).elapsed();
-        let quick = if lived < STABLE_START_TIME {
-            self.quick_deaths.fetch_add(1, Ordering::SeqCst) + 1
-        } else {
-            self.quick_deaths.store(0, Ordering::SeqCst);
-            0
-        };
-        if quick > RESTART_LIMIT {
-            self.give_up(pid);
-            return;
-        }
-        self.auto_restart(pid, conn.as_ref()).await;
-    }
-
-    /// Restarts the kernel after its process `pid` died, as jupyter_server's
-    /// KernelRestarter does: `restarting` on IOPub (clients reconnect and drop what they
-    /// waited for), a new process with the same key, then `starting` and `idle`. The
-    /// caller holds `lifecycle` throughout, so client messages wait for the new process.
-    async fn auto_restart(self: &Arc<Self>, pid: u32, conn: Option<&ConnectionInfo>) {
-        self.metrics.kernel_auto_restarts_total.inc();
-        tracing::warn!(kernel = %self.id, pid, quick_deaths = self.quick_deaths.load(Ordering::SeqCst), "restarting the kernel after its process died");
-        self.publish_status("restarting");
-        // Waiting cells are answered (KernelRestarted), the dead process's GPUs freed.
-        self.run_restart_hook();
-        let replica = loop {
-            match self.spawn_replica(conn).await {
-                Ok(r) => break r,
-                Err(e) => {
-                    tracing::warn!(kernel = %self.id, error = format!("{e:#}"), "the restarted kernel did not start");
-                    // A start that fails is a quick death too.
-                    if self.quick_deaths.fetch_add(1, Ordering::SeqCst) + 1 > RESTART_LIMIT {
-                        self.give_up(pid);
-                        return;
-                    }
-                    self.metrics.kernel_auto_restarts_total.inc();
-                }
-            }
-        };
-        self.publish_status("starting");
-        match self.wait_ready(&replica).await {
-            Ok(()) => self.publish_status("idle"),
-            // A process that exited is handled by its exit watcher once the lock is free.
-            Err(e) => {
-                tracing::warn!(kernel = %self.id, pid = replica.process.pid(), error = format!("{e:#}"), "the restarted kernel is not ready")
-            }
-        }
-    }
-
-    /// Stops restarting a kernel that keeps dying right after its start.
-    fn give_up(&self, pid: u32) {
-        tracing::warn!(
-            kernel = %self.id, pid, deaths_in_a_row = RESTART_LIMIT + 1, within_s_of_start = STABLE_START_TIME.as_secs(),
-            "the kernel keeps dying right after it starts; not restarting it again"
-        );
-        self.declare_dead(&[pid]);
-    }
-
-    /// The kernel has no process and gets none: `dead` (shown and published), its GPUs
-    /// and leases freed.
-    fn declare_dead(&self, pids: &[u32]) {
-        self.hub.set_state("dead", SystemTime::now());
-        self.publish_status("dead");
-        self.run_exit_hook(pids);
     }
 
     /// Asks every replica to shut down, kills what does not, removes the kernel's files.
@@ -693,22 +547,6 @@ impl Kernel {
                 }
             }
         }
-    }
-
-    fn watch_exit(self: &Arc<Self>, r: &Arc<Replica>) {
-        let weak_kernel = Arc::downgrade(self);
-        let weak_replica = Arc::downgrade(r);
-        tokio::spawn(async move {
-            let Some(replica) = weak_replica.upgrade() else { return };
-            let how = replica.process.wait().await;
-            let pid = replica.process.pid();
-            drop(replica);
-            let Some(kernel) = weak_kernel.upgrade() else { return };
-            // After a restart or shutdown under way: one that replaced this replica makes
-            // its exit expected (no longer current).
-            let _g = kernel.lifecycle.lock().await;
-            kernel.on_exit(pid, &how).await;
-        });
     }
 
     fn publish_status(&self, state: &str) {
@@ -812,36 +650,5 @@ mod tests {
         // Not a request: nothing to answer, the caller is told it was not delivered.
         let e = kernel.send_from_client(client, Channel::Shell, request("comm_msg", "c")).await.expect_err("dropped");
         assert!(format!("{e:#}").contains("dead"), "{e:#}");
-    }
-
-    #[test]
-    fn only_a_bind_failure_written_after_the_start_counts_as_a_lost_port_race() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let log = dir.path().join("kernel.log");
-        std::fs::write(&log, "zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:1')\n").expect("write");
-        let before = std::fs::metadata(&log).expect("metadata").len();
-        assert!(!log_shows_failed_bind(&log, before), "an earlier start's failure is not this one's");
-        std::fs::write(&log, "ModuleNotFoundError: No module named 'ipykernel'\n").expect("write");
-        assert!(!log_shows_failed_bind(&log, 0), "another failure is reported, not retried");
-        let mut text = std::fs::read(&log).expect("read");
-        let offset = text.len() as u64;
-        text.extend_from_slice(b"\xff\xfe zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:2')\n");
-        std::fs::write(&log, &text).expect("write");
-        assert!(log_shows_failed_bind(&log, offset));
-        assert!(!log_shows_failed_bind(&dir.path().join("missing.log"), 0));
-    }
-
-    /// CI: the daemon connected to a port another kernel had just taken (a PUB where it
-    /// expected a ROUTER) before this kernel's failed bind reached its log.
-    #[test]
-    fn reaching_another_processs_socket_on_a_kernel_port_counts_as_a_lost_port_race() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let log = dir.path().join("kernel.log");
-        let other = anyhow::Error::new(zeromq::ZmqError::Other("Provided sockets combination is not compatible"))
-            .context("connecting to the kernel at port 40000")
-            .context("starting the kernel");
-        assert!(lost_a_port_race(&other, &log, 0));
-        let refused = anyhow::Error::new(zeromq::ZmqError::Other("No reply from server")).context("connecting");
-        assert!(!lost_a_port_race(&refused, &log, 0), "another failure is reported, not retried");
     }
 }

@@ -14,46 +14,20 @@
 //! mount point is opened `O_NOFOLLOW` inside the kernel's namespace and mounted on by
 //! descriptor.
 
-use std::ffi::CString;
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
 use super::identity::KernelIdentity;
+use crate::sys::mount::{Ext4Mount, MountIntoError};
+use crate::sys::{loop_device, open_flags};
 
 /// The image in the kernel's directory (root's, 0600: the kernel cannot read it).
 const IMAGE: &str = ".home.ext4";
 /// The mount point in the kernel's directory, its HOME.
 pub const HOME: &str = "home";
-
-// <linux/loop.h>: not in the libc crate.
-const LOOP_SET_FD: libc::c_ulong = 0x4C00;
-const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
-const LOOP_SET_STATUS64: libc::c_ulong = 0x4C04;
-const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
-/// Detach the device when its last user (the mount) is gone.
-const LO_FLAGS_AUTOCLEAR: u32 = 4;
-
-/// `struct loop_info64`.
-#[repr(C)]
-struct LoopInfo64 {
-    lo_device: u64,
-    lo_inode: u64,
-    lo_rdevice: u64,
-    lo_offset: u64,
-    lo_sizelimit: u64,
-    lo_number: u32,
-    lo_encrypt_type: u32,
-    lo_encrypt_key_size: u32,
-    lo_flags: u32,
-    lo_file_name: [u8; 64],
-    lo_crypt_name: [u8; 64],
-    lo_encrypt_key: [u8; 32],
-    lo_init: [u64; 2],
-}
 
 /// A home image attached to a loop device, ready to be mounted in a kernel's namespace.
 /// Dropping it closes the daemon's handle (the mount keeps the device).
@@ -61,14 +35,7 @@ struct LoopInfo64 {
 pub struct AttachedHome {
     _device: File,
     /// What to mount where.
-    pub mount: HomeMount,
-}
-
-/// The loop device and the mount point, as C strings (a child may not allocate).
-#[derive(Debug, Clone)]
-pub struct HomeMount {
-    source: CString,
-    target: CString,
+    pub mount: Ext4Mount,
 }
 
 /// The kernel's home directory in `dir`.
@@ -88,8 +55,8 @@ pub fn attach(dir: &Path, id: &KernelIdentity, quota_bytes: u64) -> anyhow::Resu
         Some(path) => (rw(&path)?, path),
         None => attach_loop(&image).with_context(|| format!("attaching {} to a loop device", image_path.display()))?,
     };
-    let cstr = |p: &Path| CString::new(p.as_os_str().as_encoded_bytes()).context("a path with a NUL byte");
-    Ok(AttachedHome { _device: device, mount: HomeMount { source: cstr(&device_path)?, target: cstr(&home_of(dir))? } })
+    let mount = Ext4Mount::new(&device_path, &home_of(dir)).context("a path with a NUL byte")?;
+    Ok(AttachedHome { _device: device, mount })
 }
 
 fn rw(path: &Path) -> anyhow::Result<File> {
@@ -99,7 +66,7 @@ fn rw(path: &Path) -> anyhow::Result<File> {
 /// The image, made when missing: sparse, ext4, its root directory owned by `id`.
 fn open_or_make_image(path: &Path, id: &KernelIdentity, quota_bytes: u64) -> anyhow::Result<File> {
     let mut options = std::fs::OpenOptions::new();
-    options.read(true).write(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    options.read(true).write(true).custom_flags(open_flags::O_NOFOLLOW | open_flags::O_NONBLOCK);
     match options.open(path) {
         Ok(f) => {
             let meta = f.metadata().with_context(|| format!("examining {}", path.display()))?;
@@ -175,116 +142,27 @@ fn attach_loop(image: &File) -> anyhow::Result<(File, PathBuf)> {
     let control = rw(Path::new("/dev/loop-control"))?;
     // Another process may take the free device between the two calls: try again.
     for _ in 0..8 {
-        // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a device number.
-        let n = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE) };
-        if n < 0 {
-            return Err(std::io::Error::last_os_error()).context("finding a free loop device (/dev/loop-control)");
-        }
+        let n = loop_device::free_device(&control).context("finding a free loop device (/dev/loop-control)")?;
         let path = PathBuf::from(format!("/dev/loop{n}"));
         let device = rw(&path)?;
-        // SAFETY: LOOP_SET_FD reads one file descriptor, which `image` keeps open.
-        if unsafe { libc::ioctl(device.as_raw_fd(), LOOP_SET_FD, image.as_raw_fd()) } != 0 {
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::EBUSY) {
-                continue;
-            }
-            return Err(err).with_context(|| format!("attaching to {}", path.display()));
+        match loop_device::attach(&device, image) {
+            Ok(()) => return Ok((device, path)),
+            Err(e) if e.kind() == std::io::ErrorKind::ResourceBusy => continue,
+            Err(e) => return Err(e).with_context(|| format!("attaching to {}", path.display())),
         }
-        // SAFETY: an all-zero loop_info64 is valid (plain integers and byte arrays).
-        let mut info: LoopInfo64 = unsafe { std::mem::zeroed() };
-        info.lo_flags = LO_FLAGS_AUTOCLEAR;
-        // SAFETY: LOOP_SET_STATUS64 reads one loop_info64, which outlives the call.
-        if unsafe { libc::ioctl(device.as_raw_fd(), LOOP_SET_STATUS64, &info) } != 0 {
-            let err = std::io::Error::last_os_error();
-            // SAFETY: LOOP_CLR_FD takes no argument; it detaches what we attached.
-            unsafe { libc::ioctl(device.as_raw_fd(), LOOP_CLR_FD) };
-            return Err(err).with_context(|| format!("making {} auto-clear", path.display()));
-        }
-        return Ok((device, path));
     }
     anyhow::bail!("no free loop device after 8 tries")
 }
 
-impl HomeMount {
-    /// Mounts the home in the calling process's mount namespace, at the mount point
-    /// reached without following a link at its last component (the directories above
-    /// are the daemon's).
-    ///
-    /// # Safety
-    /// Async-signal-safe (open, fchdir, mount, close; no allocation): for a child
-    /// between fork and exec, which must chdir to its working directory afterwards.
-    pub unsafe fn mount_here(&self) -> std::io::Result<()> {
-        // SAFETY: open, fchdir, mount and close read only C strings this struct owns, which
-        // outlive the calls; the descriptor is ours and closed once.
-        unsafe {
-            let fd =
-                libc::open(self.target.as_ptr(), libc::O_PATH | libc::O_NOFOLLOW | libc::O_DIRECTORY | libc::O_CLOEXEC);
-            if fd < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // On the directory the descriptor holds, whatever its path says by now.
-            let rc = if libc::fchdir(fd) != 0 {
-                -1
-            } else {
-                libc::mount(
-                    self.source.as_ptr(),
-                    c".".as_ptr(),
-                    c"ext4".as_ptr(),
-                    libc::MS_NOSUID | libc::MS_NODEV,
-                    std::ptr::null(),
-                )
-            };
-            let err = std::io::Error::last_os_error();
-            libc::close(fd);
-            if rc != 0 {
-                return Err(err);
-            }
-            Ok(())
-        }
-    }
-}
-
 /// Mounts `home` inside the mount namespace of process `pid` (a pre-warmed kernel being
-/// handed its kernel): a forked helper enters the namespace and mounts there. A thread
-/// cannot: setns(2) into a mount namespace refuses a process with other threads.
+/// handed its kernel), through a forked helper ([`Ext4Mount::mount_into`]).
 pub fn mount_into(pid: u32, home: &AttachedHome) -> anyhow::Result<()> {
-    let ns_path = format!("/proc/{pid}/ns/mnt");
-    let ns = File::open(&ns_path).with_context(|| format!("opening {ns_path}"))?;
-    let ns_fd = ns.as_raw_fd();
-    // SAFETY: the child calls only async-signal-safe functions (setns, open, fchdir,
-    // mount, close, _exit) on data made before the fork, and allocates nothing; it
-    // never returns into Rust code.
-    let child = unsafe { libc::fork() };
-    if child < 0 {
-        return Err(std::io::Error::last_os_error()).context("forking the home mount helper");
-    }
-    if child == 0 {
-        // SAFETY: see above; the child only exits.
-        unsafe {
-            let code = if libc::setns(ns_fd, libc::CLONE_NEWNS) != 0 {
-                1
-            } else if home.mount.mount_here().is_err() {
-                2
-            } else {
-                0
-            };
-            libc::_exit(code);
-        }
-    }
-    let mut status = 0;
-    // SAFETY: waits for our own child, writing its status into `status`.
-    while unsafe { libc::waitpid(child, &mut status, 0) } < 0 {
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::EINTR) {
-            return Err(err).context("waiting for the home mount helper");
-        }
-    }
-    match (libc::WIFEXITED(status), libc::WEXITSTATUS(status)) {
-        (true, 0) => Ok(()),
-        (true, 1) => anyhow::bail!("entering the mount namespace of pid {pid} failed"),
-        (true, _) => anyhow::bail!("mounting the home in the mount namespace of pid {pid} failed"),
-        _ => anyhow::bail!("the home mount helper for pid {pid} died ({status:#x})"),
-    }
+    home.mount.mount_into(pid).map_err(|e| match e {
+        MountIntoError::Io(e) => anyhow::Error::new(e).context(format!("the home mount helper for pid {pid}")),
+        MountIntoError::Enter => anyhow::anyhow!("entering the mount namespace of pid {pid} failed"),
+        MountIntoError::Mount => anyhow::anyhow!("mounting the home in the mount namespace of pid {pid} failed"),
+        MountIntoError::Died(status) => anyhow::anyhow!("the home mount helper for pid {pid} died ({status:#x})"),
+    })
 }
 
 /// Removes the kernel directories (named by kernel id) in `kernels_dir` that a previous

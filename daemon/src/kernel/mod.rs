@@ -32,7 +32,6 @@ pub mod hub;
 pub mod id;
 pub mod identity;
 pub mod orphans;
-pub mod pid_namespace;
 pub mod port_owner;
 pub mod prewarm;
 pub mod process;

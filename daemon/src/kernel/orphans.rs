@@ -9,6 +9,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::sys::signals::{HostSignals, ProcessSignals, SIGKILL};
+
 /// Whether a process's command line (`/proc/<pid>/cmdline`, NUL-separated) names a file in
 /// `kernels_dir` (a kernel's connection file, the pre-warm launcher): one of this host's.
 pub fn is_ours(cmdline: &[u8], kernels_dir: &Path) -> bool {
@@ -26,6 +28,11 @@ fn process_group(stat: &str) -> Option<i32> {
 /// Kills (SIGKILL, with their process groups when they lead one) the processes that name
 /// `kernels_dir` in their command line, other than this process. Returns how many.
 pub fn kill_left_over(kernels_dir: &Path) -> usize {
+    kill_left_over_with(&HostSignals, kernels_dir)
+}
+
+/// [`kill_left_over`], its signals sent through `signals`.
+fn kill_left_over_with(signals: &dyn ProcessSignals, kernels_dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
     let me = std::process::id();
     let mut killed = 0;
@@ -38,17 +45,12 @@ pub fn kill_left_over(kernels_dir: &Path) -> usize {
             continue;
         }
         let group = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|s| process_group(&s));
-        // SAFETY: kill(2) with a pid (or its own process group) read from /proc just now; a
-        // pid reused meanwhile by a process that does not name our directory is the only
-        // risk, and the window is a few microseconds.
-        let rc = unsafe {
-            if group == Some(pid) {
-                libc::killpg(pid, libc::SIGKILL)
-            } else {
-                libc::kill(pid, libc::SIGKILL)
-            }
-        };
-        if rc == 0 {
+        // A pid (or its own process group) read from /proc just now; a pid reused meanwhile
+        // by a process that does not name our directory is the only risk, and the window is
+        // a few microseconds.
+        let Ok(target) = u32::try_from(pid) else { continue };
+        let sent = if group == Some(pid) { signals.kill_group(target, SIGKILL) } else { signals.kill(target, SIGKILL) };
+        if sent.is_ok() {
             killed += 1;
         }
     }
@@ -138,6 +140,57 @@ mod tests {
         std::fs::write(parent.join("k3.aaaa"), "").expect("a file");
         let found = left_over_cgroups(&[parent.clone(), t.path().join("absent")], "aaaa");
         assert_eq!(found, vec![parent.join("k1.aaaa"), parent.join("k2.aaaa")]);
+    }
+
+    /// Records what would be killed, and kills nothing.
+    #[derive(Default)]
+    struct Recorder(std::sync::Mutex<Vec<(&'static str, u32)>>);
+
+    impl ProcessSignals for Recorder {
+        fn kill(&self, pid: u32, _sig: crate::sys::signals::Signal) -> std::io::Result<()> {
+            self.0.lock().expect("lock").push(("pid", pid));
+            Ok(())
+        }
+
+        fn kill_group(&self, pgid: u32, _sig: crate::sys::signals::Signal) -> std::io::Result<()> {
+            self.0.lock().expect("lock").push(("group", pgid));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_process_naming_the_kernels_dir_is_killed_with_the_group_it_leads() {
+        use std::os::unix::process::CommandExt;
+        let t = tempfile::tempdir().expect("tmp");
+        let spawn = |leader: bool| {
+            let mut cmd = std::process::Command::new("sleep");
+            cmd.arg0(t.path().join("k1/connection-0.json")).arg("30");
+            if leader {
+                cmd.process_group(0);
+            }
+            cmd.spawn().expect("spawn sleep")
+        };
+        let (mut leader, mut member) = (spawn(true), spawn(false));
+        // Its /proc/<pid>/cmdline shows the new argv once the exec is done.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while [&leader, &member]
+            .iter()
+            .any(|c| !std::fs::read(format!("/proc/{}/cmdline", c.id())).is_ok_and(|l| is_ours(&l, t.path())))
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let recorder = Recorder::default();
+        let n = kill_left_over_with(&recorder, t.path());
+        let mut seen = recorder.0.lock().expect("lock").clone();
+        seen.sort();
+        let _ = (leader.kill(), member.kill(), leader.wait(), member.wait());
+        assert_eq!(n, 2);
+        assert_eq!(seen, {
+            let mut want = vec![("group", leader.id()), ("pid", member.id())];
+            want.sort();
+            want
+        });
     }
 
     #[test]

@@ -11,8 +11,11 @@ use tokio::sync::watch;
 
 use super::home::{self, AttachedHome};
 use super::identity::{self, KernelIdentity};
-use super::pid_namespace::{self, PidReport};
-use super::sandbox::{self, ChildConfinement};
+use super::sandbox;
+use crate::sys::child_setup::ChildSetup;
+use crate::sys::pid_namespace::PidReport;
+use crate::sys::signals::{self, Signal};
+use crate::sys::{self, open_flags};
 
 /// The kernel's log in its directory (stdout and stderr).
 pub const KERNEL_LOG: &str = "kernel.log";
@@ -142,26 +145,22 @@ impl KernelProcess {
     }
 
     /// Sends a signal unless the process has already exited.
-    pub fn signal(&self, sig: libc::c_int) -> anyhow::Result<()> {
+    pub fn signal(&self, sig: Signal) -> anyhow::Result<()> {
         if self.has_exited() {
             return Ok(());
         }
         if let Some(pidfd) = &self.pidfd {
-            return pid_namespace::signal(pidfd, sig)
+            return sys::pidfd::signal(pidfd, sig)
                 .with_context(|| format!("sending signal {sig} to kernel pid {}", self.pid));
         }
-        let pid = libc::pid_t::try_from(self.pid).context("pid out of range")?;
-        // SAFETY: kill(2) only reads its two integer arguments. The pid is our own
-        // child, which has not been reaped (the waiter sets `exited` first), so it
-        // cannot have been reused by another process.
-        let rc = unsafe { libc::kill(pid, sig) };
-        if rc != 0 {
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() != Some(libc::ESRCH) {
-                return Err(err).with_context(|| format!("sending signal {sig} to kernel pid {}", self.pid));
+        // The pid is our own child, which has not been reaped (the waiter sets `exited`
+        // first), so it cannot have been reused by another process.
+        match signals::kill(self.pid, sig) {
+            Err(e) if !signals::no_such_process(&e) => {
+                Err(e).with_context(|| format!("sending signal {sig} to kernel pid {}", self.pid))
             }
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// Waits until the process exits; returns how it ended.
@@ -181,7 +180,7 @@ impl KernelProcess {
     pub async fn stop(&self, grace: std::time::Duration) {
         if tokio::time::timeout(grace, self.wait()).await.is_err() {
             tracing::warn!(pid = self.pid, "kernel did not exit in time; killing it");
-            if let Err(e) = self.signal(libc::SIGKILL) {
+            if let Err(e) = self.signal(signals::SIGKILL) {
                 tracing::warn!(pid = self.pid, error = format!("{e:#}"), "could not kill the kernel");
             }
             let _ = tokio::time::timeout(std::time::Duration::from_secs(5), self.wait()).await;
@@ -319,7 +318,7 @@ impl Launch<'_> {
     /// mount namespace before it drops root.
     fn spawn_with_home(self, home: Option<&AttachedHome>) -> anyhow::Result<KernelProcess> {
         // The host's limits and namespace, the same for pre-warmed and new kernels.
-        let confinement = ChildConfinement::new(sandbox::host())?;
+        let confinement = sandbox::child_confinement(sandbox::host())?;
         // Home mounted (over the directory std already changed into): enter it afresh.
         let cwd_again = match home {
             Some(_) => Some(
@@ -350,76 +349,20 @@ impl Launch<'_> {
             .kill_on_drop(true);
         cmd.env_clear();
         cmd.envs(self.env);
-        // Only on request (kernel.limit_address_space): CUDA reserves more address space
-        // than a GPU and its host have memory, and fails to initialise under a tight one.
-        let rlimit_as = self
-            .memory_limit_bytes
-            .filter(|_| sandbox::host().limit_address_space)
-            .map(|limit| libc::rlimit { rlim_cur: limit, rlim_max: limit });
-        let ids = self.identity.map(|id| (id.uid, id.gid));
-        let procs_fds: Vec<libc::c_int> = cgroup_procs.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
-        let home = home.map(|h| h.mount.clone());
         let pid_report = confinement.pid_namespace().then(PidReport::new).transpose()?;
-        let report_fd = pid_report.as_ref().map(PidReport::write_fd);
-        let init_exe = pid_namespace::init_exe();
-        let daemon_pid = libc::pid_t::try_from(std::process::id()).context("the daemon's pid out of range")?;
-        // SAFETY: the closure runs in the child between fork and exec, where only
-        // async-signal-safe calls are allowed: write(2), setrlimit(2), unshare(2),
-        // mount(2), open(2), fchdir(2), chdir(2), setgroups(2), setgid(2), setuid(2),
-        // prctl(2) and those of pid_namespace::enter are, and the closure allocates nothing
-        // (it reads its own copies of plain integers, C strings and a Vec made before the
-        // fork; the fds stay open in the parent until spawn returns, the loop device too,
-        // held by the caller).
-        unsafe {
-            cmd.pre_exec(move || {
-                // Join the cgroups first, while still root (joining needs write access
-                // to cgroup.procs): no kernel code runs outside them.
-                for &fd in &procs_fds {
-                    if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                // RLIMIT_AS: an allocation beyond the limit fails inside the kernel
-                // (Python raises MemoryError) instead of the OOM killer taking the host's
-                // memory back from some other process. It bounds each process, not the
-                // tree; the memory cgroup bounds the tree (`cgroup.rs`).
-                if let Some(rlim) = &rlimit_as {
-                    if libc::setrlimit(libc::RLIMIT_AS, rlim) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                // Open files, processes of its uid, its own mount namespace and /dev/shm
-                // (sandbox.rs), then its home with the quota (home.rs); still root.
-                confinement.apply()?;
-                if let Some(home) = &home {
-                    home.mount_here()?;
-                }
-                // A PID namespace of its own; only the kernel process returns from it.
-                if let Some(fd) = report_fd {
-                    pid_namespace::enter(fd, init_exe, daemon_pid)?;
-                }
-                // Drop root for good: no supplementary groups, then the group, then the
-                // user (after setuid nothing else could be changed). Done here rather than
-                // with CommandExt::uid/gid, which std runs before pre_exec closures, so the
-                // cgroup writes above still run as root.
-                if let Some((uid, gid)) = ids {
-                    if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                // Nothing the kernel execs (setuid binaries, file capabilities) gains privileges.
-                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // As the kernel's user: its working directory may be the home just mounted.
-                if let Some(cwd) = &cwd_again {
-                    if libc::chdir(cwd.as_ptr()) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
+        ChildSetup {
+            cgroup_procs: cgroup_procs.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect(),
+            // Only on request (kernel.limit_address_space): CUDA reserves more address space
+            // than a GPU and its host have memory, and fails to initialise under a tight one.
+            address_space_limit: self.memory_limit_bytes.filter(|_| sandbox::host().limit_address_space),
+            confinement,
+            home: home.map(|h| h.mount.clone()),
+            pid_report: pid_report.as_ref().map(PidReport::write_fd),
+            ids: self.identity.map(|id| (id.uid, id.gid)),
+            cwd_again,
         }
+        .install(&mut cmd)
+        .context("preparing the kernel's start")?;
         let as_whom = match self.identity {
             Some(id) => format!(" as uid {} gid {} ({})", id.uid, id.gid, id.user),
             None => String::new(),
@@ -474,7 +417,7 @@ pub(super) fn make_own_dir(dir: &Path, id: &KernelIdentity) -> anyhow::Result<()
 pub fn open_in_kernel_dir(path: &Path, options: &mut std::fs::OpenOptions) -> anyhow::Result<std::fs::File> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let f = options
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .custom_flags(open_flags::O_NOFOLLOW | open_flags::O_NONBLOCK)
         .open(path)
         .with_context(|| format!("opening {} (no symlinks)", path.display()))?;
     let meta = f.metadata().with_context(|| format!("examining {}", path.display()))?;
@@ -517,9 +460,8 @@ mod tests {
     fn fifos_and_links_in_a_kernel_directory_are_refused_without_blocking() {
         let dir = tempfile::tempdir().expect("tmp");
         let fifo = dir.path().join("manifest.json");
-        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
-        // SAFETY: mkfifo(3) reads a NUL-terminated path that outlives the call.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+        let made = std::process::Command::new("mkfifo").args(["-m", "600"]).arg(&fifo).status().expect("mkfifo");
+        assert!(made.success(), "mkfifo");
         let err = open_in_kernel_dir(&fifo, std::fs::OpenOptions::new().read(true)).expect_err("a FIFO");
         assert!(format!("{err:#}").contains("not a plain file"), "{err:#}");
 

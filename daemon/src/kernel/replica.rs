@@ -206,7 +206,7 @@ fn spawn_reader<S: SocketRecv + Send + 'static>(r: Reader, mut sock: S) -> JoinH
                         error = %e,
                         "the kernel broke the ZMQ protocol (an oversized or malformed frame): killing it"
                     );
-                    if let Err(e) = r.process.signal(libc::SIGKILL) {
+                    if let Err(e) = r.process.signal(crate::sys::signals::SIGKILL) {
                         tracing::warn!(pid = r.process.pid(), error = format!("{e:#}"), "could not kill the kernel");
                     }
                     return;

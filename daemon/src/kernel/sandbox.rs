@@ -1,16 +1,19 @@
 //! What confines a kernel process besides its cgroups and its account: resource limits
 //! (RLIMIT_NOFILE, RLIMIT_NPROC) and, when the daemon is root, a mount namespace of its
 //! own with a bounded private `/dev/shm` and its home on a quota'd filesystem
-//! ([`super::home`]), and a PID namespace of its own ([`super::pid_namespace`]).
+//! ([`super::home`]), and a PID namespace of its own ([`crate::sys::pid_namespace`]).
 //!
 //! One set per host (`kernel.*`), applied by every spawn ([`super::process::Launch`]), so a
 //! pre-warmed process, started before its kernel is known, has exactly the limits of a
 //! kernel started afresh.
 
-use std::ffi::CString;
 use std::sync::OnceLock;
 
+use anyhow::Context;
+
 use crate::config::KernelConfig;
+use crate::sys::confinement::ChildConfinement;
+use crate::sys::pid_namespace;
 
 /// The host's kernel confinement (`kernel.open_files_max`, `nproc_max`, `shm_size_mib`,
 /// `home_quota_mib`). `None`: not applied.
@@ -77,7 +80,7 @@ impl Sandbox {
             s.home_quota_bytes = None;
             s.pid_namespace = false;
         }
-        if s.pid_namespace && !super::pid_namespace::supported() {
+        if s.pid_namespace && !pid_namespace::supported() {
             // A container, or a unit whose RestrictNamespaces= leaves out "pid".
             tracing::warn!(
                 "this host refuses new PID namespaces (unshare(CLONE_NEWPID), or mounting their /proc) or has no \
@@ -88,7 +91,7 @@ impl Sandbox {
             s.pid_namespace = false;
         }
         if s.pid_namespace {
-            super::pid_namespace::open_own_binary();
+            pid_namespace::open_own_binary();
         }
         s
     }
@@ -121,102 +124,16 @@ pub fn host() -> &'static Sandbox {
     HOST.get().unwrap_or(&NONE)
 }
 
-/// What the child does between fork and exec, prepared before the fork (the child may
-/// not allocate).
-#[derive(Debug)]
-pub(super) struct ChildConfinement {
-    rlimits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
-    /// The `/dev/shm` tmpfs options ("size=…,mode=1777").
-    shm_options: Option<CString>,
-    private_mounts: bool,
-    pid_namespace: bool,
-}
-
-impl ChildConfinement {
-    /// From the host's confinement. A limit above the daemon's own hard limit is cut to
-    /// it, so kernels still start.
-    pub fn new(sandbox: &Sandbox) -> anyhow::Result<Self> {
-        let mut rlimits = Vec::new();
-        for (resource, value) in
-            [(libc::RLIMIT_NOFILE, sandbox.open_files_max), (libc::RLIMIT_NPROC, sandbox.nproc_max)]
-        {
-            let Some(value) = value else { continue };
-            let mut current = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-            // SAFETY: getrlimit(2) writes one rlimit into `current`, which outlives the call.
-            if unsafe { libc::getrlimit(resource, &mut current) } != 0 {
-                return Err(anyhow::Error::new(std::io::Error::last_os_error())
-                    .context(format!("reading the daemon's resource limit {resource}")));
-            }
-            // A cap, never a raise: raising a hard limit needs CAP_SYS_RESOURCE, which a
-            // container may withhold from even a root daemon.
-            let value = value.min(current.rlim_max);
-            rlimits.push((resource, libc::rlimit { rlim_cur: value, rlim_max: value }));
-        }
-        let shm_options = match sandbox.shm_bytes {
-            Some(bytes) => Some(
-                CString::new(format!("size={bytes},mode=1777"))
-                    .map_err(|e| anyhow::anyhow!("tmpfs options for /dev/shm: {e}"))?,
-            ),
-            None => None,
-        };
-        Ok(Self {
-            rlimits,
-            shm_options,
-            private_mounts: sandbox.private_mounts(),
-            pid_namespace: sandbox.pid_namespace,
-        })
-    }
-
-    /// Whether the child enters a PID namespace of its own ([`super::pid_namespace::enter`]).
-    pub fn pid_namespace(&self) -> bool {
-        self.pid_namespace
-    }
-
-    /// In the child, still root: limits, then a mount namespace of its own whose mounts
-    /// no longer propagate to the host's, with a fresh bounded `/dev/shm`.
-    ///
-    /// # Safety
-    /// Only between fork and exec: calls setrlimit(2), unshare(2) and mount(2) alone,
-    /// all async-signal-safe, and allocates nothing.
-    pub unsafe fn apply(&self) -> std::io::Result<()> {
-        // SAFETY: each call reads only integers and C strings this struct owns (or static
-        // ones), which outlive the calls.
-        unsafe {
-            for (resource, limit) in &self.rlimits {
-                if libc::setrlimit(*resource, limit) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            if !self.private_mounts {
-                return Ok(());
-            }
-            if libc::unshare(libc::CLONE_NEWNS) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // Slave, not private: unmounts on the host (a removed GPU, a lazily unmounted
-            // disk) still reach the kernel, but nothing mounted here reaches the host.
-            let none = std::ptr::null::<libc::c_char>();
-            if libc::mount(none, c"/".as_ptr(), none, libc::MS_REC | libc::MS_SLAVE, std::ptr::null()) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if let Some(options) = &self.shm_options {
-                // Over the host's /dev/shm in this namespace only: the kernel sees neither the
-                // host's nor another kernel's segments, and cannot fill the host's memory.
-                let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-                if libc::mount(
-                    c"tmpfs".as_ptr(),
-                    c"/dev/shm".as_ptr(),
-                    c"tmpfs".as_ptr(),
-                    flags,
-                    options.as_ptr().cast(),
-                ) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        }
-    }
+/// What the child of a spawn does between fork and exec under `sandbox`.
+pub(super) fn child_confinement(sandbox: &Sandbox) -> anyhow::Result<ChildConfinement> {
+    ChildConfinement::new(
+        sandbox.open_files_max,
+        sandbox.nproc_max,
+        sandbox.shm_bytes,
+        sandbox.private_mounts(),
+        sandbox.pid_namespace,
+    )
+    .context("preparing the kernel's limits and /dev/shm")
 }
 
 #[cfg(test)]
@@ -241,12 +158,5 @@ mod tests {
             ..k
         };
         assert_eq!(Sandbox::from_config(&off, true), Sandbox::default());
-        // A limit is never raised above the daemon's own hard limit.
-        let huge = Sandbox { open_files_max: Some(u64::MAX), ..Sandbox::default() };
-        let child = ChildConfinement::new(&huge).expect("confinement");
-        let mut now = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-        // SAFETY: getrlimit(2) writes one rlimit into `now`, which outlives the call.
-        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut now) }, 0);
-        assert_eq!(child.rlimits[0].1.rlim_max, now.rlim_max);
     }
 }

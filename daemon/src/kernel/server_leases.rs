@@ -10,7 +10,8 @@
 use std::sync::Arc;
 
 use super::binding::LeaseControl;
-use crate::lease::{KernelProcess, LeaseServer};
+use crate::lease::{LeaseServer, RegisteredProcess};
+use crate::sys::credentials;
 
 /// Lease control backed by the running [`LeaseServer`].
 pub struct ServerLeases {
@@ -22,9 +23,7 @@ pub struct ServerLeases {
 impl ServerLeases {
     /// Controls leases through `server`.
     pub fn new(server: Arc<LeaseServer>) -> Self {
-        // SAFETY: getuid(2) has no arguments and cannot fail.
-        let uid = unsafe { libc::getuid() };
-        Self { server, uid }
+        Self { server, uid: credentials::uid() }
     }
 }
 
@@ -33,7 +32,7 @@ impl LeaseControl for ServerLeases {
         // A root daemon's kernels run as their own account (kernel.user, kernel.uid_range):
         // the shim connects with that uid, not the daemon's.
         let uid = effective_uid_of(pid).unwrap_or(self.uid);
-        self.server.register_process(KernelProcess { kernel_id: kernel.to_owned(), replica: 0, pid, uid, gpus });
+        self.server.register_process(RegisteredProcess { kernel_id: kernel.to_owned(), replica: 0, pid, uid, gpus });
     }
 
     fn bind(&self, kernel: &str, pids: &[u32], gpus: &[u32]) {
@@ -74,8 +73,7 @@ fn effective_uid_of(pid: u32) -> Option<u32> {
 mod tests {
     #[test]
     fn the_effective_uid_of_this_process_is_read_from_proc() {
-        // SAFETY: geteuid(2) has no arguments and cannot fail.
-        let euid = unsafe { libc::geteuid() };
+        let euid = crate::sys::credentials::euid();
         assert_eq!(super::effective_uid_of(std::process::id()), Some(euid));
         assert_eq!(super::effective_uid_of(u32::MAX), None);
     }

@@ -23,6 +23,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, PoisonError};
 
+use crate::sys::sysv_ipc::{self, IpcKind};
+use crate::sys::{open_flags, signals};
+
 /// Shared directories a kernel can leave files in: the temporary directories (the
 /// unit's private ones under systemd) and the POSIX shared memory and message queue
 /// file systems.
@@ -130,7 +133,7 @@ pub fn remove(uid: u32) -> Removed {
 /// left alone). Returns whether bits were cleared.
 fn clear_setid(path: &Path, uid: u32) -> bool {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    const SETID: u32 = libc::S_ISUID | libc::S_ISGID;
+    const SETID: u32 = open_flags::S_ISUID | open_flags::S_ISGID;
     let Ok(meta) = std::fs::symlink_metadata(path) else { return false };
     if !meta.is_file() || meta.mode() & SETID == 0 {
         return false;
@@ -138,7 +141,7 @@ fn clear_setid(path: &Path, uid: u32) -> bool {
     // O_NOFOLLOW: never a link's target; O_NONBLOCK: never wait on a FIFO swapped in.
     let Ok(file) = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .custom_flags(open_flags::O_NOFOLLOW | open_flags::O_NONBLOCK | open_flags::O_NOCTTY)
         .open(path)
     else {
         return false;
@@ -171,16 +174,9 @@ fn kill_and_remove_as(uid: u32, paths: &[PathBuf]) -> Result<(), String> {
         .stderr(Stdio::piped())
         .uid(uid)
         .gid(uid);
-    // SAFETY: runs in the forked child after the switch to `uid` (std applies uid/gid
-    // before pre_exec hooks) and only calls kill(2), which is async-signal-safe.
     // kill(-1) signals every process the caller may signal, except itself: as `uid`,
     // exactly that uid's processes.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::kill(-1, libc::SIGKILL);
-            Ok(())
-        });
-    }
+    signals::kill_all_of_own_uid_before_exec(&mut cmd);
     let out = cmd.output().map_err(|e| format!("running {rm} as uid {uid}: {e}"))?;
     if out.status.success() {
         Ok(())
@@ -212,13 +208,6 @@ pub fn ipc_owners() -> BTreeSet<u32> {
         .filter_map(|(table, _)| std::fs::read_to_string(format!("/proc/sysvipc/{table}")).ok())
         .flat_map(|text| ipc_objects(&text).into_iter().flat_map(|o| [o.uid, o.cuid]))
         .collect()
-}
-
-#[derive(Debug, Clone, Copy)]
-enum IpcKind {
-    Shm,
-    Sem,
-    Msg,
 }
 
 const IPC_TABLES: [(&str, IpcKind); 3] = [("shm", IpcKind::Shm), ("sem", IpcKind::Sem), ("msg", IpcKind::Msg)];
@@ -260,16 +249,7 @@ fn owned_ipc_ids(table: &str, uid: u32) -> Vec<i32> {
 }
 
 fn remove_ipc(kind: IpcKind, id: i32) -> bool {
-    // SAFETY: IPC_RMID takes no buffer (a null pointer is allowed) and only names the
-    // object by id; a stale id fails with EINVAL/EIDRM and changes nothing.
-    let rc = unsafe {
-        match kind {
-            IpcKind::Shm => libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()),
-            IpcKind::Sem => libc::semctl(id, 0, libc::IPC_RMID),
-            IpcKind::Msg => libc::msgctl(id, libc::IPC_RMID, std::ptr::null_mut()),
-        }
-    };
-    rc == 0
+    sysv_ipc::remove(kind, id).is_ok()
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! Metrics of the lease server and GPU control.
+//! Metrics of the lease server, with GPU control's ([`EvictionMetrics`]).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -7,12 +7,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-/// Labels of `notebookos_gpu_evictions_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct EvictionLabels {
-    /// `checkpoint` (memory moved to host) or `resident` (driver cannot checkpoint; kept on the GPU).
-    pub mode: String,
-}
+use crate::gpu::metrics::EvictionMetrics;
 
 /// Labels of `notebookos_lease_refused_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -43,16 +38,10 @@ pub struct LeaseMetrics {
     pub connections_refused: Family<ConnectionRefusedLabels, Counter>,
     /// Lease-socket connections open now.
     pub connections: Gauge,
-    /// Evictions, by mode.
-    pub evictions: Family<EvictionLabels, Counter>,
-    /// Restores that failed (the process is left without a lease).
-    pub restore_failures: Counter,
+    /// Evictions and restores (GPU control's).
+    pub eviction: EvictionMetrics,
     /// Request-to-grant time.
     pub acquire_seconds: Histogram,
-    /// GPU memory moved to host memory by checkpoints (NVML per-process bytes before each).
-    pub evicted_bytes: Counter,
-    /// GPU memory moved back onto a GPU by restores.
-    pub restored_bytes: Counter,
     /// Granted GPUs a shim reported its driver does not list (calls on them failed).
     pub gpus_not_visible: Counter,
 }
@@ -65,13 +54,10 @@ impl Default for LeaseMetrics {
             refused: Family::default(),
             connections_refused: Family::default(),
             connections: Gauge::default(),
-            evictions: Family::default(),
-            restore_failures: Counter::default(),
+            eviction: EvictionMetrics::default(),
             acquire_seconds: Histogram::new([
                 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0,
             ]),
-            evicted_bytes: Counter::default(),
-            restored_bytes: Counter::default(),
             gpus_not_visible: Counter::default(),
         }
     }
@@ -89,22 +75,7 @@ impl LeaseMetrics {
             self.connections_refused.clone(),
         );
         r.register("notebookos_lease_connections", "Lease socket connections open", self.connections.clone());
-        r.register("notebookos_gpu_evictions", "Evictions of a process's GPU memory, by mode", self.evictions.clone());
-        r.register(
-            "notebookos_gpu_restore_failures",
-            "Restores of a process's GPU memory that failed",
-            self.restore_failures.clone(),
-        );
-        r.register(
-            "notebookos_gpu_evicted_bytes",
-            "GPU memory moved to host memory by checkpoints of kernel processes",
-            self.evicted_bytes.clone(),
-        );
-        r.register(
-            "notebookos_gpu_restored_bytes",
-            "GPU memory moved back onto a GPU by restores of kernel processes",
-            self.restored_bytes.clone(),
-        );
+        self.eviction.register(r);
         r.register(
             "notebookos_lease_gpus_not_visible",
             "Granted GPUs that a kernel process's driver did not list (its calls on them failed with \
@@ -116,5 +87,12 @@ impl LeaseMetrics {
             "Time from a lease request to its grant",
             self.acquire_seconds.clone(),
         );
+    }
+}
+
+/// GPU control counts into the lease server's eviction metrics.
+impl From<LeaseMetrics> for EvictionMetrics {
+    fn from(m: LeaseMetrics) -> Self {
+        m.eviction
     }
 }

@@ -1,6 +1,6 @@
 //! Host side of the lease protocol between the CUDA shim (inside kernel processes)
-//! and this daemon: the lease table ([`table`], pure), the peer check by
-//! `SO_PEERCRED` ([`peer`]), the Unix socket server that drives both and calls GPU
+//! and this daemon: the lease table ([`table`], pure), whether a peer descends from a
+//! registered kernel process ([`peer`]), the Unix socket server that drives both and calls GPU
 //! control to evict and restore ([`server`]), and its metrics ([`metrics`]).
 
 pub mod metrics;
@@ -8,5 +8,10 @@ pub mod peer;
 pub mod server;
 pub mod table;
 
-pub use server::{ConnectionLimits, KernelProcess, LeaseServer, LeaseServerConfig, LeaseServerError, ProcessStatus};
+pub use server::{
+    ConnectionLimits, LeaseServer, LeaseServerConfig, LeaseServerError, ProcessStatus, RegisteredProcess,
+};
+
+/// The old name of [`RegisteredProcess`], kept until the cli crates move to the new one.
+pub type KernelProcess = RegisteredProcess;
 pub use table::LeaseState;

@@ -137,15 +137,14 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::signals;
 
     fn child() -> std::process::Child {
         std::process::Command::new("sleep").arg("30").spawn().expect("sleep")
     }
 
-    fn signal(c: &std::process::Child, sig: i32) {
-        let pid = i32::try_from(c.id()).expect("pid");
-        // SAFETY: kill(2) on this test's own child.
-        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+    fn signal(c: &std::process::Child, sig: signals::Signal) {
+        signals::kill(c.id(), sig).expect("kill");
     }
 
     /// Waits until `/proc` shows what `f` expects (a signal is delivered asynchronously).
@@ -162,9 +161,9 @@ mod tests {
         let mut c = child();
         let started = start_time(c.id());
         assert_eq!(alive(c.id(), started), Ok(()));
-        signal(&c, libc::SIGSTOP);
+        signal(&c, signals::SIGSTOP);
         eventually(c.id(), started, Err(Rejected::Stopped));
-        signal(&c, libc::SIGCONT);
+        signal(&c, signals::SIGCONT);
         eventually(c.id(), started, Ok(()));
         // Another start time: not the process that was checked before.
         assert_eq!(alive(c.id(), started.map(|t| t + 1)), Err(Rejected::Exited));
@@ -177,7 +176,7 @@ mod tests {
     async fn a_stopped_process_is_found_out_before_the_deadline() {
         let mut c = child();
         let started = start_time(c.id());
-        signal(&c, libc::SIGSTOP);
+        signal(&c, signals::SIGSTOP);
         eventually(c.id(), started, Err(Rejected::Stopped));
         // Never answers: the check fails on the state, long before the hour.
         let never = std::future::pending::<Option<Vec<u8>>>();

@@ -10,13 +10,15 @@
 //! no pool.
 //!
 //! A kernel of the pool's account could stop or trace a pool process: every kernel runs in
-//! a PID namespace of its own ([`super::pid_namespace`]), where pool processes cannot be
+//! a PID namespace of its own ([`crate::sys::pid_namespace`]), where pool processes cannot be
 //! named; the pool guard ([`guard`], a BPF LSM program) refuses it too where it loads; and
 //! every hand-over first checks that the process runs and answers ([`check`]): one that
-//! fails is killed and the kernel starts a new Python.
+//! fails is killed and the kernel starts a new Python. One process and its hand-over:
+//! [`warm`].
 
 mod check;
 mod guard;
+mod warm;
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -25,13 +27,13 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use tokio::io::AsyncWriteExt;
 
 use super::identity::KernelIdentity;
 use super::process::{self, KernelProcess, Launch, LaunchSpec, ProcessSource};
-use crate::metrics::{Metrics, PrewarmRejectLabels, PrewarmTakeLabels, StateLabels};
+use crate::metrics::{Metrics, PrewarmTakeLabels, StateLabels};
 use check::{start_time, Rejected};
 use guard::Guard;
+use warm::Warm;
 
 /// The launcher each pre-warmed process runs.
 const LAUNCHER: &str = include_str!("launcher.py");
@@ -46,13 +48,6 @@ const REFILL_EVERY: Duration = Duration::from_secs(1);
 /// Variables the dynamic loader read when the process started: a kernel that wants
 /// other values cannot use a pre-warmed process.
 const LOADER_ENV: &[&str] = &["LD_PRELOAD", "LD_LIBRARY_PATH"];
-/// How long a ready process may take to answer the hand-over's ping (it waits on its
-/// socket: an answer takes milliseconds; a stopped process is found out sooner, by `/proc`).
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
-/// The same for a process still importing (it answers once it is ready), and for a
-/// process handed its kernel to have ipykernel's ports open. Past it the kernel starts a
-/// new Python, with its own full start deadline.
-const WARMING_TIMEOUT: Duration = Duration::from_secs(20);
 /// Pids the pool guard can protect at once (the pool holds at most 64).
 const GUARD_PIDS: u32 = 256;
 
@@ -73,116 +68,6 @@ pub struct PoolSettings {
     pub min: u32,
     /// `kernel.prewarm_max`: never more.
     pub max: u32,
-}
-
-/// One pre-warmed process.
-struct Warm {
-    process: KernelProcess,
-    /// Its start time (`/proc/<pid>/stat`), to tell it from a later process with its pid.
-    start_time: Option<u64>,
-    /// Our end of its control socket (its stdin and stdout): a socket, not a pipe, so no
-    /// other process of the kernel account can open it through `/proc/<pid>/fd`.
-    control: tokio::net::unix::OwnedWriteHalf,
-    /// Its answers ("ready", "pong", "up"); read by the ready watcher until it is ready,
-    /// then by the hand-over.
-    answers: Arc<tokio::sync::Mutex<tokio::net::unix::OwnedReadHalf>>,
-    ready: Arc<AtomicBool>,
-    metrics: Arc<Metrics>,
-    guard: Option<Arc<dyn Guard>>,
-}
-
-impl Warm {
-    /// Its pid (it keeps it as the kernel).
-    fn pid(&self) -> u32 {
-        self.process.pid()
-    }
-
-    /// Its next answer line.
-    fn answer(&self) -> impl std::future::Future<Output = Option<Vec<u8>>> + Send + 'static {
-        let answers = self.answers.clone();
-        async move { check::read_line(&mut *answers.lock().await).await }
-    }
-
-    /// Kills it (stopped or not: SIGKILL ends a stopped process too) and counts why.
-    fn reject(&self, why: Rejected) {
-        let pid = self.pid();
-        let _ = self.process.signal(libc::SIGKILL);
-        self.metrics.prewarm_rejected_total.get_or_create(&PrewarmRejectLabels { reason: why.label().into() }).inc();
-        tracing::warn!(
-            pid,
-            reason = why.label(),
-            "killed a pre-warmed kernel process that cannot be handed over: {why}"
-        );
-        self.unguard();
-    }
-
-    /// The pool guard no longer protects it (a kernel now, or gone).
-    fn unguard(&self) {
-        if let Some(g) = &self.guard {
-            if let Err(e) = g.release(self.pid()) {
-                tracing::warn!(
-                    pid = self.pid(),
-                    error = format!("{e:#}"),
-                    "pre-warm pool guard: could not release a pid"
-                );
-            }
-        }
-    }
-
-    /// Makes this process the kernel of `spec`: it must run and answer a ping, then the
-    /// same checks and files as a new kernel, then it joins the kernel's cgroups, and only
-    /// then is it told which kernel it is (no kernel code runs outside them); it must then
-    /// say ipykernel is up. On error the process is killed.
-    async fn hand_over(mut self, spec: &LaunchSpec, connection_file: &Path) -> anyhow::Result<KernelProcess> {
-        let pid = self.process.pid();
-        let started = self.start_time;
-        // A stopped process still takes bytes on its socket: a failed write or a silence
-        // is explained by what /proc says first.
-        let gone = |e: std::io::Error| {
-            anyhow::Error::new(check::alive(pid, started).err().unwrap_or(Rejected::Exited)).context(e)
-        };
-        let handed = async {
-            check::alive(pid, started)?;
-            self.control.write_all(b"ping\n").await.map_err(gone)?;
-            let limit = if self.ready.load(Ordering::SeqCst) { ANSWER_TIMEOUT } else { WARMING_TIMEOUT };
-            check::awaited(self.answer(), b"pong", pid, started, limit, Rejected::Unresponsive).await?;
-            drop(process::admit(spec, connection_file)?);
-            // Our child, unreaped until its waiter saw it exit: the pid is still its own
-            // unless it died meanwhile (checked by its start time just before the move).
-            anyhow::ensure!(
-                !self.process.has_exited() && start_time(pid) == self.start_time,
-                "the pre-warmed process {pid} exited before it was handed its kernel"
-            );
-            for procs in &spec.cgroup_procs {
-                std::fs::write(procs, pid.to_string())
-                    .with_context(|| format!("moving pre-warmed pid {pid} into {}", procs.display()))?;
-            }
-            // Its home with the quota, in its own mount namespace, before it learns its cwd.
-            process::enter_home(spec, pid)?;
-            let order = order(spec, connection_file)?;
-            self.control.write_all(&order).await.map_err(gone)?;
-            self.control.shutdown().await.map_err(gone)?;
-            check::awaited(self.answer(), b"up", pid, started, WARMING_TIMEOUT, Rejected::NotUp).await?;
-            anyhow::Ok(())
-        };
-        match handed.await {
-            Ok(()) => {
-                self.unguard();
-                Ok(self.process)
-            }
-            Err(e) => {
-                match e.downcast_ref::<Rejected>() {
-                    Some(why) => self.reject(*why),
-                    None => {
-                        let _ = self.process.signal(libc::SIGKILL);
-                        self.unguard();
-                    }
-                }
-                self.metrics.prewarm_takes_total.get_or_create(&PrewarmTakeLabels { result: "failed".into() }).inc();
-                Err(e)
-            }
-        }
-    }
 }
 
 /// Reads the process's `ready` line (at most a few bytes: the process is not trusted to
@@ -207,30 +92,6 @@ async fn await_ready(
         pool.failures.store(0, Ordering::SeqCst);
         pool.publish_size();
     }
-}
-
-/// The line that tells a pre-warmed process which kernel it is.
-fn order(spec: &LaunchSpec, connection_file: &Path) -> anyhow::Result<Vec<u8>> {
-    let text = |s: &std::ffi::OsStr, what: &str| {
-        s.to_str().map(str::to_owned).with_context(|| format!("{what} is not UTF-8 (a pre-warmed kernel takes JSON)"))
-    };
-    let mut env = serde_json::Map::new();
-    for (k, v) in process::kernel_env(spec) {
-        env.insert(text(&k, "a variable name")?, text(&v, "a variable's value")?.into());
-    }
-    let argv = process::ipykernel_args(connection_file)
-        .iter()
-        .map(|a| text(a, "an argument"))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let order = serde_json::json!({
-        "argv": argv,
-        "env": env,
-        "cwd": text(process::kernel_cwd(spec).as_os_str(), "the working directory")?,
-        "log": text(spec.dir.join(process::KERNEL_LOG).as_os_str(), "the log path")?,
-    });
-    let mut line = serde_json::to_vec(&order).context("encoding the kernel for the pre-warmed process")?;
-    line.push(b'\n');
-    Ok(line)
 }
 
 /// The host's pool.

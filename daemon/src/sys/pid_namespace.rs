@@ -35,7 +35,8 @@ use std::sync::OnceLock;
 
 use anyhow::Context;
 
-use crate::lease::peer::{is_alive, parent_of, pidfd_open};
+use super::pidfd::{is_alive, pidfd_open};
+use super::procfs::parent_of;
 
 /// How often S looks whether the daemon is still its parent (P's exit wakes it at once).
 const PARENT_POLL_MS: libc::c_int = 1000;
@@ -133,7 +134,7 @@ fn exited_zero(pid: libc::pid_t) -> bool {
 
 /// The pipe on which P reports its pid, made before the fork (close-on-exec both ends).
 #[derive(Debug)]
-pub(super) struct PidReport {
+pub struct PidReport {
     read: OwnedFd,
     write: OwnedFd,
 }
@@ -174,19 +175,6 @@ impl PidReport {
         );
         Ok((pid, pidfd))
     }
-}
-
-/// Sends `sig` through `pidfd`; a process that is gone is no error.
-pub(super) fn signal(pidfd: &OwnedFd, sig: libc::c_int) -> std::io::Result<()> {
-    // SAFETY: pidfd_send_signal(2) with a pidfd we own, a signal number and no siginfo.
-    let rc = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), sig, std::ptr::null::<u8>(), 0) };
-    if rc != 0 {
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::ESRCH) {
-            return Err(err);
-        }
-    }
-    Ok(())
 }
 
 /// In the daemon's child, still root: makes S, R and P; returns in P only (which goes on to
