@@ -37,7 +37,7 @@ test-rust:
 
 # No import circle between the files of a crate (docs/design.md: each layer uses only those below).
 check-layers:
-	python3 scripts/import-cycles.py daemon daemon/sched daemon/bench daemon/cli raft-store cuda-shim
+	python3 scripts/import-cycles.py daemon daemon/sched daemon/bench daemon/cli raft-store cuda-shim tests/support
 
 test-python:
 	$(NBOS_PYTHON) -m pytest -q python/tests $(wildcard tests/jupyter) $(wildcard tests/browser)
