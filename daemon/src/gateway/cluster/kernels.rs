@@ -10,7 +10,7 @@ use axum::Json;
 
 use super::api_error::cluster_error;
 use super::mode::ClusterMode;
-use crate::cluster::records::KernelRecord;
+use crate::cluster::control::records::KernelRecord;
 use crate::cluster::KernelSpec;
 use crate::gateway::error::ApiError;
 use crate::gateway::kernel_request::{settable_env, CreateKernel};

@@ -14,7 +14,7 @@
 //! - [`replica_routes`]: `/api/v1/cluster/…` about this host's replicas.
 //! - [`api_error`]: cluster failures as client answers.
 //!
-//! [`FrontendKernel`]: crate::cluster::frontend::FrontendKernel
+//! [`FrontendKernel`]: crate::cluster::cells::frontend::FrontendKernel
 
 pub mod api_error;
 pub mod kernels;

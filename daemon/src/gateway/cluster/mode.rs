@@ -8,10 +8,10 @@ use axum::{Extension, Router};
 
 use super::api_error::cluster_error;
 use super::local_replicas::GatewayReplicas;
-use crate::cluster::frontend::{FrontendMetrics, Frontends};
-use crate::cluster::objects::collector::Collector;
-use crate::cluster::records::KernelRecord;
-use crate::cluster::replica_host::ReplicaHost;
+use crate::cluster::cells::frontend::{FrontendMetrics, Frontends};
+use crate::cluster::cells::objects::collector::Collector;
+use crate::cluster::cells::replica_host::ReplicaHost;
+use crate::cluster::control::records::KernelRecord;
 use crate::cluster::Cluster;
 use crate::gateway::error::ApiError;
 use crate::gateway::state::AppState;
