@@ -1,5 +1,5 @@
 //! The front-end's link to this host's own replica of a kernel, in-process: the same
-//! client connection the `?replica=local` WebSocket handler makes, without the socket.
+//! client connection the internal channels WebSocket handler makes, without the socket.
 //! The cell path then skips two WebSocket hops (and their encoding) each way whenever a
 //! kernel's executor runs on the host whose gateway the client uses.
 

@@ -1,5 +1,5 @@
 //! This host's replicas, linked in-process to its own front-ends: the client connection
-//! the `?replica=local` WebSocket handler makes, without the socket (see
+//! the internal channels WebSocket handler makes, without the socket (see
 //! [`crate::cluster::cells::local_link`]).
 
 use std::sync::Arc;
@@ -11,7 +11,7 @@ use crate::cluster::cells::replica_host::ReplicaHost;
 use crate::gateway::state::AppState;
 
 /// This host's replicas for its own front-ends: the client connection the
-/// `?replica=local` WebSocket handler makes, in-process.
+/// internal channels WebSocket handler makes, in-process.
 pub struct GatewayReplicas {
     state: Arc<AppState>,
     replicas: Arc<ReplicaHost>,

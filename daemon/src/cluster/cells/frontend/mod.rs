@@ -2,7 +2,7 @@
 //! one [`FrontendKernel`] per kernel per host, shared by this host's client sockets.
 //!
 //! It keeps one link per replica host (in-process to this host's own replica, else an
-//! internal WebSocket, `…/channels?replica=local` with this host's node credential, reconnected with
+//! internal WebSocket, `/internal/v1/replicas/{id}/channels` with this host's node credential, reconnected with
 //! backoff), serialises the kernel's cells, and runs each cell's election rounds:
 //! pre-selection ([`crate::sched::preselect`]), `execute_request` to every live replica
 //! with `metadata.nbos_election`, then the outcomes: `executed` → the reply goes to the

@@ -2,7 +2,7 @@
 //!
 //! The front-end sends each live replica host the client's `execute_request` with
 //! `metadata.nbos_election = {"cell", "round", "role": "lead"|"yield", "expected"}`
-//! over its internal WebSocket (`?replica=local`). `gateway/cell.rs` hands such a
+//! over its internal WebSocket (`/internal/v1/replicas/{id}/channels`). `gateway/cell.rs` hands such a
 //! request to [`ReplicaHost::handle_execute`] before the single-host path:
 //!
 //! - `yield`: a best-effort `yield/…` note; nothing is sent back.
