@@ -9,12 +9,13 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::mpsc;
 
 use super::election_message::with_election;
+use super::election_round::{Election, Failure, Heard, Next, Why};
 use super::events::{Cell, Event};
 use super::kernel::{FrontendKernel, NO_REPLICA_TIMEOUT};
 use super::replica_link::keep_links;
 use super::state::Current;
 use crate::cluster::control::meta::{MoveAnswer, MoveRequest};
-use crate::cluster::control::records::{ElectionRecord, MoveReason, MoveRecord, RunningRecord};
+use crate::cluster::control::records::{MoveReason, MoveRecord};
 use crate::jupyter::Channel;
 use crate::sched::preselect::{preselect, Candidate};
 
@@ -79,27 +80,17 @@ pub(super) async fn cell_worker(
     }
 }
 
-/// Why a cell ended without an `executed` outcome.
-enum Failure {
-    HostDied(u64),
-    NoReplica,
-    Deleted,
-}
-
 async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::UnboundedReceiver<Event>) {
     k.state().current =
         Some(Current { msg_id: cell.msg_id.clone(), round: 0, executor: None, submitted: cell.submitted });
     let mut changes = k.shared.changes.clone();
-    let mut round: u32 = 0;
-    let mut expected: Option<ElectionRecord> = None;
-    let mut yielded: Vec<u32> = Vec::new();
+    // The rounds so far and what they decided (pure: [`Election`]); another cell of the
+    // kernel may hold its lock (sent through another gateway): this one waits its turn, and
+    // takes the lock over once the holder's host is gone.
+    let mut election = Election::new();
     let mut told_waiting = false;
     let mut told_moving: Option<u32> = None;
     let mut asked_to_move: Option<Instant> = None;
-    // Another cell of the kernel holds its lock (sent through another gateway): this one
-    // waits its turn; `steal` once the holder's host is gone.
-    let mut steal: Option<RunningRecord> = None;
-    let mut told_busy = false;
     let no_replica_since = Instant::now();
     let failure = 'cell: loop {
         // Who is live now; links follow the record (a new or incoming replica gets one, a
@@ -124,11 +115,11 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
             }
         }
         let live: HashSet<u32> = cands.iter().filter(|c| c.live).map(|c| c.replica).collect();
-        if !yielded.is_empty() && live.iter().all(|r| yielded.contains(r)) {
+        if !election.yielded.is_empty() && live.iter().all(|r| election.yielded.contains(r)) {
             // Every live replica said it cannot: the cell waits for GPUs.
             if !told_waiting {
                 told_waiting = true;
-                let reason = expected.as_ref().map(|e| e.reason.clone()).filter(|r| !r.is_empty());
+                let reason = election.expected.as_ref().map(|e| e.reason.clone()).filter(|r| !r.is_empty());
                 let text = format!(
                     "[NotebookOS] waiting for {} GPU(s): no replica's host can commit them now{}; the cell starts when GPUs free up\n",
                     record.gpus,
@@ -148,11 +139,11 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
                 }
                 _ => {}
             }
-            yielded.clear();
+            election.yielded.clear();
             let _ = tokio::time::timeout(YIELD_RETRY, changes.changed()).await;
             continue;
         }
-        let Some(plan) = preselect(&cands, record.gpus, previous, &yielded) else {
+        let Some(plan) = preselect(&cands, record.gpus, previous, &election.yielded) else {
             if no_replica_since.elapsed() > NO_REPLICA_TIMEOUT {
                 break 'cell Failure::NoReplica;
             }
@@ -165,6 +156,8 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
             continue;
         };
         let lead_node = cands.iter().find(|c| c.replica == plan.lead).map_or(0, |c| c.node_id);
+        election.designate(plan.lead, lead_node);
+        let round = election.round;
         if let Some((p, prev_node)) = last {
             if round == 0 && p != plan.lead && !cands.iter().any(|c| c.replica == p && c.live) {
                 tracing::info!(kernel = %k.id, cell = %cell.msg_id, from = prev_node, to = lead_node, "failing over to another replica");
@@ -189,8 +182,8 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
                 &cell.msg_id,
                 round,
                 c.replica == plan.lead,
-                expected.as_ref(),
-                steal.as_ref(),
+                election.expected.as_ref(),
+                election.steal.as_ref(),
             );
             k.send_to(c.node_id, Channel::Shell, msg);
         }
@@ -206,14 +199,13 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
                     Ok(ev) => ev,
                     Err(_) => {
                         tracing::warn!(kernel = %k.id, cell = %cell.msg_id, round, lead = plan.lead, "no election outcome in time; next round");
-                        yielded.push(plan.lead);
-                        round += 1;
+                        election.on(Heard::TimedOut);
                         continue 'cell;
                     }
                 }
             };
             let Some(ev) = ev else { return };
-            match ev {
+            let heard = match ev {
                 Event::Executed { cell: c, node, reply } if c == cell.msg_id => {
                     let replica = record.replicas.iter().find(|r| r.node_id == node).map_or(0, |r| r.replica);
                     {
@@ -225,103 +217,69 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
                     k.hub.deliver(Channel::Shell, reply, SystemTime::now());
                     return;
                 }
-                Event::Started { cell: c, .. } if c == cell.msg_id => {}
                 Event::Outcome { cell: c, node, outcome, record: rec, running } if c == cell.msg_id => {
-                    match outcome.as_str() {
-                        "busy" => {
-                            if node != lead_node {
-                                continue;
-                            }
-                            let Some(held) = running else { continue };
-                            // The holder's host is gone from the cluster (its lease expired) or
-                            // its replica from the kernel: its cell ended with it, so the next
-                            // round takes the lock over. Otherwise wait: a link that is down
-                            // here says nothing (and a partitioned holder cannot commit).
+                    // The facts the outcome's decision needs, looked up only when it does.
+                    let holder_there = match (&running, outcome.as_str()) {
+                        (Some(held), "busy") if node == lead_node => {
                             let hosts = k.shared.hosts().await;
-                            let holder_there = hosts.contains_key(&held.node_id)
+                            hosts.contains_key(&held.node_id)
                                 && record
                                     .replicas
                                     .iter()
-                                    .any(|r| r.node_id == held.node_id && r.replica == held.replica);
-                            if holder_there {
-                                steal = None;
-                                if !told_busy {
-                                    told_busy = true;
-                                    let text = "[NotebookOS] waiting: another cell of this kernel (sent by another client or gateway) is running; this one runs next\n";
-                                    k.publish(
-                                        &cell.request,
-                                        "stream",
-                                        &serde_json::json!({ "name": "stderr", "text": text }),
-                                    );
-                                }
-                                let _ = tokio::time::timeout(YIELD_RETRY, changes.changed()).await;
-                            } else {
-                                tracing::info!(kernel = %k.id, cell = %cell.msg_id, holder = held.node_id, held = %held.cell, "the kernel's lock is held by a host that is gone; taking it over");
-                                steal = Some(held);
-                            }
-                            round += 1;
-                            continue 'cell;
+                                    .any(|r| r.node_id == held.node_id && r.replica == held.replica)
                         }
-                        "yielded" => {
-                            if node != lead_node {
-                                continue; // an outcome from an earlier round's designee
-                            }
-                            yielded.push(plan.lead);
-                            expected = rec;
-                            round = expected.as_ref().map_or(round, |e| e.round.max(round)) + 1;
-                            continue 'cell;
+                        _ => false,
+                    };
+                    let winner_live = match (&rec, outcome.as_str()) {
+                        (Some(rec), "taken") => {
+                            k.is_connected(rec.node_id) && cands.iter().any(|c| c.node_id == rec.node_id && c.live)
                         }
-                        "stale" => {
-                            if node != lead_node {
-                                continue;
-                            }
-                            round = rec.as_ref().map_or(round, |e| e.round.max(round)) + 1;
-                            expected = rec;
-                            continue 'cell;
-                        }
-                        "taken" => {
-                            let Some(rec) = rec else { continue };
-                            let winner_live =
-                                k.is_connected(rec.node_id) && cands.iter().any(|c| c.node_id == rec.node_id && c.live);
-                            if !winner_live {
-                                break 'cell Failure::HostDied(rec.node_id);
-                            }
-                            let mut s = k.state();
-                            if let Some(c) = s.current.as_mut() {
-                                c.executor.get_or_insert(rec.node_id);
-                            }
-                            s.route(&cell.msg_id, rec.node_id);
-                        }
-                        "error" => {
-                            // The designee could not take part (no replica there yet, store
-                            // failure): ask another replica.
-                            if node != lead_node {
-                                continue;
-                            }
-                            tracing::warn!(kernel = %k.id, cell = %cell.msg_id, node, "designee answered an election error; next round");
-                            yielded.push(plan.lead);
-                            round += 1;
-                            continue 'cell;
-                        }
-                        other => {
-                            tracing::warn!(kernel = %k.id, cell = %cell.msg_id, node, outcome = other, "unknown election outcome");
-                        }
-                    }
+                        _ => false,
+                    };
+                    Heard::Outcome { node, outcome, record: rec, running, holder_there, winner_live }
                 }
                 Event::Link { node, up: false } => {
-                    let executor = k.state().current.as_ref().and_then(|c| c.executor);
-                    if executor == Some(node) {
-                        break 'cell Failure::HostDied(node);
-                    }
-                    if executor.is_none() && node == lead_node {
-                        // The designee went away before saying anything: ask again; the
-                        // record (if it won before dying) answers `taken`.
-                        yielded.push(plan.lead);
-                        round += 1;
-                        continue 'cell;
-                    }
+                    Heard::LinkDown { node, executor: k.state().current.as_ref().and_then(|c| c.executor) }
                 }
-                _ => {} // late events of earlier cells or rounds, links coming up
+                Event::Started { cell: c } if c == cell.msg_id => continue,
+                _ => continue, // late events of earlier cells or rounds, links coming up
+            };
+            let node = match &heard {
+                Heard::Outcome { node, .. } | Heard::LinkDown { node, .. } => *node,
+                Heard::TimedOut => 0,
+            };
+            match election.on(heard) {
+                Next::KeepWaiting => {}
+                Next::Executing(winner) => {
+                    let mut s = k.state();
+                    if let Some(c) = s.current.as_mut() {
+                        c.executor.get_or_insert(winner);
+                    }
+                    s.route(&cell.msg_id, winner);
+                }
+                Next::NextRound { why, tell_busy, wait_for_change } => {
+                    match (why, election.steal.as_ref()) {
+                        (Why::DesigneeError, _) => {
+                            tracing::warn!(kernel = %k.id, cell = %cell.msg_id, node, "designee answered an election error; next round");
+                        }
+                        (Why::TakeOverLock, Some(held)) => {
+                            tracing::info!(kernel = %k.id, cell = %cell.msg_id, holder = held.node_id, held = %held.cell, "the kernel's lock is held by a host that is gone; taking it over");
+                        }
+                        _ => {}
+                    }
+                    if tell_busy {
+                        let text = "[NotebookOS] waiting: another cell of this kernel (sent by another client or gateway) is running; this one runs next\n";
+                        k.publish(&cell.request, "stream", &serde_json::json!({ "name": "stderr", "text": text }));
+                    }
+                    if wait_for_change {
+                        let _ = tokio::time::timeout(YIELD_RETRY, changes.changed()).await;
+                    }
+                    continue 'cell;
+                }
+                Next::Fail(failure) => break 'cell failure,
+                Next::Unknown(other) => {
+                    tracing::warn!(kernel = %k.id, cell = %cell.msg_id, node, outcome = other, "unknown election outcome");
+                }
             }
         }
     };

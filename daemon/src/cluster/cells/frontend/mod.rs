@@ -18,7 +18,8 @@
 //! One file per idea:
 //! - [`frontends`]: this host's front-ends, opened on a client's first use.
 //! - [`kernel`]: one kernel's front-end: client messages in, replica messages out.
-//! - [`cell`]: the cell worker: one cell at a time, its election rounds and outcomes.
+//! - [`cell`]: the cell worker: one cell at a time, the I/O of its election rounds.
+//! - [`election_round`]: what a round makes of what it hears (a pure state machine).
 //! - [`replica_link`]: the link to one replica host (in-process for this host's own replica).
 //! - [`shared`]: what every front-end of this host shares (cached `hosts/` and `load/` reads).
 //! - [`state`], [`events`]: what a front-end knows of its cells, and what its worker hears.
@@ -27,6 +28,7 @@
 
 pub mod cell;
 pub mod election_message;
+pub mod election_round;
 pub mod events;
 pub mod frontends;
 pub mod kernel;
