@@ -257,7 +257,7 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
                     }
                     s.route(&cell.msg_id, winner);
                 }
-                Next::NextRound { why, tell_busy, wait_for_change } => {
+                Next::NewRound { why, tell_busy, wait_for_change } => {
                     match (why, election.steal.as_ref()) {
                         (Why::DesigneeError, _) => {
                             tracing::warn!(kernel = %k.id, cell = %cell.msg_id, node, "designee answered an election error; next round");

@@ -56,7 +56,7 @@ pub(super) enum Next {
     Executing(u64),
     /// Start the next round, because of `why`; `tell_busy`: first tell the clients the cell
     /// waits for another cell of the kernel, `wait_for_change`: and wait for a change before it.
-    NextRound { why: Why, tell_busy: bool, wait_for_change: bool },
+    NewRound { why: Why, tell_busy: bool, wait_for_change: bool },
     /// The cell failed.
     Fail(Failure),
     /// An outcome this front-end does not know (logged; it keeps waiting).
@@ -142,22 +142,22 @@ impl Election {
                     if holder_there {
                         self.steal = None;
                         let tell_busy = !std::mem::replace(&mut self.told_busy, true);
-                        Next::NextRound { why: Why::Busy, tell_busy, wait_for_change: true }
+                        Next::NewRound { why: Why::Busy, tell_busy, wait_for_change: true }
                     } else {
                         self.steal = Some(held);
-                        Next::NextRound { why: Why::TakeOverLock, tell_busy: false, wait_for_change: false }
+                        Next::NewRound { why: Why::TakeOverLock, tell_busy: false, wait_for_change: false }
                     }
                 }
                 "yielded" => {
                     self.yielded.push(lead);
                     self.expected = record;
                     self.round = self.expected.as_ref().map_or(self.round, |e| e.round.max(self.round)) + 1;
-                    Next::NextRound { why: Why::Yielded, tell_busy: false, wait_for_change: false }
+                    Next::NewRound { why: Why::Yielded, tell_busy: false, wait_for_change: false }
                 }
                 "stale" => {
                     self.round = record.as_ref().map_or(self.round, |e| e.round.max(self.round)) + 1;
                     self.expected = record;
-                    Next::NextRound { why: Why::Stale, tell_busy: false, wait_for_change: false }
+                    Next::NewRound { why: Why::Stale, tell_busy: false, wait_for_change: false }
                 }
                 // The designee could not take part (no replica there yet, store failure): ask
                 // another replica.
@@ -170,7 +170,7 @@ impl Election {
     fn designee_failed(&mut self, lead: u32, why: Why) -> Next {
         self.yielded.push(lead);
         self.round += 1;
-        Next::NextRound { why, tell_busy: false, wait_for_change: false }
+        Next::NewRound { why, tell_busy: false, wait_for_change: false }
     }
 }
 
@@ -196,7 +196,7 @@ mod tests {
     }
 
     const fn next(why: Why) -> Next {
-        Next::NextRound { why, tell_busy: false, wait_for_change: false }
+        Next::NewRound { why, tell_busy: false, wait_for_change: false }
     }
 
     #[test]
@@ -248,10 +248,10 @@ mod tests {
         };
         let mut e = Election::new();
         e.designate(1, 10);
-        assert_eq!(e.on(busy(true)), Next::NextRound { why: Why::Busy, tell_busy: true, wait_for_change: true });
+        assert_eq!(e.on(busy(true)), Next::NewRound { why: Why::Busy, tell_busy: true, wait_for_change: true });
         assert_eq!(
             e.on(busy(true)),
-            Next::NextRound { why: Why::Busy, tell_busy: false, wait_for_change: true },
+            Next::NewRound { why: Why::Busy, tell_busy: false, wait_for_change: true },
             "told once"
         );
         assert_eq!(e.steal, None);
@@ -318,11 +318,11 @@ mod tests {
                 let from_designee = matches!(&h, Heard::Outcome { node, .. } if *node == lead_node);
                 let next = e.on(h.clone());
                 match &next {
-                    Next::NextRound { .. } => prop_assert!(e.round > before, "{h:?} -> round {} after {before}", e.round),
+                    Next::NewRound { .. } => prop_assert!(e.round > before, "{h:?} -> round {} after {before}", e.round),
                     _ => prop_assert_eq!(e.round, before),
                 }
                 if h == Heard::TimedOut {
-                    let moved_on = matches!(next, Next::NextRound { .. });
+                    let moved_on = matches!(next, Next::NewRound { .. });
                     prop_assert!(moved_on, "a timeout must start the next round");
                 }
                 if let Heard::Outcome { outcome, record, running, .. } = &h {
