@@ -1,6 +1,6 @@
 //! The internal router: what other hosts (their front-ends, their cluster handlers) call
 //! on this host's replicas of cluster kernels, under `/internal/v1/replicas/…`
-//! ([`crate::link::replica_routes`]), apart from the users' API.
+//! ([`crate::link::peer_routes`]), apart from the users' API.
 //!
 //! | route | credential | what |
 //! |---|---|---|
@@ -12,7 +12,7 @@
 //! A host's credential: its node certificate, or the operator token in a cluster without
 //! them ([`crate::link::credential::Credentials::node`]). Reading a replica's model stays a
 //! users' read, as its legacy form was. Every answer carries
-//! [`INTERNAL_MARKER`](crate::link::replica_routes::INTERNAL_MARKER), which tells a caller
+//! [`INTERNAL_MARKER`](crate::link::peer_routes::INTERNAL_MARKER), which tells a caller
 //! this host has the internal routes. Each handler is the single-host one: a replica is a
 //! kernel of this host.
 
@@ -29,7 +29,7 @@ use super::channels::{upgrade, Target};
 use super::error::ApiError;
 use super::state::AppState;
 use super::{auth, cluster, kernels};
-use crate::link::replica_routes::INTERNAL_MARKER;
+use crate::link::peer_routes::INTERNAL_MARKER;
 
 /// The internal routes (merged into the host's router by [`super::router`]).
 pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {

@@ -2,7 +2,7 @@
 //! host-to-host calls: `/api/kernels…?replica=local`. It sits in front of every route and
 //! hands those requests to the internal router ([`super::internal_router`]) before routing,
 //! so the public handlers have no `?replica=local` forks. Removable one release after the
-//! internal routes (with the caller's fallback in [`crate::link::replica_routes`]).
+//! internal routes (with the caller's fallback in [`crate::link::peer_routes`]).
 //!
 //! | legacy request | internal route |
 //! |---|---|
@@ -23,7 +23,7 @@ use axum::response::Response;
 use axum::Router;
 use tower_service::Service;
 
-use crate::link::replica_routes::INTERNAL_PREFIX;
+use crate::link::peer_routes::INTERNAL_PREFIX;
 
 /// Marks a legacy non-`GET` `?replica=local` request that has no internal route: it takes
 /// a host's credential, as it did.

@@ -10,7 +10,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 
 use super::endpoint::{Endpoint, ENDPOINT_FILE};
-use super::replica_routes::{self, ReplicaCall};
+use super::peer_routes::{self, ReplicaCall};
 use super::token::read_token_file;
 use crate::kernel::KernelModel;
 
@@ -161,13 +161,13 @@ impl GatewayClient {
 
     /// Opens the channels of the kernel's replica on this host itself
     /// (`/internal/v1/replicas/{id}/channels`, or `?replica=local` on a host that predates
-    /// it, see [`super::replica_routes`]): the cluster front-end's internal socket to a
+    /// it, see [`super::peer_routes`]): the cluster front-end's internal socket to a
     /// replica host.
     pub async fn connect_local_replica(&self, id: &str) -> anyhow::Result<ChannelsSocket> {
         let call = ReplicaCall::Channels;
-        if replica_routes::speaks_internal(&self.url) {
+        if peer_routes::speaks_internal(&self.url) {
             match self.open_ws(&call.internal_path(id), true).await {
-                Err(e) if answered_without_internal_routes(&e) => replica_routes::remember_legacy(&self.url),
+                Err(e) if answered_without_internal_routes(&e) => peer_routes::remember_legacy(&self.url),
                 opened => return opened,
             }
         }
@@ -220,14 +220,14 @@ impl GatewayClient {
 }
 
 /// True when `err` (from opening an internal route's WebSocket) is a host without internal
-/// routes answering (see [`replica_routes::predates_internal_routes`]).
+/// routes answering (see [`peer_routes::predates_internal_routes`]).
 fn answered_without_internal_routes(err: &anyhow::Error) -> bool {
     use tokio_tungstenite::tungstenite::Error as WsError;
     err.chain().any(|e| {
         e.downcast_ref::<WsError>().is_some_and(|w| {
-            matches!(w, WsError::Http(r) if replica_routes::predates_internal_routes(
+            matches!(w, WsError::Http(r) if peer_routes::predates_internal_routes(
                 r.status().as_u16(),
-                r.headers().contains_key(replica_routes::INTERNAL_MARKER),
+                r.headers().contains_key(peer_routes::INTERNAL_MARKER),
             ))
         })
     })

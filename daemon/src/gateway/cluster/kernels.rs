@@ -1,6 +1,6 @@
 //! `/api/kernels…` in cluster mode: through the meta store (create places the replicas
 //! and waits for them), interrupt and restart on the replica hosts (their internal routes,
-//! [`crate::link::replica_routes`]).
+//! [`crate::link::peer_routes`]).
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
@@ -16,7 +16,7 @@ use crate::cluster::KernelSpec;
 use crate::gateway::error::ApiError;
 use crate::gateway::kernel_request::{settable_env, CreateKernel};
 use crate::gateway::limits::KernelReservation;
-use crate::link::replica_routes::{self, ReplicaCall};
+use crate::link::peer_routes::{self, ReplicaCall};
 
 impl ClusterMode {
     /// The gateway URLs of `record`'s live replica hosts, by node id.
@@ -30,14 +30,12 @@ impl ClusterMode {
     }
 
     /// `POST` `call` on `url`'s replica of kernel `id` as this host: the internal route, or
-    /// `?replica=local` on a host that predates it ([`replica_routes`]).
+    /// `?replica=local` on a host that predates it ([`peer_routes`]).
     async fn call_replica(&self, url: &str, id: &str, call: ReplicaCall) -> Result<(), String> {
-        if replica_routes::speaks_internal(url) {
+        if peer_routes::speaks_internal(url) {
             match post_as_host(url, &call.internal_path(id)).await {
-                Err(PostError::Status { code, marked, .. })
-                    if replica_routes::predates_internal_routes(code, marked) =>
-                {
-                    replica_routes::remember_legacy(url);
+                Err(PostError::Status { code, marked, .. }) if peer_routes::predates_internal_routes(code, marked) => {
+                    peer_routes::remember_legacy(url);
                 }
                 done => return done.map_err(|e| e.to_string()),
             }
@@ -66,7 +64,7 @@ async fn post_as_host(url: &str, path: &str) -> Result<(), PostError> {
         match req.call() {
             Ok(_) => Ok(()),
             Err(ureq::Error::Status(code, r)) => {
-                let marked = r.header(replica_routes::INTERNAL_MARKER).is_some();
+                let marked = r.header(peer_routes::INTERNAL_MARKER).is_some();
                 let body = r.into_string().unwrap_or_default().trim().to_owned();
                 Err(PostError::Status { target, code, body, marked })
             }

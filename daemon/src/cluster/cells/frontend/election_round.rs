@@ -1,6 +1,6 @@
 //! What a front-end's election round makes of what it hears, as a pure state machine: no
 //! I/O, no clock (a timeout is an event, facts the driver looked up come with the event).
-//! The cell worker ([`super::cell`]) sends the round's requests, waits, feeds each event
+//! The cell worker ([`super::cell_driver`]) sends the round's requests, waits, feeds each event
 //! here and does what [`Next`] says.
 //!
 //! Only the round's designee speaks for the round: an outcome from another host is late

@@ -8,7 +8,7 @@ use raft_store::{Kv, RaftStore};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::cell::cell_worker;
+use super::cell_driver::cell_worker;
 use super::kernel::FrontendKernel;
 use super::metrics::{FrontendMetrics, MetricsRegistry};
 use super::replica_link::keep_links;

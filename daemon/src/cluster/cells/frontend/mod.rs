@@ -18,7 +18,7 @@
 //! One file per idea:
 //! - [`frontends`]: this host's front-ends, opened on a client's first use.
 //! - [`kernel`]: one kernel's front-end: client messages in, replica messages out.
-//! - [`cell`]: the cell worker: one cell at a time, the I/O of its election rounds.
+//! - [`cell_driver`]: the cell worker: one cell at a time, the I/O of its election rounds.
 //! - [`election_round`]: what a round makes of what it hears (a pure state machine).
 //! - [`replica_link`]: the link to one replica host (in-process for this host's own replica).
 //! - [`shared`]: what every front-end of this host shares (cached `hosts/` and `load/` reads).
@@ -26,7 +26,7 @@
 //! - [`election_message`]: `metadata.nbos_election`, the election's part of a message.
 //! - [`metrics`]: the front-end's metrics.
 
-pub mod cell;
+pub mod cell_driver;
 pub mod election_message;
 pub mod election_round;
 pub mod events;

@@ -1,6 +1,6 @@
 //! The link from a front-end kernel to one replica host, kept up (with backoff) while the
 //! kernel lives: in-process to this host's own replica ([`crate::cluster::cells::local_link`]),
-//! else the internal WebSocket to the other host's gateway (`/internal/v1/replicas/{id}/channels`, [`crate::link::replica_routes`]).
+//! else the internal WebSocket to the other host's gateway (`/internal/v1/replicas/{id}/channels`, [`crate::link::peer_routes`]).
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -101,7 +101,7 @@ async fn run_link(
 enum Session {
     /// This host's replica, in-process.
     Local(LocalLink),
-    /// Another host's replica, by WebSocket to its gateway (`/internal/v1/replicas/{id}/channels`, [`crate::link::replica_routes`]).
+    /// Another host's replica, by WebSocket to its gateway (`/internal/v1/replicas/{id}/channels`, [`crate::link::peer_routes`]).
     Remote(Box<ChannelsSocket>),
 }
 

@@ -1,6 +1,8 @@
 //! A front-end kernel's cell worker: the kernel's cells one at a time, each through its
 //! election rounds (pre-selection, `execute_request` to every live replica, then the
-//! designee's outcome) until a replica executes it or the cell fails.
+//! designee's outcome) until a replica executes it or the cell fails. What a round makes
+//! of an outcome, a lost link or silence is decided by [`super::election_round`]; this
+//! file looks up the facts it needs, feeds it, and does the I/O it asks for.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Weak};
