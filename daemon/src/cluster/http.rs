@@ -19,11 +19,11 @@
 //! | `GET /api/v1/cluster/kernels/{id}` | one record |
 //! | `DELETE /api/v1/cluster/kernels/{id}` | delete the record (meta leader) |
 //! | `POST /api/v1/cluster/kernels/{id}/replace` | `{"node_id": n}` → re-placed record or `null` (meta leader) |
-//! | `POST /api/v1/cluster/kernels/{id}/migrate` | [`MoveRequest`] → [`super::meta::MoveAnswer`]: begin moving a replica (meta leader) |
+//! | `POST /api/v1/cluster/kernels/{id}/migrate` | [`MoveRequest`] → [`super::control::meta::MoveAnswer`]: begin moving a replica (meta leader) |
 //! | `GET /api/v1/cluster/kernels/{id}/ready` | node ids whose replica of the kernel is ready |
 //! | `POST /api/v1/cluster/members` | [`PeerRecord`] → add a host to the meta group (meta leader) |
 //! | `DELETE /api/v1/cluster/members/{id}` | remove a host from the meta group (meta leader) |
-//! | `POST /api/v1/cluster/canary` | [`CanaryOp`] → [`super::meta::CanaryAnswer`]: a canary register in the meta group (operator) |
+//! | `POST /api/v1/cluster/canary` | [`CanaryOp`] → [`super::control::meta::CanaryAnswer`]: a canary register in the meta group (operator) |
 //! | `POST /api/v1/cluster/leave` | this host leaves ([`LeaveReport`]); `{"phase": "drain"}` only moves its replicas, `{"phase": "remove"}` only leaves the meta group |
 //! | `GET /api/v1/cluster/objects` | the large-object store as the collector sees it ([`GcReport`], a dry run on the meta leader) |
 //! | `POST /api/v1/cluster/objects/gc` | [`GcRequest`] → [`GcReport`]: collect now (meta leader; operator) |
@@ -38,16 +38,16 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
-use super::meta::{CanaryOp, Cluster, ClusterError, KernelSpec, MoveRequest, PeerRecord, FORWARDED_HEADER};
 #[cfg(doc)]
-use super::meta::{ClusterStatus, LeaveReport};
+use super::cells::objects::collector::GcReport;
+use super::cells::objects::collector::{Collector, GcRequest, GC_PATH, OBJECTS_PATH, REFS_PATH};
 #[cfg(doc)]
-use super::objects::collector::GcReport;
-use super::objects::collector::{Collector, GcRequest, GC_PATH, OBJECTS_PATH, REFS_PATH};
+use super::cells::state_sync::HostRefs;
+use super::control::meta::{CanaryOp, Cluster, ClusterError, KernelSpec, MoveRequest, PeerRecord, FORWARDED_HEADER};
 #[cfg(doc)]
-use super::records::KernelRecord;
+use super::control::meta::{ClusterStatus, LeaveReport};
 #[cfg(doc)]
-use super::state_sync::HostRefs;
+use super::control::records::KernelRecord;
 use crate::link::credential::Credentials;
 
 /// The cluster routes, with authentication by `credentials`.
@@ -181,7 +181,7 @@ async fn delete_kernel(
         if c.meta_leader().await != Some(c.node_id()) {
             return Err(ClusterError::NotLeader { me: c.node_id(), leader: c.meta_leader().await }.into());
         }
-        c.meta().delete(super::records::keys::kernel(&id)).await.map_err(ClusterError::from)?
+        c.meta().delete(super::control::records::keys::kernel(&id)).await.map_err(ClusterError::from)?
     } else {
         c.delete_kernel(&id).await?
     };

@@ -3,26 +3,34 @@
 use std::sync::Arc;
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{header, Method, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::cluster::wants_local_replica;
+use super::legacy_replica_query::LegacyHostCall;
 use super::state::AppState;
 
 /// The route a front-end calls on a replica host after a restart.
 pub const RESET_NAMESPACE: &str = "/api/v1/cluster/kernels/{id}/reset-namespace";
 
 /// Refuses a request without the API token or a verified client certificate with 401,
-/// unless the API is open. Cluster-internal requests (`?replica=local`, resetting a
-/// replica's namespace) take another host's node certificate instead.
+/// unless the API is open. Resetting a replica's namespace takes another host's node
+/// certificate instead, as does a legacy `?replica=local` call without an internal route
+/// ([`LegacyHostCall`]).
 pub async fn require_token(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    // Acting on this host's replica (interrupt, restart, reset) is for other hosts; reading
-    // its model (`GET …?replica=local`) is a users' read like any other.
-    let host_to_host = (wants_local_replica(req.uri().query()) && req.method() != Method::GET)
+    let host_to_host = req.extensions().get::<LegacyHostCall>().is_some()
         || req.extensions().get::<MatchedPath>().is_some_and(|p| p.as_str() == RESET_NAMESPACE);
     let checked = if host_to_host { st.credentials.node(&req) } else { st.credentials.user(&req) };
     match checked {
+        Ok(()) => next.run(req).await,
+        Err(refusal) => refusal.respond(req.uri().path()),
+    }
+}
+
+/// Refuses a request without another host's credential (its node certificate, or the
+/// operator token in a cluster without them): the internal routes that act on a replica.
+pub async fn require_node(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    match st.credentials.node(&req) {
         Ok(()) => next.run(req).await,
         Err(refusal) => refusal.respond(req.uri().path()),
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::state::AppState;
-use crate::cluster::replica_host::{Handled, ReplicaHost};
+use crate::cluster::cells::replica_host::{Handled, ReplicaHost};
 use crate::jupyter::{Channel, Message};
 use crate::kernel::hub::ClientId;
 use crate::kernel::Kernel;

@@ -8,9 +8,8 @@
 //! JupyterLab's path (`GatewayWebSocketConnection`) sends the token header.
 //!
 //! Cluster mode: the socket is served by this host's front-end of the kernel
-//! (which elects a replica per cell); `?replica=local` is the cluster-internal socket
-//! onto this host's own replica: it takes another host's node certificate, not the
-//! users' credential (see [`crate::link::credential::Credentials::node`]).
+//! (which elects a replica per cell). The cluster-internal socket onto this host's own
+//! replica is an internal route ([`super::internal_router`]); both end in [`upgrade`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -22,11 +21,11 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
 
-use super::cluster::{self, wants_local_replica};
+use super::cluster;
 use super::error::ApiError;
 use super::state::AppState;
-use crate::cluster::frontend::FrontendKernel;
-use crate::cluster::replica_host::ReplicaHost;
+use crate::cluster::cells::frontend::FrontendKernel;
+use crate::cluster::cells::replica_host::ReplicaHost;
 use crate::gateway::limits::{SocketSlot, INFLIGHT_WAIT};
 use crate::jupyter::{ws, Channel, Message, WireError};
 use crate::kernel::hub::{ClientId, Hub};
@@ -45,16 +44,13 @@ pub async fn channels(
         return e.into_response();
     }
     // Credentials before anything else: whether a kernel exists is not for strangers to learn.
-    // The cluster-internal socket onto this host's replica takes another host's credential.
-    let local_replica = wants_local_replica(req.uri().query());
-    let checked = if local_replica { st.credentials.node(&req) } else { st.credentials.user(&req) };
-    if let Err(refusal) = checked {
+    if let Err(refusal) = st.credentials.user(&req) {
         return refusal.respond(req.uri().path());
     }
-    // Cluster mode: clients reach the kernel's front-end on this host; other hosts'
-    // front-ends reach this host's replica with `?replica=local`.
+    // Cluster mode: clients reach the kernel's front-end on this host (other hosts'
+    // front-ends reach this host's replica through the internal router).
     let target = match &mode {
-        Some(mode) if !local_replica => match mode.cluster.kernel(&id).await {
+        Some(mode) => match mode.cluster.kernel(&id).await {
             Ok(Some(record)) => Some(Target::Front(mode.frontends.open(&record))),
             Ok(None) => None,
             Err(e) => {
@@ -62,10 +58,14 @@ pub async fn channels(
                     .into_response()
             }
         },
-        Some(mode) => st.kernels.get(&id).await.map(|k| Target::Local(k, Some(mode.replicas.clone()))),
         None => st.kernels.get(&id).await.map(|k| Target::Local(k, None)),
     };
     let Some(target) = target else { return ApiError::no_kernel(&id).into_response() };
+    upgrade(st, target, req).await
+}
+
+/// Upgrades `req` to the WebSocket of `target` (within the limits on sockets).
+pub(super) async fn upgrade(st: Arc<AppState>, target: Target, req: Request) -> Response {
     let slot = match st.limits.open_socket(target.id()) {
         Ok(slot) => slot,
         Err(refused) => return ApiError::from(refused).into_response(),
@@ -84,7 +84,7 @@ pub async fn channels(
 }
 
 /// What a client socket talks to.
-enum Target {
+pub(super) enum Target {
     /// A kernel hosted here (single-host mode, or this host's replica of a cluster kernel).
     Local(Arc<Kernel>, Option<Arc<ReplicaHost>>),
     /// This host's front-end of a cluster kernel.

@@ -1,16 +1,17 @@
 //! `/api/kernels…`: create, list, get, delete, interrupt, restart. In cluster mode
-//! (see [`super::cluster`]) they go through the meta store, except `?replica=local`
-//! calls, which act on this host's replica.
+//! (see [`super::cluster`]) they go through the meta store. Without cluster mode they act
+//! on this host's kernels, which is also what the internal routes on a replica do
+//! ([`super::internal_router`]).
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use super::cluster::{self, wants_local_replica};
+use super::cluster;
 use super::error::ApiError;
 use super::kernel_request::{settable_env, CreateKernel};
 use super::limits::USERS_CREDENTIAL;
@@ -73,13 +74,9 @@ pub async fn create(
 }
 
 /// `GET /api/kernels`.
-pub async fn list(
-    State(st): State<Arc<AppState>>,
-    mode: Option<cluster::Mode>,
-    RawQuery(q): RawQuery,
-) -> Result<Response, ApiError> {
+pub async fn list(State(st): State<Arc<AppState>>, mode: Option<cluster::Mode>) -> Result<Response, ApiError> {
     match mode {
-        Some(mode) if !wants_local_replica(q.as_deref()) => cluster::list(&mode).await,
+        Some(mode) => cluster::list(&mode).await,
         _ => Ok(Json(st.kernels.list().await).into_response()),
     }
 }
@@ -88,11 +85,10 @@ pub async fn list(
 pub async fn get(
     State(st): State<Arc<AppState>>,
     mode: Option<cluster::Mode>,
-    RawQuery(q): RawQuery,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     ApiError::check_kernel_id(&id)?;
-    if let Some(mode) = mode.filter(|_| !wants_local_replica(q.as_deref())) {
+    if let Some(mode) = mode {
         return cluster::get(&mode, &id).await;
     }
     let k = st.kernels.get(&id).await.ok_or_else(|| ApiError::no_kernel(&id))?;
@@ -121,11 +117,10 @@ pub async fn delete(
 pub async fn interrupt(
     State(st): State<Arc<AppState>>,
     mode: Option<cluster::Mode>,
-    RawQuery(q): RawQuery,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     ApiError::check_kernel_id(&id)?;
-    if let Some(mode) = mode.filter(|_| !wants_local_replica(q.as_deref())) {
+    if let Some(mode) = mode {
         return cluster::interrupt(&mode, &id).await;
     }
     let k = st.kernels.get(&id).await.ok_or_else(|| ApiError::no_kernel(&id))?;
@@ -137,11 +132,10 @@ pub async fn interrupt(
 pub async fn restart(
     State(st): State<Arc<AppState>>,
     mode: Option<cluster::Mode>,
-    RawQuery(q): RawQuery,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     ApiError::check_kernel_id(&id)?;
-    if let Some(mode) = mode.filter(|_| !wants_local_replica(q.as_deref())) {
+    if let Some(mode) = mode {
         return cluster::restart(&mode, &id).await;
     }
     let k = st.kernels.get(&id).await.ok_or_else(|| ApiError::no_kernel(&id))?;

@@ -3,6 +3,8 @@
 //!
 //! - [`router`]: every route; [`state`]: what the handlers share ([`AppState`]).
 //! - [`kernels`], [`kernelspecs`], [`channels`] (with [`cell`]): the Kernel Gateway API.
+//! - [`internal_router`]: host-to-host calls on this host's replicas; [`legacy_replica_query`]:
+//!   their `?replica=local` form of the previous release.
 //! - [`cluster`]: the same API in cluster mode, and the cluster routes about this host's replicas.
 //! - [`operator`]: status, GPUs, leases, health and metrics.
 //! - [`auth`], [`error`], [`kernel_request`]: what several handlers share.
@@ -14,9 +16,11 @@ pub mod channels;
 pub mod cluster;
 pub mod conn_caps;
 pub mod error;
+pub mod internal_router;
 pub mod kernel_request;
 pub mod kernels;
 pub mod kernelspecs;
+pub mod legacy_replica_query;
 pub mod limits;
 pub mod listener;
 pub mod operator;

@@ -1,5 +1,7 @@
-//! The host's router: every route of the gateway, token authentication on the API, and
-//! the request counter. Cluster mode adds its extension on top ([`super::cluster::enable`]).
+//! The host's router: every route of the gateway (the users' API and the internal routes
+//! of [`super::internal_router`]), token authentication on the API, and the request
+//! counter, behind the legacy `?replica=local` layer ([`super::legacy_replica_query`]).
+//! Cluster mode adds its extension on top ([`super::cluster::enable`]).
 
 use std::sync::Arc;
 
@@ -11,7 +13,7 @@ use axum::routing::{get, post};
 use axum::Router;
 
 use super::state::AppState;
-use super::{auth, channels, cluster, kernels, kernelspecs, operator};
+use super::{auth, channels, cluster, internal_router, kernels, kernelspecs, legacy_replica_query, operator};
 use crate::metrics::HttpLabels;
 
 /// Builds the router.
@@ -33,17 +35,18 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/cluster/kernels/{id}/elections", get(cluster::replica_routes::elections_route))
         .route(auth::RESET_NAMESPACE, post(cluster::replica_routes::reset_namespace_route))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_token));
-    // The channels WebSocket checks credentials itself: its cluster-internal form
-    // (`?replica=local`) takes a host's certificate instead of the users' credential.
+    // The channels WebSocket checks credentials itself, after the kernel id.
     let ws = Router::new().route("/api/kernels/{id}/channels", get(channels::channels));
-    Router::new()
+    let app = Router::new()
         .route("/healthz", get(operator::healthz))
         .route("/metrics", get(operator::metrics))
         .merge(api)
         .merge(ws)
+        .merge(internal_router::routes(state.clone()))
         .layer(middleware::from_fn_with_state(state.clone(), auth::guard_open_api))
         .layer(middleware::from_fn_with_state(state.clone(), count_requests))
-        .with_state(state)
+        .with_state(state);
+    legacy_replica_query::in_front_of(app)
 }
 
 async fn count_requests(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {

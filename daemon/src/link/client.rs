@@ -10,6 +10,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 
 use super::endpoint::{Endpoint, ENDPOINT_FILE};
+use super::peer_routes::{self, ReplicaCall};
 use super::token::read_token_file;
 use crate::kernel::KernelModel;
 
@@ -159,13 +160,27 @@ impl GatewayClient {
     }
 
     /// Opens the channels of the kernel's replica on this host itself
-    /// (`?replica=local`): the cluster front-end's internal socket to a replica host.
+    /// (`/internal/v1/replicas/{id}/channels`, or `?replica=local` on a host that predates
+    /// it, see [`super::peer_routes`]): the cluster front-end's internal socket to a
+    /// replica host.
     pub async fn connect_local_replica(&self, id: &str) -> anyhow::Result<ChannelsSocket> {
-        self.open_channels(id, true, "?replica=local").await
+        let call = ReplicaCall::Channels;
+        if peer_routes::speaks_internal(&self.url) {
+            match self.open_ws(&call.internal_path(id), true).await {
+                Err(e) if answered_without_internal_routes(&e) => peer_routes::remember_legacy(&self.url),
+                opened => return opened,
+            }
+        }
+        self.open_ws(&call.legacy_path(id), true).await
     }
 
     async fn open_channels(&self, id: &str, v1: bool, query: &str) -> anyhow::Result<ChannelsSocket> {
-        let ws_url = format!("{}/api/kernels/{id}/channels{query}", self.url.replacen("http", "ws", 1));
+        self.open_ws(&format!("/api/kernels/{id}/channels{query}"), v1).await
+    }
+
+    /// Opens a WebSocket on `path_and_query` of the gateway.
+    async fn open_ws(&self, path_and_query: &str, v1: bool) -> anyhow::Result<ChannelsSocket> {
+        let ws_url = format!("{}{path_and_query}", self.url.replacen("http", "ws", 1));
         let mut req = ws_url.as_str().into_client_request().with_context(|| format!("bad WebSocket URL {ws_url}"))?;
         if let Some(t) = &self.token {
             req.headers_mut()
@@ -202,6 +217,20 @@ impl GatewayClient {
         let tls = tokio_rustls::TlsConnector::from(config).connect(name, tcp).await?;
         Ok(Box::new(tls))
     }
+}
+
+/// True when `err` (from opening an internal route's WebSocket) is a host without internal
+/// routes answering (see [`peer_routes::predates_internal_routes`]).
+fn answered_without_internal_routes(err: &anyhow::Error) -> bool {
+    use tokio_tungstenite::tungstenite::Error as WsError;
+    err.chain().any(|e| {
+        e.downcast_ref::<WsError>().is_some_and(|w| {
+            matches!(w, WsError::Http(r) if peer_routes::predates_internal_routes(
+                r.status().as_u16(),
+                r.headers().contains_key(peer_routes::INTERNAL_MARKER),
+            ))
+        })
+    })
 }
 
 /// True when `err` (from [`GatewayClient::connect_channels`]) is the gateway saying

@@ -1,5 +1,5 @@
 //! How this host authenticates its calls to other hosts' HTTP APIs (forwarded cluster
-//! calls, interrupt/restart and the channels of a replica, `?replica=local`).
+//! calls, interrupt/restart and the channels of a replica, [`super::peer_routes`]).
 //!
 //! With an identity ([`set_identity`], done once by `node/cluster.rs` when the host serves HTTPS
 //! with a client CA and has a node certificate): TLS with the node certificate and

@@ -1,5 +1,6 @@
 //! `/api/kernels…` in cluster mode: through the meta store (create places the replicas
-//! and waits for them), interrupt and restart on the replica hosts (`?replica=local`).
+//! and waits for them), interrupt and restart on the replica hosts (their internal routes,
+//! [`crate::link::peer_routes`]).
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
@@ -10,11 +11,12 @@ use axum::Json;
 
 use super::api_error::cluster_error;
 use super::mode::ClusterMode;
-use crate::cluster::records::KernelRecord;
+use crate::cluster::control::records::KernelRecord;
 use crate::cluster::KernelSpec;
 use crate::gateway::error::ApiError;
 use crate::gateway::kernel_request::{settable_env, CreateKernel};
 use crate::gateway::limits::KernelReservation;
+use crate::link::peer_routes::{self, ReplicaCall};
 
 impl ClusterMode {
     /// The gateway URLs of `record`'s live replica hosts, by node id.
@@ -27,23 +29,50 @@ impl ClusterMode {
             .collect()
     }
 
-    /// `POST {url}{path}?replica=local` on another host (or this one) as this host.
-    async fn post_local(&self, url: &str, path: &str) -> Result<(), String> {
-        let target = format!("{}{path}?replica=local", url.trim_end_matches('/'));
-        tokio::task::spawn_blocking(move || {
-            let agent = crate::link::host::agent(Duration::from_secs(120));
-            let req = crate::link::host::authorize(agent.post(&target));
-            match req.call() {
-                Ok(_) => Ok(()),
-                Err(ureq::Error::Status(code, r)) => {
-                    Err(format!("{target}: HTTP {code}: {}", r.into_string().unwrap_or_default().trim()))
+    /// `POST` `call` on `url`'s replica of kernel `id` as this host: the internal route, or
+    /// `?replica=local` on a host that predates it ([`peer_routes`]).
+    async fn call_replica(&self, url: &str, id: &str, call: ReplicaCall) -> Result<(), String> {
+        if peer_routes::speaks_internal(url) {
+            match post_as_host(url, &call.internal_path(id)).await {
+                Err(PostError::Status { code, marked, .. }) if peer_routes::predates_internal_routes(code, marked) => {
+                    peer_routes::remember_legacy(url);
                 }
-                Err(e) => Err(format!("{target}: {e}")),
+                done => return done.map_err(|e| e.to_string()),
             }
-        })
-        .await
-        .map_err(|e| format!("{e}"))?
+        }
+        post_as_host(url, &call.legacy_path(id)).await.map_err(|e| e.to_string())
     }
+}
+
+/// Why a call to another host failed.
+#[derive(Debug, thiserror::Error)]
+enum PostError {
+    /// The host answered with an error status.
+    #[error("{target}: HTTP {code}: {body}")]
+    Status { target: String, code: u16, body: String, marked: bool },
+    /// The host was not reached (or the call not made).
+    #[error("{0}")]
+    Unreached(String),
+}
+
+/// `POST {url}{path}` on another host (or this one) as this host.
+async fn post_as_host(url: &str, path: &str) -> Result<(), PostError> {
+    let target = format!("{}{path}", url.trim_end_matches('/'));
+    tokio::task::spawn_blocking(move || {
+        let agent = crate::link::host::agent(Duration::from_secs(120));
+        let req = crate::link::host::authorize(agent.post(&target));
+        match req.call() {
+            Ok(_) => Ok(()),
+            Err(ureq::Error::Status(code, r)) => {
+                let marked = r.header(peer_routes::INTERNAL_MARKER).is_some();
+                let body = r.into_string().unwrap_or_default().trim().to_owned();
+                Err(PostError::Status { target, code, body, marked })
+            }
+            Err(e) => Err(PostError::Unreached(format!("{target}: {e}"))),
+        }
+    })
+    .await
+    .map_err(|e| PostError::Unreached(format!("{e}")))?
 }
 
 /// The ids of the cluster's kernels (for the caps of `[limits]`).
@@ -149,10 +178,9 @@ pub async fn interrupt(mode: &ClusterMode, id: &str) -> Result<StatusCode, ApiEr
         Some(u) => vec![u],
         None => urls.values().collect(),
     };
-    let path = format!("/api/kernels/{id}/interrupt");
     let mut errors = Vec::new();
     for url in targets {
-        if let Err(e) = mode.post_local(url, &path).await {
+        if let Err(e) = mode.call_replica(url, id, ReplicaCall::Interrupt).await {
             errors.push(e);
         }
     }
@@ -173,8 +201,7 @@ pub async fn restart(mode: &ClusterMode, id: &str) -> Result<Response, ApiError>
     ApiError::check_kernel_id(id)?;
     let record = mode.record(id).await?;
     let urls = mode.replica_urls(&record).await;
-    let path = format!("/api/kernels/{id}/restart");
-    let restarts = urls.values().map(|u| mode.post_local(u, &path));
+    let restarts = urls.values().map(|u| mode.call_replica(u, id, ReplicaCall::Restart));
     let errors: Vec<String> =
         futures_util::future::join_all(restarts).await.into_iter().filter_map(Result::err).collect();
     if !errors.is_empty() {
@@ -190,7 +217,9 @@ pub async fn restart(mode: &ClusterMode, id: &str) -> Result<Response, ApiError>
         mode.replicas.reset_namespace(id).await.map(drop).map_err(|e| format!("{e:#}"))
     } else {
         match urls.values().next() {
-            Some(url) => mode.post_local(url, &format!("/api/v1/cluster/kernels/{id}/reset-namespace")).await,
+            Some(url) => post_as_host(url, &format!("/api/v1/cluster/kernels/{id}/reset-namespace"))
+                .await
+                .map_err(|e| e.to_string()),
             None => Err("no replica host is up".to_owned()),
         }
     };

@@ -1,17 +1,17 @@
 //! This host's replicas, linked in-process to its own front-ends: the client connection
-//! the `?replica=local` WebSocket handler makes, without the socket (see
-//! [`crate::cluster::local_link`]).
+//! the internal channels WebSocket handler makes, without the socket (see
+//! [`crate::cluster::cells::local_link`]).
 
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 
-use crate::cluster::local_link::{LocalLink, LocalReplicas, SendToReplica};
-use crate::cluster::replica_host::ReplicaHost;
+use crate::cluster::cells::local_link::{LocalLink, LocalReplicas, SendToReplica};
+use crate::cluster::cells::replica_host::ReplicaHost;
 use crate::gateway::state::AppState;
 
 /// This host's replicas for its own front-ends: the client connection the
-/// `?replica=local` WebSocket handler makes, in-process.
+/// internal channels WebSocket handler makes, in-process.
 pub struct GatewayReplicas {
     state: Arc<AppState>,
     replicas: Arc<ReplicaHost>,

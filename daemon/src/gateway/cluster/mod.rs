@@ -1,8 +1,8 @@
 //! The gateway in cluster mode (issue 7): every host serves every kernel of the
 //! cluster. `/api/kernels…` go through the meta store; a client's channels go to this
-//! host's [`FrontendKernel`], which elects a replica per cell. `?replica=local` on
-//! the channels, interrupt and restart routes is the cluster-internal way to reach
-//! *this host's* replica (front-ends of other hosts use it, with their node certificate).
+//! host's [`FrontendKernel`], which elects a replica per cell. The internal routes
+//! ([`crate::gateway::internal_router`]) are the cluster-internal way to reach *this
+//! host's* replica (front-ends of other hosts use them, with their node certificate).
 //!
 //! Cluster mode is on when the router carries a [`ClusterMode`] extension
 //! ([`with_cluster`]); without it every handler keeps its single-host behaviour.
@@ -14,7 +14,7 @@
 //! - [`replica_routes`]: `/api/v1/cluster/…` about this host's replicas.
 //! - [`api_error`]: cluster failures as client answers.
 //!
-//! [`FrontendKernel`]: crate::cluster::frontend::FrontendKernel
+//! [`FrontendKernel`]: crate::cluster::cells::frontend::FrontendKernel
 
 pub mod api_error;
 pub mod kernels;
@@ -24,5 +24,5 @@ pub mod model;
 pub mod replica_routes;
 
 pub use kernels::{create, delete, get, interrupt, kernel_ids, list, restart};
-pub use mode::{enable, wants_local_replica, with_cluster, ClusterMode, Mode, DEFAULT_READY_TIMEOUT};
+pub use mode::{enable, with_cluster, ClusterMode, Mode, DEFAULT_READY_TIMEOUT};
 pub use model::{ClusterKernelModel, ReplicaModel};

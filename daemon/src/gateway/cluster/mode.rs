@@ -8,10 +8,10 @@ use axum::{Extension, Router};
 
 use super::api_error::cluster_error;
 use super::local_replicas::GatewayReplicas;
-use crate::cluster::frontend::{FrontendMetrics, Frontends};
-use crate::cluster::objects::collector::Collector;
-use crate::cluster::records::KernelRecord;
-use crate::cluster::replica_host::ReplicaHost;
+use crate::cluster::cells::frontend::{FrontendMetrics, Frontends};
+use crate::cluster::cells::objects::collector::Collector;
+use crate::cluster::cells::replica_host::ReplicaHost;
+use crate::cluster::control::records::KernelRecord;
 use crate::cluster::Cluster;
 use crate::gateway::error::ApiError;
 use crate::gateway::state::AppState;
@@ -20,7 +20,7 @@ use crate::gateway::state::AppState;
 pub struct ClusterMode {
     /// The meta store view and placement.
     pub cluster: Arc<Cluster>,
-    /// This host's replicas of cluster kernels (the `?replica=local` side).
+    /// This host's replicas of cluster kernels (the internal routes' side).
     pub replicas: Arc<ReplicaHost>,
     /// This host's front-ends of cluster kernels (the client side).
     pub frontends: Arc<Frontends>,
@@ -44,7 +44,7 @@ pub fn with_cluster(router: Router, mode: Arc<ClusterMode>) -> Router {
 pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Cluster mode for a node: front-ends over `cluster`'s meta group, `replicas` for the
-/// `?replica=local` side, `token` for calls to other hosts. What `node.rs` calls.
+/// internal routes' side, `token` for calls to other hosts. What `node.rs` calls.
 pub fn enable(
     router: Router,
     state: Arc<AppState>,
@@ -58,11 +58,6 @@ pub fn enable(
     frontends.set_cluster(cluster.clone());
     let mode = ClusterMode { cluster, replicas, frontends, ready_timeout: DEFAULT_READY_TIMEOUT, token, collector };
     with_cluster(router, Arc::new(mode))
-}
-
-/// True when the request's query says `replica=local`.
-pub fn wants_local_replica(query: Option<&str>) -> bool {
-    query.is_some_and(|q| q.split('&').any(|kv| kv == "replica=local"))
 }
 
 impl ClusterMode {

@@ -7,8 +7,8 @@ use std::time::{Duration, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use super::mode::ClusterMode;
-use crate::cluster::frontend::ExecutionInfo;
-use crate::cluster::records::KernelRecord;
+use crate::cluster::cells::frontend::ExecutionInfo;
+use crate::cluster::control::records::KernelRecord;
 use crate::jupyter::message::iso_date;
 use crate::kernel::KernelModel;
 

@@ -66,7 +66,7 @@ pub async fn digest(mode: &ClusterMode, id: &str) -> Result<Response, ApiError> 
         ApiError::not_found(format!("no replica of kernel {} on this host", id.chars().take(64).collect::<String>()))
     })?;
     let replica = mode.replicas.replica(id).map(|r| r.replica);
-    let digest = crate::cluster::state_sync::namespace_digest(&kernel, Duration::from_secs(60))
+    let digest = crate::cluster::cells::state_sync::namespace_digest(&kernel, Duration::from_secs(60))
         .await
         .map_err(|e| ApiError::internal(format!("digest of kernel {id}: {e:#}")))?;
     Ok(Json(serde_json::json!({
@@ -89,14 +89,15 @@ pub async fn elections(mode: &ClusterMode, id: &str) -> Result<Response, ApiErro
     }
     let kv = mode.replicas.store().kv(record.group);
     let rows = kv
-        .range(crate::cluster::records::keys::ELECT.as_bytes(), 0)
+        .range(crate::cluster::control::records::keys::ELECT.as_bytes(), 0)
         .await
         .map_err(|e| ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: format!("kernel group: {e}") })?;
     let mut cells = Vec::with_capacity(rows.len());
     for kv in rows {
-        let cell = String::from_utf8_lossy(&kv.key[crate::cluster::records::keys::ELECT.len()..]).into_owned();
-        let rec: crate::cluster::records::ElectionRecord =
-            crate::cluster::records::decode(&kv.key, &kv.value).map_err(|e| ApiError::internal(format!("{e:#}")))?;
+        let cell = String::from_utf8_lossy(&kv.key[crate::cluster::control::records::keys::ELECT.len()..]).into_owned();
+        let rec: crate::cluster::control::records::ElectionRecord =
+            crate::cluster::control::records::decode(&kv.key, &kv.value)
+                .map_err(|e| ApiError::internal(format!("{e:#}")))?;
         cells.push(serde_json::json!({ "cell": cell, "revision": kv.mod_revision, "record": rec }));
     }
     Ok(Json(serde_json::json!({ "kernel_id": id, "cells": cells })).into_response())
