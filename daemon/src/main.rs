@@ -189,7 +189,7 @@ fn load(args: &Args) -> anyhow::Result<(Config, RunOptions)> {
             None => {
                 let uid = nix::unistd::geteuid().as_raw();
                 let dir = std::env::temp_dir().join(format!("notebookos-dev-objects-{uid}"));
-                notebookosd::cluster::objects::ensure_private_dir(&dir)?;
+                notebookosd::cluster::cells::objects::ensure_private_dir(&dir)?;
                 config.cluster.object_gc_interval = std::time::Duration::ZERO;
                 format!("file://{}", dir.display())
             }

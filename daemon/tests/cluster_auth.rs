@@ -39,7 +39,7 @@ fn as_node(c: &TestCluster, as_node: u64, claimed: u64, method: &str, url: &str,
     let agent = ureq::AgentBuilder::new().tls_config(config).timeout(Duration::from_secs(30)).build();
     let mut req = agent.request(method, url).set(notebookosd::link::credential::NODE_HEADER, &claimed.to_string());
     if forwarded {
-        req = req.set(notebookosd::cluster::meta::FORWARDED_HEADER, "1");
+        req = req.set(notebookosd::cluster::control::meta::FORWARDED_HEADER, "1");
     }
     status(req.call())
 }
@@ -82,7 +82,7 @@ fn host_to_host_routes_take_node_certificates_and_membership_takes_the_operator(
         .agent()
         .post(&members)
         .set("Authorization", &format!("token {TOKEN}"))
-        .set(notebookosd::cluster::meta::FORWARDED_HEADER, "1")
+        .set(notebookosd::cluster::control::meta::FORWARDED_HEADER, "1")
         .send_json(json!({ "node_id": 7, "raft_addr": "127.0.0.1:1" }));
     assert_eq!(status(forged), 403, "a 'forwarded' call with the users' token");
     // A node certificate claiming to be another host.
@@ -186,7 +186,7 @@ fn without_node_certificates_hosts_call_each_other_with_the_operator_token_never
         .agent()
         .post(&members)
         .set("Authorization", &format!("token {TOKEN}"))
-        .set(notebookosd::cluster::meta::FORWARDED_HEADER, "1")
+        .set(notebookosd::cluster::control::meta::FORWARDED_HEADER, "1")
         .send_json(json!({ "node_id": 7, "raft_addr": "127.0.0.1:1" }));
     assert_eq!(status(forged), 403, "a 'forwarded' call with the users' token");
     assert_eq!(metric(&c, 1, "not_an_operator") - before, 2.0);

@@ -333,7 +333,7 @@ mod in_process {
     use std::time::{Duration, Instant};
 
     use super::group_store::Stores;
-    use notebookosd::cluster::records::LoadRecord;
+    use notebookosd::cluster::control::records::LoadRecord;
     use notebookosd::cluster::{Cluster, ClusterSettings, KernelEvent, KernelSpec};
 
     const TTL: Duration = Duration::from_millis(800);
@@ -363,7 +363,7 @@ mod in_process {
                     gpus: Vec::new(),
                     memory_bytes: 0,
                 };
-                let probe: notebookosd::cluster::meta::LoadProbe =
+                let probe: notebookosd::cluster::control::meta::LoadProbe =
                     Arc::new(move || Box::pin(async move { LoadRecord { node_id: id, ..Default::default() } }));
                 let c = Cluster::new(settings, store, probe);
                 c.start();
@@ -468,7 +468,7 @@ mod in_process {
     /// must start from the records as they are, never from older versions.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn cluster_restart_a_host_behind_the_meta_group_watches_only_current_kernel_records() {
-        use notebookosd::cluster::records::{self, keys};
+        use notebookosd::cluster::control::records::{self, keys};
         let stores = Stores::open_with(3, |c| c.tick_interval = Duration::from_millis(20));
         let cs = clusters(&stores);
         for c in &cs {
@@ -490,7 +490,7 @@ mod in_process {
         cut(true);
         // The record changes twice while the follower's replica is behind.
         for name in ["v2", "v3"] {
-            let record = notebookosd::cluster::records::KernelRecord { name: name.into(), ..k.clone() };
+            let record = notebookosd::cluster::control::records::KernelRecord { name: name.into(), ..k.clone() };
             lead.meta().put(keys::kernel(&k.id), records::encode(&record)).await.expect("update the record");
         }
         assert_eq!(behind.kernel(&k.id).await.expect("stale read").expect("record").name, "v1", "still behind");

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use group_store::{Rng, Stores};
-use notebookosd::cluster::election::{self, Decision, Outcome, Proposer};
-use notebookosd::cluster::records::{ElectionRecord, RunningRecord};
+use notebookosd::cluster::cells::election::{self, Decision, Outcome, Proposer};
+use notebookosd::cluster::control::records::{ElectionRecord, RunningRecord};
 
 const GROUP: u64 = 1001;
 
@@ -180,10 +180,10 @@ mod sync {
     use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant, SystemTime};
 
-    use notebookosd::cluster::objects::Objects;
-    use notebookosd::cluster::records::keys;
-    use notebookosd::cluster::replica_host::{Handled, ReplicaHost};
-    use notebookosd::cluster::state_sync::{self, namespace_digest, SyncConfig};
+    use notebookosd::cluster::cells::objects::Objects;
+    use notebookosd::cluster::control::records::keys;
+    use notebookosd::cluster::cells::replica_host::{Handled, ReplicaHost};
+    use notebookosd::cluster::cells::state_sync::{self, namespace_digest, SyncConfig};
     use notebookosd::jupyter::{Channel, Message};
     use notebookosd::kernel::binding::{Binder, LeaseControl, LogOnlyLeases};
     use notebookosd::kernel::hub::{ClientId, Outgoing};
@@ -636,11 +636,11 @@ mod supervised {
     use std::sync::Arc;
     use std::time::{Duration, Instant, SystemTime};
 
-    use notebookosd::cluster::objects::Objects;
-    use notebookosd::cluster::records::{self, keys, KernelRecord, LoadRecord, RunningRecord};
-    use notebookosd::cluster::replica_host::ReplicaHost;
-    use notebookosd::cluster::state_sync::{namespace_digest, SyncConfig};
-    use notebookosd::cluster::supervisor::Supervisor;
+    use notebookosd::cluster::cells::objects::Objects;
+    use notebookosd::cluster::control::records::{self, keys, KernelRecord, LoadRecord, RunningRecord};
+    use notebookosd::cluster::cells::replica_host::ReplicaHost;
+    use notebookosd::cluster::cells::state_sync::{namespace_digest, SyncConfig};
+    use notebookosd::cluster::cells::supervisor::Supervisor;
     use notebookosd::cluster::{Cluster, ClusterSettings, KernelSpec};
     use notebookosd::jupyter::{Channel, Message};
     use notebookosd::kernel::binding::{Binder, LogOnlyLeases};
@@ -701,12 +701,12 @@ mod supervised {
             gpus: Vec::new(),
             memory_bytes: 0,
         };
-        let probe: notebookosd::cluster::meta::LoadProbe =
+        let probe: notebookosd::cluster::control::meta::LoadProbe =
             Arc::new(move || Box::pin(async move { LoadRecord { node_id: id, ..Default::default() } }));
         let cluster = Cluster::new(settings, store.clone(), probe);
         cluster.start();
         let objects = Objects::open(None, &dir.join("objects")).expect("objects");
-        let collector = notebookosd::cluster::objects::collector::Collector::new(
+        let collector = notebookosd::cluster::cells::objects::collector::Collector::new(
             cluster.clone(),
             objects,
             Duration::from_secs(3600),

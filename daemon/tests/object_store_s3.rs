@@ -9,7 +9,7 @@ mod s3;
 use std::time::Duration;
 
 use bytes::Bytes;
-use notebookosd::cluster::objects::{sha256_hex, ObjectError, Objects, S3Options};
+use notebookosd::cluster::cells::objects::{sha256_hex, ObjectError, Objects, S3Options};
 use object_store::ObjectStore;
 use s3::{Fault, FaultProxy, S3Server};
 
@@ -66,7 +66,7 @@ fn an_s3_prefix_holds_every_key_and_two_prefixes_are_kept_apart() {
             "each store's keys are under its URL's prefix"
         );
         let names =
-            |l: Vec<notebookosd::cluster::objects::StoredObject>| l.into_iter().map(|o| o.sha256).collect::<Vec<_>>();
+            |l: Vec<notebookosd::cluster::cells::objects::StoredObject>| l.into_iter().map(|o| o.sha256).collect::<Vec<_>>();
         assert_eq!(names(a.list().await.expect("list a")), vec![sa.clone()], "a lists only its own");
         assert_eq!(names(b.list().await.expect("list b")), vec![sb.clone()]);
         // The unprefixed store lists `objects/` at the root only, not the clusters' objects.

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use crate::client::{Client, HttpStatus, Target};
-use notebookosd::cluster::meta::{ClusterStatus, LeaveReport};
-use notebookosd::cluster::records::KernelRecord;
+use notebookosd::cluster::control::meta::{ClusterStatus, LeaveReport};
+use notebookosd::cluster::control::records::KernelRecord;
 
 /// `nbos cluster …`.
 #[derive(Debug, clap::Subcommand)]
@@ -269,8 +269,8 @@ pub fn render(s: &ClusterStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use notebookosd::cluster::meta::{MemberStatus, MovingStatus};
-    use notebookosd::cluster::records::{GpuRecord, HostRecord, LoadRecord, MoveReason, MoveRecord};
+    use notebookosd::cluster::control::meta::{MemberStatus, MovingStatus};
+    use notebookosd::cluster::control::records::{GpuRecord, HostRecord, LoadRecord, MoveReason, MoveRecord};
 
     fn member(id: u64, up: bool) -> MemberStatus {
         MemberStatus {

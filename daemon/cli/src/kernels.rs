@@ -74,8 +74,8 @@ struct HostedReplica {
 /// live host for its replicas); `None` on a single host.
 fn cluster_view(client: &Client) -> anyhow::Result<Option<Vec<ReplicaRow>>> {
     use crate::client::HttpStatus;
-    use notebookosd::cluster::meta::ClusterStatus;
-    use notebookosd::cluster::records::KernelRecord;
+    use notebookosd::cluster::control::meta::ClusterStatus;
+    use notebookosd::cluster::control::records::KernelRecord;
 
     let records: Vec<KernelRecord> = match client.get_json("/api/v1/cluster/kernels") {
         Ok(r) => r,
@@ -94,8 +94,8 @@ fn cluster_view(client: &Client) -> anyhow::Result<Option<Vec<ReplicaRow>>> {
 }
 
 fn replica_rows(
-    records: &[notebookosd::cluster::records::KernelRecord],
-    status: &notebookosd::cluster::meta::ClusterStatus,
+    records: &[notebookosd::cluster::control::records::KernelRecord],
+    status: &notebookosd::cluster::control::meta::ClusterStatus,
     hosted: &std::collections::HashMap<u64, Option<Vec<HostedReplica>>>,
 ) -> Vec<ReplicaRow> {
     let mut rows = Vec::new();
@@ -262,8 +262,8 @@ mod tests {
 
     #[test]
     fn replicas_show_host_role_and_lag_and_say_when_unknown() {
-        use notebookosd::cluster::meta::{ClusterStatus, MemberStatus};
-        use notebookosd::cluster::records::{HostRecord, KernelRecord, ReplicaRecord};
+        use notebookosd::cluster::control::meta::{ClusterStatus, MemberStatus};
+        use notebookosd::cluster::control::records::{HostRecord, KernelRecord, ReplicaRecord};
         let member = |id: u64, up: bool| MemberStatus {
             node_id: id,
             role: "voter".into(),
@@ -327,13 +327,13 @@ mod tests {
         assert_eq!(replica_rows(&rows_kernel(), &status, &silent)[0].role, "?");
     }
 
-    fn rows_kernel() -> Vec<notebookosd::cluster::records::KernelRecord> {
-        vec![notebookosd::cluster::records::KernelRecord {
+    fn rows_kernel() -> Vec<notebookosd::cluster::control::records::KernelRecord> {
+        vec![notebookosd::cluster::control::records::KernelRecord {
             id: "k2".into(),
             name: "python3".into(),
             gpus: 0,
             group: 98,
-            replicas: vec![notebookosd::cluster::records::ReplicaRecord { replica: 1, node_id: 1 }],
+            replicas: vec![notebookosd::cluster::control::records::ReplicaRecord { replica: 1, node_id: 1 }],
             created_ms: 0,
             env: Default::default(),
             moving: None,

@@ -5,7 +5,7 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use crate::client::{Client, Target};
-use notebookosd::cluster::objects::collector::{GcReport, GC_PATH, OBJECTS_PATH};
+use notebookosd::cluster::cells::objects::collector::{GcReport, GC_PATH, OBJECTS_PATH};
 
 /// `nbos objects …`.
 #[derive(Debug, clap::Subcommand)]
@@ -68,7 +68,7 @@ fn mib(bytes: u64) -> f64 {
 /// The report as text.
 pub fn render(r: &GcReport) -> String {
     let mut out = String::new();
-    let row = |out: &mut String, what: &str, t: notebookosd::cluster::objects::collect::Tally| {
+    let row = |out: &mut String, what: &str, t: notebookosd::cluster::cells::objects::collect::Tally| {
         let _ = writeln!(out, "  {what:<34} {:>8} objects {:>12.1} MiB", t.objects, mib(t.bytes));
     };
     let _ = writeln!(out, "store {} (meta leader: host {}, grace {} s)", r.store, r.node_id, r.grace_s);

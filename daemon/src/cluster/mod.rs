@@ -11,12 +11,10 @@
 //!   `nbos cluster`, the object collector).
 //!
 //! Nothing here uses the gateway (the front-ends reach other hosts through [`crate::link`]).
-//! The re-exports below keep the paths the rest of the crate (node wiring, the CLI) uses.
+//! The meta handle's main types are re-exported here: most of the crate knows the cluster by them.
 
 pub mod cells;
 pub mod control;
 pub mod http;
 
-pub use cells::{election, frontend, local_link, objects, replica_host, state_sync, supervisor, sync_metrics};
 pub use control::meta::{Cluster, ClusterError, ClusterSettings, ClusterStatus, KernelEvent, KernelSpec};
-pub use control::{autoscale, elastic_metrics, membership, meta, moves, records};

@@ -33,13 +33,13 @@ pub(super) async fn start_cluster(
     inventory: &gpu::Inventory,
     kernels: Arc<Kernels>,
 ) -> anyhow::Result<ClusterNode> {
-    use crate::cluster::autoscale::provider::ExecProvider;
-    use crate::cluster::objects::collector::Collector;
-    use crate::cluster::objects::{Objects, S3Options};
-    use crate::cluster::records::{GpuRecord, LoadRecord};
-    use crate::cluster::replica_host::ReplicaHost;
-    use crate::cluster::state_sync::SyncConfig;
-    use crate::cluster::supervisor::Supervisor;
+    use crate::cluster::control::autoscale::provider::ExecProvider;
+    use crate::cluster::cells::objects::collector::Collector;
+    use crate::cluster::cells::objects::{Objects, S3Options};
+    use crate::cluster::control::records::{GpuRecord, LoadRecord};
+    use crate::cluster::cells::replica_host::ReplicaHost;
+    use crate::cluster::cells::state_sync::SyncConfig;
+    use crate::cluster::cells::supervisor::Supervisor;
     use crate::config::AutoscaleProvider;
     use raft_store::{RaftStore, StoreConfig, TransportSecurity};
 
@@ -100,7 +100,7 @@ pub(super) async fn start_cluster(
     };
     let node_id = c.node_id;
     let kernels_for_replicas = kernels.clone();
-    let probe: crate::cluster::meta::LoadProbe = Arc::new(move || {
+    let probe: crate::cluster::control::meta::LoadProbe = Arc::new(move || {
         let kernels = kernels.clone();
         Box::pin(async move {
             let snap = kernels.binder().snapshot();
@@ -147,7 +147,7 @@ pub(super) async fn start_cluster(
             let a = &config.autoscale;
             tracing::info!(command = ?a.command, rule = ?a.rule, min = a.min_hosts, max = a.max_hosts, "autoscaling through an exec provider");
             let provider = Arc::new(ExecProvider::new(a.command.clone(), a.command_timeout));
-            Some(crate::cluster::autoscale::start(cluster.clone(), a.clone(), provider))
+            Some(crate::cluster::control::autoscale::start(cluster.clone(), a.clone(), provider))
         }
     };
     Ok(ClusterNode { cluster, replicas, supervisor, autoscaler, collector, collecting })
@@ -156,12 +156,12 @@ pub(super) async fn start_cluster(
 /// The cluster side of a node.
 pub(super) struct ClusterNode {
     pub(super) cluster: Arc<Cluster>,
-    pub(super) replicas: Arc<crate::cluster::replica_host::ReplicaHost>,
+    pub(super) replicas: Arc<crate::cluster::cells::replica_host::ReplicaHost>,
     supervisor: tokio::task::JoinHandle<()>,
     /// The autoscaler, when `[autoscale]` names a provider (it acts while this host leads).
     autoscaler: Option<tokio::task::JoinHandle<()>>,
     /// The large-object store's collector (it acts while this host leads).
-    pub(super) collector: Arc<crate::cluster::objects::collector::Collector>,
+    pub(super) collector: Arc<crate::cluster::cells::objects::collector::Collector>,
     /// Its periodic task, unless `cluster.object_gc_interval` is 0.
     collecting: Option<tokio::task::JoinHandle<()>>,
 }

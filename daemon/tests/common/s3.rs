@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use notebookosd::cluster::objects::S3Options;
+use notebookosd::cluster::cells::objects::S3Options;
 
 /// Credentials of one IAM user of the test server.
 #[derive(Debug, Clone, serde::Deserialize)]

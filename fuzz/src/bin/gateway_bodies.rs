@@ -12,7 +12,7 @@
 //! kernel id is accepted only in canonical UUID form (never a path), and the 404 for a bad
 //! one does not echo more than 64 characters of it.
 
-use notebookosd::cluster::meta::PeerRecord;
+use notebookosd::cluster::control::meta::PeerRecord;
 use notebookosd::cluster::KernelSpec;
 use notebookosd::gateway::error::ApiError;
 use notebookosd::gateway::kernel_request::CreateKernel;
