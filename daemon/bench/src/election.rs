@@ -68,7 +68,7 @@ pub struct Args {
     /// Keep the hosts' directories (configs, daemon logs) and print where they are.
     #[arg(long)]
     pub keep_logs: bool,
-    /// Log filter of the daemons (written to each host's `daemon.log`).
+    /// Log filter of the daemons (written to each host's `daemon-1.log`).
     #[arg(long, default_value = "warn")]
     pub log_level: String,
 }

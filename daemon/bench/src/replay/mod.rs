@@ -75,7 +75,7 @@ pub struct Args {
     /// Loopback cluster: keep the hosts' directories (configs, daemon logs) and print where.
     #[arg(long)]
     pub keep_logs: bool,
-    /// Loopback cluster: the daemons' log filter (each host's `daemon.log`).
+    /// Loopback cluster: the daemons' log filter (each host's `daemon-1.log`).
     #[arg(long, default_value = "warn")]
     pub log_level: String,
 }
