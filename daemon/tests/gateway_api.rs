@@ -142,11 +142,15 @@ async fn kernel_gateway_api_end_to_end() {
     let (_open_tx, mut open_rx) = (tx, rx);
 
     // nbos kernels lists it, as a table and as JSON.
-    let out = Command::new(bins::nbos()).args(["--url", &url, "kernels"]).env("NBOS_TOKEN", TOKEN).output().expect("nbos");
+    let out =
+        Command::new(bins::nbos()).args(["--url", &url, "kernels"]).env("NBOS_TOKEN", TOKEN).output().expect("nbos");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains(&kernel_id));
-    let out =
-        Command::new(bins::nbos()).args(["--url", &url, "kernels", "--json"]).env("NBOS_TOKEN", TOKEN).output().expect("nbos");
+    let out = Command::new(bins::nbos())
+        .args(["--url", &url, "kernels", "--json"])
+        .env("NBOS_TOKEN", TOKEN)
+        .output()
+        .expect("nbos");
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(list["kernels"][0]["id"], kernel_id.as_str());
     assert_eq!(list["gpus"]["total"], 0);

@@ -176,12 +176,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// Waits until every host holding a replica of `kernel` reports it applied `revision`.
-pub async fn wait_applied(
-    cluster: &TestCluster,
-    kernel: &str,
-    revision: u64,
-    timeout: Duration,
-) -> anyhow::Result<()> {
+pub async fn wait_applied(cluster: &TestCluster, kernel: &str, revision: u64, timeout: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
         let mut all = true;
@@ -244,11 +239,7 @@ async fn time_cells(client: &mut CellClient, gateway: u64, args: &Args) -> anyho
     Ok(out)
 }
 
-async fn bench(
-    cluster: &TestCluster,
-    args: &Args,
-    progress: &indicatif::ProgressBar,
-) -> anyhow::Result<ElectionBench> {
+async fn bench(cluster: &TestCluster, args: &Args, progress: &indicatif::ProgressBar) -> anyhow::Result<ElectionBench> {
     progress.set_message("creating the kernel");
     let id = create_kernel(cluster, 1, args.gpus).await?;
     let timeout = Duration::from_secs(120);

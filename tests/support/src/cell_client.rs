@@ -11,8 +11,8 @@ use notebookosd::jupyter::{ws, Channel, Message};
 use notebookosd::link::client::{ChannelsSocket, GatewayClient};
 use tokio_tungstenite::tungstenite::Message as WsFrame;
 
-pub use crate::cell_reader::CellRun;
 use crate::cell_reader::CellReader;
+pub use crate::cell_reader::CellRun;
 
 /// A client on one gateway's channels.
 pub struct CellClient {

@@ -48,7 +48,13 @@ impl CellReader {
     }
 
     /// Takes one message of the cell: its channel, `msg_type`, content and metadata.
-    pub fn absorb(&mut self, channel: Channel, msg_type: &str, content: serde_json::Value, metadata: serde_json::Value) {
+    pub fn absorb(
+        &mut self,
+        channel: Channel,
+        msg_type: &str,
+        content: serde_json::Value,
+        metadata: serde_json::Value,
+    ) {
         let run = &mut self.run;
         if channel == Channel::Iopub && run.started_after.is_none() {
             run.started_after = Some(self.sent.elapsed());

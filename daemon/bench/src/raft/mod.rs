@@ -100,7 +100,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-
 struct Cluster {
     dir: PathBuf,
     nodes: Vec<(u64, SocketAddr, PathBuf, Option<Child>)>,

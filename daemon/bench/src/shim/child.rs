@@ -30,7 +30,6 @@ pub(super) struct Setup {
     pub(super) fake: bool,
 }
 
-
 /// CLOCK_MONOTONIC in ns (what `perf ... -k mono` stamps its events with).
 fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };

@@ -431,4 +431,3 @@ fn measure(args: &Args) -> anyhow::Result<Report> {
         evict_mib: args.evict_mib,
     })
 }
-

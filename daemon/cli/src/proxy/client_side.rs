@@ -179,7 +179,13 @@ impl Routers {
     }
 
     /// Publishes a `status` with no parent (or `parent`).
-    pub(super) async fn publish_status(&mut self, state: &str, parent: Option<&Message>, signer: &Signer, kernel_id: &str) {
+    pub(super) async fn publish_status(
+        &mut self,
+        state: &str,
+        parent: Option<&Message>,
+        signer: &Signer,
+        kernel_id: &str,
+    ) {
         let content = serde_json::json!({ "execution_state": state });
         let msg = daemon_message("status", "nbos-kernel-proxy", parent.map(|p| &p.header), &content);
         self.send_iopub(msg, signer, kernel_id).await;
