@@ -13,12 +13,8 @@ use notebookosd::jupyter::{ws, Channel, Message};
 use notebookosd::link::client::GatewayClient;
 use tokio_tungstenite::tungstenite::Message as WsFrame;
 
-use nbos_test_support::{bins::python, http, start_daemon, Daemon, TOKEN};
+use nbos_test_support::{bins, bins::python, http, start_daemon, Daemon, TOKEN};
 use notebookosd::config::LogFormat;
-
-#[path = "common/workspace.rs"]
-mod workspace;
-use workspace::NBOS;
 
 fn start() -> Daemon {
     start_daemon(&[], Stdio::null(), |c| c.config.log.format = LogFormat::Text)
@@ -146,11 +142,15 @@ async fn kernel_gateway_api_end_to_end() {
     let (_open_tx, mut open_rx) = (tx, rx);
 
     // nbos kernels lists it, as a table and as JSON.
-    let out = Command::new(*NBOS).args(["--url", &url, "kernels"]).env("NBOS_TOKEN", TOKEN).output().expect("nbos");
+    let out =
+        Command::new(bins::nbos()).args(["--url", &url, "kernels"]).env("NBOS_TOKEN", TOKEN).output().expect("nbos");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains(&kernel_id));
-    let out =
-        Command::new(*NBOS).args(["--url", &url, "kernels", "--json"]).env("NBOS_TOKEN", TOKEN).output().expect("nbos");
+    let out = Command::new(bins::nbos())
+        .args(["--url", &url, "kernels", "--json"])
+        .env("NBOS_TOKEN", TOKEN)
+        .output()
+        .expect("nbos");
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(list["kernels"][0]["id"], kernel_id.as_str());
     assert_eq!(list["gpus"]["total"], 0);
@@ -187,7 +187,7 @@ async fn kernel_gateway_api_end_to_end() {
 
 #[test]
 fn bench_cell_prints_one_json_object_with_the_promised_keys() {
-    let out = Command::new(*NBOS)
+    let out = Command::new(bins::nbos())
         .args(["bench", "cell", "--json", "--cells", "10", "--warmup", "2", "--python"])
         .arg(python())
         .output()
@@ -205,13 +205,13 @@ fn kernel_proxy_and_install_kernelspec_refuse_bad_input_with_clear_errors() {
     let dir = tempfile::tempdir().expect("tmp");
     // A connection file that does not exist, is not JSON, or asks for ipc.
     let missing = dir.path().join("missing.json");
-    let out = Command::new(*NBOS).arg("kernel-proxy").arg("-f").arg(&missing).output().expect("nbos");
+    let out = Command::new(bins::nbos()).arg("kernel-proxy").arg("-f").arg(&missing).output().expect("nbos");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("missing.json"), "{err}");
     let bad = dir.path().join("bad.json");
     std::fs::write(&bad, "{ not json").expect("write");
-    let out = Command::new(*NBOS).arg("kernel-proxy").arg("-f").arg(&bad).output().expect("nbos");
+    let out = Command::new(bins::nbos()).arg("kernel-proxy").arg("-f").arg(&bad).output().expect("nbos");
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("parsing connection file"));
     let ipc = dir.path().join("ipc.json");
     std::fs::write(
@@ -220,13 +220,13 @@ fn kernel_proxy_and_install_kernelspec_refuse_bad_input_with_clear_errors() {
             "transport":"ipc","signature_scheme":"hmac-sha256"}"#,
     )
     .expect("write");
-    let out = Command::new(*NBOS).arg("kernel-proxy").arg("-f").arg(&ipc).output().expect("nbos");
+    let out = Command::new(bins::nbos()).arg("kernel-proxy").arg("-f").arg(&ipc).output().expect("nbos");
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("\"ipc\" is not supported"));
 
     // install-kernelspec: a name that is not a directory name, or an unknown gateway spec.
     let kernels = dir.path().join("kernels");
     for args in [["--name", "../evil"], ["--kernel-name", "no-such-spec"]] {
-        let out = Command::new(*NBOS)
+        let out = Command::new(bins::nbos())
             .arg("install-kernelspec")
             .args(args)
             .arg("--kernels-dir")
@@ -238,7 +238,7 @@ fn kernel_proxy_and_install_kernelspec_refuse_bad_input_with_clear_errors() {
     }
     assert!(!kernels.exists(), "a refused install wrote files");
     // A good one writes kernel.json running this nbos.
-    let out = Command::new(*NBOS)
+    let out = Command::new(bins::nbos())
         .args(["install-kernelspec", "--name", "nbos-test", "--gpus", "1", "--kernels-dir"])
         .arg(&kernels)
         .output()

@@ -6,11 +6,7 @@
 
 use std::process::{Command, Stdio};
 
-use nbos_test_support::{http, run_cell, start_daemon, TOKEN};
-
-#[path = "common/workspace.rs"]
-mod workspace;
-use workspace::NBOS;
+use nbos_test_support::{bins, http, run_cell, start_daemon, TOKEN};
 
 /// Allocates 3 MiB, then 1 MiB, through the shim: prints the three CUresults.
 const CELL: &str = r#"import ctypes
@@ -64,15 +60,19 @@ async fn a_kernel_created_with_a_gpu_memory_limit_is_held_to_it_and_shows_it() {
     .expect("join");
 
     // `nbos kernels` shows it, in the table and in JSON.
-    let out = Command::new(*NBOS).args(["--url", &url, "kernels"]).env("NBOS_TOKEN", TOKEN).output().expect("nbos");
+    let out =
+        Command::new(bins::nbos()).args(["--url", &url, "kernels"]).env("NBOS_TOKEN", TOKEN).output().expect("nbos");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let table = String::from_utf8_lossy(&out.stdout).into_owned();
     let header = table.lines().next().unwrap_or_default();
     let row = table.lines().find(|l| l.starts_with(&kernel)).unwrap_or_else(|| panic!("no row for {kernel}:\n{table}"));
     let column = header.find("gpu mem/MiB").expect("a GPU memory column") + "gpu mem/MiB".len();
     assert_eq!(row.get(..column).map(|s| s.trim_end().rsplit(' ').next()), Some(Some("2")), "{table}");
-    let out =
-        Command::new(*NBOS).args(["--url", &url, "kernels", "--json"]).env("NBOS_TOKEN", TOKEN).output().expect("nbos");
+    let out = Command::new(bins::nbos())
+        .args(["--url", &url, "kernels", "--json"])
+        .env("NBOS_TOKEN", TOKEN)
+        .output()
+        .expect("nbos");
     let all: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(all["kernels"][0]["gpu_memory_mib"], 2, "{all}");
 

@@ -14,12 +14,14 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use nbos_test_support::{Options, TestCluster};
 use serde::Serialize;
 
-use crate::election::{create_kernel, CellClient, LocalCluster, LocalClusterConfig};
+use crate::election::CellClient;
+use crate::loopback::{self, create_kernel};
 use crate::stats::{percentile, round3};
 
-const CLUSTER_HOSTS: usize = 3;
+const CLUSTER_HOSTS: u64 = 3;
 const CELL_TIMEOUT: Duration = Duration::from_secs(120);
 const REFILL_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -111,7 +113,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// The samples on `hosts` hosts without and with the pool.
-fn compare(args: &Args, hosts: usize, runtime: &tokio::runtime::Runtime) -> anyhow::Result<StartTimes> {
+fn compare(args: &Args, hosts: u64, runtime: &tokio::runtime::Runtime) -> anyhow::Result<StartTimes> {
     let (mut cold, _) = measure(args, hosts, "prewarm_max = 0\n", runtime)?;
     let pool_toml = format!("prewarm_min = {p}\nprewarm_max = {p}\n", p = args.pool);
     let (mut warm, hits) = measure(args, hosts, &pool_toml, runtime)?;
@@ -130,26 +132,16 @@ fn compare(args: &Args, hosts: usize, runtime: &tokio::runtime::Runtime) -> anyh
 /// times (ms) and the pool hits the hosts counted.
 fn measure(
     args: &Args,
-    hosts: usize,
+    hosts: u64,
     kernel_toml: &str,
     runtime: &tokio::runtime::Runtime,
 ) -> anyhow::Result<(Vec<f64>, f64)> {
-    let exe = std::env::current_exe().context("finding nbos")?;
-    let cfg = LocalClusterConfig {
-        hosts,
-        gateway_hosts: 0,
-        python: args.python.clone(),
-        fake_gpus: 1,
-        idle_release: None,
-        subscription_ratio: None,
-        host_ttl: Duration::from_secs(3),
-        daemon: exe.with_file_name("notebookosd"),
-        log_level: args.log_level.clone(),
-        keep: args.keep_logs,
-        kernel_toml: format!("{kernel_toml}pid_namespace = {}\n", args.pid_namespace),
+    let options = Options {
+        overlay: format!("[kernel]\n{kernel_toml}pid_namespace = {}\n", args.pid_namespace),
         standalone: hosts == 1,
+        ..loopback::options(&args.python, &args.log_level, args.keep_logs)?
     };
-    let cluster = LocalCluster::start(&cfg)?;
+    let cluster = TestCluster::launch(hosts, options)?;
     let pooled = kernel_toml.contains("prewarm_min");
     let mut samples = Vec::with_capacity(args.samples);
     let what = format!("kernel starts on {hosts} host(s), {}", if pooled { "pool" } else { "no pool" });
@@ -160,12 +152,13 @@ fn measure(
         }
         let started = Instant::now();
         let ms = runtime.block_on(async {
-            let id = create_kernel(&cluster, i % hosts, 0).await?;
-            let mut client = CellClient::connect(&cluster.client(i % hosts), &id).await?;
+            let host = u64::try_from(i)? % hosts + 1;
+            let id = create_kernel(&cluster, host, 0).await?;
+            let mut client = CellClient::connect(&cluster.client(host)?, &id).await?;
             let run = client.run("1 + 1", CELL_TIMEOUT).await?;
             anyhow::ensure!(run.reply["status"] == "ok", "sample {i}: the first cell failed: {:?}", run.reply);
             let ms = started.elapsed().as_secs_f64() * 1000.0;
-            let g = cluster.client(i % hosts);
+            let g = cluster.client(host)?;
             tokio::task::spawn_blocking(move || g.delete_kernel(&id)).await??;
             anyhow::Ok(ms)
         })?;
@@ -173,15 +166,15 @@ fn measure(
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let hits = (0..hosts).filter_map(|h| cluster.metric(h, r#"notebookos_prewarm_takes_total{result="hit"}"#)).sum();
+    let hits = (1..=hosts).filter_map(|h| cluster.metric(h, r#"notebookos_prewarm_takes_total{result="hit"}"#)).sum();
     Ok((samples, hits))
 }
 
 /// Waits until every host's pool holds `n` ready processes.
-fn wait_for_pools(cluster: &LocalCluster, hosts: usize, n: u32) -> anyhow::Result<()> {
+fn wait_for_pools(cluster: &TestCluster, hosts: u64, n: u32) -> anyhow::Result<()> {
     let deadline = Instant::now() + REFILL_TIMEOUT;
     let full = |h| cluster.metric(h, r#"notebookos_prewarm_pool_processes{state="ready"}"#) == Some(f64::from(n));
-    while !(0..hosts).all(full) {
+    while !(1..=hosts).all(full) {
         anyhow::ensure!(Instant::now() < deadline, "the hosts' pools did not refill to {n} in {REFILL_TIMEOUT:?}");
         std::thread::sleep(Duration::from_millis(100));
     }

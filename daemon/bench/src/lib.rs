@@ -1,8 +1,8 @@
 //! `nbos-bench`: what the `nbos` CLI runs against real or simulated clusters, as a library.
 //!
 //! - `nbos bench …`: benchmarks that print human-readable figures, or one JSON object with
-//!   `--json` ([`BenchCmd`], one module each); [`election`]'s `LocalCluster` and `CellClient`
-//!   are also what the multi-host tests start and drive.
+//!   `--json` ([`BenchCmd`], one module each); the cluster benches start the test-support
+//!   crate's `TestCluster` ([`loopback`]) and drive it with its `CellClient`.
 //! - [`replay`]: `nbos replay`, a session template on a real cluster; [`sim`]: `nbos sim`, the
 //!   simulator's front end (its files; the simulation itself is `nbos_sched::sim`).
 //! - [`client`]: how `nbos` finds and talks to the local daemon; [`progress`]: progress bars.
@@ -13,6 +13,7 @@ pub mod cell;
 pub mod client;
 pub mod election;
 pub mod kernel_start;
+pub mod loopback;
 pub mod migration;
 pub mod observe;
 pub mod progress;

@@ -14,9 +14,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
+use nbos_test_support::{Options, TestCluster};
 use serde::Serialize;
 
-use crate::election::{create_kernel, CellClient, LocalCluster, LocalClusterConfig};
+use crate::election::CellClient;
+use crate::loopback::{self, create_kernel};
 use crate::stats::{percentile, round3};
 
 const CELL_TIMEOUT: Duration = Duration::from_secs(300);
@@ -62,24 +64,13 @@ pub struct MigrationBench {
 /// Runs the benchmark.
 pub fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.samples >= 1, "--samples must be at least 1");
-    let exe = std::env::current_exe().context("finding nbos")?;
-    let cfg = LocalClusterConfig {
-        hosts: 4,
-        gateway_hosts: 0,
-        python: args.python.clone(),
-        fake_gpus: 1,
-        idle_release: None,
+    let options = Options {
         // K and four blockers, three replicas each, on four one-GPU hosts: up to five on a
         // host, and a moving replica needs room for one more.
         subscription_ratio: Some(6.0),
-        host_ttl: Duration::from_secs(3),
-        daemon: exe.with_file_name("notebookosd"),
-        log_level: args.log_level.clone(),
-        keep: args.keep_logs,
-        kernel_toml: String::new(),
-        standalone: false,
+        ..loopback::options(&args.python, &args.log_level, args.keep_logs)?
     };
-    let cluster = LocalCluster::start(&cfg)?;
+    let cluster = TestCluster::launch(4, options)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     let result = runtime.block_on(bench(&cluster, &args))?;
     if args.json {
@@ -98,9 +89,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// The node ids holding replicas of `kernel`, from its record.
-fn replica_hosts(cluster: &LocalCluster, kernel: &str) -> anyhow::Result<Vec<u64>> {
+fn replica_hosts(cluster: &TestCluster, kernel: &str) -> anyhow::Result<Vec<u64>> {
     let record = cluster
-        .get_json(0, &format!("/api/v1/cluster/kernels/{kernel}"))
+        .get_json(1, &format!("/api/v1/cluster/kernels/{kernel}"))
         .with_context(|| format!("reading kernel {kernel}'s record"))?;
     Ok(record["replicas"]
         .as_array()
@@ -109,11 +100,11 @@ fn replica_hosts(cluster: &LocalCluster, kernel: &str) -> anyhow::Result<Vec<u64
 }
 
 /// Where `kernel`'s current cell runs, as host 1's front-end sees it.
-async fn executor_of(cluster: &LocalCluster, kernel: &str) -> anyhow::Result<u64> {
+async fn executor_of(cluster: &TestCluster, kernel: &str) -> anyhow::Result<u64> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         if let Some(n) = cluster
-            .get_json(0, &format!("/api/kernels/{kernel}"))
+            .get_json(1, &format!("/api/kernels/{kernel}"))
             .and_then(|m| m["execution"]["current_executor_node"].as_u64())
         {
             return Ok(n);
@@ -123,24 +114,24 @@ async fn executor_of(cluster: &LocalCluster, kernel: &str) -> anyhow::Result<u64
     }
 }
 
-async fn bench(cluster: &LocalCluster, args: &Args) -> anyhow::Result<MigrationBench> {
+async fn bench(cluster: &TestCluster, args: &Args) -> anyhow::Result<MigrationBench> {
     let gates = tempfile::Builder::new().prefix("nbos-bench-gates-").tempdir()?;
     // Kernels run as another user: they look the gate files up, never list the directory.
     std::fs::set_permissions(gates.path(), std::os::unix::fs::PermissionsExt::from_mode(0o711))?;
-    let k = create_kernel(cluster, 0, 1).await?;
+    let k = create_kernel(cluster, 1, 1).await?;
     let blockers = [
-        create_kernel(cluster, 0, 1).await?,
-        create_kernel(cluster, 0, 1).await?,
-        create_kernel(cluster, 0, 1).await?,
-        create_kernel(cluster, 0, 1).await?,
+        create_kernel(cluster, 1, 1).await?,
+        create_kernel(cluster, 1, 1).await?,
+        create_kernel(cluster, 1, 1).await?,
+        create_kernel(cluster, 1, 1).await?,
     ];
-    let mut client = CellClient::connect(&cluster.client(0), &k).await?;
+    let mut client = CellClient::connect(&cluster.client(1)?, &k).await?;
     let state = format!("import numpy as np\nstate = np.ones({} * (1 << 20) // 8)\nn = 0", args.state_mib);
     let run = client.run(&state, CELL_TIMEOUT).await?;
     anyhow::ensure!(run.reply["status"] == "ok", "the state cell failed: {:?}", run.reply);
     let mut blocker_clients = Vec::new();
     for b in &blockers {
-        blocker_clients.push(CellClient::connect(&cluster.client(0), b).await?);
+        blocker_clients.push(CellClient::connect(&cluster.client(1)?, b).await?);
     }
     let mut samples = Vec::new();
     let bar = crate::progress::bar(args.json, args.samples, "migrations");

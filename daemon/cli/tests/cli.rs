@@ -10,10 +10,13 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-#[path = "../../tests/common/workspace.rs"]
-mod workspace;
-use workspace::NOTEBOOKOSD;
+use nbos_test_support::bins;
 const NBOS: &str = env!("CARGO_BIN_EXE_nbos");
+
+/// The `notebookosd` binary as text (written into a unit file, run like `NBOS`).
+fn notebookosd() -> String {
+    bins::notebookosd().display().to_string()
+}
 
 fn run(bin: &str, args: &[&str]) -> Output {
     Command::new(bin).args(args).env_remove("NBOS_URL").env_remove("NBOS_TOKEN").output().expect("spawn")
@@ -41,7 +44,7 @@ struct Daemon {
 
 impl Daemon {
     fn start(args: &[&str]) -> Daemon {
-        let child = Command::new(*NOTEBOOKOSD)
+        let child = Command::new(bins::notebookosd())
             .args(args)
             .env("NBOS_LOG", "warn")
             .stdout(Stdio::piped())
@@ -107,7 +110,7 @@ fn http_get(url: &str, token: Option<&str>) -> (u16, String) {
 
 #[test]
 fn both_binaries_answer_help_and_version() {
-    for bin in [*NOTEBOOKOSD, NBOS] {
+    for bin in [notebookosd().as_str(), NBOS] {
         let v = run(bin, &["--version"]);
         assert!(v.status.success(), "{bin} --version: {}", stderr(&v));
         assert!(stdout(&v).contains(env!("CARGO_PKG_VERSION")), "{}", stdout(&v));
@@ -135,7 +138,7 @@ fn replay_refuses_a_trace_with_the_reason() {
 fn unknown_config_key_is_refused_and_named() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = write_config(dir.path(), "[gpu]\nidle_releas = \"10s\"\n");
-    let o = run(*NOTEBOOKOSD, &["--config", cfg.to_str().expect("utf8")]);
+    let o = run(&notebookosd(), &["--config", cfg.to_str().expect("utf8")]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let e = stderr(&o);
     assert!(e.contains("idle_releas") && e.contains("gpu"), "{e}");
@@ -146,19 +149,19 @@ fn unknown_config_key_is_refused_and_named() {
 fn malformed_config_value_is_refused_and_named() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = write_config(dir.path(), "[gpu]\nsubscription_ratio = \"lots\"\n");
-    let o = run(*NOTEBOOKOSD, &["--config", cfg.to_str().expect("utf8")]);
+    let o = run(&notebookosd(), &["--config", cfg.to_str().expect("utf8")]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("gpu.subscription_ratio"), "{}", stderr(&o));
 
     let cfg = write_config(dir.path(), "[http]\nlisten = \"0.0.0.0:8888\"\n");
-    let o = run(*NOTEBOOKOSD, &["--config", cfg.to_str().expect("utf8"), "--check-config"]);
+    let o = run(&notebookosd(), &["--config", cfg.to_str().expect("utf8"), "--check-config"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("http.token_file"), "{}", stderr(&o));
 }
 
 #[test]
 fn missing_config_file_is_named() {
-    let o = run(*NOTEBOOKOSD, &["--config", "/nonexistent/notebookosd.toml"]);
+    let o = run(&notebookosd(), &["--config", "/nonexistent/notebookosd.toml"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("/nonexistent/notebookosd.toml"), "{}", stderr(&o));
 }
@@ -166,14 +169,14 @@ fn missing_config_file_is_named() {
 #[test]
 fn shipped_config_passes_check_config() {
     let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/../../packaging/notebookosd.toml");
-    let o = run(*NOTEBOOKOSD, &["--config", shipped, "--check-config"]);
+    let o = run(&notebookosd(), &["--config", shipped, "--check-config"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("configuration OK"));
 }
 
 #[test]
 fn dev_mode_refuses_a_non_loopback_address() {
-    let o = run(*NOTEBOOKOSD, &["--dev", "--listen", "0.0.0.0:0"]);
+    let o = run(&notebookosd(), &["--dev", "--listen", "0.0.0.0:0"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("loopback"), "{}", stderr(&o));
 }
@@ -323,7 +326,7 @@ fn systemd_unit_verifies_against_the_built_daemon() {
     assert!(unit.contains("Type=notify") && unit.contains("WatchdogSec="), "{unit}");
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("notebookosd.service");
-    std::fs::write(&path, unit.replace("/usr/bin/notebookosd", *NOTEBOOKOSD)).expect("write unit");
+    std::fs::write(&path, unit.replace("/usr/bin/notebookosd", &notebookosd())).expect("write unit");
     let o = Command::new(analyze).arg("verify").arg(&path).output().expect("systemd-analyze");
     assert!(o.status.success(), "systemd-analyze verify: {}{}", stdout(&o), stderr(&o));
     let noise = stderr(&o);

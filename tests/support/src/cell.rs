@@ -1,10 +1,14 @@
-//! The one `run_cell`: runs code in a kernel over its channels WebSocket (the JSON
-//! encoding) to its `execute_reply` and `idle`, and collects what the cell produced.
+//! `run_cell` for the tests: runs code in a kernel over its channels WebSocket (the JSON
+//! encoding) to its `execute_reply` and `idle`, through the same [`CellReader`] as
+//! [`crate::cell_client::CellClient`], and sums up what the cell produced.
 
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
+use notebookosd::jupyter::Channel;
 use tokio_tungstenite::tungstenite::Message as WsFrame;
+
+use crate::cell_reader::{CellReader, CellRun};
 
 /// How long a cell may take before [`run_cell`] fails the test.
 pub const CELL_TIMEOUT: Duration = Duration::from_secs(120);
@@ -20,6 +24,14 @@ pub struct CellOutcome {
     pub error: Option<String>,
     /// The cell's `stream` output (stdout and stderr) in order.
     pub stdout: String,
+}
+
+impl From<CellRun> for CellOutcome {
+    fn from(run: CellRun) -> Self {
+        let error = run.errors.last().map(|e| format!("{}: {}", e["ename"], e["evalue"]));
+        let status = run.reply["status"].as_str().unwrap_or_default().to_owned();
+        Self { status, result: run.result, error, stdout: run.output }
+    }
 }
 
 impl CellOutcome {
@@ -53,32 +65,36 @@ where
         "header": {"msg_id": msg_id, "msg_type": "execute_request", "session": "s", "version": "5.3"},
         "parent_header": {}, "metadata": {}, "content": {"code": code, "silent": false},
     });
+    let sent = std::time::Instant::now();
     tx.send(WsFrame::Text(req.to_string().into())).await.expect("send the cell");
-    let mut out = CellOutcome::default();
-    let (mut replied, mut idle) = (false, false);
+    let mut reader = CellReader::new(sent);
     let deadline = tokio::time::Instant::now() + CELL_TIMEOUT;
-    while !replied || !idle {
+    while !reader.done() {
         let frame = tokio::time::timeout_at(deadline, rx.next())
             .await
             .expect("the cell's reply in time")
             .expect("the WebSocket open")
             .expect("a frame");
         let WsFrame::Text(t) = frame else { continue };
-        let v: serde_json::Value = serde_json::from_str(t.as_str()).expect("JSON message");
+        let mut v: serde_json::Value = serde_json::from_str(t.as_str()).expect("JSON message");
         if v["parent_header"]["msg_id"] != msg_id.as_str() {
             continue;
         }
-        match v["msg_type"].as_str() {
-            Some("execute_result") => out.result = v["content"]["data"]["text/plain"].as_str().map(str::to_owned),
-            Some("error") => out.error = Some(format!("{}: {}", v["content"]["ename"], v["content"]["evalue"])),
-            Some("stream") => out.stdout.push_str(v["content"]["text"].as_str().unwrap_or("")),
-            Some("status") => idle |= v["content"]["execution_state"] == "idle",
-            Some("execute_reply") => {
-                replied = true;
-                v["content"]["status"].as_str().unwrap_or_default().clone_into(&mut out.status);
-            }
-            _ => {}
-        }
+        let msg_type = v["msg_type"].as_str().unwrap_or_default().to_owned();
+        reader.absorb(json_channel(&v, &msg_type), &msg_type, v["content"].take(), v["metadata"].take());
     }
-    out
+    reader.finish().into()
+}
+
+/// A JSON message's channel: its `channel` field, or (the daemon may leave it out) the one
+/// its type travels on (replies on shell, the rest of a cell's messages on IOPub).
+fn json_channel(v: &serde_json::Value, msg_type: &str) -> Channel {
+    match v["channel"].as_str() {
+        Some("shell") => Channel::Shell,
+        Some("control") => Channel::Control,
+        Some("stdin") => Channel::Stdin,
+        Some("iopub") => Channel::Iopub,
+        _ if msg_type.ends_with("_reply") => Channel::Shell,
+        _ => Channel::Iopub,
+    }
 }

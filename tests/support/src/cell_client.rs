@@ -1,6 +1,7 @@
 //! A client on one gateway's channels (the Jupyter v1 binary WebSocket protocol, through the
-//! daemon's own [`GatewayClient`]): sends cells and reads each to its reply and `idle`, with
-//! the times the benches report. The cluster tests and `nbos bench`/`nbos replay` use it.
+//! daemon's own [`GatewayClient`]): sends cells and reads each to its reply and `idle`
+//! (through the shared [`CellReader`]), with the times the benches report. The cluster
+//! tests and `nbos bench`/`nbos replay` use it.
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -10,30 +11,12 @@ use notebookosd::jupyter::{ws, Channel, Message};
 use notebookosd::link::client::{ChannelsSocket, GatewayClient};
 use tokio_tungstenite::tungstenite::Message as WsFrame;
 
+use crate::cell_reader::CellReader;
+pub use crate::cell_reader::CellRun;
+
 /// A client on one gateway's channels.
 pub struct CellClient {
     socket: ChannelsSocket,
-}
-
-/// What a cell produced, as the client saw it.
-#[derive(Debug, Clone, Default)]
-pub struct CellRun {
-    /// The reply's content.
-    pub reply: serde_json::Value,
-    /// The reply's metadata.
-    pub reply_metadata: serde_json::Value,
-    /// stdout text.
-    pub stdout: String,
-    /// stderr text.
-    pub stderr: String,
-    /// IOPub `error` contents.
-    pub errors: Vec<serde_json::Value>,
-    /// Sent → first IOPub of the cell (its executor started it).
-    pub started_after: Option<Duration>,
-    /// When [`CellClient::run`] sent the request, µs since the Unix epoch.
-    pub sent_unix_us: u64,
-    /// When the last stdout text arrived.
-    pub last_stdout_at: Option<Instant>,
 }
 
 impl CellClient {
@@ -61,9 +44,8 @@ impl CellClient {
     /// Reads until the cell's reply and its `idle` status have arrived.
     pub async fn wait(&mut self, id: &str, sent: Instant, timeout: Duration) -> anyhow::Result<CellRun> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut run = CellRun::default();
-        let (mut replied, mut idle) = (false, false);
-        while !(replied && idle) {
+        let mut reader = CellReader::new(sent);
+        while !reader.done() {
             let frame = tokio::time::timeout_at(deadline, self.socket.next())
                 .await
                 .with_context(|| format!("cell {id}: no reply within {timeout:?}"))?
@@ -74,34 +56,10 @@ impl CellClient {
             if parent.get("msg_id").and_then(|v| v.as_str()) != Some(id) {
                 continue;
             }
-            let ty = m.header()?.msg_type;
-            let content = m.content_json().unwrap_or_default();
-            if ch == Channel::Iopub && run.started_after.is_none() {
-                run.started_after = Some(sent.elapsed());
-            }
-            match (ch, ty.as_str()) {
-                (Channel::Shell, "execute_reply") => {
-                    replied = true;
-                    run.reply = content;
-                    run.reply_metadata = serde_json::from_slice(&m.metadata).unwrap_or_default();
-                }
-                (Channel::Iopub, "status") => {
-                    idle |= content.get("execution_state").and_then(|s| s.as_str()) == Some("idle");
-                }
-                (Channel::Iopub, "stream") => {
-                    let text = content.get("text").and_then(|t| t.as_str()).unwrap_or_default();
-                    if content.get("name").and_then(|n| n.as_str()) == Some("stderr") {
-                        run.stderr.push_str(text);
-                    } else {
-                        run.stdout.push_str(text);
-                        run.last_stdout_at = Some(Instant::now());
-                    }
-                }
-                (Channel::Iopub, "error") => run.errors.push(content),
-                _ => {}
-            }
+            let metadata = serde_json::from_slice(&m.metadata).unwrap_or_default();
+            reader.absorb(ch, &m.header()?.msg_type, m.content_json().unwrap_or_default(), metadata);
         }
-        Ok(run)
+        Ok(reader.finish())
     }
 
     /// Reads until a `stderr` stream message of cell `id` arrives; returns its text

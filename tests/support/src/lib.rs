@@ -1,13 +1,17 @@
 //! What the tests, benches and demo share to run daemons on one machine: the one config
 //! builder ([`config::DaemonConfig`], the daemon's own config types serialised with
 //! `toml`), the one loopback-cluster layout and launcher ([`layout::Layout`],
-//! [`cluster::TestCluster`]), one daemon on its own ([`daemon::start_daemon`]) and the one
-//! `run_cell` ([`cell::run_cell`]). `nbos-test-cluster` prints a layout for the Python test
-//! kit (`tests/support/python/nbos_testkit`).
+//! [`cluster::TestCluster`]), one daemon on its own ([`daemon::start_daemon`]), the one
+//! walk of a cell's messages ([`cell_reader::CellReader`]) that both `run_cell`
+//! ([`cell::run_cell`], JSON encoding) and [`cell_client::CellClient`] (v1 binary
+//! encoding, with the benches' timings) read through, and where the binaries are
+//! ([`bins`]). `nbos-test-cluster` prints a layout for the Python test kit
+//! (`tests/support/python/nbos_testkit`).
 
 pub mod bins;
 pub mod cell;
 pub mod cell_client;
+pub mod cell_reader;
 pub mod cluster;
 pub mod config;
 pub mod daemon;

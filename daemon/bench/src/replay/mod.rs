@@ -9,14 +9,12 @@
 //! GPUs bound and committed are the hosts' gauges sampled from `/metrics`; hosts × GPUs ×
 //! time is what is provisioned. Real durations are multiplied by K back into trace time.
 //! The cluster is a loopback one of `notebookosd` daemons with simulated GPUs that the
-//! command starts (`nbos bench election`'s [`LocalCluster`]), or the one at `--url`.
+//! command starts (the benches' [`crate::loopback`] cluster), or the one at `--url`.
 //! See "Replay against a real cluster" in `docs/simulator.md`.
 //!
 //! - [`clock`]: trace time ↔ real time; [`target`]: the cluster and its hosts;
 //! - [`session`]: one session as a kernel and its cells; [`sampler`]: GPU gauges over time;
 //! - [`report`]: the measurements as a simulator result, and the replay's own figures.
-//!
-//! [`LocalCluster`]: crate::election::LocalCluster
 
 mod clock;
 mod report;
@@ -34,8 +32,8 @@ use self::clock::Clock;
 use self::report::{ClusterModel, Measured, COUNTERS};
 use self::sampler::{metric_sum, Sampler};
 use self::target::Target;
-use crate::election::LocalClusterConfig;
 use nbos_sched::sim::{report as sim_report, Workload};
+use nbos_test_support::Options;
 
 /// Options of `nbos replay`.
 #[derive(Debug, clap::Args)]
@@ -77,7 +75,7 @@ pub struct Args {
     /// Loopback cluster: keep the hosts' directories (configs, daemon logs) and print where.
     #[arg(long)]
     pub keep_logs: bool,
-    /// Loopback cluster: the daemons' log filter (each host's `daemon.log`).
+    /// Loopback cluster: the daemons' log filter (each host's `daemon-1.log`).
     #[arg(long, default_value = "warn")]
     pub log_level: String,
 }
@@ -169,21 +167,15 @@ pub fn run(t: &crate::client::Target, a: Args) -> anyhow::Result<()> {
     let target = if t.url.is_some() {
         Target::remote(t)?
     } else {
-        let exe = std::env::current_exe().context("finding nbos")?;
-        Target::local(&LocalClusterConfig {
-            hosts: a.hosts,
-            gateway_hosts: 0,
-            python: a.python.clone(),
-            fake_gpus: a.fake_gpus,
-            idle_release: Some(idle_release),
-            subscription_ratio: Some(a.subscription_ratio),
-            host_ttl: Duration::from_secs(3),
-            daemon: exe.with_file_name("notebookosd"),
-            log_level: a.log_level.clone(),
-            keep: a.keep_logs,
-            kernel_toml: String::new(),
-            standalone: false,
-        })?
+        Target::local(
+            u64::try_from(a.hosts)?,
+            Options {
+                fake_gpus: a.fake_gpus,
+                idle_release: Some(idle_release),
+                subscription_ratio: Some(a.subscription_ratio),
+                ..crate::loopback::options(&a.python, &a.log_level, a.keep_logs)?
+            },
+        )?
     };
     let target = Arc::new(target);
     let gpus_per_host = target.hosts.iter().map(|h| h.gpus).max().unwrap_or(0);

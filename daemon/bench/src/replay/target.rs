@@ -1,5 +1,5 @@
-//! The cluster a replay drives: a loopback cluster it starts itself (the daemons of
-//! `nbos bench election`'s [`LocalCluster`], with simulated GPUs), or an existing one at
+//! The cluster a replay drives: a loopback cluster it starts itself (the test-support
+//! crate's [`TestCluster`], as the cluster benches start it, with simulated GPUs), or an existing one at
 //! `--url`. Either way its hosts are found in `GET /api/v1/cluster/status`, kernels are
 //! created and cells run through gateways, and each host's `/metrics` is read.
 
@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
-use crate::election::{LocalCluster, LocalClusterConfig};
+use nbos_test_support::{Options, TestCluster};
 use notebookosd::link::client::GatewayClient;
 
 /// One host of the cluster.
@@ -29,16 +29,16 @@ pub struct Target {
     agent: ureq::Agent,
     token: Option<String>,
     /// Kept alive for the replay; its daemons stop when it drops.
-    _local: Option<LocalCluster>,
+    _local: Option<TestCluster>,
 }
 
 impl Target {
-    /// Starts a loopback cluster of `cfg.hosts` daemons and waits until it is ready.
-    pub fn local(cfg: &LocalClusterConfig) -> anyhow::Result<Self> {
-        let cluster = LocalCluster::start(cfg).context("starting the loopback cluster")?;
-        let gateways = (0..cluster.hosts.len()).map(|i| cluster.client(i)).collect();
+    /// Starts a loopback cluster of `hosts` daemons and waits until it is ready.
+    pub fn local(hosts: u64, options: Options) -> anyhow::Result<Self> {
+        let cluster = TestCluster::launch(hosts, options).context("starting the loopback cluster")?;
+        let gateways = cluster.hosts.iter().map(|h| cluster.client(h.node_id)).collect::<anyhow::Result<_>>()?;
         let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(10)).build();
-        let token = Some(cluster.token.clone());
+        let token = Some(cluster.token().to_owned());
         Self::discover(gateways, agent, token, Some(cluster))
     }
 
@@ -58,7 +58,7 @@ impl Target {
         gateways: Vec<GatewayClient>,
         agent: ureq::Agent,
         token: Option<String>,
-        local: Option<LocalCluster>,
+        local: Option<TestCluster>,
     ) -> anyhow::Result<Self> {
         let first = gateways.first().context("no gateway")?.url.clone();
         let mut me = Self { hosts: Vec::new(), gateways, agent, token, _local: local };

@@ -30,15 +30,23 @@
 //!   restores it timed by the child. GiB/s = size / median time.
 //!
 //! Build with `--release` for meaningful figures (the JSON says which build ran).
+//!
+//! This file is the host's side (the lease server, the child driven over stdin/stdout);
+//! [`child`] is the child's, [`cuda`] the driver entry points both open.
 
-use std::ffi::{c_int, c_uint, c_void, CStr, CString};
+mod child;
+mod cuda;
+
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+
+use self::child::{child_main, Overhead, Setup};
+use self::cuda::Lib;
 
 use crate::stats::percentile;
 use notebookosd::config::{GpuConfig, GpuDriver};
@@ -128,99 +136,6 @@ pub struct Report {
 }
 
 /// Per-call figures of one call kind, as the child reports them.
-#[derive(Debug, Serialize, Deserialize)]
-struct Overhead {
-    direct_p50: f64,
-    shim_p50: f64,
-    added_p50: f64,
-}
-
-/// What the child reports after `setup`.
-#[derive(Debug, Serialize, Deserialize)]
-struct Setup {
-    version: i32,
-    fake: bool,
-}
-
-/// A library opened by path with `RTLD_LOCAL`.
-struct Lib(*mut c_void);
-
-impl Lib {
-    fn open(path: &Path) -> anyhow::Result<Self> {
-        let c = CString::new(path.as_os_str().as_encoded_bytes()).context("path with NUL")?;
-        // SAFETY: valid C string; RTLD_LOCAL keeps its symbols out of the global scope.
-        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if h.is_null() {
-            // SAFETY: dlerror returns NULL or a message.
-            let e = unsafe { libc::dlerror() };
-            let msg = if e.is_null() {
-                String::new()
-            } else {
-                // SAFETY: non-null dlerror message.
-                unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
-            };
-            bail!("cannot load {}: {msg}", path.display());
-        }
-        Ok(Self(h))
-    }
-
-    fn has(&self, name: &CStr) -> bool {
-        // SAFETY: live handle, NUL-terminated name.
-        !unsafe { libc::dlsym(self.0, name.as_ptr()) }.is_null()
-    }
-
-    /// # Safety
-    /// `F` must be the C signature of `name`.
-    unsafe fn get<F: Copy>(&self, name: &CStr) -> anyhow::Result<F> {
-        // SAFETY: live handle, NUL-terminated name.
-        let p = unsafe { libc::dlsym(self.0, name.as_ptr()) };
-        if p.is_null() {
-            bail!("missing {}", name.to_string_lossy());
-        }
-        // SAFETY: caller guarantees F is a function pointer type of this symbol.
-        Ok(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
-    }
-}
-
-type Init = unsafe extern "C" fn(c_uint) -> u32;
-type Version = unsafe extern "C" fn(*mut c_int) -> u32;
-type DeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> u32;
-type Retain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> u32;
-type SetCurrent = unsafe extern "C" fn(*mut c_void) -> u32;
-type Load = unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> u32;
-type GetFn = unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const i8) -> u32;
-type Alloc = unsafe extern "C" fn(*mut u64, usize) -> u32;
-type Free = unsafe extern "C" fn(u64) -> u32;
-type Sync = unsafe extern "C" fn() -> u32;
-type HtoDAsync = unsafe extern "C" fn(u64, *const c_void, usize, *mut c_void) -> u32;
-type Launch = unsafe extern "C" fn(
-    *mut c_void,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    *mut c_void,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> u32;
-
-/// An empty `fill_f32` for a real GPU; the fake driver ignores the image and runs its own.
-const PTX: &CStr = c".version 7.0
-.target sm_50
-.address_size 64
-.visible .entry fill_f32(.param .u64 p0, .param .f32 p1, .param .u64 p2) { ret; }
-";
-
-fn check(what: &str, r: u32) -> anyhow::Result<()> {
-    if r != 0 {
-        bail!("{what} returned CUresult {r}");
-    }
-    Ok(())
-}
-
 fn beside_exe(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("locating this executable")?;
     let dir = exe.parent().context("executable has no directory")?;
@@ -252,14 +167,6 @@ fn revoke_and_wait(server: &LeaseServer, pid: u32) -> anyhow::Result<()> {
         bail!("revocation did not complete: {:?}", server.status());
     }
     Ok(())
-}
-
-/// CLOCK_MONOTONIC in ns (what `perf ... -k mono` stamps its events with).
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: valid output pointer; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
 }
 
 /// The benchmark's kernel process, killed if the benchmark ends early.
@@ -522,198 +429,5 @@ fn measure(args: &Args) -> anyhow::Result<Report> {
         evict_gib_s,
         restore_gib_s,
         evict_mib: args.evict_mib,
-    })
-}
-
-/// The child's driver entry points: straight into the driver, and through the shim.
-struct Calls {
-    d_launch: Launch,
-    d_copy: HtoDAsync,
-    s_launch: Launch,
-    s_copy: HtoDAsync,
-    s_sync: Sync,
-    s_alloc: Alloc,
-    s_free: Free,
-    func: *mut c_void,
-    buf: u64,
-    /// Memory held for the eviction measurement.
-    held: u64,
-}
-
-/// The benchmark's kernel process: runs under the shim (`LD_PRELOAD`, set by the parent),
-/// answers one line per command read from stdin. Nothing else goes to stdout.
-fn child_main() -> anyhow::Result<()> {
-    let driver = std::env::var_os("NBOS_CUDA_DRIVER").context("NBOS_CUDA_DRIVER is not set")?;
-    let mut calls: Option<Calls> = None;
-    let mut out = std::io::stdout().lock();
-    for line in std::io::stdin().lock().lines() {
-        let line = line.context("reading a command")?;
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let answer = match (words.as_slice(), calls.as_mut()) {
-            (["exit"], _) => return Ok(()),
-            (["setup"], None) => match setup(Path::new(&driver)) {
-                Ok((c, s)) => {
-                    calls = Some(c);
-                    serde_json::to_string(&s).context("encoding the setup answer")
-                }
-                Err(e) => Err(e),
-            },
-            (["launch", batch, pairs], Some(c)) => paired(batch, pairs, c, true),
-            (["memcpy", batch, pairs], Some(c)) => paired(batch, pairs, c, false),
-            (["call"], Some(c)) => {
-                let t = monotonic_ns();
-                // SAFETY: cuCtxSynchronize through the shim with a current context; it blocks
-                // until the lease is granted again.
-                let r = unsafe { (c.s_sync)() };
-                let d = monotonic_ns().saturating_sub(t);
-                check("cuCtxSynchronize", r).map(|()| format!("{t} {d}"))
-            }
-            (["hold", bytes], Some(c)) => hold(bytes, c).map(|()| "ok".to_owned()),
-            (["release"], Some(c)) => {
-                // SAFETY: frees the allocation `hold` made (0 is a no-op for the driver).
-                let r = unsafe { (c.s_free)(c.held) };
-                c.held = 0;
-                check("cuMemFree_v2", r).map(|()| "ok".to_owned())
-            }
-            _ => Err(anyhow::anyhow!("unexpected command {line:?}")),
-        };
-        let text = answer.unwrap_or_else(|e| format!("error {e:#}"));
-        writeln!(out, "{text}").context("answering")?;
-        out.flush().context("answering")?;
-    }
-    Ok(())
-}
-
-/// Opens the shim as cudart would (`libcuda.so.1`, found first on `LD_LIBRARY_PATH`; it
-/// is the library `LD_PRELOAD` already loaded) and the driver by path, and prepares a
-/// context, the kernel to launch and a 4 KiB buffer through the shim.
-fn setup(driver: &Path) -> anyhow::Result<(Calls, Setup)> {
-    let shim = Lib::open(Path::new("libcuda.so.1"))?;
-    let direct = Lib::open(driver)?;
-    let fake = direct.has(c"fakeCudaIsTestDouble");
-    // SAFETY: every type below is the C signature of the named driver entry point.
-    let (
-        d_launch,
-        d_copy,
-        s_init,
-        s_version,
-        s_dev,
-        s_retain,
-        s_set,
-        s_load,
-        s_getfn,
-        s_alloc,
-        s_free,
-        s_sync,
-        s_launch,
-        s_copy,
-    ) = unsafe {
-        (
-            direct.get::<Launch>(c"cuLaunchKernel")?,
-            direct.get::<HtoDAsync>(c"cuMemcpyHtoDAsync_v2")?,
-            shim.get::<Init>(c"cuInit")?,
-            shim.get::<Version>(c"cuDriverGetVersion")?,
-            shim.get::<DeviceGet>(c"cuDeviceGet")?,
-            shim.get::<Retain>(c"cuDevicePrimaryCtxRetain")?,
-            shim.get::<SetCurrent>(c"cuCtxSetCurrent")?,
-            shim.get::<Load>(c"cuModuleLoadData")?,
-            shim.get::<GetFn>(c"cuModuleGetFunction")?,
-            shim.get::<Alloc>(c"cuMemAlloc_v2")?,
-            shim.get::<Free>(c"cuMemFree_v2")?,
-            shim.get::<Sync>(c"cuCtxSynchronize")?,
-            shim.get::<Launch>(c"cuLaunchKernel")?,
-            shim.get::<HtoDAsync>(c"cuMemcpyHtoDAsync_v2")?,
-        )
-    };
-    if !shim.has(c"cuGetProcAddress_v2") || shim.has(c"fakeCudaIsTestDouble") {
-        bail!("libcuda.so.1 on LD_LIBRARY_PATH is not the shim");
-    }
-    let (mut dev, mut ctx, mut module, mut func, mut buf, mut version) =
-        (0, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), 0u64, 0);
-    // SAFETY: driver API calls with valid output pointers to locals.
-    unsafe {
-        check("cuInit", s_init(0))?;
-        check("cuDriverGetVersion", s_version(&mut version))?;
-        check("cuDeviceGet", s_dev(&mut dev, 0))?;
-        check("cuDevicePrimaryCtxRetain", s_retain(&mut ctx, dev))?;
-        check("cuCtxSetCurrent", s_set(ctx))?;
-        check("cuModuleLoadData", s_load(&mut module, PTX.as_ptr().cast()))?;
-        check("cuModuleGetFunction", s_getfn(&mut func, module, c"fill_f32".as_ptr()))?;
-        check("cuMemAlloc_v2", s_alloc(&mut buf, 4096))?;
-    }
-    // The libraries stay loaded for the process's life (the handles are never closed).
-    let calls = Calls { d_launch, d_copy, s_launch, s_copy, s_sync, s_alloc, s_free, func, buf, held: 0 };
-    Ok((calls, Setup { version, fake }))
-}
-
-/// `pairs` pairs of timed loops of `batch` launches (or 4-byte copies), direct and through
-/// the shim back to back (the order alternating), as JSON [`Overhead`].
-fn paired(batch: &str, pairs: &str, c: &Calls, launches: bool) -> anyhow::Result<String> {
-    let batch: u32 = batch.parse().context("batch")?;
-    let pairs: u32 = pairs.parse().context("pairs")?;
-    anyhow::ensure!(batch > 0 && pairs > 0, "--batch and --batches must be at least 1");
-    let (mut p0, mut p1, mut p2) = (c.buf, 0f32, 0u64);
-    let mut params = [(&raw mut p0).cast::<c_void>(), (&raw mut p1).cast(), (&raw mut p2).cast()];
-    let pp = params.as_mut_ptr();
-    let host = [0u8; 4];
-    let null: *mut c_void = std::ptr::null_mut();
-    let no_extra: *mut *mut c_void = std::ptr::null_mut();
-    let (func, buf) = (c.func, c.buf);
-    let (d_launch, s_launch, d_copy, s_copy, s_sync) = (c.d_launch, c.s_launch, c.d_copy, c.s_copy, c.s_sync);
-    // ns per call of one loop, then an untimed synchronisation.
-    let time = |through_shim: bool| {
-        let t = Instant::now();
-        for _ in 0..batch {
-            // SAFETY: a valid launch (live function, parameters, context) or a 4-byte copy
-            // into the live 4 KiB buffer, into the driver or through the shim (lease held).
-            unsafe {
-                match (launches, through_shim) {
-                    (true, false) => d_launch(func, 1, 1, 1, 1, 1, 1, 0, null, pp, no_extra),
-                    (true, true) => s_launch(func, 1, 1, 1, 1, 1, 1, 0, null, pp, no_extra),
-                    (false, false) => d_copy(buf, host.as_ptr().cast(), 4, null),
-                    (false, true) => s_copy(buf, host.as_ptr().cast(), 4, null),
-                }
-            };
-        }
-        let ns = t.elapsed().as_nanos() as f64 / f64::from(batch);
-        // SAFETY: cuCtxSynchronize with a current context, lease held.
-        unsafe { s_sync() };
-        ns
-    };
-    let (mut direct, mut shim, mut added) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..pairs {
-        let (d, s) = if i % 2 == 0 {
-            let d = time(false);
-            (d, time(true))
-        } else {
-            let s = time(true);
-            (time(false), s)
-        };
-        direct.push(d);
-        shim.push(s);
-        added.push(s - d);
-    }
-    let o = Overhead {
-        direct_p50: percentile(&mut direct, 50.0),
-        shim_p50: percentile(&mut shim, 50.0),
-        added_p50: percentile(&mut added, 50.0),
-    };
-    serde_json::to_string(&o).context("encoding the figures")
-}
-
-/// Allocates `bytes` through the shim and fills them (the fake driver computes it).
-fn hold(bytes: &str, c: &mut Calls) -> anyhow::Result<()> {
-    let bytes: u64 = bytes.parse().context("bytes")?;
-    let size = usize::try_from(bytes).context("bytes")?;
-    let mut big = 0u64;
-    // SAFETY: valid output pointer; size within the configured fake GPU.
-    check("cuMemAlloc_v2", unsafe { (c.s_alloc)(&mut big, size) })?;
-    c.held = big;
-    let (mut b0, mut b1, mut b2) = (big, 1.0f32, bytes / 4);
-    let mut fill = [(&raw mut b0).cast::<c_void>(), (&raw mut b1).cast(), (&raw mut b2).cast()];
-    let null: *mut c_void = std::ptr::null_mut();
-    // SAFETY: fill_f32 over the whole allocation, through the shim.
-    check("cuLaunchKernel", unsafe {
-        (c.s_launch)(c.func, 1, 1, 1, 1, 1, 1, 0, null, fill.as_mut_ptr(), std::ptr::null_mut())
     })
 }
