@@ -10,7 +10,7 @@ use notebookosd::link::endpoint::{Endpoint, ENDPOINT_FILE};
 /// Where the daemon is and how to authenticate, as given on the command line or
 /// in the environment.
 #[derive(Debug, Clone, clap::Args)]
-pub struct Target {
+pub struct ConnectArgs {
     /// Base URL of the daemon's API. Default: the local daemon's endpoint file, else http://127.0.0.1:8888.
     #[arg(long, global = true, env = "NBOS_URL")]
     pub url: Option<String>,
@@ -45,7 +45,7 @@ pub const TOKEN_ENV: &str = "NBOS_TOKEN";
 /// The environment variable that carries the operator token itself.
 pub const OPERATOR_TOKEN_ENV: &str = "NBOS_OPERATOR_TOKEN";
 
-impl Target {
+impl ConnectArgs {
     /// Refuses a secret given on the command line, where every local user can read it.
     pub fn check(&self) -> anyhow::Result<()> {
         let refuse = |flag: &str, env: &str| {
@@ -124,7 +124,7 @@ pub struct Client {
 
 impl Client {
     /// Resolves `--url` and the token (`--token-file`, NBOS_TOKEN), falling back to the local daemon's endpoint file.
-    pub fn new(target: &Target) -> anyhow::Result<Self> {
+    pub fn new(target: &ConnectArgs) -> anyhow::Result<Self> {
         let endpoint = read_endpoint(&PathBuf::from(DEFAULT_RUNTIME_DIR).join(ENDPOINT_FILE));
         let url = match (&target.url, &endpoint) {
             (Some(u), _) => u.clone(),

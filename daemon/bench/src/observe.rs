@@ -26,7 +26,7 @@ use notebookosd::gpu::GpuInfo;
 use notebookosd::kernel::shim_env::{self, ShimEnvironment};
 use notebookosd::lease::metrics::LeaseMetrics;
 use notebookosd::lease::table::Policy;
-use notebookosd::lease::{KernelProcess, LeaseServer, LeaseServerConfig};
+use notebookosd::lease::{RegisteredProcess, LeaseServer, LeaseServerConfig};
 
 /// Options of `nbos bench observe`.
 #[derive(Debug, clap::Args)]
@@ -165,7 +165,7 @@ fn measure(args: &Args) -> anyhow::Result<BenchReport> {
     let uid = unsafe { libc::getuid() };
     // Registered before the child's first driver call, as the daemon does.
     let mut register = |pid: u32| -> Result<(), BenchError> {
-        server.register_process(KernelProcess { kernel_id: "bench-observe".into(), replica: 0, pid, uid, gpus: 1 });
+        server.register_process(RegisteredProcess { kernel_id: "bench-observe".into(), replica: 0, pid, uid, gpus: 1 });
         Ok(())
     };
     let report = nbos_ebpf::bench::run(&opts, &mut register).context("benchmarking the GPU activity observer")?;

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::client::{Client, HttpStatus, Target};
+use crate::client::{Client, HttpStatus, ConnectArgs};
 use notebookosd::cluster::control::meta::{ClusterStatus, LeaveReport};
 use notebookosd::cluster::control::records::KernelRecord;
 
@@ -59,7 +59,7 @@ pub struct LeaveArgs {
 const STATUS: &str = "/api/v1/cluster/status";
 
 /// Runs a `nbos cluster` subcommand.
-pub fn run(target: &Target, cmd: ClusterCmd) -> anyhow::Result<()> {
+pub fn run(target: &ConnectArgs, cmd: ClusterCmd) -> anyhow::Result<()> {
     let client = Client::new(target)?;
     match cmd {
         ClusterCmd::Status(a) => {

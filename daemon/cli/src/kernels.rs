@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use crate::client::{Client, Target};
+use crate::client::{Client, ConnectArgs};
 use nbos_sched::host::Snapshot;
 use notebookosd::kernel::KernelModel;
 
@@ -15,7 +15,7 @@ pub struct Args {
 }
 
 /// Fetches and prints the kernels.
-pub fn run(target: &Target, args: Args) -> anyhow::Result<()> {
+pub fn run(target: &ConnectArgs, args: Args) -> anyhow::Result<()> {
     let client = Client::new(target)?;
     let cluster = cluster_view(&client)?;
     let kernels: Vec<KernelModel> = client.get_json("/api/kernels")?;

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use nbos_cli::{self as cli, client::Target, NotYet};
+use nbos_cli::{self as cli, client::ConnectArgs, NotYet};
 
 /// Operate a NotebookOS host: status, kernels, benchmarks, simulation.
 #[derive(Debug, Parser)]
@@ -14,7 +14,7 @@ use nbos_cli::{self as cli, client::Target, NotYet};
 )]
 struct Args {
     #[command(flatten)]
-    target: Target,
+    target: ConnectArgs,
     #[command(subcommand)]
     cmd: Cmd,
 }

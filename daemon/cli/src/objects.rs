@@ -4,7 +4,7 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use crate::client::{Client, Target};
+use crate::client::{Client, ConnectArgs};
 use notebookosd::cluster::cells::objects::collector::{GcReport, GC_PATH, OBJECTS_PATH};
 
 /// `nbos objects …`.
@@ -41,7 +41,7 @@ pub struct GcArgs {
 const GC_CALL_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Runs a `nbos objects` subcommand.
-pub fn run(target: &Target, cmd: ObjectsCmd) -> anyhow::Result<()> {
+pub fn run(target: &ConnectArgs, cmd: ObjectsCmd) -> anyhow::Result<()> {
     let client = Client::new(target)?.with_timeout(GC_CALL_TIMEOUT);
     let (report, json): (GcReport, bool) = match cmd {
         ObjectsCmd::Status(a) => (client.get_json(OBJECTS_PATH)?, a.json),

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use crate::client::{Client, Target};
+use crate::client::{Client, ConnectArgs};
 use notebookosd::status::NodeStatus;
 
 /// Options of `nbos status`.
@@ -14,7 +14,7 @@ pub struct Args {
 }
 
 /// Fetches and prints the status.
-pub fn run(target: &Target, args: Args) -> anyhow::Result<()> {
+pub fn run(target: &ConnectArgs, args: Args) -> anyhow::Result<()> {
     let client = Client::new(target)?;
     let status: NodeStatus = client.get_json("/api/v1/status")?;
     if args.json {

@@ -23,7 +23,7 @@ pub struct ReplicaAt {
 
 /// A host that could receive the replica.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Target {
+pub struct CandidateHost {
     /// Node id.
     pub node_id: u64,
     /// GPUs on the host.
@@ -46,7 +46,7 @@ pub struct Migration {
 }
 
 /// Whether `t` can take a replica of a kernel asking for `gpus` and run its cell now.
-pub fn eligible(t: &Target, gpus: u32, ratio: f64, kernel_hosts: &[u64]) -> bool {
+pub fn eligible(t: &CandidateHost, gpus: u32, ratio: f64, kernel_hosts: &[u64]) -> bool {
     !kernel_hosts.contains(&t.node_id)
         && t.gpus_available >= gpus
         && t.gpus_total >= gpus
@@ -55,7 +55,7 @@ pub fn eligible(t: &Target, gpus: u32, ratio: f64, kernel_hosts: &[u64]) -> bool
 
 /// Chooses the migration for a cell needing `gpus` GPUs of a kernel whose replicas are
 /// `replicas`, among `hosts` (the live hosts; those holding a replica are skipped).
-pub fn choose(replicas: &[ReplicaAt], hosts: &[Target], gpus: u32, ratio: f64) -> Option<Migration> {
+pub fn choose(replicas: &[ReplicaAt], hosts: &[CandidateHost], gpus: u32, ratio: f64) -> Option<Migration> {
     let kernel_hosts: Vec<u64> = replicas.iter().map(|r| r.node_id).collect();
     let to = hosts
         .iter()
@@ -70,8 +70,8 @@ mod tests {
     use super::*;
     use crate::prop::cases;
 
-    fn t(node_id: u64, gpus_available: u32, subscribed_gpus: u32) -> Target {
-        Target { node_id, gpus_total: 8, gpus_available, subscribed_gpus }
+    fn t(node_id: u64, gpus_available: u32, subscribed_gpus: u32) -> CandidateHost {
+        CandidateHost { node_id, gpus_total: 8, gpus_available, subscribed_gpus }
     }
 
     fn r(replica: u32, node_id: u64, host_subscribed: u32) -> ReplicaAt {
@@ -100,8 +100,8 @@ mod tests {
     fn property_the_choice_is_valid_complete_and_order_independent() {
         cases(500, |g| {
             let n = g.u32(1, 12);
-            let mut hosts: Vec<Target> = (1..=u64::from(n))
-                .map(|id| Target {
+            let mut hosts: Vec<CandidateHost> = (1..=u64::from(n))
+                .map(|id| CandidateHost {
                     node_id: id,
                     gpus_total: 8,
                     gpus_available: g.u32(0, 8),

@@ -51,21 +51,21 @@ pub async fn channels(
     // front-ends reach this host's replica through the internal router).
     let target = match &mode {
         Some(mode) => match mode.cluster.kernel(&id).await {
-            Ok(Some(record)) => Some(Target::Front(mode.frontends.open(&record))),
+            Ok(Some(record)) => Some(ChannelsPeer::Front(mode.frontends.open(&record))),
             Ok(None) => None,
             Err(e) => {
                 return ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: format!("meta store: {e}") }
                     .into_response()
             }
         },
-        None => st.kernels.get(&id).await.map(|k| Target::Local(k, None)),
+        None => st.kernels.get(&id).await.map(|k| ChannelsPeer::Local(k, None)),
     };
     let Some(target) = target else { return ApiError::no_kernel(&id).into_response() };
     upgrade(st, target, req).await
 }
 
 /// Upgrades `req` to the WebSocket of `target` (within the limits on sockets).
-pub(super) async fn upgrade(st: Arc<AppState>, target: Target, req: Request) -> Response {
+pub(super) async fn upgrade(st: Arc<AppState>, target: ChannelsPeer, req: Request) -> Response {
     let slot = match st.limits.open_socket(target.id()) {
         Ok(slot) => slot,
         Err(refused) => return ApiError::from(refused).into_response(),
@@ -84,30 +84,30 @@ pub(super) async fn upgrade(st: Arc<AppState>, target: Target, req: Request) -> 
 }
 
 /// What a client socket talks to.
-pub(super) enum Target {
+pub(super) enum ChannelsPeer {
     /// A kernel hosted here (single-host mode, or this host's replica of a cluster kernel).
     Local(Arc<Kernel>, Option<Arc<ReplicaHost>>),
     /// This host's front-end of a cluster kernel.
     Front(Arc<FrontendKernel>),
 }
 
-impl Target {
+impl ChannelsPeer {
     fn id(&self) -> &str {
         match self {
-            Target::Local(k, _) => &k.id,
-            Target::Front(f) => &f.id,
+            ChannelsPeer::Local(k, _) => &k.id,
+            ChannelsPeer::Front(f) => &f.id,
         }
     }
 
     fn hub(&self) -> &Arc<Hub> {
         match self {
-            Target::Local(k, _) => &k.hub,
-            Target::Front(f) => &f.hub,
+            ChannelsPeer::Local(k, _) => &k.hub,
+            ChannelsPeer::Front(f) => &f.hub,
         }
     }
 }
 
-async fn serve(socket: WebSocket, target: Target, st: Arc<AppState>, v1: bool, _slot: SocketSlot) {
+async fn serve(socket: WebSocket, target: ChannelsPeer, st: Arc<AppState>, v1: bool, _slot: SocketSlot) {
     let limits = st.limits.config.clone();
     let (client, mut outgoing, replayed) = target.hub().connect_with_queue(limits.websocket_queued_messages);
     let id = target.id().to_owned();
@@ -220,10 +220,10 @@ async fn serve(socket: WebSocket, target: Target, st: Arc<AppState>, v1: bool, _
                     continue;
                 }
                 let forwarded = match &target {
-                    Target::Local(kernel, replicas) => {
+                    ChannelsPeer::Local(kernel, replicas) => {
                         super::cell::forward(&st, kernel, replicas.as_ref(), client, channel, msg).await
                     }
-                    Target::Front(front) => front.on_client_message(client, channel, msg),
+                    ChannelsPeer::Front(front) => front.on_client_message(client, channel, msg),
                 };
                 if let Err(e) = forwarded {
                     tracing::warn!(kernel = %id, error = format!("{e:#}"), "could not forward a message to the kernel");

@@ -25,7 +25,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
-use super::channels::{upgrade, Target};
+use super::channels::{upgrade, ChannelsPeer};
 use super::error::ApiError;
 use super::state::AppState;
 use super::{auth, cluster, kernels};
@@ -67,7 +67,7 @@ async fn channels(
     }
     let replicas = mode.map(|m| m.replicas.clone());
     match st.kernels.get(&id).await {
-        Some(k) => upgrade(st, Target::Local(k, replicas), req).await,
+        Some(k) => upgrade(st, ChannelsPeer::Local(k, replicas), req).await,
         None => ApiError::no_kernel(&id).into_response(),
     }
 }

@@ -12,6 +12,4 @@ pub use server::{
     ConnectionLimits, LeaseServer, LeaseServerConfig, LeaseServerError, ProcessStatus, RegisteredProcess,
 };
 
-/// The old name of [`RegisteredProcess`], kept until the cli crates move to the new one.
-pub type KernelProcess = RegisteredProcess;
 pub use table::LeaseState;

@@ -12,7 +12,7 @@
 //! command starts (the benches' [`crate::loopback`] cluster), or the one at `--url`.
 //! See "Replay against a real cluster" in `docs/simulator.md`.
 //!
-//! - [`clock`]: trace time ↔ real time; [`target`]: the cluster and its hosts;
+//! - [`clock`]: trace time ↔ real time; [`cluster`]: the cluster and its hosts;
 //! - [`session`]: one session as a kernel and its cells; [`sampler`]: GPU gauges over time;
 //! - [`report`]: the measurements as a simulator result, and the replay's own figures.
 
@@ -20,7 +20,7 @@ mod clock;
 mod report;
 mod sampler;
 mod session;
-mod target;
+mod cluster;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -31,7 +31,7 @@ use anyhow::{bail, Context as _};
 use self::clock::Clock;
 use self::report::{ClusterModel, Measured, COUNTERS};
 use self::sampler::{metric_sum, Sampler};
-use self::target::Target;
+use self::cluster::ReplayCluster;
 use nbos_sched::sim::{report as sim_report, Workload};
 use nbos_test_support::Options;
 
@@ -97,7 +97,7 @@ fn load(p: &Path) -> anyhow::Result<Workload> {
 }
 
 /// Sums the [`COUNTERS`] over the hosts (`None` where no host has one).
-fn counters(target: &Target) -> [Option<f64>; 3] {
+fn counters(target: &ReplayCluster) -> [Option<f64>; 3] {
     let mut out = [None; 3];
     for i in 0..target.hosts.len() {
         let Ok(text) = target.metrics(i) else { continue };
@@ -113,7 +113,7 @@ fn counters(target: &Target) -> [Option<f64>; 3] {
 /// Runs the workload's sessions on `target` and collects what they measured.
 fn replay(
     w: &Workload,
-    target: &Arc<Target>,
+    target: &Arc<ReplayCluster>,
     clock: Clock,
     sample_every: Duration,
     progress: &indicatif::ProgressBar,
@@ -149,7 +149,7 @@ fn replay(
 }
 
 /// Runs the subcommand against the cluster at `--url`, or a loopback one it starts.
-pub fn run(t: &crate::client::Target, a: Args) -> anyhow::Result<()> {
+pub fn run(t: &crate::client::ConnectArgs, a: Args) -> anyhow::Result<()> {
     if !(a.speedup.is_finite() && a.speedup > 0.0) {
         bail!("--speedup must be a positive number, got {}", a.speedup);
     }
@@ -165,9 +165,9 @@ pub fn run(t: &crate::client::Target, a: Args) -> anyhow::Result<()> {
     );
     let started = Instant::now();
     let target = if t.url.is_some() {
-        Target::remote(t)?
+        ReplayCluster::remote(t)?
     } else {
-        Target::local(
+        ReplayCluster::local(
             u64::try_from(a.hosts)?,
             Options {
                 fake_gpus: a.fake_gpus,

@@ -6,7 +6,7 @@
 use super::clock::Clock;
 use super::sampler::{integrate, Sample};
 use super::session::SessionRecord;
-use super::target::Host;
+use super::cluster::Host;
 use nbos_sched::sim::metrics::{round3, Point, Totals};
 use nbos_sched::sim::{Model, PolicyResult, Workload};
 use nbos_sched::Millis;

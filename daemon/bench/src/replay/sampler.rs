@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::clock::unix_us_now;
-use super::target::Target;
+use super::cluster::ReplayCluster;
 
 /// One sample of the whole cluster.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -55,7 +55,7 @@ pub struct Sampler {
 
 impl Sampler {
     /// Starts sampling `target`'s hosts every `period`.
-    pub fn start(target: Arc<Target>, period: Duration) -> Self {
+    pub fn start(target: Arc<ReplayCluster>, period: Duration) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {

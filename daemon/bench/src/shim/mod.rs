@@ -57,7 +57,7 @@ use notebookosd::gpu::GpuInfo;
 use notebookosd::kernel::shim_env::{self, ShimEnvironment};
 use notebookosd::lease::metrics::LeaseMetrics;
 use notebookosd::lease::table::Policy;
-use notebookosd::lease::{KernelProcess, LeaseServer, LeaseServerConfig, LeaseState};
+use notebookosd::lease::{RegisteredProcess, LeaseServer, LeaseServerConfig, LeaseState};
 
 /// Options of `nbos bench shim`.
 #[derive(Debug, clap::Args)]
@@ -366,7 +366,7 @@ fn measure(args: &Args) -> anyhow::Result<Report> {
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
     // Registered before the child's first driver call (`setup`), as the daemon does.
-    server.register_process(KernelProcess { kernel_id: "bench".into(), replica: 0, pid, uid, gpus: 1 });
+    server.register_process(RegisteredProcess { kernel_id: "bench".into(), replica: 0, pid, uid, gpus: 1 });
 
     let setup: Setup = serde_json::from_str(&child.ask("setup")?).context("the child's setup answer")?;
     let launch: Overhead = serde_json::from_str(&child.ask(&format!("launch {} {}", args.batch, args.batches))?)

@@ -29,7 +29,7 @@ pub struct InstallArgs {
 }
 
 /// Writes `kernels/<name>/kernel.json` that runs `nbos kernel-proxy`.
-pub fn install_kernelspec(target: &crate::client::Target, args: InstallArgs) -> anyhow::Result<()> {
+pub fn install_kernelspec(target: &crate::client::ConnectArgs, args: InstallArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         !args.name.is_empty() && args.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)),
         "kernelspec name {:?} must be letters, digits, '-', '_' or '.'",

@@ -80,7 +80,7 @@ pub struct Args {
 }
 
 /// Runs the proxy until the kernel is shut down.
-pub fn run(target: &crate::client::Target, args: Args) -> anyhow::Result<()> {
+pub fn run(target: &crate::client::ConnectArgs, args: Args) -> anyhow::Result<()> {
     let conn = ConnectionInfo::read(&args.connection_file)?;
     let runtime_dir = args.runtime_dir.clone().unwrap_or_else(default_runtime_dir);
     let urls: Vec<Option<&str>> = if args.gateways.is_empty() {

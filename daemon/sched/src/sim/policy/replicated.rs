@@ -285,12 +285,12 @@ impl Replicated {
                 host_subscribed: cx.c.host(h).subscribed,
             })
             .collect();
-        let targets: Vec<migrate::Target> =
+        let targets: Vec<migrate::CandidateHost> =
             cx.c.up_hosts()
                 .iter()
                 .map(|&h| {
                     let host = cx.c.host(h);
-                    migrate::Target {
+                    migrate::CandidateHost {
                         node_id: u64::from(h),
                         gpus_total: cx.c.gpus_per_host(),
                         gpus_available: host.sched.available(),

@@ -19,7 +19,7 @@ use super::error::{ClusterError, Result};
 use super::forward::{Authority, HttpMethod};
 use super::handle::Cluster;
 use crate::cluster::control::records::{self, keys, KernelRecord, MoveReason, MoveRecord, ReplicaRecord};
-use nbos_sched::migrate::{self, ReplicaAt, Target};
+use nbos_sched::migrate::{self, ReplicaAt, CandidateHost};
 use nbos_sched::placement;
 
 /// What `POST /api/v1/cluster/kernels/{id}/migrate` takes.
@@ -177,9 +177,9 @@ impl Cluster {
             .iter()
             .map(|r| ReplicaAt { replica: r.replica, node_id: r.node_id, host_subscribed: subscribed(r.node_id) })
             .collect();
-        let targets: Vec<Target> = hosts
+        let targets: Vec<CandidateHost> = hosts
             .iter()
-            .map(|(l, idle)| Target {
+            .map(|(l, idle)| CandidateHost {
                 node_id: l.node_id,
                 gpus_total: l.gpus_total,
                 gpus_available: *idle,

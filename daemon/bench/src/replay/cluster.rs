@@ -22,7 +22,7 @@ pub struct Host {
 }
 
 /// The cluster under replay.
-pub struct Target {
+pub struct ReplayCluster {
     /// Its hosts with GPUs (gateway-only hosts hold no GPU kernel and bill nothing here).
     pub hosts: Vec<Host>,
     gateways: Vec<GatewayClient>,
@@ -32,7 +32,7 @@ pub struct Target {
     _local: Option<TestCluster>,
 }
 
-impl Target {
+impl ReplayCluster {
     /// Starts a loopback cluster of `hosts` daemons and waits until it is ready.
     pub fn local(hosts: u64, options: Options) -> anyhow::Result<Self> {
         let cluster = TestCluster::launch(hosts, options).context("starting the loopback cluster")?;
@@ -43,7 +43,7 @@ impl Target {
     }
 
     /// An existing cluster, through the gateway and credentials of the command line.
-    pub fn remote(t: &crate::client::Target) -> anyhow::Result<Self> {
+    pub fn remote(t: &crate::client::ConnectArgs) -> anyhow::Result<Self> {
         let url = t.url.clone().context("--url names the cluster to replay against")?;
         let token = t.token()?;
         let mut gateway = GatewayClient::new(&url, token.clone());
