@@ -4,7 +4,7 @@
 //! The daemon connected to a new kernel's ports with zeromq's connect, whose retries back
 //! off to 30 s: on a loaded 2-core host a kernel that opened its ports late was reached
 //! only much later, or never before the deadline ("the kernel did not open its ports in
-//! time"). The unit test `kernel::replica::tests::a_kernel_that_opens_its_ports_late_is_reached_as_soon_as_it_does`
+//! time"). The unit test `kernel::ipykernel::tests::a_kernel_that_opens_its_ports_late_is_reached_as_soon_as_it_does`
 //! pins the mechanism; this test is what an operator sees.
 
 use std::process::Stdio;

@@ -18,7 +18,7 @@ use notebookosd::kernel::connection::ConnectionInfo;
 use notebookosd::kernel::hub::{Hub, Outgoing};
 use notebookosd::kernel::identity::{self, KernelUsers};
 use notebookosd::kernel::process::LaunchSpec;
-use notebookosd::kernel::replica::Replica;
+use notebookosd::kernel::ipykernel::Ipykernel;
 use notebookosd::link::client::GatewayClient;
 use notebookosd::link::token::read_token_file;
 use notebookosd::metrics::Metrics;
@@ -211,7 +211,7 @@ async fn bench(args: &Args) -> anyhow::Result<CellBench> {
         ..Default::default()
     };
     let replica =
-        Replica::start(0, &launch, ConnectionInfo::new_loopback("bench")?, hub.clone(), Arc::new(Metrics::new()))
+        Ipykernel::start(0, &launch, ConnectionInfo::new_loopback("bench")?, hub.clone(), Arc::new(Metrics::new()))
             .await?;
     let (client, mut direct_rx, _) = hub.connect();
 

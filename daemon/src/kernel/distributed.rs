@@ -21,7 +21,7 @@ use tokio::sync::{Mutex, RwLock};
 use super::connection::ConnectionInfo;
 use super::hub::{ClientId, Hub};
 use super::process::LaunchSpec;
-use super::replica::Replica;
+use super::ipykernel::Ipykernel;
 use crate::jupyter::message::{error_reply, iso_date};
 use crate::jupyter::{Channel, Message};
 use crate::metrics::Metrics;
@@ -75,7 +75,7 @@ pub struct Kernel {
     pub gpu_memory_mib: Option<u64>,
     /// Messages to and from clients.
     pub hub: Arc<Hub>,
-    replicas: RwLock<Vec<Arc<Replica>>>,
+    replicas: RwLock<Vec<Arc<Ipykernel>>>,
     launch: LaunchSpec,
     /// Serialises restart, death handling, shutdown and client sends: a send waits
     /// (FIFO) for a restart in progress and then goes to the new process.
@@ -156,7 +156,7 @@ impl Kernel {
             .with_context(|| format!("creating kernel directory {}", launch.dir.display()))?;
         let hub = Arc::new(Hub::new("starting", SystemTime::now()));
         let conn = ConnectionInfo::new_loopback(&name)?;
-        let replica = Arc::new(Replica::start(0, &launch, conn, hub.clone(), metrics.clone()).await?);
+        let replica = Arc::new(Ipykernel::start(0, &launch, conn, hub.clone(), metrics.clone()).await?);
         let kernel = Arc::new(Self {
             id,
             name,
@@ -296,7 +296,7 @@ impl Kernel {
 
     /// The replica that executes the next request. With one replica it is that one;
     /// with several, this is where the executor election's result is applied.
-    pub async fn executor(&self) -> anyhow::Result<Arc<Replica>> {
+    pub async fn executor(&self) -> anyhow::Result<Arc<Ipykernel>> {
         self.replicas.read().await.first().cloned().context("the kernel has no running replica")
     }
 
@@ -431,7 +431,7 @@ impl Kernel {
 
     /// Starts a new process (same key as `conn`, fresh ports; a new key without one) as
     /// the kernel's replica, retrying a start that lost a port race, and registers it.
-    async fn spawn_replica(self: &Arc<Self>, conn: Option<&ConnectionInfo>) -> anyhow::Result<Arc<Replica>> {
+    async fn spawn_replica(self: &Arc<Self>, conn: Option<&ConnectionInfo>) -> anyhow::Result<Arc<Ipykernel>> {
         let log = self.launch.dir.join("kernel.log");
         let mut attempt = 1;
         let replica = loop {
@@ -444,7 +444,7 @@ impl Kernel {
             // after the `restarting` status raced a kernel ready within ~250 ms (the notebook
             // kept showing "Starting"; docs/prewarm.md).
             let launch = LaunchSpec { prewarm: None, ..self.launch.clone() };
-            match Replica::start(0, &launch, conn, self.hub.clone(), self.metrics.clone()).await {
+            match Ipykernel::start(0, &launch, conn, self.hub.clone(), self.metrics.clone()).await {
                 Ok(r) => break Arc::new(r),
                 Err(e) if attempt < START_ATTEMPTS && lost_a_port_race(&e, &log, before) => {
                     tracing::warn!(kernel = %self.id, attempt, error = format!("{e:#}"), "a kernel port was taken while it restarted; retrying with fresh ports");
@@ -495,7 +495,7 @@ impl Kernel {
         }
     }
 
-    async fn stop_replica(&self, r: &Replica) {
+    async fn stop_replica(&self, r: &Ipykernel) {
         let msg = Message::new(
             "shutdown_request",
             "notebookosd",
@@ -512,7 +512,7 @@ impl Kernel {
         r.process.stop(SHUTDOWN_GRACE).await;
     }
 
-    async fn wait_ready(&self, r: &Replica) -> anyhow::Result<()> {
+    async fn wait_ready(&self, r: &Ipykernel) -> anyhow::Result<()> {
         let msg_id = uuid::Uuid::new_v4().to_string();
         let msg = Message::new(
             "kernel_info_request",

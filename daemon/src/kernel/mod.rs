@@ -36,7 +36,7 @@ pub mod port_owner;
 pub mod prewarm;
 pub mod process;
 pub mod registry;
-pub mod replica;
+pub mod ipykernel;
 pub mod sandbox;
 pub mod server_leases;
 pub mod shim_env;

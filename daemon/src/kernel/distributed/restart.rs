@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use super::Kernel;
 use crate::kernel::connection::ConnectionInfo;
-use crate::kernel::replica::Replica;
+use crate::kernel::ipykernel::Ipykernel;
 
 /// Restarts after deaths in a row, each within [`STABLE_START_TIME`] of its process's
 /// start; the next such death is final (jupyter_client's `restart_limit`, same count).
@@ -133,7 +133,7 @@ impl Kernel {
         self.run_exit_hook(pids);
     }
 
-    pub(super) fn watch_exit(self: &Arc<Self>, r: &Arc<Replica>) {
+    pub(super) fn watch_exit(self: &Arc<Self>, r: &Arc<Ipykernel>) {
         let weak_kernel = Arc::downgrade(self);
         let weak_replica = Arc::downgrade(r);
         tokio::spawn(async move {

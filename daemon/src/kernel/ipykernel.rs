@@ -1,4 +1,4 @@
-//! One replica of a kernel: an ipykernel process and the daemon's ZMQ sockets to it.
+//! One ipykernel process of a kernel and the daemon's ZMQ sockets to it.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -20,8 +20,8 @@ use crate::metrics::{DropLabels, Metrics};
 /// How long a new kernel process may take to accept connections.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A running replica.
-pub struct Replica {
+/// A running ipykernel process and the daemon's sockets to it.
+pub struct Ipykernel {
     /// Position in the kernel's replica set.
     pub index: usize,
     /// The ipykernel process (shared with the socket readers, which kill a kernel that
@@ -37,7 +37,7 @@ pub struct Replica {
     max_message_bytes: usize,
 }
 
-impl Drop for Replica {
+impl Drop for Ipykernel {
     fn drop(&mut self) {
         for r in &self.readers {
             r.abort();
@@ -45,13 +45,13 @@ impl Drop for Replica {
     }
 }
 
-impl std::fmt::Debug for Replica {
+impl std::fmt::Debug for Ipykernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Replica").field("index", &self.index).field("pid", &self.process.pid()).finish()
     }
 }
 
-impl Replica {
+impl Ipykernel {
     /// Starts the process and connects to all its channels; messages from it go to `hub`.
     pub async fn start(
         index: usize,
