@@ -7,8 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use nbos_test_support::{wait_for, Options, TestCluster, TOKEN};
 use nbos_test_support::cell_client::CellClient;
+use nbos_test_support::{wait_for, Options, TestCluster, TOKEN};
 use notebookosd::link::client::GatewayClient;
 
 fn nbos() -> std::path::PathBuf {

@@ -15,8 +15,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant, SystemTime};
 
-use nbos_test_support::{wait_for, Options, TestCluster, TOKEN};
 use nbos_test_support::cell_client::{CellClient, CellRun};
+use nbos_test_support::{wait_for, Options, TestCluster, TOKEN};
 use notebookosd::jupyter::{wire, Message, Signer};
 use notebookosd::kernel::connection::ConnectionInfo;
 use notebookosd::link::client::GatewayClient;

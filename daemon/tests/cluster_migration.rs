@@ -10,8 +10,8 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use nbos_test_support::{wait_for, Options, TestCluster, TOKEN};
 use nbos_test_support::cell_client::{CellClient, CellRun};
+use nbos_test_support::{wait_for, Options, TestCluster, TOKEN};
 use notebookosd::link::client::GatewayClient;
 
 const CELL_TIMEOUT: Duration = Duration::from_secs(120);

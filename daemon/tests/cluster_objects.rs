@@ -12,8 +12,8 @@ mod s3;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use nbos_test_support::{wait_for, Options, TestCluster, TOKEN};
 use nbos_test_support::cell_client::{CellClient, CellRun};
+use nbos_test_support::{wait_for, Options, TestCluster, TOKEN};
 use notebookosd::link::client::GatewayClient;
 use s3::{Fault, FaultProxy, S3Server};
 

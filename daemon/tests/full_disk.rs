@@ -24,8 +24,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use nbos_test_support::{wait_for, Options, TestCluster, TOKEN};
 use nbos_test_support::cell_client::{executed_revision, CellClient, CellRun};
+use nbos_test_support::{wait_for, Options, TestCluster, TOKEN};
 use notebookosd::link::client::GatewayClient;
 
 const CELL_TIMEOUT: Duration = Duration::from_secs(90);

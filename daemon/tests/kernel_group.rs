@@ -181,13 +181,13 @@ mod sync {
     use std::time::{Duration, Instant, SystemTime};
 
     use notebookosd::cluster::cells::objects::Objects;
-    use notebookosd::cluster::control::records::keys;
     use notebookosd::cluster::cells::replica_host::{Handled, ReplicaHost};
     use notebookosd::cluster::cells::state_sync::{self, namespace_digest, SyncConfig};
+    use notebookosd::cluster::control::records::keys;
     use notebookosd::jupyter::{Channel, Message};
     use notebookosd::kernel::binding::{Binder, LeaseControl, LogOnlyLeases};
     use notebookosd::kernel::hub::{ClientId, Outgoing};
-    use notebookosd::kernel::{Kernel, Kernels};
+    use notebookosd::kernel::{Kernels, LocalKernel};
     use notebookosd::metrics::Metrics;
     use tokio::sync::mpsc;
 
@@ -204,7 +204,7 @@ mod sync {
         node: u64,
         kernels: Arc<Kernels>,
         host: Arc<ReplicaHost>,
-        kernel: Arc<Kernel>,
+        kernel: Arc<LocalKernel>,
         client: ClientId,
         rx: mpsc::Receiver<Outgoing>,
     }
@@ -239,7 +239,7 @@ mod sync {
         kernels: &Kernels,
         host: &ReplicaHost,
         node: u64,
-    ) -> (Arc<Kernel>, ClientId, mpsc::Receiver<Outgoing>) {
+    ) -> (Arc<LocalKernel>, ClientId, mpsc::Receiver<Outgoing>) {
         start_replica_with(kernels, host, node, 0).await
     }
 
@@ -248,7 +248,7 @@ mod sync {
         host: &ReplicaHost,
         node: u64,
         gpus: u32,
-    ) -> (Arc<Kernel>, ClientId, mpsc::Receiver<Outgoing>) {
+    ) -> (Arc<LocalKernel>, ClientId, mpsc::Receiver<Outgoing>) {
         let replica = u32::try_from(node).expect("small");
         let kernel = kernels.create_replica(KERNEL, replica, None, Some(gpus), &[]).await.expect("start replica");
         host.attach(kernel.clone(), replica, GROUP);
@@ -637,10 +637,10 @@ mod supervised {
     use std::time::{Duration, Instant, SystemTime};
 
     use notebookosd::cluster::cells::objects::Objects;
-    use notebookosd::cluster::control::records::{self, keys, KernelRecord, LoadRecord, RunningRecord};
     use notebookosd::cluster::cells::replica_host::ReplicaHost;
     use notebookosd::cluster::cells::state_sync::{namespace_digest, SyncConfig};
     use notebookosd::cluster::cells::supervisor::Supervisor;
+    use notebookosd::cluster::control::records::{self, keys, KernelRecord, LoadRecord, RunningRecord};
     use notebookosd::cluster::{Cluster, ClusterSettings, KernelSpec};
     use notebookosd::jupyter::{Channel, Message};
     use notebookosd::kernel::binding::{Binder, LogOnlyLeases};

@@ -65,8 +65,9 @@ fn an_s3_prefix_holds_every_key_and_two_prefixes_are_kept_apart() {
             },
             "each store's keys are under its URL's prefix"
         );
-        let names =
-            |l: Vec<notebookosd::cluster::cells::objects::StoredObject>| l.into_iter().map(|o| o.sha256).collect::<Vec<_>>();
+        let names = |l: Vec<notebookosd::cluster::cells::objects::StoredObject>| {
+            l.into_iter().map(|o| o.sha256).collect::<Vec<_>>()
+        };
         assert_eq!(names(a.list().await.expect("list a")), vec![sa.clone()], "a lists only its own");
         assert_eq!(names(b.list().await.expect("list b")), vec![sb.clone()]);
         // The unprefixed store lists `objects/` at the root only, not the clusters' objects.

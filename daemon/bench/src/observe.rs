@@ -26,7 +26,7 @@ use notebookosd::gpu::GpuInfo;
 use notebookosd::kernel::shim_env::{self, ShimEnvironment};
 use notebookosd::lease::metrics::LeaseMetrics;
 use notebookosd::lease::table::Policy;
-use notebookosd::lease::{RegisteredProcess, LeaseServer, LeaseServerConfig};
+use notebookosd::lease::{LeaseServer, LeaseServerConfig, RegisteredProcess};
 
 /// Options of `nbos bench observe`.
 #[derive(Debug, clap::Args)]

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::client::{Client, HttpStatus, ConnectArgs};
+use crate::client::{Client, ConnectArgs, HttpStatus};
 use notebookosd::cluster::control::meta::{ClusterStatus, LeaveReport};
 use notebookosd::cluster::control::records::KernelRecord;
 

@@ -10,12 +10,12 @@ use super::state::AppState;
 use crate::cluster::cells::replica_host::{Handled, ReplicaHost};
 use crate::jupyter::{Channel, Message};
 use crate::kernel::hub::ClientId;
-use crate::kernel::Kernel;
+use crate::kernel::LocalKernel;
 
 /// Forwards a client message to the kernel's executing replica (or to binding).
 pub async fn forward(
     st: &AppState,
-    kernel: &Arc<Kernel>,
+    kernel: &Arc<LocalKernel>,
     replicas: Option<&Arc<ReplicaHost>>,
     client: ClientId,
     channel: Channel,

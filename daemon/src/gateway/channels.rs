@@ -29,7 +29,7 @@ use crate::cluster::cells::replica_host::ReplicaHost;
 use crate::gateway::limits::{SocketSlot, INFLIGHT_WAIT};
 use crate::jupyter::{ws, Channel, Message, WireError};
 use crate::kernel::hub::{ClientId, Hub};
-use crate::kernel::Kernel;
+use crate::kernel::LocalKernel;
 use crate::metrics::DropLabels;
 
 /// The upgrade handler.
@@ -86,7 +86,7 @@ pub(super) async fn upgrade(st: Arc<AppState>, target: ChannelsPeer, req: Reques
 /// What a client socket talks to.
 pub(super) enum ChannelsPeer {
     /// A kernel hosted here (single-host mode, or this host's replica of a cluster kernel).
-    Local(Arc<Kernel>, Option<Arc<ReplicaHost>>),
+    Local(Arc<LocalKernel>, Option<Arc<ReplicaHost>>),
     /// This host's front-end of a cluster kernel.
     Front(Arc<FrontendKernel>),
 }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::oneshot;
 
 use super::hub::ClientId;
-use super::Kernel;
+use super::LocalKernel;
 use crate::jupyter::{Channel, Message};
 use crate::metrics::{Metrics, OutcomeLabels};
 use nbos_sched::host::{Action, HostScheduler};
@@ -85,7 +85,7 @@ pub enum Dispatch {
 
 /// A cell waiting for its GPUs.
 struct Waiting {
-    kernel: Arc<Kernel>,
+    kernel: Arc<LocalKernel>,
     client: ClientId,
     msg: Message,
     /// Told when the cell was written to the kernel (see [`Dispatch::Bound`]).
@@ -97,7 +97,7 @@ struct State {
     waiting: HashMap<String, Waiting>,
     /// Running GPU cells: cell id -> kernel id.
     running: HashMap<String, String>,
-    kernels: HashMap<String, Arc<Kernel>>,
+    kernels: HashMap<String, Arc<LocalKernel>>,
     /// Cells sent while the kernel already had one running or waiting: a kernel
     /// runs one cell at a time, so each is submitted when the previous one ends.
     backlog: HashMap<String, VecDeque<Waiting>>,
@@ -153,7 +153,7 @@ impl Binder {
     }
 
     /// Registers a kernel; refused when the host's subscription ratio would be exceeded.
-    pub fn add_kernel(&self, kernel: &Arc<Kernel>) -> Result<(), nbos_sched::Refusal> {
+    pub fn add_kernel(&self, kernel: &Arc<LocalKernel>) -> Result<(), nbos_sched::Refusal> {
         let mut st = self.lock();
         let now = self.now();
         st.sched.add_kernel(&kernel.id, kernel.gpus, now)?;
@@ -269,7 +269,7 @@ impl Binder {
     /// forwarded now, `None` when binding has taken care of it (queued or refused).
     pub fn on_client_message(
         self: &Arc<Self>,
-        kernel: &Arc<Kernel>,
+        kernel: &Arc<LocalKernel>,
         client: ClientId,
         channel: Channel,
         msg: Message,
@@ -281,7 +281,7 @@ impl Binder {
     /// written to the kernel ([`Dispatch::Bound`]).
     pub fn dispatch(
         self: &Arc<Self>,
-        kernel: &Arc<Kernel>,
+        kernel: &Arc<LocalKernel>,
         client: ClientId,
         channel: Channel,
         msg: Message,
@@ -295,7 +295,7 @@ impl Binder {
 
     fn take(
         self: &Arc<Self>,
-        kernel: &Arc<Kernel>,
+        kernel: &Arc<LocalKernel>,
         client: ClientId,
         channel: Channel,
         msg: Message,

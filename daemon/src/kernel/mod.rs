@@ -1,14 +1,15 @@
-//! Kernel hosting: ipykernel processes, their connection files and sockets, and
-//! the kernel object clients talk to (a router over the kernel's replicas).
+//! Kernel hosting on this host: ipykernel processes, their connection files and sockets,
+//! confinement, and the [`LocalKernel`] each kernel (or each replica of a cluster kernel)
+//! runs as here.
 //!
 //! - [`connection`]: ports and the random HMAC key of one process.
 //! - [`process`]: spawn, signal, wait.
 //! - [`prewarm`]: the pool of pre-warmed kernel processes new replicas take over.
-//! - [`replica`]: one process plus the daemon's ZMQ sockets to it.
+//! - [`ipykernel`]: one ipykernel process plus the daemon's ZMQ sockets to it.
 //! - [`sockets`]: the options (a message size cap) of every ZMQ socket.
 //! - [`port_owner`]: whether the listener on a kernel's port is the kernel's own.
 //! - [`hub`]: routing to clients, replay buffer for disconnected clients.
-//! - [`distributed`]: the distributed kernel (replicas + executor choice).
+//! - [`local_kernel`]: a kernel's process on this host (ipykernel, hub, heartbeat, restarts).
 //! - [`binding`]: per-cell GPU binding (scheduler core + lease control).
 //! - [`cgroup`]: per-kernel memory cgroups (v2, v1 or none).
 //! - [`device_cgroup`]: per-kernel cgroup with the GPU device guard (eBPF) attached.
@@ -26,17 +27,17 @@ pub mod cgroup;
 pub mod client_env;
 pub mod connection;
 pub mod device_cgroup;
-pub mod distributed;
 pub mod home;
 pub mod hub;
 pub mod id;
 pub mod identity;
+pub mod ipykernel;
+pub mod local_kernel;
 pub mod orphans;
 pub mod port_owner;
 pub mod prewarm;
 pub mod process;
 pub mod registry;
-pub mod ipykernel;
 pub mod sandbox;
 pub mod server_leases;
 pub mod shim_env;
@@ -44,6 +45,6 @@ pub mod sockets;
 pub mod spec;
 pub mod uid_leftovers;
 
-pub use distributed::{Kernel, KernelModel};
 pub use id::is_kernel_id;
+pub use local_kernel::{KernelModel, LocalKernel};
 pub use registry::Kernels;

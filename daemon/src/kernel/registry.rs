@@ -9,8 +9,8 @@ use tokio::sync::RwLock;
 use super::binding::Binder;
 use super::cgroup::{self, KernelCgroup, Limits};
 use super::device_cgroup::SharedDeviceCgroups;
-use super::distributed::{Kernel, KernelModel};
 use super::identity::{self, KernelUsers};
+use super::local_kernel::{KernelModel, LocalKernel};
 use super::prewarm::{PoolSettings, PrewarmPool};
 use super::process::{LaunchSpec, PrepareHook, ProcessSource};
 use super::sockets::MessageCap;
@@ -81,7 +81,7 @@ pub(crate) fn host_tag(kernels_dir: &std::path::Path) -> String {
 
 /// The kernels of this host.
 pub struct Kernels {
-    map: RwLock<HashMap<String, Arc<Kernel>>>,
+    map: RwLock<HashMap<String, Arc<LocalKernel>>>,
     python: PathBuf,
     dir: PathBuf,
     extra_env: Vec<(String, String)>,
@@ -241,7 +241,7 @@ impl Kernels {
         name: Option<&str>,
         gpus: Option<u32>,
         env: &[(String, String)],
-    ) -> Result<Arc<Kernel>, CreateError> {
+    ) -> Result<Arc<LocalKernel>, CreateError> {
         self.start_kernel(&uuid::Uuid::new_v4().to_string(), 0, name, gpus, env, true).await
     }
 
@@ -256,7 +256,7 @@ impl Kernels {
         name: Option<&str>,
         gpus: Option<u32>,
         env: &[(String, String)],
-    ) -> Result<Arc<Kernel>, CreateError> {
+    ) -> Result<Arc<LocalKernel>, CreateError> {
         self.start_kernel(id, replica, name, gpus, env, false).await
     }
 
@@ -268,7 +268,7 @@ impl Kernels {
         gpus: Option<u32>,
         env: &[(String, String)],
         auto_restart: bool,
-    ) -> Result<Arc<Kernel>, CreateError> {
+    ) -> Result<Arc<LocalKernel>, CreateError> {
         // Before anything else: the id becomes the kernel's directory and cgroup name.
         if !super::id::is_kernel_id(id) {
             return Err(CreateError::BadKernelId(id.chars().take(64).collect()));
@@ -354,7 +354,8 @@ impl Kernels {
         }
         self.metrics.kernels_started_total.inc();
         let dir = launch.dir.clone();
-        let started = Kernel::start(id.clone(), name.to_owned(), gpus, gpu_memory_mib, launch, self.metrics.clone());
+        let started =
+            LocalKernel::start(id.clone(), name.to_owned(), gpus, gpu_memory_mib, launch, self.metrics.clone());
         let kernel = match started.await {
             Ok(k) => k,
             Err(e) => {
@@ -386,7 +387,7 @@ impl Kernels {
     }
 
     /// Wires a kernel's messages and death to binding and metrics.
-    fn observe(&self, kernel: &Arc<Kernel>) {
+    fn observe(&self, kernel: &Arc<LocalKernel>) {
         let binder = Arc::downgrade(&self.binder);
         let metrics = self.metrics.clone();
         let id = kernel.id.clone();
@@ -464,7 +465,7 @@ impl Kernels {
     }
 
     /// A kernel by id.
-    pub async fn get(&self, id: &str) -> Option<Arc<Kernel>> {
+    pub async fn get(&self, id: &str) -> Option<Arc<LocalKernel>> {
         self.map.read().await.get(id).cloned()
     }
 

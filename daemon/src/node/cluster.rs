@@ -33,13 +33,13 @@ pub(super) async fn start_cluster(
     inventory: &gpu::Inventory,
     kernels: Arc<Kernels>,
 ) -> anyhow::Result<ClusterNode> {
-    use crate::cluster::control::autoscale::provider::ExecProvider;
     use crate::cluster::cells::objects::collector::Collector;
     use crate::cluster::cells::objects::{Objects, S3Options};
-    use crate::cluster::control::records::{GpuRecord, LoadRecord};
     use crate::cluster::cells::replica_host::ReplicaHost;
     use crate::cluster::cells::state_sync::SyncConfig;
     use crate::cluster::cells::supervisor::Supervisor;
+    use crate::cluster::control::autoscale::provider::ExecProvider;
+    use crate::cluster::control::records::{GpuRecord, LoadRecord};
     use crate::config::AutoscaleProvider;
     use raft_store::{RaftStore, StoreConfig, TransportSecurity};
 

@@ -17,10 +17,10 @@
 //! - [`report`]: the measurements as a simulator result, and the replay's own figures.
 
 mod clock;
+mod cluster;
 mod report;
 mod sampler;
 mod session;
-mod cluster;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,9 +29,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 
 use self::clock::Clock;
+use self::cluster::ReplayCluster;
 use self::report::{ClusterModel, Measured, COUNTERS};
 use self::sampler::{metric_sum, Sampler};
-use self::cluster::ReplayCluster;
 use nbos_sched::sim::{report as sim_report, Workload};
 use nbos_test_support::Options;
 

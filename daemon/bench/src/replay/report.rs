@@ -4,9 +4,9 @@
 //! model this cluster).
 
 use super::clock::Clock;
+use super::cluster::Host;
 use super::sampler::{integrate, Sample};
 use super::session::SessionRecord;
-use super::cluster::Host;
 use nbos_sched::sim::metrics::{round3, Point, Totals};
 use nbos_sched::sim::{Model, PolicyResult, Workload};
 use nbos_sched::Millis;

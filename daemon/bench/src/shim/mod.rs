@@ -57,7 +57,7 @@ use notebookosd::gpu::GpuInfo;
 use notebookosd::kernel::shim_env::{self, ShimEnvironment};
 use notebookosd::lease::metrics::LeaseMetrics;
 use notebookosd::lease::table::Policy;
-use notebookosd::lease::{RegisteredProcess, LeaseServer, LeaseServerConfig, LeaseState};
+use notebookosd::lease::{LeaseServer, LeaseServerConfig, LeaseState, RegisteredProcess};
 
 /// Options of `nbos bench shim`.
 #[derive(Debug, clap::Args)]

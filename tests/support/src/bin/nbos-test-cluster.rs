@@ -7,8 +7,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
 use anyhow::Context;
+use clap::Parser;
 use nbos_test_support::config::DaemonConfig;
 use nbos_test_support::layout::{Layout, Options, PortBases};
 

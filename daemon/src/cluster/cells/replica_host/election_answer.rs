@@ -16,7 +16,7 @@ use crate::cluster::cells::election::{self, Decision, Outcome, Proposer};
 use crate::cluster::control::records::{ElectionRecord, RunningRecord};
 use crate::jupyter::{Channel, Message};
 use crate::kernel::hub::ClientId;
-use crate::kernel::Kernel;
+use crate::kernel::LocalKernel;
 
 /// What [`ReplicaHost::handle_execute`] did with a message.
 #[derive(Debug)]
@@ -65,7 +65,12 @@ pub fn election_request(msg: &Message) -> Option<Result<ElectionRequest, String>
 impl ReplicaHost {
     /// Handles a client message for a local kernel: election requests are answered
     /// here (and won cells run from here); anything else passes through unchanged.
-    pub async fn handle_execute(self: &Arc<Self>, kernel: &Arc<Kernel>, client: ClientId, msg: Message) -> Handled {
+    pub async fn handle_execute(
+        self: &Arc<Self>,
+        kernel: &Arc<LocalKernel>,
+        client: ClientId,
+        msg: Message,
+    ) -> Handled {
         let Ok(header) = msg.header() else { return Handled::PassThrough(msg) };
         if header.msg_type != "execute_request" {
             return Handled::PassThrough(msg);
@@ -165,7 +170,7 @@ impl ReplicaHost {
         Handled::Handled
     }
 
-    fn answer_error(&self, kernel: &Kernel, client: ClientId, msg: &Message, reason: &str) {
+    fn answer_error(&self, kernel: &LocalKernel, client: ClientId, msg: &Message, reason: &str) {
         let election = serde_json::json!({ "outcome": "error", "reason": reason, "node_id": self.node_id });
         kernel.hub.release(client, Channel::Shell, outcome_reply(msg, election, not_run_content()), SystemTime::now());
     }

@@ -52,7 +52,7 @@ use super::objects::Objects;
 use super::state_sync::{self, Applier, NsCell, SyncConfig};
 use super::sync_metrics::SyncMetrics;
 use crate::cluster::control::records::keys;
-use crate::kernel::{Kernel, Kernels};
+use crate::kernel::{Kernels, LocalKernel};
 
 /// One row of `GET /api/v1/cluster/replicas`: a replica hosted here.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -139,7 +139,7 @@ impl ReplicaHost {
     }
 
     /// Starts following `kernel`'s group as replica `replica` and registers it here.
-    pub fn attach(&self, kernel: Arc<Kernel>, replica: u32, group: u64) -> Arc<LocalReplica> {
+    pub fn attach(&self, kernel: Arc<LocalKernel>, replica: u32, group: u64) -> Arc<LocalReplica> {
         let me = Proposer { replica, node_id: self.node_id };
         let applier = Applier::start(
             kernel.clone(),

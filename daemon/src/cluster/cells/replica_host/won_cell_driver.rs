@@ -16,7 +16,7 @@ use crate::cluster::control::records::{decode, keys, ElectionRecord, RunningReco
 use crate::jupyter::{Channel, Message};
 use crate::kernel::binding::Dispatch;
 use crate::kernel::hub::ClientId;
-use crate::kernel::Kernel;
+use crate::kernel::LocalKernel;
 
 /// How long a won cell waits for the local namespace to catch up before it fails.
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -32,7 +32,7 @@ impl ReplicaHost {
     /// Runs a won cell: catch up, execute, export + commit, then release the reply.
     pub(super) async fn run_won(
         self: Arc<Self>,
-        kernel: Arc<Kernel>,
+        kernel: Arc<LocalKernel>,
         local: Arc<LocalReplica>,
         client: ClientId,
         msg: Message,
@@ -207,7 +207,7 @@ impl ReplicaHost {
     /// the kernel went away.
     async fn dispatch(
         &self,
-        kernel: &Arc<Kernel>,
+        kernel: &Arc<LocalKernel>,
         client: ClientId,
         msg: &Message,
     ) -> Result<Option<Dispatched>, String> {
@@ -231,7 +231,7 @@ impl ReplicaHost {
 }
 
 /// Resolves when the kernel has no live process (died or shut down).
-async fn wait_dead(kernel: &Kernel) {
+async fn wait_dead(kernel: &LocalKernel) {
     let mut every = tokio::time::interval(Duration::from_millis(500));
     loop {
         every.tick().await;

@@ -17,14 +17,14 @@ use crate::cluster::cells::election::Proposer;
 use crate::cluster::cells::objects::Objects;
 use crate::cluster::cells::sync_metrics::SyncMetrics;
 use crate::cluster::control::records::keys;
-use crate::kernel::Kernel;
+use crate::kernel::LocalKernel;
 
 /// The follower side of one local replica: applies committed cells to its kernel.
 pub struct Applier {
     applied: watch::Receiver<u64>,
     shared: Arc<Mutex<AppliedState>>,
     kv: Kv,
-    kernel: Arc<Kernel>,
+    kernel: Arc<LocalKernel>,
     kernel_timeout: Duration,
     task: tokio::task::JoinHandle<()>,
 }
@@ -46,7 +46,7 @@ impl Applier {
     /// store `kv` belongs to: while this node leads the group it hands leadership to the host
     /// of each cell's executor (see [`Run::follow_executor`]).
     pub fn start(
-        kernel: Arc<Kernel>,
+        kernel: Arc<LocalKernel>,
         store: RaftStore,
         kv: Kv,
         objects: Objects,

@@ -20,7 +20,7 @@ use crate::cluster::cells::election::Proposer;
 use crate::cluster::cells::objects::{sha256_hex, Objects};
 use crate::cluster::cells::sync_metrics::{ApplyLabels, SideLabels, SyncMetrics};
 use crate::cluster::control::records::{self, keys};
-use crate::kernel::Kernel;
+use crate::kernel::LocalKernel;
 
 /// Prefix the applier watches: `ns/` entries and the `ns-cell` marker.
 const WATCH_PREFIX: &str = "ns";
@@ -56,7 +56,7 @@ pub(super) struct AppliedState {
 
 /// The applier's task.
 pub(super) struct Run {
-    pub(super) kernel: Arc<Kernel>,
+    pub(super) kernel: Arc<LocalKernel>,
     pub(super) store: RaftStore,
     pub(super) kv: Kv,
     pub(super) objects: Objects,

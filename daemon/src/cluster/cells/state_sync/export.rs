@@ -18,7 +18,7 @@ use super::records::{NsCell, NsValue, Payload, RESET_PREFIX};
 use crate::cluster::cells::election::{Proposer, YIELD_PREFIX};
 use crate::cluster::cells::objects::{sha256_hex, Objects};
 use crate::cluster::control::records::{self, keys, RunningRecord};
-use crate::kernel::Kernel;
+use crate::kernel::LocalKernel;
 
 /// Total inline payload bytes a kernel group may hold: its snapshot travels as one
 /// 16 MiB frame, so half of that is the namespace's share; the rest spills to objects.
@@ -45,7 +45,7 @@ pub struct Exported {
 /// kernel group as one transaction. `applier` is the local replica's (caught up): it
 /// knows the group's inline total and last synchronised cell.
 pub async fn export_and_commit(
-    kernel: &Kernel,
+    kernel: &LocalKernel,
     kv: &Kv,
     objects: &Objects,
     cfg: &SyncConfig,

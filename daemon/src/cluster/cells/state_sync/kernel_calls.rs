@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::kernel::Kernel;
+use crate::kernel::LocalKernel;
 
 /// `s` as a Python string literal.
 pub(super) fn py_str(s: &str) -> String {
@@ -15,7 +15,7 @@ pub(super) fn py_str(s: &str) -> String {
 
 /// The namespace digest of `kernel` (`nbos_kernel.sync.namespace_digest()`): equal on
 /// two replicas with equal state.
-pub async fn namespace_digest(kernel: &Kernel, timeout: Duration) -> anyhow::Result<String> {
+pub async fn namespace_digest(kernel: &LocalKernel, timeout: Duration) -> anyhow::Result<String> {
     let v = call_sync(kernel, "namespace_digest()", timeout).await?;
     let text = v.as_str().context("namespace_digest returned no text")?;
     Ok(text.trim_matches('\'').to_owned())
@@ -23,7 +23,11 @@ pub async fn namespace_digest(kernel: &Kernel, timeout: Duration) -> anyhow::Res
 
 /// Calls `nbos_kernel.sync.{call}` silently in `kernel` and returns its value: the JSON
 /// of a `SyncResult`, else the text repr. A Python exception is an error naming it.
-pub(super) async fn call_sync(kernel: &Kernel, call: &str, timeout: Duration) -> anyhow::Result<serde_json::Value> {
+pub(super) async fn call_sync(
+    kernel: &LocalKernel,
+    call: &str,
+    timeout: Duration,
+) -> anyhow::Result<serde_json::Value> {
     let expr = format!("__import__('nbos_kernel.sync', fromlist=['sync']).{call}");
     let content = kernel.run_internal("", &serde_json::json!({ "r": expr }), timeout).await?;
     let r = &content["user_expressions"]["r"];

@@ -8,7 +8,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use super::config::SyncConfig;
-use crate::kernel::Kernel;
+use crate::kernel::LocalKernel;
 
 /// One object in a manifest (`nbos_kernel.sync`'s format).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,7 +85,7 @@ pub(super) fn scratch_dir(cfg: &SyncConfig, what: &str) -> anyhow::Result<tempfi
 
 /// Gives a manifest directory and what is in it to the kernel's uid, so the kernel (not
 /// root) writes its export there or reads what it applies.
-pub(super) fn hand_to_kernel(dir: &Path, kernel: &Kernel) -> anyhow::Result<()> {
+pub(super) fn hand_to_kernel(dir: &Path, kernel: &LocalKernel) -> anyhow::Result<()> {
     let Some(id) = kernel.identity() else { return Ok(()) };
     let chown = |p: &Path| {
         std::os::unix::fs::lchown(p, Some(id.uid), Some(id.gid))

@@ -19,7 +19,7 @@ use super::error::{ClusterError, Result};
 use super::forward::{Authority, HttpMethod};
 use super::handle::Cluster;
 use crate::cluster::control::records::{self, keys, KernelRecord, MoveReason, MoveRecord, ReplicaRecord};
-use nbos_sched::migrate::{self, ReplicaAt, CandidateHost};
+use nbos_sched::migrate::{self, CandidateHost, ReplicaAt};
 use nbos_sched::placement;
 
 /// What `POST /api/v1/cluster/kernels/{id}/migrate` takes.

@@ -1,6 +1,6 @@
-//! A kernel as clients see it: a *distributed* kernel whose replicas run on hosts,
-//! with a router that picks the replica that executes. On one host there is one
-//! replica; replication (issue 7) adds replicas and an election, not a rewrite.
+//! A kernel's process on this host (a [`LocalKernel`]): its ipykernel, the hub of client
+//! connections, heartbeat, restarts and shutdown. A single-host kernel is one; in a cluster,
+//! each replica of a kernel runs one (clients there talk to the kernel's front-end).
 //!
 //! Its restarts (on request, and after a death) are [`restart`]'s; whether a failed
 //! start lost a port to another process, [`port_race`]'s.
@@ -20,8 +20,8 @@ use tokio::sync::{Mutex, RwLock};
 
 use super::connection::ConnectionInfo;
 use super::hub::{ClientId, Hub};
-use super::process::LaunchSpec;
 use super::ipykernel::Ipykernel;
+use super::process::LaunchSpec;
 use crate::jupyter::message::{error_reply, iso_date};
 use crate::jupyter::{Channel, Message};
 use crate::metrics::Metrics;
@@ -58,13 +58,13 @@ pub struct KernelModel {
     /// on its GPUs, MiB (`KERNEL_GPU_MEMORY_MIB`); `null`: no limit of its own.
     #[serde(default)]
     pub gpu_memory_mib: Option<u64>,
-    /// NotebookOS extension: the replicas' process ids.
+    /// NotebookOS extension: the processes' process ids.
     #[serde(default)]
     pub pids: Vec<u32>,
 }
 
 /// One kernel.
-pub struct Kernel {
+pub struct LocalKernel {
     /// Kernel id.
     pub id: String,
     /// Kernelspec name.
@@ -75,14 +75,14 @@ pub struct Kernel {
     pub gpu_memory_mib: Option<u64>,
     /// Messages to and from clients.
     pub hub: Arc<Hub>,
-    replicas: RwLock<Vec<Arc<Ipykernel>>>,
+    processes: RwLock<Vec<Arc<Ipykernel>>>,
     launch: LaunchSpec,
     /// Serialises restart, death handling, shutdown and client sends: a send waits
     /// (FIFO) for a restart in progress and then goes to the new process.
     lifecycle: Mutex<()>,
     stopping: AtomicBool,
     /// Whether a death starts a new process (single-host kernels; a cluster's supervisor
-    /// replaces its replicas itself).
+    /// replaces its processes itself).
     auto_restart: AtomicBool,
     /// Deaths in a row that came within [`STABLE_START_TIME`] of their process's start.
     quick_deaths: AtomicU32,
@@ -107,14 +107,14 @@ pub type RestartHook = Box<dyn Fn(&str) + Send + Sync>;
 /// What runs when a kernel is gone: (kernel id, pids it had).
 pub type ExitHook = Box<dyn FnOnce(&str, &[u32]) + Send>;
 
-impl std::fmt::Debug for Kernel {
+impl std::fmt::Debug for LocalKernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Kernel").field("id", &self.id).field("name", &self.name).finish()
     }
 }
 
-impl Kernel {
-    /// Starts a kernel with one replica and waits until it answers `kernel_info`.
+impl LocalKernel {
+    /// Starts a kernel with one ipykernel and waits until it answers `kernel_info`.
     ///
     /// Kernel ports are found by binding port 0 and releasing it (as jupyter_client does),
     /// so another process can take one before the kernel binds it; the kernel then exits
@@ -156,14 +156,14 @@ impl Kernel {
             .with_context(|| format!("creating kernel directory {}", launch.dir.display()))?;
         let hub = Arc::new(Hub::new("starting", SystemTime::now()));
         let conn = ConnectionInfo::new_loopback(&name)?;
-        let replica = Arc::new(Ipykernel::start(0, &launch, conn, hub.clone(), metrics.clone()).await?);
+        let ipykernel = Arc::new(Ipykernel::start(0, &launch, conn, hub.clone(), metrics.clone()).await?);
         let kernel = Arc::new(Self {
             id,
             name,
             gpus,
             gpu_memory_mib,
             hub,
-            replicas: RwLock::new(vec![replica.clone()]),
+            processes: RwLock::new(vec![ipykernel.clone()]),
             launch,
             lifecycle: Mutex::new(()),
             stopping: AtomicBool::new(false),
@@ -176,13 +176,13 @@ impl Kernel {
             restart_hook: std::sync::OnceLock::new(),
             spawn_hook: std::sync::OnceLock::new(),
         });
-        kernel.watch_exit(&replica);
-        kernel.wait_ready(&replica).await?;
+        kernel.watch_exit(&ipykernel);
+        kernel.wait_ready(&ipykernel).await?;
         kernel.watch_heartbeat();
         Ok(kernel)
     }
 
-    /// Pings the executing replica's heartbeat channel. A kernel whose process is
+    /// Pings the ipykernel's heartbeat channel. A kernel whose process is
     /// alive but does not answer (stopped, wedged in native code) is shown as
     /// `unresponsive` until it answers again.
     fn watch_heartbeat(self: &Arc<Self>) {
@@ -198,11 +198,11 @@ impl Kernel {
                 if kernel.stopping.load(Ordering::SeqCst) {
                     return;
                 }
-                let Ok(replica) = kernel.executor().await else { continue };
+                let Ok(ipykernel) = kernel.ipykernel().await else { continue };
                 if kernel.lifecycle.try_lock().is_err() {
                     continue; // restarting
                 }
-                if replica.heartbeat(HEARTBEAT_TIMEOUT).await {
+                if ipykernel.heartbeat(HEARTBEAT_TIMEOUT).await {
                     failures = 0;
                     if let Some(state) = saved_state.take() {
                         tracing::info!(kernel = %kernel.id, "kernel answers its heartbeat again");
@@ -210,13 +210,13 @@ impl Kernel {
                     }
                     continue;
                 }
-                if replica.process.has_exited() {
+                if ipykernel.process.has_exited() {
                     continue; // the exit watcher reports it
                 }
                 failures += 1;
                 kernel.metrics.kernel_heartbeat_failures_total.inc();
                 if failures == HEARTBEAT_MISSES && saved_state.is_none() {
-                    tracing::warn!(kernel = %kernel.id, pid = replica.process.pid(), "kernel does not answer its heartbeat");
+                    tracing::warn!(kernel = %kernel.id, pid = ipykernel.process.pid(), "kernel does not answer its heartbeat");
                     saved_state = Some(kernel.hub.activity().execution_state);
                     kernel.hub.set_state("unresponsive", SystemTime::now());
                 }
@@ -264,9 +264,9 @@ impl Kernel {
         self.launch.identity.as_ref()
     }
 
-    /// Process ids of the replicas (empty while a restart swaps them).
+    /// Process ids of the processes (empty while a restart swaps them).
     pub fn pids(&self) -> Vec<u32> {
-        self.replicas.try_read().map(|r| r.iter().map(|x| x.process.pid()).collect()).unwrap_or_default()
+        self.processes.try_read().map(|r| r.iter().map(|x| x.process.pid()).collect()).unwrap_or_default()
     }
 
     /// Answers an `execute_request` the daemon refuses (the cell can never get its
@@ -294,13 +294,12 @@ impl Kernel {
         self.hub.deliver(channel, reply, now);
     }
 
-    /// The replica that executes the next request. With one replica it is that one;
-    /// with several, this is where the executor election's result is applied.
-    pub async fn executor(&self) -> anyhow::Result<Arc<Ipykernel>> {
-        self.replicas.read().await.first().cloned().context("the kernel has no running replica")
+    /// The ipykernel process that gets the next request.
+    pub async fn ipykernel(&self) -> anyhow::Result<Arc<Ipykernel>> {
+        self.processes.read().await.first().cloned().context("the kernel has no running ipykernel")
     }
 
-    /// Forwards a client's message to the executing replica. While a restart (asked
+    /// Forwards a client's message to the ipykernel. While a restart (asked
     /// for, or after a death) is under way the message waits for it and then goes to the
     /// new process; a request to a kernel that has no process and will get none (dead,
     /// shut down) is answered with an error reply.
@@ -319,13 +318,13 @@ impl Kernel {
         let resets = self.resets.load(Ordering::SeqCst);
         // Tokio's Mutex is FIFO: messages queued behind a restart keep their order.
         let guard = self.lifecycle.lock().await;
-        let mut replica = self.executor().await.ok();
-        if let Some(r) = replica.clone().filter(|r| r.process.has_exited()) {
+        let mut ipykernel = self.ipykernel().await.ok();
+        if let Some(r) = ipykernel.clone().filter(|r| r.process.has_exited()) {
             // Dead before its exit watcher ran: handle the death now, so the message goes
             // to the restarted process rather than into a dead one's socket.
             let how = r.process.wait().await;
             self.on_exit(r.process.pid(), &how).await;
-            replica = self.executor().await.ok();
+            ipykernel = self.ipykernel().await.ok();
         }
         if self.gpus > 0
             && channel == Channel::Shell
@@ -339,7 +338,7 @@ impl Kernel {
             self.reject_cell(client, &msg, "KernelRestarted", "the kernel was restarted before this cell ran");
             return Ok(());
         }
-        let Some(r) = replica else {
+        let Some(r) = ipykernel else {
             drop(guard);
             let why = if self.stopping.load(Ordering::SeqCst) {
                 "the kernel was shut down"
@@ -369,7 +368,7 @@ impl Kernel {
         }
     }
 
-    /// Runs `code` silently in the executing replica for the daemon itself (namespace
+    /// Runs `code` silently in the ipykernel for the daemon itself (namespace
     /// export, apply, digest): no history, no execution count, and neither its IOPub nor
     /// its reply reaches a client. Returns the `execute_reply` content; a Python
     /// exception is an error naming it. `user_expressions` are evaluated after the code
@@ -397,7 +396,7 @@ impl Kernel {
             }),
         );
         let rx = self.hub.expect_silent_reply(&msg_id);
-        let r = self.executor().await;
+        let r = self.ipykernel().await;
         let sent = match r {
             Ok(r) => r.send(Channel::Shell, &msg).await,
             Err(e) => Err(e),
@@ -424,17 +423,17 @@ impl Kernel {
 
     /// Interrupts the running cell (SIGINT, as `interrupt_mode = "signal"`).
     pub async fn interrupt(&self) -> anyhow::Result<()> {
-        let r = self.executor().await?;
+        let r = self.ipykernel().await?;
         tracing::info!(kernel = %self.id, pid = r.process.pid(), "interrupting kernel");
         r.process.signal(crate::sys::signals::SIGINT)
     }
 
     /// Starts a new process (same key as `conn`, fresh ports; a new key without one) as
-    /// the kernel's replica, retrying a start that lost a port race, and registers it.
-    async fn spawn_replica(self: &Arc<Self>, conn: Option<&ConnectionInfo>) -> anyhow::Result<Arc<Ipykernel>> {
+    /// the kernel's ipykernel, retrying a start that lost a port race, and registers it.
+    async fn spawn_process(self: &Arc<Self>, conn: Option<&ConnectionInfo>) -> anyhow::Result<Arc<Ipykernel>> {
         let log = self.launch.dir.join("kernel.log");
         let mut attempt = 1;
-        let replica = loop {
+        let ipykernel = loop {
             let before = std::fs::metadata(&log).map_or(0, |m| m.len());
             let conn = match conn {
                 Some(c) => c.with_fresh_ports()?,
@@ -454,25 +453,25 @@ impl Kernel {
             }
         };
         *self.started_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
-        self.replicas.write().await.push(replica.clone());
+        self.processes.write().await.push(ipykernel.clone());
         if let Some(hook) = self.spawn_hook.get() {
-            hook(&self.id, replica.process.pid());
+            hook(&self.id, ipykernel.process.pid());
         }
-        self.watch_exit(&replica);
-        Ok(replica)
+        self.watch_exit(&ipykernel);
+        Ok(ipykernel)
     }
 
-    /// Asks every replica to shut down, kills what does not, removes the kernel's files.
+    /// Asks every ipykernel to shut down, kills what does not, removes the kernel's files.
     pub async fn shutdown(&self) {
         let _g = self.lifecycle.lock().await;
         self.stopping.store(true, Ordering::SeqCst);
-        let replicas = std::mem::take(&mut *self.replicas.write().await);
-        for r in &replicas {
-            self.stop_replica(r).await;
+        let processes = std::mem::take(&mut *self.processes.write().await);
+        for r in &processes {
+            self.stop_process(r).await;
         }
         self.hub.set_state("dead", SystemTime::now());
         self.hub.close();
-        let pids: Vec<u32> = replicas.iter().map(|r| r.process.pid()).collect();
+        let pids: Vec<u32> = processes.iter().map(|r| r.process.pid()).collect();
         self.run_exit_hook(&pids);
         if let Err(e) = std::fs::remove_dir_all(&self.launch.dir) {
             tracing::warn!(kernel = %self.id, dir = %self.launch.dir.display(), error = %e, "could not remove the kernel directory");
@@ -482,7 +481,7 @@ impl Kernel {
     /// The Kernel Gateway model.
     pub async fn model(&self) -> KernelModel {
         let a = self.hub.activity();
-        let pids = self.replicas.read().await.iter().map(|r| r.process.pid()).collect();
+        let pids = self.processes.read().await.iter().map(|r| r.process.pid()).collect();
         KernelModel {
             id: self.id.clone(),
             name: self.name.clone(),
@@ -495,7 +494,7 @@ impl Kernel {
         }
     }
 
-    async fn stop_replica(&self, r: &Ipykernel) {
+    async fn stop_process(&self, r: &Ipykernel) {
         let msg = Message::new(
             "shutdown_request",
             "notebookosd",
@@ -580,16 +579,16 @@ impl Kernel {
 mod tests {
     use super::*;
 
-    /// A kernel whose process is gone for good (no replica, not restarting).
-    fn dead_kernel() -> Arc<Kernel> {
+    /// A kernel whose process is gone for good (no ipykernel, not restarting).
+    fn dead_kernel() -> Arc<LocalKernel> {
         let hub = Arc::new(Hub::new("dead", SystemTime::now()));
-        Arc::new(Kernel {
+        Arc::new(LocalKernel {
             id: "k".into(),
             name: "python3".into(),
             gpus: 0,
             gpu_memory_mib: None,
             hub,
-            replicas: RwLock::new(Vec::new()),
+            processes: RwLock::new(Vec::new()),
             launch: LaunchSpec {
                 python: "python3".into(),
                 env: Vec::new(),

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use super::Kernel;
+use super::LocalKernel;
 use crate::kernel::connection::ConnectionInfo;
 use crate::kernel::ipykernel::Ipykernel;
 
@@ -16,8 +16,8 @@ const RESTART_LIMIT: u32 = 5;
 /// A process that lived this long had started well (jupyter_client's `stable_start_time`).
 const STABLE_START_TIME: Duration = Duration::from_secs(10);
 
-impl Kernel {
-    /// Replaces every replica's process with a fresh one (same key, fresh ports).
+impl LocalKernel {
+    /// Replaces every ipykernel's process with a fresh one (same key, fresh ports).
     ///
     /// Clients are not sent `restarting`: jupyter_server sends it only for an automatic
     /// restart after a death, and JupyterLab answers it with its "kernel died" dialog.
@@ -27,17 +27,17 @@ impl Kernel {
         self.hub.set_state("restarting", SystemTime::now());
         // Asked for: earlier deaths no longer count towards giving up.
         self.quick_deaths.store(0, Ordering::SeqCst);
-        let old = std::mem::take(&mut *self.replicas.write().await);
+        let old = std::mem::take(&mut *self.processes.write().await);
         let conn = old.first().map(|r| r.conn.clone());
         for r in &old {
-            self.stop_replica(r).await;
+            self.stop_process(r).await;
         }
         drop(old);
         // The old process's last statuses may have overwritten it.
         self.hub.set_state("restarting", SystemTime::now());
         // The cells the old processes ran or queued will never be answered.
         self.run_restart_hook();
-        let replica = match self.spawn_replica(conn.as_ref()).await {
+        let ipykernel = match self.spawn_process(conn.as_ref()).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(kernel = %self.id, error = format!("{e:#}"), "the restarted kernel did not start; it is dead");
@@ -45,22 +45,22 @@ impl Kernel {
                 return Err(e);
             }
         };
-        self.wait_ready(&replica).await
+        self.wait_ready(&ipykernel).await
     }
 
-    /// A replica's process exited. The caller holds `lifecycle`, so a restart or
-    /// shutdown that replaced the replica has finished and it is no longer current.
+    /// A ipykernel's process exited. The caller holds `lifecycle`, so a restart or
+    /// shutdown that replaced the ipykernel has finished and it is no longer current.
     pub(super) async fn on_exit(self: &Arc<Self>, pid: u32, how: &str) {
-        let current = self.replicas.read().await.iter().any(|x| x.process.pid() == pid);
+        let current = self.processes.read().await.iter().any(|x| x.process.pid() == pid);
         if !current || self.stopping.load(Ordering::SeqCst) {
             return;
         }
         tracing::warn!(kernel = %self.id, pid, exit = %how, "kernel process died");
         self.metrics.kernel_deaths_total.inc();
         let conn = {
-            let mut replicas = self.replicas.write().await;
-            let conn = replicas.iter().find(|x| x.process.pid() == pid).map(|x| x.conn.clone());
-            replicas.retain(|x| x.process.pid() != pid);
+            let mut processes = self.processes.write().await;
+            let conn = processes.iter().find(|x| x.process.pid() == pid).map(|x| x.conn.clone());
+            processes.retain(|x| x.process.pid() != pid);
             conn
         };
         if !self.auto_restart.load(Ordering::SeqCst) {
@@ -92,8 +92,8 @@ impl Kernel {
         self.publish_status("restarting");
         // Waiting cells are answered (KernelRestarted), the dead process's GPUs freed.
         self.run_restart_hook();
-        let replica = loop {
-            match self.spawn_replica(conn).await {
+        let ipykernel = loop {
+            match self.spawn_process(conn).await {
                 Ok(r) => break r,
                 Err(e) => {
                     tracing::warn!(kernel = %self.id, error = format!("{e:#}"), "the restarted kernel did not start");
@@ -107,11 +107,11 @@ impl Kernel {
             }
         };
         self.publish_status("starting");
-        match self.wait_ready(&replica).await {
+        match self.wait_ready(&ipykernel).await {
             Ok(()) => self.publish_status("idle"),
             // A process that exited is handled by its exit watcher once the lock is free.
             Err(e) => {
-                tracing::warn!(kernel = %self.id, pid = replica.process.pid(), error = format!("{e:#}"), "the restarted kernel is not ready")
+                tracing::warn!(kernel = %self.id, pid = ipykernel.process.pid(), error = format!("{e:#}"), "the restarted kernel is not ready")
             }
         }
     }
@@ -137,12 +137,12 @@ impl Kernel {
         let weak_kernel = Arc::downgrade(self);
         let weak_replica = Arc::downgrade(r);
         tokio::spawn(async move {
-            let Some(replica) = weak_replica.upgrade() else { return };
-            let how = replica.process.wait().await;
-            let pid = replica.process.pid();
-            drop(replica);
+            let Some(ipykernel) = weak_replica.upgrade() else { return };
+            let how = ipykernel.process.wait().await;
+            let pid = ipykernel.process.pid();
+            drop(ipykernel);
             let Some(kernel) = weak_kernel.upgrade() else { return };
-            // After a restart or shutdown under way: one that replaced this replica makes
+            // After a restart or shutdown under way: one that replaced this ipykernel makes
             // its exit expected (no longer current).
             let _g = kernel.lifecycle.lock().await;
             kernel.on_exit(pid, &how).await;
