@@ -8,8 +8,8 @@ use std::time::{Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::local_replica::Busy;
 use super::outcome_reply::{not_run_content, outcome_reply};
+use super::replica::Busy;
 use super::won_cell_driver::Won;
 use super::ReplicaHost;
 use crate::cluster::cells::election::{self, Decision, Outcome, Proposer};

@@ -25,7 +25,7 @@
 //!
 //! One file per idea:
 //! - this one: [`ReplicaHost`], this host's replicas (attach, detach, status);
-//! - [`local_replica`]: one replica, and what runs on it;
+//! - [`replica`]: one replica, and what runs on it;
 //! - [`election_answer`]: a front-end's election request answered (LEAD or YIELD);
 //! - [`won_cell`]: the won-cell sequence as a pure state machine, which
 //!   [`won_cell_driver`] runs (catch-up, kernel, namespace export, reply);
@@ -39,13 +39,13 @@ use raft_store::RaftStore;
 use serde::{Deserialize, Serialize};
 
 mod election_answer;
-mod local_replica;
 mod outcome_reply;
+mod replica;
 mod won_cell;
 mod won_cell_driver;
 
 pub use election_answer::{election_request, ElectionRequest, Handled, Role};
-pub use local_replica::LocalReplica;
+pub use replica::Replica;
 
 use super::election::Proposer;
 use super::objects::Objects;
@@ -88,7 +88,7 @@ pub struct ReplicaHost {
     objects: Objects,
     sync: SyncConfig,
     sync_metrics: SyncMetrics,
-    replicas: Mutex<HashMap<String, Arc<LocalReplica>>>,
+    replicas: Mutex<HashMap<String, Arc<Replica>>>,
 }
 
 impl std::fmt::Debug for ReplicaHost {
@@ -109,7 +109,7 @@ impl ReplicaHost {
         &self.sync_metrics
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<LocalReplica>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Replica>>> {
         self.replicas.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
@@ -139,7 +139,7 @@ impl ReplicaHost {
     }
 
     /// Starts following `kernel`'s group as replica `replica` and registers it here.
-    pub fn attach(&self, kernel: Arc<LocalKernel>, replica: u32, group: u64) -> Arc<LocalReplica> {
+    pub fn attach(&self, kernel: Arc<LocalKernel>, replica: u32, group: u64) -> Arc<Replica> {
         let me = Proposer { replica, node_id: self.node_id };
         let applier = Applier::start(
             kernel.clone(),
@@ -150,13 +150,13 @@ impl ReplicaHost {
             me,
             self.sync_metrics.clone(),
         );
-        let local = Arc::new(LocalReplica::new(kernel.id.clone(), replica, group, applier));
+        let local = Arc::new(Replica::new(kernel.id.clone(), replica, group, applier));
         self.lock().insert(kernel.id.clone(), local.clone());
         local
     }
 
     /// Forgets a local replica (its applier stops).
-    pub fn detach(&self, kernel_id: &str) -> Option<Arc<LocalReplica>> {
+    pub fn detach(&self, kernel_id: &str) -> Option<Arc<Replica>> {
         self.lock().remove(kernel_id)
     }
 
@@ -173,7 +173,7 @@ impl ReplicaHost {
     }
 
     /// The local replica of `kernel_id`, if this host has one.
-    pub fn replica(&self, kernel_id: &str) -> Option<Arc<LocalReplica>> {
+    pub fn replica(&self, kernel_id: &str) -> Option<Arc<Replica>> {
         self.lock().get(kernel_id).cloned()
     }
 
@@ -189,7 +189,7 @@ impl ReplicaHost {
 
     /// The replicas hosted here (`GET /api/v1/cluster/replicas`).
     pub async fn replicas(&self) -> Vec<ReplicaStatus> {
-        let all: Vec<Arc<LocalReplica>> = self.lock().values().cloned().collect();
+        let all: Vec<Arc<Replica>> = self.lock().values().cloned().collect();
         let mut out = Vec::with_capacity(all.len());
         for r in all {
             let raft_role = match self.store.status(r.group).await {

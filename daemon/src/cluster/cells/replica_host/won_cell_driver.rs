@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::local_replica::LocalReplica;
 use super::outcome_reply::outcome_reply;
+use super::replica::Replica;
 use super::won_cell::{Dispatched, Exported, Step, WonCell, WonCellAction, WonCellEvent};
 use super::ReplicaHost;
 use crate::cluster::cells::election::{self, Proposer};
@@ -33,7 +33,7 @@ impl ReplicaHost {
     pub(super) async fn run_won(
         self: Arc<Self>,
         kernel: Arc<LocalKernel>,
-        local: Arc<LocalReplica>,
+        local: Arc<Replica>,
         client: ClientId,
         msg: Message,
         msg_id: String,
@@ -191,7 +191,7 @@ impl ReplicaHost {
     }
 
     /// `metadata.nbos_election` of a cell this replica executed, at group revision `revision`.
-    fn executed(&self, local: &LocalReplica, revision: u64) -> serde_json::Value {
+    fn executed(&self, local: &Replica, revision: u64) -> serde_json::Value {
         serde_json::json!({
             "outcome": "executed",
             "replica": local.replica,

@@ -1,4 +1,4 @@
-//! One local replica of a cluster kernel, and the guard that counts what runs on it.
+//! A [`Replica`]: this host's member of a kernel group, and the guard that counts what runs on it.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -9,8 +9,8 @@ use crate::cluster::cells::state_sync::Applier;
 /// Cells remembered per replica to ignore a duplicated `lead` for a cell already run here.
 const REMEMBERED_CELLS: usize = 1024;
 
-/// One local replica of a cluster kernel.
-pub struct LocalReplica {
+/// This host's replica of a cluster kernel: its place in the kernel group, its namespace applier, what runs on it.
+pub struct Replica {
     /// Kernel id.
     pub kernel_id: String,
     /// Replica number.
@@ -28,12 +28,12 @@ pub struct LocalReplica {
 }
 
 /// Counts a lead request or won cell as running on its replica while alive. Taken before a
-/// lead request reads [`LocalReplica::moving_out`], so that a replica seen idle after its
+/// lead request reads [`Replica::moving_out`], so that a replica seen idle after its
 /// move was flagged starts no cell (both sides use sequentially consistent atomics).
-pub(super) struct Busy(Arc<LocalReplica>);
+pub(super) struct Busy(Arc<Replica>);
 
 impl Busy {
-    pub(super) fn enter(local: &Arc<LocalReplica>) -> Self {
+    pub(super) fn enter(local: &Arc<Replica>) -> Self {
         local.busy.fetch_add(1, Ordering::SeqCst);
         Busy(local.clone())
     }
@@ -45,13 +45,13 @@ impl Drop for Busy {
     }
 }
 
-impl std::fmt::Debug for LocalReplica {
+impl std::fmt::Debug for Replica {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LocalReplica").field("kernel", &self.kernel_id).field("replica", &self.replica).finish()
+        f.debug_struct("Replica").field("kernel", &self.kernel_id).field("replica", &self.replica).finish()
     }
 }
 
-impl LocalReplica {
+impl Replica {
     /// A replica record for the host's map.
     pub fn new(kernel_id: String, replica: u32, group: u64, applier: Applier) -> Self {
         Self {
