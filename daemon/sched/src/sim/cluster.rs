@@ -21,7 +21,7 @@ pub enum HostState {
 
 /// One host.
 #[derive(Debug, Clone)]
-pub struct Host {
+pub struct SimHost {
     /// The daemon's scheduler for this host's GPUs.
     pub sched: HostScheduler,
     /// Its state.
@@ -40,8 +40,8 @@ pub struct Host {
 
 /// The cluster.
 #[derive(Debug)]
-pub struct Cluster {
-    hosts: Vec<Host>,
+pub struct SimCluster {
+    hosts: Vec<SimHost>,
     up: Vec<u32>,
     gpus_per_host: u32,
     idle_release: Millis,
@@ -61,7 +61,7 @@ pub struct Cluster {
     pub violations: Vec<String>,
 }
 
-impl Cluster {
+impl SimCluster {
     /// An empty cluster of hosts with `gpus_per_host` GPUs; each host's scheduler
     /// releases idle-held GPUs after `idle_release` and admits kernels up to `host_ratio`.
     pub fn new(gpus_per_host: u32, idle_release: Millis, host_ratio: f64) -> Self {
@@ -103,7 +103,7 @@ impl Cluster {
         let id = u32::try_from(self.hosts.len()).unwrap_or(u32::MAX);
         let mut sched = HostScheduler::new(self.gpus_per_host, self.idle_release, self.host_ratio);
         sched.advance(now);
-        self.hosts.push(Host {
+        self.hosts.push(SimHost {
             sched,
             state: HostState::Provisioning,
             subscribed: 0,
@@ -155,12 +155,12 @@ impl Cluster {
     }
 
     /// The host.
-    pub fn host(&self, h: u32) -> &Host {
+    pub fn host(&self, h: u32) -> &SimHost {
         &self.hosts[h as usize]
     }
 
     /// The host, mutably (pool counters; GPU state only through the methods below).
-    pub fn host_mut(&mut self, h: u32) -> &mut Host {
+    pub fn host_mut(&mut self, h: u32) -> &mut SimHost {
         &mut self.hosts[h as usize]
     }
 
@@ -196,7 +196,7 @@ impl Cluster {
 
     /// The up host with the fewest GPUs available that still has `gpus` (best fit),
     /// among those `ok` accepts; ties to the lowest id.
-    pub fn best_fit(&self, gpus: u32, ok: impl Fn(u32, &Host) -> bool) -> Option<u32> {
+    pub fn best_fit(&self, gpus: u32, ok: impl Fn(u32, &SimHost) -> bool) -> Option<u32> {
         self.up
             .iter()
             .map(|&h| (h, &self.hosts[h as usize]))
@@ -368,7 +368,7 @@ mod tests {
 
     #[test]
     fn commits_are_ledgered_and_time_is_integrated() {
-        let mut c = Cluster::new(2, 1_000, 1e9);
+        let mut c = SimCluster::new(2, 1_000, 1e9);
         let h = c.request(0);
         c.up(h);
         c.add_kernel(h, "a", 2, 0);
@@ -389,7 +389,7 @@ mod tests {
 
     #[test]
     fn a_cell_that_does_not_fit_is_a_violation() {
-        let mut c = Cluster::new(1, 1_000, 1e9);
+        let mut c = SimCluster::new(1, 1_000, 1e9);
         let h = c.request(0);
         c.up(h);
         c.add_kernel(h, "a", 1, 0);

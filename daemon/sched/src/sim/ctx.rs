@@ -2,7 +2,7 @@
 //! workload, the model, the event queue, the cluster, the seeded randomness and virtual
 //! now, plus what the engine measures for every policy alike.
 
-use super::cluster::Cluster;
+use super::cluster::SimCluster;
 use super::events::{Ev, Queue};
 use super::rng::Rng;
 use super::workload::{Training, Workload};
@@ -18,7 +18,7 @@ pub struct Ctx<'a> {
     /// Future events.
     pub q: Queue,
     /// The hosts.
-    pub c: Cluster,
+    pub c: SimCluster,
     /// Randomness, from the seed.
     pub rng: Rng,
     /// Virtual now.

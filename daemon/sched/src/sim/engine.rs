@@ -3,7 +3,7 @@
 //! for the previous one), and stop; the policy decides where each runs. The engine
 //! measures what every policy is judged on, the same way for all.
 
-use super::cluster::Cluster;
+use super::cluster::SimCluster;
 use super::ctx::Ctx;
 use super::events::{Ev, Queue};
 use super::metrics::{Point, PolicyResult};
@@ -49,7 +49,7 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
         w,
         m,
         q: Queue::default(),
-        c: Cluster::new(m.gpus_per_host, idle_release, host_ratio),
+        c: SimCluster::new(m.gpus_per_host, idle_release, host_ratio),
         rng: Rng::new(m.seed, policy as u64 + 1),
         now: 0,
         next: vec![0; n],
