@@ -706,7 +706,7 @@ mod supervised {
         let cluster = Cluster::new(settings, store.clone(), probe);
         cluster.start();
         let objects = Objects::open(None, &dir.join("objects")).expect("objects");
-        let collector = notebookosd::cluster::cells::objects::collector::Collector::new(
+        let collector = notebookosd::cluster::cells::object_collector::Collector::new(
             cluster.clone(),
             objects,
             Duration::from_secs(3600),

@@ -5,7 +5,7 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use crate::client::{Client, ConnectArgs};
-use notebookosd::cluster::cells::objects::collector::{GcReport, GC_PATH, OBJECTS_PATH};
+use notebookosd::cluster::cells::object_collector::{GcReport, GC_PATH, OBJECTS_PATH};
 
 /// `nbos objects …`.
 #[derive(Debug, clap::Subcommand)]

@@ -39,8 +39,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 
 #[cfg(doc)]
-use super::cells::objects::collector::GcReport;
-use super::cells::objects::collector::{Collector, GcRequest, GC_PATH, OBJECTS_PATH, REFS_PATH};
+use super::cells::object_collector::GcReport;
+use super::cells::object_collector::{Collector, GcRequest, GC_PATH, OBJECTS_PATH, REFS_PATH};
 #[cfg(doc)]
 use super::cells::state_sync::HostRefs;
 use super::control::meta::{CanaryOp, Cluster, ClusterError, KernelSpec, MoveRequest, PeerRecord, FORWARDED_HEADER};

@@ -33,7 +33,7 @@ pub(super) async fn start_cluster(
     inventory: &gpu::Inventory,
     kernels: Arc<Kernels>,
 ) -> anyhow::Result<ClusterNode> {
-    use crate::cluster::cells::objects::collector::Collector;
+    use crate::cluster::cells::object_collector::Collector;
     use crate::cluster::cells::objects::{Objects, S3Options};
     use crate::cluster::cells::replica_host::ReplicaHost;
     use crate::cluster::cells::state_sync::SyncConfig;
@@ -161,7 +161,7 @@ pub(super) struct ClusterNode {
     /// The autoscaler, when `[autoscale]` names a provider (it acts while this host leads).
     autoscaler: Option<tokio::task::JoinHandle<()>>,
     /// The large-object store's collector (it acts while this host leads).
-    pub(super) collector: Arc<crate::cluster::cells::objects::collector::Collector>,
+    pub(super) collector: Arc<crate::cluster::cells::object_collector::Collector>,
     /// Its periodic task, unless `cluster.object_gc_interval` is 0.
     collecting: Option<tokio::task::JoinHandle<()>>,
 }

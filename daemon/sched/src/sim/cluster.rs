@@ -97,7 +97,7 @@ impl SimCluster {
         self.last = self.last.max(now);
     }
 
-    /// Requests a host; it is up when the caller says so ([`Cluster::up`]).
+    /// Requests a host; it is up when the caller says so ([`SimCluster::up`]).
     pub fn request(&mut self, now: Millis) -> u32 {
         self.advance(now);
         let id = u32::try_from(self.hosts.len()).unwrap_or(u32::MAX);

@@ -8,11 +8,13 @@
 //! - [`supervisor`]: starts and stops this host's replicas as the kernel records say.
 //! - [`election`]: the executor election's swaps in a kernel's raft group.
 //! - [`state_sync`], [`sync_metrics`]: namespace sync between replicas, and its metrics.
-//! - [`objects`]: the large-object store (namespace values too large for the log).
+//! - [`objects`]: the large-object store (namespace values too large for the log);
+//!   [`object_collector`]: the meta leader's garbage collector of it.
 
 pub mod election;
 pub mod frontend;
 pub mod local_link;
+pub mod object_collector;
 pub mod objects;
 pub mod replica_host;
 pub mod state_sync;

@@ -9,7 +9,7 @@ use axum::{Extension, Router};
 use super::api_error::cluster_error;
 use super::local_replicas::GatewayReplicas;
 use crate::cluster::cells::frontend::{FrontendMetrics, Frontends};
-use crate::cluster::cells::objects::collector::Collector;
+use crate::cluster::cells::object_collector::Collector;
 use crate::cluster::cells::replica_host::ReplicaHost;
 use crate::cluster::control::records::KernelRecord;
 use crate::cluster::Cluster;

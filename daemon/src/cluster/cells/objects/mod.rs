@@ -10,7 +10,8 @@
 //!   never state applied to a kernel, and every write rewrites (a tampered object is
 //!   replaced from the writer's bytes, and the write renews the object's time).
 //! - [`collect`]: which listed objects may go (pure: listing, references, clock, grace).
-//! - [`collector`]: the meta leader's garbage collector: it lists the store, asks every
+//! - [`super::object_collector`] (beside this module, as it reads the kernel groups'
+//!   references through state sync): the meta leader's garbage collector: it lists the store, asks every
 //!   host which objects its kernel groups refer to, and deletes the objects no one refers
 //!   to that were last written more than the grace period ago.
 //!
@@ -20,7 +21,6 @@
 //! `notebookos_refused_total{reason="object_corrupt"|"object_store_not_private"}`.
 
 pub mod collect;
-pub mod collector;
 pub mod store;
 
 pub use store::{ensure_private_dir, sha256_hex, ObjectError, Objects, S3Options, StoredObject};

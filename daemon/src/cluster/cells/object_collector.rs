@@ -6,7 +6,7 @@
 //! to ([`crate::cluster::cells::state_sync::referenced_objects`], `GET /api/v1/cluster/objects/refs`
 //! over the hosts' certificates). Only when every one of them answered does it delete, and
 //! then only objects no one refers to whose last write is older than
-//! `cluster.object_gc_grace` ([`super::collect`]), reading each one's time again just before
+//! `cluster.object_gc_grace` ([`super::objects::collect`]), reading each one's time again just before
 //! its delete. Deleted kernels' objects and overwritten values go this way.
 //!
 //! Nothing is kept between runs, so a crash or a leader change mid-run loses nothing: the
@@ -25,8 +25,8 @@ use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 
-use super::collect::{self, Tally};
-use super::store::Objects;
+use super::objects::collect::{self, Tally};
+use super::objects::store::Objects;
 use crate::cluster::cells::state_sync::{referenced_objects, HostRefs};
 use crate::cluster::control::meta::{Authority, Cluster, ClusterError, HttpMethod};
 
