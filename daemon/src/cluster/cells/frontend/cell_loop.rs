@@ -157,3 +157,261 @@ impl CellLoop {
         now + YIELD_RETRY
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::cluster::control::records::ElectionRecord;
+
+    /// Replica `r` on host `10 * r`, the first one local.
+    fn cand(replica: u32, live: bool, gpus_idle: u32) -> Candidate {
+        Candidate { replica, node_id: u64::from(replica) * 10, live, gpus_idle, local: replica == 1 }
+    }
+
+    fn snap(cands: Vec<Candidate>, gpus: u32, moving: Option<u32>, last: Option<(u32, u64)>) -> Option<Snapshot> {
+        Some(Snapshot { cands, gpus, moving, last })
+    }
+
+    fn round(step: Step) -> Round {
+        match step {
+            Step::Round(r) => r,
+            other => panic!("expected a round, got {other:?}"),
+        }
+    }
+
+    fn yielded(node: u64, reason: &str) -> Heard {
+        Heard::Outcome {
+            node,
+            outcome: "yielded".to_owned(),
+            record: Some(ElectionRecord { round: 0, winner: None, node_id: node, reason: reason.to_owned() }),
+            running: None,
+            holder_there: false,
+            winner_live: false,
+        }
+    }
+
+    #[test]
+    fn a_deleted_kernel_fails_the_cell() {
+        let t0 = Instant::now();
+        assert_eq!(CellLoop::new(t0).on_snapshot(None, t0), Step::Fail(Failure::Deleted));
+    }
+
+    #[test]
+    fn without_a_live_replica_it_waits_until_the_no_replica_timeout_then_fails() {
+        let t0 = Instant::now();
+        let mut cl = CellLoop::new(t0);
+        let none_live = || snap(vec![cand(1, false, 1), cand(2, false, 1)], 1, None, None);
+        assert_eq!(cl.on_snapshot(none_live(), t0), Step::WaitForReplica { until: t0 + YIELD_RETRY });
+        let at_timeout = t0 + NO_REPLICA_TIMEOUT;
+        assert_eq!(cl.on_snapshot(none_live(), at_timeout), Step::WaitForReplica { until: at_timeout + YIELD_RETRY });
+        let after = at_timeout + Duration::from_millis(1);
+        assert_eq!(cl.on_snapshot(none_live(), after), Step::Fail(Failure::NoReplica));
+    }
+
+    #[test]
+    fn a_round_goes_to_every_live_replica_designee_first() {
+        let t0 = Instant::now();
+        let mut cl = CellLoop::new(t0);
+        let cands = vec![cand(1, true, 0), cand(2, false, 4), cand(3, true, 2)];
+        let r = round(cl.on_snapshot(snap(cands, 1, None, None), t0));
+        assert_eq!((r.round, r.lead, r.lead_node), (0, 3, 30));
+        assert_eq!(r.sends, vec![(30, true), (10, false)]);
+        assert_eq!(r.deadline, t0 + OUTCOME_TIMEOUT);
+        assert_eq!(r.failed_over, None);
+    }
+
+    #[test]
+    fn the_previous_executor_counts_the_gpus_it_still_holds_for_the_kernel() {
+        let t0 = Instant::now();
+        let mut cl = CellLoop::new(t0);
+        // Replica 2 ran the last cell and still holds its 2 GPUs (its load says 0 idle).
+        let cands = vec![cand(1, true, 1), cand(2, true, 0)];
+        let r = round(cl.on_snapshot(snap(cands, 2, None, Some((2, 20))), t0));
+        assert_eq!((r.lead, r.failed_over), (2, None));
+    }
+
+    #[test]
+    fn a_gone_last_executor_fails_over_in_the_first_round_only() {
+        let t0 = Instant::now();
+        let mut cl = CellLoop::new(t0);
+        let cands = || vec![cand(1, true, 1), cand(2, false, 1), cand(3, true, 1)];
+        let r = round(cl.on_snapshot(snap(cands(), 1, None, Some((2, 20))), t0));
+        assert_eq!(r.failed_over, Some((20, r.lead_node)));
+        assert!(matches!(cl.on(Heard::TimedOut), Next::NewRound { .. }));
+        let r = round(cl.on_snapshot(snap(cands(), 1, None, Some((2, 20))), t0));
+        assert_eq!((r.round, r.failed_over), (1, None));
+    }
+
+    #[test]
+    fn when_every_live_replica_yielded_it_tells_once_and_asks_for_a_move_every_second() {
+        let t0 = Instant::now();
+        let mut cl = CellLoop::new(t0);
+        let cands = || vec![cand(1, true, 0), cand(2, false, 0)];
+        let r = round(cl.on_snapshot(snap(cands(), 2, None, None), t0));
+        assert!(matches!(cl.on(yielded(r.lead_node, "2 GPUs busy")), Next::NewRound { .. }));
+        let text = "[NotebookOS] waiting for 2 GPU(s): no replica's host can commit them now (2 GPUs busy); the cell starts when GPUs free up\n";
+        assert_eq!(
+            cl.on_snapshot(snap(cands(), 2, None, None), t0),
+            Step::WaitForGpus {
+                tell_waiting: Some(text.to_owned()),
+                tell_moving: false,
+                ask_move: true,
+                until: t0 + YIELD_RETRY
+            }
+        );
+        // The wait forgot who yielded: the next look runs a round again.
+        let r = round(cl.on_snapshot(snap(cands(), 2, None, None), t0 + YIELD_RETRY));
+        assert_eq!(r.round, 1, "past the yield's record (round 0)");
+        let t1 = t0 + YIELD_RETRY;
+        assert!(matches!(cl.on(yielded(r.lead_node, "")), Next::NewRound { .. }));
+        assert_eq!(
+            cl.on_snapshot(snap(cands(), 2, None, None), t1),
+            Step::WaitForGpus { tell_waiting: None, tell_moving: false, ask_move: false, until: t1 + YIELD_RETRY },
+            "asked less than a second ago"
+        );
+        // A move is under way: the clients hear of it once, and nobody asks for another.
+        for (at, tell) in [(t0 + MOVE_ASK_EVERY, true), (t0 + 2 * MOVE_ASK_EVERY, false)] {
+            let r = round(cl.on_snapshot(snap(cands(), 2, Some(7), None), at));
+            assert!(matches!(cl.on(yielded(r.lead_node, "")), Next::NewRound { .. }));
+            assert_eq!(
+                cl.on_snapshot(snap(cands(), 2, Some(7), None), at),
+                Step::WaitForGpus { tell_waiting: None, tell_moving: tell, ask_move: false, until: at + YIELD_RETRY }
+            );
+        }
+    }
+
+    /// What a simulated round hears: only what ends the round undecided, so the cell goes on.
+    fn undecided(choice: u8, lead_node: u64) -> Heard {
+        match choice % 5 {
+            0 => yielded(lead_node, ""),
+            1 => Heard::Outcome {
+                node: lead_node,
+                outcome: "stale".to_owned(),
+                record: Some(ElectionRecord { round: 3, winner: None, node_id: lead_node, reason: String::new() }),
+                running: None,
+                holder_there: false,
+                winner_live: false,
+            },
+            2 => Heard::Outcome {
+                node: lead_node,
+                outcome: "error".to_owned(),
+                record: None,
+                running: None,
+                holder_there: false,
+                winner_live: false,
+            },
+            3 => Heard::LinkDown { node: lead_node, executor: None },
+            _ => Heard::TimedOut,
+        }
+    }
+
+    prop_compose! {
+        /// One look at the kernel: up to 4 replicas (live or not, with some idle GPUs), a
+        /// move under way or not, the time since the last look, what its round hears.
+        fn look()(
+            replicas in proptest::collection::vec((any::<bool>(), 0u32..3), 0..4),
+            moving in proptest::option::of(5u32..7),
+            dt_ms in 0u64..3_000,
+            heard in any::<u8>(),
+        ) -> (Vec<Candidate>, Option<u32>, Duration, u8) {
+            let cands = replicas.iter().zip(1u32..).map(|(&(live, idle), r)| cand(r, live, idle)).collect();
+            (cands, moving, Duration::from_millis(dt_ms), heard)
+        }
+    }
+
+    proptest! {
+        /// Whatever the kernel looks like at each look: a round goes to every live replica
+        /// once and to nobody else, its designee first and only it designated; no round
+        /// number repeats; the clients hear that the cell waits for GPUs at most once and of
+        /// each move at most once; the meta leader is asked for a move only while none is
+        /// under way and at most once per [`MOVE_ASK_EVERY`]; a failover is only ever the
+        /// first round's; and a cell fails for want of a replica only with none live, and
+        /// only after [`NO_REPLICA_TIMEOUT`].
+        #[test]
+        fn the_cell_loop_keeps_its_promises(
+            gpus in 0u32..3,
+            last in proptest::option::of(1u32..5),
+            looks in proptest::collection::vec(look(), 1..80),
+        ) {
+            let t0 = Instant::now();
+            let mut cl = CellLoop::new(t0);
+            let mut now = t0;
+            let (mut rounds, mut told_waiting, mut told_moving, mut last_ask) = (Vec::new(), 0, None, None::<Instant>);
+            for (cands, moving, dt, heard) in looks {
+                now += dt;
+                let live: Vec<u64> = cands.iter().filter(|c| c.live).map(|c| c.node_id).collect();
+                let last = last.map(|r| (r, u64::from(r) * 10));
+                match cl.on_snapshot(snap(cands.clone(), gpus, moving, last), now) {
+                    Step::Round(r) => {
+                        let mut sent: Vec<u64> = r.sends.iter().map(|&(n, _)| n).collect();
+                        prop_assert_eq!(r.sends.first(), Some(&(r.lead_node, true)));
+                        prop_assert_eq!(r.sends.iter().filter(|s| s.1).count(), 1);
+                        sent.sort_unstable();
+                        prop_assert_eq!(&sent, &live, "sent to exactly the live replicas");
+                        prop_assert!(cands.iter().any(|c| c.live && c.replica == r.lead && c.node_id == r.lead_node));
+                        prop_assert!(!rounds.contains(&r.round), "round {} ran twice", r.round);
+                        prop_assert_eq!(r.deadline, now + OUTCOME_TIMEOUT);
+                        if r.failed_over.is_some() {
+                            prop_assert!(rounds.is_empty() && r.round == 0);
+                        }
+                        rounds.push(r.round);
+                        let next = cl.on(undecided(heard, r.lead_node));
+                        prop_assert!(matches!(next, Next::NewRound { .. }), "{:?}", next);
+                    }
+                    Step::WaitForGpus { tell_waiting, tell_moving, ask_move, until } => {
+                        prop_assert_eq!(until, now + YIELD_RETRY);
+                        told_waiting += usize::from(tell_waiting.is_some());
+                        prop_assert!(told_waiting <= 1);
+                        if tell_moving {
+                            prop_assert!(moving.is_some() && moving != told_moving);
+                            told_moving = moving;
+                        }
+                        if ask_move {
+                            prop_assert!(moving.is_none());
+                            prop_assert!(last_ask.is_none_or(|t| now - t >= MOVE_ASK_EVERY));
+                            last_ask = Some(now);
+                        }
+                    }
+                    Step::WaitForReplica { until } => {
+                        prop_assert!(live.is_empty());
+                        prop_assert!(now - t0 <= NO_REPLICA_TIMEOUT);
+                        prop_assert_eq!(until, now + YIELD_RETRY);
+                    }
+                    Step::Fail(f) => {
+                        prop_assert_eq!(f, Failure::NoReplica);
+                        prop_assert!(live.is_empty() && now - t0 > NO_REPLICA_TIMEOUT);
+                        break;
+                    }
+                }
+            }
+        }
+
+        /// With no replica ever live, a cell always ends: it waits, a [`YIELD_RETRY`] at a
+        /// time, and fails with [`Failure::NoReplica`] at its first look after the timeout.
+        #[test]
+        fn with_no_replica_ever_live_the_cell_fails_after_the_timeout(
+            replicas in 0u32..4,
+            gpus in 0u32..3,
+        ) {
+            let t0 = Instant::now();
+            let mut cl = CellLoop::new(t0);
+            let cands: Vec<Candidate> = (1..=replicas).map(|r| cand(r, false, 2)).collect();
+            let mut now = t0;
+            let mut looks = 0u32;
+            let failed_at = loop {
+                match cl.on_snapshot(snap(cands.clone(), gpus, None, None), now) {
+                    Step::WaitForReplica { until } => now = until,
+                    Step::Fail(f) => break (f, now),
+                    other => prop_assert!(false, "{:?}", other),
+                }
+                looks += 1;
+                prop_assert!(looks < 1_000);
+            };
+            prop_assert_eq!(failed_at.0, Failure::NoReplica);
+            prop_assert!(failed_at.1 - t0 > NO_REPLICA_TIMEOUT);
+            prop_assert!(failed_at.1 - t0 <= NO_REPLICA_TIMEOUT + YIELD_RETRY);
+        }
+    }
+}
