@@ -127,6 +127,7 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
             }
             Step::Round(plan) => plan,
         };
+        // A round comes only with a record ([`CellLoop::on_snapshot`]).
         let Some(record) = record else { break 'cell Failure::Deleted };
         let Round { round, lead, lead_node, sends, failed_over, deadline } = plan;
         if let Some((from, to)) = failed_over {
