@@ -1,17 +1,18 @@
 //! A front-end kernel's cell worker: the kernel's cells one at a time, each through its
 //! election rounds (pre-selection, `execute_request` to every live replica, then the
-//! designee's outcome) until a replica executes it or the cell fails. What a round makes
-//! of an outcome, a lost link or silence is decided by [`super::election_round`]; this
-//! file looks up the facts it needs, feeds it, and does the I/O it asks for.
-
-use std::collections::HashSet;
+//! designee's outcome) until a replica executes it or the cell fails. Every decision is
+//! pure and elsewhere: what to do before a round (wait for GPUs, ask for a move, wait for a
+//! replica, fail, whom to send the round to) is [`super::cell_loop`]'s, what a round makes
+//! of an outcome, a lost link or silence is [`super::election_round`]'s; this file looks up
+//! the facts they need, feeds them, and does the I/O they ask for.
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use tokio::sync::mpsc;
 
+use super::cell_loop::{CellLoop, Round, Snapshot, Step};
 use super::election_message::with_election;
-use super::election_round::{Election, Failure, Heard, Next, Why};
+use super::election_round::{Failure, Heard, Next, Why};
 use super::events::{Cell, Event};
 use super::kernel::{FrontendKernel, NO_REPLICA_TIMEOUT};
 use super::replica_link::keep_links;
@@ -19,16 +20,6 @@ use super::state::Current;
 use crate::cluster::control::meta::{MoveAnswer, MoveRequest};
 use crate::cluster::control::records::{MoveReason, MoveRecord};
 use crate::jupyter::Channel;
-use nbos_sched::preselect::{preselect, Candidate};
-
-/// How long a round waits for its designee's outcome before asking again.
-const OUTCOME_TIMEOUT: Duration = Duration::from_secs(15);
-/// Pause between retry rounds when every live replica yielded and no `load/` changed.
-const YIELD_RETRY: Duration = Duration::from_millis(500);
-
-/// How often a waiting cell asks again for a replica to move (no host could take one; the
-/// hosts' `load/` records it was decided on are up to 100 ms old).
-const MOVE_ASK_EVERY: Duration = Duration::from_secs(1);
 
 /// Asks the meta leader, in the background, to move one of the kernel's replicas to a host
 /// that can commit its GPUs now ([`nbos_sched::migrate::choose`]); the cell loop sees the
@@ -53,7 +44,7 @@ fn ask_to_move(k: &Arc<FrontendKernel>) {
 
 /// Tells the clients of a waiting cell that a replica moves (a `stream` message, like the
 /// one that says the cell waits).
-async fn tell_moving(k: &Arc<FrontendKernel>, cell: &Cell, m: &MoveRecord) {
+async fn tell_moving_to(k: &Arc<FrontendKernel>, cell: &Cell, m: &MoveRecord) {
     let hosts = k.shared.hosts().await;
     let name = |n: u64| hosts.get(&n).map_or_else(|| format!("node {n}"), |h| h.name.clone());
     let text = format!(
@@ -86,111 +77,85 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
     k.state().current =
         Some(Current { msg_id: cell.msg_id.clone(), round: 0, executor: None, submitted: cell.submitted });
     let mut changes = k.shared.changes.clone();
-    // The rounds so far and what they decided (pure: [`Election`]); another cell of the
+    // The rounds so far and what they decided (pure: [`CellLoop`]); another cell of the
     // kernel may hold its lock (sent through another gateway): this one waits its turn, and
     // takes the lock over once the holder's host is gone.
-    let mut election = Election::new();
-    let mut told_waiting = false;
-    let mut told_moving: Option<u32> = None;
-    let mut asked_to_move: Option<Instant> = None;
-    let no_replica_since = Instant::now();
+    let mut cl = CellLoop::new(Instant::now());
     let failure = 'cell: loop {
         // Who is live now; links follow the record (a new or incoming replica gets one, a
         // host that no longer holds one loses its link).
         let (cands, record) = k.candidates().await;
-        let Some(record) = record else { break 'cell Failure::Deleted };
-        keep_links(k, &record.hosts());
-        // The kernel's last executor whichever front-end sent its cell (the group's record),
-        // else the last one this front-end saw.
-        let last = k.shared.group_last_executor(record.group).await;
-        let last = last.or(k.state().last_executor);
-        let previous = last.map(|(r, _)| r);
-        // The kernel's own last cell is over (cells are serialised): GPUs its executor still
-        // holds for it (idle-held, or not yet republished in `load/`, sampled every 100 ms) are
-        // its own to take, so they do not count against the previous executor. Without this
-        // a stale load moves every other cell to another replica (and its group leadership
-        // with it). The replica host's binder decides for real.
-        let mut cands = cands;
-        if let Some(p) = previous {
-            for c in cands.iter_mut().filter(|c| c.replica == p) {
-                c.gpus_idle = c.gpus_idle.saturating_add(record.gpus);
+        let snapshot = match &record {
+            Some(record) => {
+                keep_links(k, &record.hosts());
+                // The kernel's last executor whichever front-end sent its cell (the group's
+                // record), else the last one this front-end saw.
+                let last = k.shared.group_last_executor(record.group).await;
+                let last = last.or(k.state().last_executor);
+                Some(Snapshot {
+                    cands: cands.clone(),
+                    gpus: record.gpus,
+                    moving: record.moving.as_ref().map(|m| m.new_replica),
+                    last,
+                })
             }
-        }
-        let live: HashSet<u32> = cands.iter().filter(|c| c.live).map(|c| c.replica).collect();
-        if !election.yielded.is_empty() && live.iter().all(|r| election.yielded.contains(r)) {
-            // Every live replica said it cannot: the cell waits for GPUs.
-            if !told_waiting {
-                told_waiting = true;
-                let reason = election.expected.as_ref().map(|e| e.reason.clone()).filter(|r| !r.is_empty());
-                let text = format!(
-                    "[NotebookOS] waiting for {} GPU(s): no replica's host can commit them now{}; the cell starts when GPUs free up\n",
-                    record.gpus,
-                    reason.map(|r| format!(" ({r})")).unwrap_or_default()
-                );
-                k.publish(&cell.request, "stream", &serde_json::json!({ "name": "stderr", "text": text }));
-            }
-            // A replica moves to a host that can run the cell now (the meta leader decides).
-            match &record.moving {
-                Some(m) if told_moving != Some(m.new_replica) => {
-                    told_moving = Some(m.new_replica);
-                    tell_moving(k, cell, m).await;
+            None => None,
+        };
+        let plan = match cl.on_snapshot(snapshot, Instant::now()) {
+            Step::Fail(failure) => break 'cell failure,
+            Step::WaitForGpus { tell_waiting, tell_moving, ask_move, until } => {
+                if let Some(text) = tell_waiting {
+                    k.publish(&cell.request, "stream", &serde_json::json!({ "name": "stderr", "text": text }));
                 }
-                None if asked_to_move.is_none_or(|t| t.elapsed() >= MOVE_ASK_EVERY) => {
-                    asked_to_move = Some(Instant::now());
+                if let Some(m) = record.as_ref().and_then(|r| r.moving.as_ref()).filter(|_| tell_moving) {
+                    tell_moving_to(k, cell, m).await;
+                }
+                if ask_move {
                     ask_to_move(k);
                 }
-                _ => {}
+                let _ = tokio::time::timeout_at(until.into(), changes.changed()).await;
+                continue;
             }
-            election.yielded.clear();
-            let _ = tokio::time::timeout(YIELD_RETRY, changes.changed()).await;
-            continue;
-        }
-        let Some(plan) = preselect(&cands, record.gpus, previous, &election.yielded) else {
-            if no_replica_since.elapsed() > NO_REPLICA_TIMEOUT {
-                break 'cell Failure::NoReplica;
+            Step::WaitForReplica { until } => {
+                // Wait for a link or host to come back.
+                tokio::select! {
+                    _ = changes.changed() => {}
+                    ev = events.recv() => if ev.is_none() { return },
+                    () = tokio::time::sleep_until(until.into()) => {}
+                }
+                continue;
             }
-            // Wait for a link or host to come back.
-            tokio::select! {
-                _ = changes.changed() => {}
-                ev = events.recv() => if ev.is_none() { return },
-                () = tokio::time::sleep(YIELD_RETRY) => {}
-            }
-            continue;
+            Step::Round(plan) => plan,
         };
-        let lead_node = cands.iter().find(|c| c.replica == plan.lead).map_or(0, |c| c.node_id);
-        election.designate(plan.lead, lead_node);
-        let round = election.round;
-        if let Some((p, prev_node)) = last {
-            if round == 0 && p != plan.lead && !cands.iter().any(|c| c.replica == p && c.live) {
-                tracing::info!(kernel = %k.id, cell = %cell.msg_id, from = prev_node, to = lead_node, "failing over to another replica");
-                k.shared.metrics.cells_failed_over_total.inc();
-            }
+        // A round comes only with a record ([`CellLoop::on_snapshot`]).
+        let Some(record) = record else { break 'cell Failure::Deleted };
+        let Round { round, lead, lead_node, sends, failed_over, deadline } = plan;
+        if let Some((from, to)) = failed_over {
+            tracing::info!(kernel = %k.id, cell = %cell.msg_id, from, to, "failing over to another replica");
+            k.shared.metrics.cells_failed_over_total.inc();
         }
         k.shared.metrics.election_rounds_total.inc();
         if let Some(c) = k.state().current.as_mut() {
             c.round = round;
         }
         tracing::debug!(
-            kernel = %k.id, cell = %cell.msg_id, round, lead = plan.lead,
+            kernel = %k.id, cell = %cell.msg_id, round, lead,
             since_submit_us = u64::try_from(cell.submitted.elapsed().as_micros()).unwrap_or(u64::MAX),
             "election round"
         );
-        // The designee first: its swap is on the cell's path, the yield notes are not.
-        let mut live_cands: Vec<&Candidate> = cands.iter().filter(|c| c.live).collect();
-        live_cands.sort_by_key(|c| c.replica != plan.lead);
-        for c in live_cands {
+        for (node, designee) in sends {
             let msg = with_election(
                 &cell.request,
                 &cell.msg_id,
                 round,
-                c.replica == plan.lead,
-                election.expected.as_ref(),
-                election.steal.as_ref(),
+                designee,
+                cl.election.expected.as_ref(),
+                cl.election.steal.as_ref(),
             );
-            k.send_to(c.node_id, Channel::Shell, msg);
+            k.send_to(node, Channel::Shell, msg);
         }
         // Wait for this round's outcome (or the execution it starts).
-        let deadline = tokio::time::Instant::now() + OUTCOME_TIMEOUT;
+        let deadline = tokio::time::Instant::from_std(deadline);
         loop {
             let executor = k.state().current.as_ref().and_then(|c| c.executor);
             let ev = if executor.is_some() {
@@ -200,8 +165,8 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
                 match tokio::time::timeout_at(deadline, events.recv()).await {
                     Ok(ev) => ev,
                     Err(_) => {
-                        tracing::warn!(kernel = %k.id, cell = %cell.msg_id, round, lead = plan.lead, "no election outcome in time; next round");
-                        election.on(Heard::TimedOut);
+                        tracing::warn!(kernel = %k.id, cell = %cell.msg_id, round, lead, "no election outcome in time; next round");
+                        cl.on(Heard::TimedOut);
                         continue 'cell;
                     }
                 }
@@ -250,7 +215,7 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
                 Heard::Outcome { node, .. } | Heard::LinkDown { node, .. } => *node,
                 Heard::TimedOut => 0,
             };
-            match election.on(heard) {
+            match cl.on(heard) {
                 Next::KeepWaiting => {}
                 Next::Executing(winner) => {
                     let mut s = k.state();
@@ -260,7 +225,7 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
                     s.route(&cell.msg_id, winner);
                 }
                 Next::NewRound { why, tell_busy, wait_for_change } => {
-                    match (why, election.steal.as_ref()) {
+                    match (why, cl.election.steal.as_ref()) {
                         (Why::DesigneeError, _) => {
                             tracing::warn!(kernel = %k.id, cell = %cell.msg_id, node, "designee answered an election error; next round");
                         }
@@ -274,7 +239,8 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
                         k.publish(&cell.request, "stream", &serde_json::json!({ "name": "stderr", "text": text }));
                     }
                     if wait_for_change {
-                        let _ = tokio::time::timeout(YIELD_RETRY, changes.changed()).await;
+                        let until = CellLoop::change_wait_until(Instant::now());
+                        let _ = tokio::time::timeout_at(until.into(), changes.changed()).await;
                     }
                     continue 'cell;
                 }

@@ -19,6 +19,8 @@
 //! - [`frontends`]: this host's front-ends, opened on a client's first use.
 //! - [`kernel`]: one kernel's front-end: client messages in, replica messages out.
 //! - [`cell_driver`]: the cell worker: one cell at a time, the I/O of its election rounds.
+//! - [`cell_loop`]: what a cell does between its rounds (a pure state machine): wait for
+//!   GPUs, ask for a move, wait for a replica, fail, or run the next round.
 //! - [`election_round`]: what a round makes of what it hears (a pure state machine).
 //! - [`replica_link`]: the link to one replica host (in-process for this host's own replica).
 //! - [`shared`]: what every front-end of this host shares (cached `hosts/` and `load/` reads).
@@ -27,6 +29,7 @@
 //! - [`metrics`]: the front-end's metrics.
 
 pub mod cell_driver;
+pub mod cell_loop;
 pub mod election_message;
 pub mod election_round;
 pub mod events;
