@@ -630,7 +630,7 @@ fn a_killed_hosts_kernels_are_killed_when_its_daemon_starts_again() {
 
 /// The parent's parent of kernel process `pid` when the kernel is in a PID namespace of
 /// its own (`NSpid` names two pids): the daemon's child that ends the namespace once the
-/// daemon is gone (kernel/pid_namespace.rs).
+/// daemon is gone (sys/pid_namespace.rs).
 fn namespace_watcher(pid: i32) -> Option<i32> {
     let field = |pid: i32, name: &str| -> Option<String> {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

@@ -1,8 +1,8 @@
 //! Compatibility with hosts of the previous release, which know only the legacy form of
 //! host-to-host calls: `/api/kernels…?replica=local`. It sits in front of every route and
 //! hands those requests to the internal router ([`super::internal_router`]) before routing,
-//! so the public handlers have no `?replica=local` forks. Removable one release after the
-//! internal routes (with the caller's fallback in [`crate::link::peer_routes`]).
+//! so the public handlers have no `?replica=local` forks. It goes in the release after the
+//! next one, with the caller's fallback in [`crate::link::peer_routes`] (docs/cluster.md).
 //!
 //! | legacy request | internal route |
 //! |---|---|
@@ -13,7 +13,10 @@
 //! | `POST /api/kernels/{id}/restart?replica=local` | `POST /internal/v1/replicas/{id}/restart` |
 //!
 //! Any other request with `?replica=local` and a method other than `GET` keeps what it
-//! took before: a host's credential ([`LegacyHostCall`], read by [`super::auth`]).
+//! took before: a host's credential ([`LegacyHostCall`], read by [`super::auth`]). No host
+//! sends `HEAD` with it; one is answered as the public route's `HEAD`, with that credential.
+//! Legacy calls are counted in `notebookos_http_requests_total` under the internal route
+//! they became.
 
 use std::convert::Infallible;
 

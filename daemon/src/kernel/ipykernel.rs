@@ -22,7 +22,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A running ipykernel process and the daemon's sockets to it.
 pub struct Ipykernel {
-    /// Position in the kernel's replica set.
+    /// Position among the local kernel's processes.
     pub index: usize,
     /// The ipykernel process (shared with the socket readers, which kill a kernel that
     /// breaks the protocol).
@@ -47,7 +47,7 @@ impl Drop for Ipykernel {
 
 impl std::fmt::Debug for Ipykernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Replica").field("index", &self.index).field("pid", &self.process.pid()).finish()
+        f.debug_struct("Ipykernel").field("index", &self.index).field("pid", &self.process.pid()).finish()
     }
 }
 

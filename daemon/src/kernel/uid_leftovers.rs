@@ -32,7 +32,7 @@ use crate::sys::{open_flags, signals};
 const SHARED_DIRS: &[&str] = &["/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue"];
 
 /// Directories of `node.runtime_dir` that kernels may create files in (`shim_env.rs`
-/// makes them, `node.rs` opens them to kernels: 1733 and 1777, sticky).
+/// makes them, `node/kernels_dir.rs` opens them to kernels: 1733 and 1777, sticky).
 const RUNTIME_DIRS_KERNELS_WRITE: &[&str] = &["counters", "fake-cuda"];
 
 /// The daemon's own directories kernels write in, cleaned like [`SHARED_DIRS`].

@@ -5,11 +5,18 @@
 //! Rolling upgrade: a host tries the internal route first. An old host has no such route
 //! and answers 404 without [`INTERNAL_MARKER`] (every answer of the internal router
 //! carries it, a "no such kernel" 404 included), so the host falls back to the legacy
-//! form and remembers that peer, by URL, for the life of the process. Remove the fallback
-//! (and the gateway's `legacy_replica_query`) one release after the internal routes.
+//! form and remembers that peer, by URL, for [`LEGACY_RECHECK`]: then it tries the internal
+//! route again, so a peer upgraded meanwhile is reached the new way without a restart here.
+//! Remove the fallback (and the gateway's `legacy_replica_query`) in the release after the
+//! next one (docs/cluster.md, "Ports").
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// How long a peer found to predate the internal routes is called the legacy way before the
+/// internal route is tried again.
+pub const LEGACY_RECHECK: Duration = Duration::from_secs(300);
 
 /// Prefix of the internal routes.
 pub const INTERNAL_PREFIX: &str = "/internal/v1/replicas";
@@ -49,18 +56,30 @@ impl ReplicaCall {
     }
 }
 
-static LEGACY_PEERS: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+/// Peers found to predate the internal routes, by URL, with when that was found.
+static LEGACY_PEERS: Mutex<Option<HashMap<String, Instant>>> = Mutex::new(None);
 
-/// False once `url`'s host answered an internal route as a host without them.
+/// False while `url`'s host is known to predate the internal routes (found less than
+/// [`LEGACY_RECHECK`] ago).
 pub fn speaks_internal(url: &str) -> bool {
-    let peers = LEGACY_PEERS.lock().unwrap_or_else(PoisonError::into_inner);
-    !peers.as_ref().is_some_and(|p| p.contains(url.trim_end_matches('/')))
+    speaks_internal_at(url, Instant::now())
 }
 
-/// Remembers that `url`'s host predates the internal routes.
+fn speaks_internal_at(url: &str, now: Instant) -> bool {
+    let peers = LEGACY_PEERS.lock().unwrap_or_else(PoisonError::into_inner);
+    let found = peers.as_ref().and_then(|p| p.get(url.trim_end_matches('/')).copied());
+    found.is_none_or(|at| now.saturating_duration_since(at) >= LEGACY_RECHECK)
+}
+
+/// Remembers that `url`'s host predates the internal routes (as of now).
 pub fn remember_legacy(url: &str) {
+    remember_legacy_at(url, Instant::now());
+}
+
+fn remember_legacy_at(url: &str, now: Instant) {
     let mut peers = LEGACY_PEERS.lock().unwrap_or_else(PoisonError::into_inner);
-    if peers.get_or_insert_with(HashSet::new).insert(url.trim_end_matches('/').to_owned()) {
+    let known = peers.get_or_insert_with(HashMap::new).insert(url.trim_end_matches('/').to_owned(), now);
+    if known.is_none() {
         tracing::info!(peer = url, "peer has no internal replica routes (an older version): using ?replica=local");
     }
 }
@@ -95,5 +114,17 @@ mod tests {
         remember_legacy(url);
         assert!(!speaks_internal("http://legacy-peer.test:1"));
         assert!(speaks_internal("http://another-peer.test:1"));
+    }
+
+    #[test]
+    fn an_old_peer_is_tried_the_new_way_again_after_the_recheck_period() {
+        let url = "http://upgraded-later.test:1";
+        let t0 = Instant::now();
+        remember_legacy_at(url, t0);
+        assert!(!speaks_internal_at(url, t0 + LEGACY_RECHECK - Duration::from_secs(1)));
+        assert!(speaks_internal_at(url, t0 + LEGACY_RECHECK), "an upgraded peer is reached by its internal routes");
+        // Still old: a new 404 without the marker renews the memory.
+        remember_legacy_at(url, t0 + LEGACY_RECHECK);
+        assert!(!speaks_internal_at(url, t0 + LEGACY_RECHECK + Duration::from_secs(1)));
     }
 }

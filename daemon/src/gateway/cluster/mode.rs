@@ -44,7 +44,7 @@ pub fn with_cluster(router: Router, mode: Arc<ClusterMode>) -> Router {
 pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Cluster mode for a node: front-ends over `cluster`'s meta group, `replicas` for the
-/// internal routes' side, `token` for calls to other hosts. What `node.rs` calls.
+/// internal routes' side, `token` for calls to other hosts. What `node/api.rs` calls.
 pub fn enable(
     router: Router,
     state: Arc<AppState>,

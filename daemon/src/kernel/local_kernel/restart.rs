@@ -135,9 +135,9 @@ impl LocalKernel {
 
     pub(super) fn watch_exit(self: &Arc<Self>, r: &Arc<Ipykernel>) {
         let weak_kernel = Arc::downgrade(self);
-        let weak_replica = Arc::downgrade(r);
+        let weak_ipykernel = Arc::downgrade(r);
         tokio::spawn(async move {
-            let Some(ipykernel) = weak_replica.upgrade() else { return };
+            let Some(ipykernel) = weak_ipykernel.upgrade() else { return };
             let how = ipykernel.process.wait().await;
             let pid = ipykernel.process.pid();
             drop(ipykernel);

@@ -130,8 +130,9 @@ impl Election {
                     Some(rec) if !winner_live => Next::Fail(Failure::HostDied(rec.node_id)),
                     Some(rec) => Next::Executing(rec.node_id),
                 },
-                // Any other outcome from a host other than the designee is an earlier round's.
-                _ if node != lead_node => Next::KeepWaiting,
+                // Any other known outcome from a host other than the designee is an earlier
+                // round's (an unknown one is reported whoever sent it).
+                "busy" | "yielded" | "stale" | "error" if node != lead_node => Next::KeepWaiting,
                 "busy" => {
                     let Some(held) = running else { return Next::KeepWaiting };
                     self.round += 1;
@@ -216,6 +217,15 @@ mod tests {
         assert_eq!(e.on(outcome(30, "error", None)), Next::KeepWaiting);
         assert_eq!(e.on(outcome(30, "taken", Some(record(0, 30)))), Next::Executing(30));
         assert_eq!(e.round, 0);
+    }
+
+    #[test]
+    fn an_unknown_outcome_is_reported_whoever_sends_it() {
+        let mut e = Election::new();
+        e.designate(1, 10);
+        assert_eq!(e.on(outcome(30, "maybe", None)), Next::Unknown("maybe".to_owned()));
+        assert_eq!(e.on(outcome(10, "maybe", None)), Next::Unknown("maybe".to_owned()));
+        assert_eq!(e.round, 0, "an unknown outcome decides nothing");
     }
 
     #[test]
