@@ -15,9 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from nbos_testkit import Cluster, run_cell
+from nbos_testkit import Cluster, bin_dir, run_cell, wait_for
 from jupyter_client.manager import KernelManager
-from nbos_harness import bin_dir, wait_for
 
 OLD_BINS = os.environ.get("NBOS_OLD_BIN_DIR")
 
