@@ -220,7 +220,7 @@ pub async fn propose(
 ) -> Result<Outcome, ElectionError> {
     let store_err = |source| ElectionError::Store { cell: cell.to_owned(), source };
     if let Some(e) = expected {
-        // A record with a winner is final; proposing from it would be the one unsafe swap.
+        // A record with a winner is final; proposing from it is the one swap that could elect twice.
         if e.winner.is_some() {
             return Ok(Outcome::Taken(e.clone()));
         }
