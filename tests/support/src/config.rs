@@ -153,9 +153,14 @@ impl DaemonConfig {
         Ok(text)
     }
 
-    /// The configuration file's text.
+    /// The configuration file's text: only the keys whose value differs from the daemon's
+    /// default (then the overlay), as an operator writes one. So a test's file names what
+    /// the test changes, and a daemon of an earlier version (a rolling upgrade's old hosts,
+    /// which refuse keys they do not know) reads it as long as those keys are its own.
     pub fn to_toml(&self) -> anyhow::Result<String> {
-        let mut table = toml::Table::try_from(&self.config).context("serialising the config")?;
+        let table = toml::Table::try_from(&self.config).context("serialising the config")?;
+        let defaults = toml::Table::try_from(Config::default()).context("serialising the defaults")?;
+        let mut table = changed(table, &defaults);
         merge(&mut table, self.overlay.clone());
         toml::to_string(&table).context("serialising the config")
     }
@@ -165,6 +170,27 @@ impl DaemonConfig {
         std::fs::write(path, self.to_toml()?).with_context(|| format!("writing {}", path.display()))?;
         Ok(path.to_owned())
     }
+}
+
+/// The keys of `table` whose value differs from `defaults`' (tables compared key by key;
+/// a table left empty is dropped).
+fn changed(table: toml::Table, defaults: &toml::Table) -> toml::Table {
+    let mut out = toml::Table::new();
+    for (key, value) in table {
+        match (value, defaults.get(&key)) {
+            (toml::Value::Table(t), Some(toml::Value::Table(d))) => {
+                let inner = changed(t, d);
+                if !inner.is_empty() {
+                    out.insert(key, toml::Value::Table(inner));
+                }
+            }
+            (value, Some(d)) if &value == d => {}
+            (value, _) => {
+                out.insert(key, value);
+            }
+        }
+    }
+    out
 }
 
 /// `over`'s keys into `base`, tables merged recursively, anything else replaced.
@@ -199,6 +225,19 @@ mod tests {
         let text = b.to_toml().expect("toml");
         let parsed = Config::parse(&text, "test").expect("parses");
         assert_eq!(parsed, b.config, "{text}");
+    }
+
+    #[test]
+    fn only_what_differs_from_the_defaults_is_written() {
+        let mut b = DaemonConfig::new(Path::new("/tmp/x"));
+        b.fake_gpus(2);
+        let text = b.to_toml().expect("toml");
+        let table: toml::Table = text.parse().expect("toml");
+        assert_eq!(table["gpu"]["fake_gpus"].as_integer(), Some(2), "{text}");
+        // A default (and a key an earlier version does not know) is not written.
+        assert!(!text.contains("object_gc_grace"), "{text}");
+        assert!(!table.contains_key("autoscale"), "an all-default section is left out: {text}");
+        assert_eq!(Config::parse(&text, "test").expect("parses"), b.config);
     }
 
     #[test]
