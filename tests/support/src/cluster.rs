@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 
@@ -18,7 +18,7 @@ use crate::config::DaemonConfig;
 use crate::daemon::read_endpoint;
 use crate::http::request;
 use crate::layout::{HostLayout, Layout, Options};
-use crate::wait::wait_for;
+use crate::wait::{self, wait_for};
 use crate::{bins, signal};
 
 /// How long a stopped daemon has to exit before its process group is killed.
@@ -231,20 +231,19 @@ impl TestCluster {
     /// Waits (30 s) until host `node_id` serves HTTP; its URL from its endpoint file.
     fn wait_http(&mut self, node_id: u64) -> anyhow::Result<()> {
         let endpoint = self.host(node_id).dir.join("run/endpoint.json");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(c) = self.host_mut(node_id).child.as_mut() {
-                if let Ok(Some(status)) = c.try_wait() {
-                    anyhow::bail!("host {node_id} exited at start ({status}):\n{}", self.host(node_id).log());
-                }
+        let served = wait::poll(Duration::from_secs(30), || {
+            let exited = self.host_mut(node_id).child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                return Some(Err(anyhow::anyhow!(
+                    "host {node_id} exited at start ({status}):\n{}",
+                    self.host(node_id).log()
+                )));
             }
-            if let Some(url) = read_endpoint(&endpoint) {
-                self.host_mut(node_id).url = url;
-                return Ok(());
-            }
-            anyhow::ensure!(Instant::now() < deadline, "host {node_id} did not serve HTTP within 30 s");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            read_endpoint(&endpoint).map(Ok)
+        });
+        let url = served.unwrap_or_else(|| Err(anyhow::anyhow!("host {node_id} did not serve HTTP within 30 s")))?;
+        self.host_mut(node_id).url = url;
+        Ok(())
     }
 
     /// `kill -9` of the daemon and everything in its process group (its kernels).
@@ -273,19 +272,11 @@ impl TestCluster {
     /// Waits up to `within` for a host's daemon to exit by itself; its exit status, or
     /// `None` if it still runs.
     pub fn wait_exit(&mut self, node_id: u64, within: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = Instant::now() + within;
-        loop {
-            let h = self.host_mut(node_id);
-            let status = h.child.as_mut()?.try_wait().expect("try_wait");
-            if let Some(status) = status {
-                h.child = None;
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        self.host(node_id).child.as_ref()?;
+        let h = self.host_mut(node_id);
+        let status = wait::poll(within, || h.child.as_mut().and_then(|c| c.try_wait().expect("try_wait")))?;
+        h.child = None;
+        Some(status)
     }
 
     /// SIGTERM (graceful stop: the host's lease is revoked, its kernels are stopped).
@@ -408,12 +399,8 @@ impl TestCluster {
     }
 
     fn poll(&self, within: Duration, failure: &str, mut done: impl FnMut() -> bool) -> anyhow::Result<()> {
-        let deadline = Instant::now() + within;
-        while !done() {
-            anyhow::ensure!(Instant::now() < deadline, "{failure} within {within:?}\n{}", self.logs());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(())
+        wait::poll(within, || done().then_some(()))
+            .ok_or_else(|| anyhow::anyhow!("{failure} within {within:?}\n{}", self.logs()))
     }
 
     /// Waits (up to `within`) until the replica of `kernel` on every running host applied

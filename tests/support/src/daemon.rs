@@ -3,7 +3,7 @@
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::config::DaemonConfig;
 use crate::{bins, signal, TOKEN};
@@ -77,14 +77,9 @@ pub fn start_daemon(wrapper: &[&str], stderr: Stdio, edit: impl FnOnce(&mut Daem
 /// file (within 30 s).
 pub fn wait_for_endpoint(run_dir: &Path) -> String {
     let endpoint = run_dir.join("endpoint.json");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(url) = read_endpoint(&endpoint) {
-            return url;
-        }
-        assert!(Instant::now() < deadline, "daemon did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    crate::wait::wait_for(Duration::from_secs(30), "the daemon to start (its endpoint file)", || {
+        read_endpoint(&endpoint)
+    })
 }
 
 /// The URL in a daemon's endpoint file, once it is there and whole.

@@ -22,12 +22,8 @@ pub fn kill_group(child: &Child) {
 /// SIGTERM, then SIGKILL of the group if the daemon does not exit within `grace`; reaps it.
 pub fn terminate(child: &mut Child, grace: std::time::Duration) {
     term(child);
-    let deadline = std::time::Instant::now() + grace;
-    while std::time::Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+    if crate::wait::poll(grace, || child.try_wait().ok().flatten()).is_some() {
+        return;
     }
     kill_group(child);
     let _ = child.wait();
