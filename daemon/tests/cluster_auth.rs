@@ -1,7 +1,8 @@
 //! Attacks on the cluster's HTTP authentication, each next to the legitimate path, on a
 //! cluster with a test PKI (raft mutual TLS, HTTPS with client certificates):
 //!
-//! - the users' token on a host-to-host route (`?replica=local`, a forwarded cluster call) -> 403;
+//! - the users' token on a host-to-host route (`/internal/v1/replicas/…`, the legacy
+//!   `?replica=local` form, a forwarded cluster call) -> 403;
 //! - a node certificate claiming another node id -> 403;
 //! - the users' token or a node certificate on an operator route (membership, creating a
 //!   kernel record past the `[limits]` caps) -> 403, a node certificate on a membership call
@@ -90,6 +91,19 @@ fn host_to_host_routes_take_node_certificates_and_membership_takes_the_operator(
     assert_eq!(metric(&c, 1, "not_a_node") - before, 4.0);
     // Legitimate: host 2's certificate, naming host 2, passes authentication (no such kernel here: 404).
     assert_eq!(as_node(&c, 2, 2, "POST", &interrupt, false), 404);
+
+    // The same on the internal routes themselves (what new hosts call): the users' token and a
+    // certificate naming another host -> 403, counted; the host's own certificate -> 404.
+    let before = metric(&c, 1, "not_a_node");
+    for action in ["interrupt", "restart"] {
+        let internal = format!("{base}/internal/v1/replicas/{NO_KERNEL}/{action}");
+        assert_eq!(with_token(&c, TOKEN, "POST", &internal, None).0, 403, "{action}");
+        assert_eq!(as_node(&c, 2, 1, "POST", &internal, false), 403, "{action}");
+        assert_eq!(as_node(&c, 2, 2, "POST", &internal, false), 404, "{action}");
+    }
+    let internal_channels = format!("{base}/internal/v1/replicas/{NO_KERNEL}/channels");
+    assert_eq!(with_token(&c, TOKEN, "GET", &internal_channels, None).0, 403);
+    assert_eq!(metric(&c, 1, "not_a_node") - before, 5.0);
 
     // Attack: the users' token, or a host's certificate, on membership -> 403, counted.
     let before = metric(&c, 1, "not_an_operator");
@@ -195,6 +209,9 @@ fn without_node_certificates_hosts_call_each_other_with_the_operator_token_never
     // Legitimate: what a host sends (the operator token) passes authentication (404: no such
     // kernel), and the operator's call made on either host is forwarded to the leader.
     assert_eq!(with_token(&c, OPERATOR_TOKEN, "POST", &interrupt, None).0, 404);
+    let internal = format!("{base}/internal/v1/replicas/{NO_KERNEL}/interrupt");
+    assert_eq!(with_token(&c, TOKEN, "POST", &internal, None).0, 403, "the users' token on an internal route");
+    assert_eq!(with_token(&c, OPERATOR_TOKEN, "POST", &internal, None).0, 404);
     for node in [1, 2] {
         let url = format!("{}/api/v1/cluster/members/99", c.host(node).url);
         let (code, body) = with_token(&c, OPERATOR_TOKEN, "DELETE", &url, None);
