@@ -18,6 +18,7 @@ pub mod cluster;
 pub mod ctx;
 pub mod engine;
 pub mod events;
+pub mod front;
 pub mod metrics;
 pub mod policy;
 pub mod report;

@@ -43,7 +43,7 @@ const L: f64 = 70.0;
 const R: f64 = 20.0;
 const T: f64 = 40.0;
 const B: f64 = 55.0;
-const COLORS: [&str; 6] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"];
+const COLORS: [&str; 8] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"];
 
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
@@ -85,7 +85,13 @@ fn label(v: f64) -> String {
 impl Chart<'_> {
     /// Renders the chart.
     pub fn render(&self) -> String {
-        let pts = || self.series.iter().flat_map(|s| s.points.iter());
+        self.render_with_dots(&[])
+    }
+
+    /// Renders the chart with `dots` drawn as unconnected markers (a scatter plot: one
+    /// colour per series, after the lines' colours), the axes covering both.
+    pub fn render_with_dots(&self, dots: &[Series]) -> String {
+        let pts = || self.series.iter().chain(dots).flat_map(|s| s.points.iter());
         let (x_lo, x_hi) = match self.x_scale {
             Scale::Linear => (0.0, pts().map(|p| p.0).fold(0.0, f64::max).max(1e-9)),
             Scale::Log10 => {
@@ -206,6 +212,16 @@ impl Chart<'_> {
             );
             let _ = writeln!(o, "<text x=\"{:.1}\" y=\"{:.1}\">{}</text>", L + 36.0, ly + 4.0, esc(&s.name));
         }
+        for (j, s) in dots.iter().enumerate() {
+            let i = self.series.len() + j;
+            let color = COLORS[i % COLORS.len()];
+            for &(x, y) in &s.points {
+                let _ = writeln!(o, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"{color}\"/>", px(x), py(y));
+            }
+            let ly = T + 8.0 + 16.0 * i as f64;
+            let _ = writeln!(o, "<circle cx=\"{:.1}\" cy=\"{ly:.1}\" r=\"4\" fill=\"{color}\"/>", L + 20.0);
+            let _ = writeln!(o, "<text x=\"{:.1}\" y=\"{:.1}\">{}</text>", L + 36.0, ly + 4.0, esc(&s.name));
+        }
         o.push_str("</svg>\n");
         o
     }
@@ -228,6 +244,8 @@ mod tests {
         assert_eq!(s, c.render());
         assert!(s.starts_with("<svg") && s.ends_with("</svg>\n"));
         assert!(s.contains("t &lt;1&gt;") && s.contains("<polyline"));
+        let dotted = c.render_with_dots(&[Series { name: "d".into(), points: vec![(1.0, 0.5)] }]);
+        assert_eq!(dotted.matches("<circle").count(), 2, "one dot and its legend marker");
         let lin = Chart { x_scale: Scale::Linear, ..c }.render();
         assert!(lin.contains(">a</text>"));
         assert_eq!(nice_step(97.0, 5.0), 20.0);
