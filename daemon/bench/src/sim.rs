@@ -244,6 +244,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         scaling_interval_ms: a.scaling_interval_s * 1000,
         fixed_hosts: a.fixed_hosts,
         seed: a.seed,
+        // Host memory: the simulator's stated host shape and replica size.
+        ..Model::default()
     };
     let started = Instant::now();
     let w = load(&a)?;
