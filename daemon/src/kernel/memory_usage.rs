@@ -7,7 +7,7 @@
 //! descendants (a notebook's `multiprocessing` workers too). Both are needed: a kernel
 //! taken from the pre-warm pool imported Python and its modules before it joined its
 //! cgroup, and those pages stay charged where they were (measured here: 12 MiB in the
-//! cgroup of a kernel whose tree holds about 60 MiB resident); a kernel without a cgroup
+//! cgroup of a kernel whose tree holds 52 MiB resident); a kernel without a cgroup
 //! has only the second.
 
 use std::collections::{BTreeMap, BTreeSet};
