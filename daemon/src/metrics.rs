@@ -177,6 +177,10 @@ pub struct Metrics {
     pub prewarm_started_total: Counter,
     /// `notebookos_prewarm_rejected_total{reason}`
     pub prewarm_rejected_total: Family<PrewarmRejectLabels, Counter>,
+    /// Host memory this host's kernels use now, measured (cluster hosts, at each load report).
+    pub host_memory_replicas_bytes: Gauge,
+    /// Host memory this host's kernels may use together (`cluster.kernel_memory_mib`).
+    pub host_memory_replicas_capacity_bytes: Gauge,
 }
 
 impl Metrics {
@@ -293,6 +297,18 @@ impl Metrics {
             "Pre-warmed kernel processes killed instead of handed a kernel (stopped, traced, not answering), by reason",
             prewarm_rejected_total.clone(),
         );
+        let host_memory_replicas_bytes = Gauge::default();
+        registry.register(
+            "notebookos_host_memory_replicas_bytes",
+            "Host memory this host's kernels use now: each kernel's memory cgroup usage, else its process tree's RSS",
+            host_memory_replicas_bytes.clone(),
+        );
+        let host_memory_replicas_capacity_bytes = Gauge::default();
+        registry.register(
+            "notebookos_host_memory_replicas_capacity_bytes",
+            "Host memory this host's kernels may use together; placement puts no replica here past it (0: not accounted)",
+            host_memory_replicas_capacity_bytes.clone(),
+        );
         Self {
             registry,
             build_info,
@@ -317,6 +333,8 @@ impl Metrics {
             prewarm_takes_total,
             prewarm_started_total,
             prewarm_rejected_total,
+            host_memory_replicas_bytes,
+            host_memory_replicas_capacity_bytes,
         }
     }
 

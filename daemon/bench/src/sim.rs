@@ -114,6 +114,13 @@ pub struct Args {
     /// (see "Replay against a real cluster" in docs/simulator.md).
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub fixed_hosts: u32,
+    /// Cluster: host memory for replicas per host, MiB (0: not modelled). The default is
+    /// 1 TiB, an 8-GPU host with 1,152 GiB of RAM less the system's share.
+    #[arg(long, default_value_t = Model::default().host_memory_mib, value_name = "MIB")]
+    pub host_memory_mib: u64,
+    /// Memory of an idle replica before its namespace, MiB (an ipykernel with the user's imports).
+    #[arg(long, default_value_t = Model::default().replica_base_mib, value_name = "MIB")]
+    pub replica_base_mib: u64,
 }
 
 fn read(path: &Path) -> anyhow::Result<String> {
@@ -243,6 +250,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         prewarm_per_host: a.prewarm_per_host,
         scaling_interval_ms: a.scaling_interval_s * 1000,
         fixed_hosts: a.fixed_hosts,
+        host_memory_mib: a.host_memory_mib,
+        replica_base_mib: a.replica_base_mib,
         seed: a.seed,
     };
     let started = Instant::now();

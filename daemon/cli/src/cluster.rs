@@ -293,6 +293,7 @@ mod tests {
                 gpus_idle: 0,
                 replicas: 2,
                 subscribed_gpus: 3,
+                ..LoadRecord::default()
             }),
             draining: id == 4,
         }

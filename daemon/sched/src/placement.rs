@@ -5,11 +5,17 @@
 //! the subscription ratio after taking the kernel: `(subscribed + gpus) <= ratio * gpus_total`.
 //! A CPU-only kernel (0 GPUs) fits anywhere. Ties break on fewer replicas hosted, then the
 //! lower node id, so every leader places the same kernel the same way.
+//!
+//! Host memory: each replica is a Python process holding its user's imports and
+//! namespace, so at high ratios RAM, not GPUs, can run out. A host that reports a memory
+//! capacity for replicas takes a replica only if `used + expected <= capacity`; a host
+//! with capacity 0 (an old host, or one that does not account) is unbounded, so callers
+//! that know nothing of memory place exactly as before.
 
 use std::cmp::Ordering;
 
 /// One live host as placement sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HostLoad {
     /// Raft node id.
     pub node_id: u64,
@@ -19,6 +25,10 @@ pub struct HostLoad {
     pub subscribed_gpus: u32,
     /// Kernel replicas placed on the host.
     pub replicas: u32,
+    /// Host memory replicas may use, MiB; 0: not accounted (no memory limit).
+    pub memory_capacity_mib: u64,
+    /// Host memory the replicas placed there use (or are expected to), MiB.
+    pub memory_used_mib: u64,
 }
 
 /// Why a kernel (or a replica) could not be placed.
@@ -57,6 +67,24 @@ pub enum PlacementError {
         /// Ids of the hosts with room.
         eligible_hosts: Vec<u64>,
     },
+    /// Enough hosts have GPU room, but too few have the host memory a replica needs.
+    #[error(
+        "a kernel whose replicas need {memory_mib} MiB of host memory each needs {needed} hosts with that much free; \
+         only {eligible} of the {gpu_eligible} live host(s) with GPU room have it{}",
+        list(.eligible_hosts)
+    )]
+    NoMemory {
+        /// Host memory each replica is expected to use, MiB.
+        memory_mib: u64,
+        /// Replicas needed.
+        needed: usize,
+        /// Hosts with GPU room and the memory.
+        eligible: usize,
+        /// Hosts with GPU room.
+        gpu_eligible: usize,
+        /// Ids of the hosts with GPU room and the memory.
+        eligible_hosts: Vec<u64>,
+    },
 }
 
 fn list(ids: &[u64]) -> String {
@@ -78,6 +106,12 @@ fn fits(h: &HostLoad, gpus: u32, ratio: f64) -> bool {
     f64::from(h.subscribed_gpus.saturating_add(gpus)) <= ratio * f64::from(h.gpus_total) + 1e-9
 }
 
+/// Whether a replica expected to use `memory_mib` MiB fits in the host's memory for
+/// replicas (always, when the host does not account memory).
+pub fn fits_memory(h: &HostLoad, memory_mib: u64) -> bool {
+    h.memory_capacity_mib == 0 || h.memory_used_mib.saturating_add(memory_mib) <= h.memory_capacity_mib
+}
+
 /// Subscription after placing `gpus` more: the sort key (hosts without GPUs sort last
 /// among GPU kernels, which they cannot take anyway; first for CPU-only kernels by replicas).
 fn subscription(h: &HostLoad, gpus: u32) -> f64 {
@@ -97,19 +131,38 @@ fn order(a: &HostLoad, b: &HostLoad, gpus: u32) -> Ordering {
 
 /// Chooses `replicas` distinct hosts for a new kernel asking for `gpus` GPUs per cell.
 /// Returns node ids, best first.
+/// The replicas are expected to use no host memory ([`place_with_memory`]).
 pub fn place(hosts: &[HostLoad], gpus: u32, replicas: usize, ratio: f64) -> Result<Vec<u64>, PlacementError> {
-    choose(hosts, gpus, replicas, ratio, &[])
+    place_with_memory(hosts, gpus, 0, replicas, ratio)
+}
+
+/// [`place`] for replicas each expected to use `memory_mib` MiB of host memory: hosts
+/// that would exceed their memory for replicas are skipped ([`fits_memory`]).
+pub fn place_with_memory(
+    hosts: &[HostLoad],
+    gpus: u32,
+    memory_mib: u64,
+    replicas: usize,
+    ratio: f64,
+) -> Result<Vec<u64>, PlacementError> {
+    choose(hosts, gpus, memory_mib, replicas, ratio, &[])
 }
 
 /// Chooses one host for a replacement replica: a live host not in `exclude` (the hosts
 /// already holding the kernel's other replicas, and the dead one). `None` when none fits.
 pub fn replace(hosts: &[HostLoad], gpus: u32, ratio: f64, exclude: &[u64]) -> Option<u64> {
-    choose(hosts, gpus, 1, ratio, exclude).ok().and_then(|v| v.first().copied())
+    replace_with_memory(hosts, gpus, 0, ratio, exclude)
+}
+
+/// [`replace`] for a replica expected to use `memory_mib` MiB of host memory.
+pub fn replace_with_memory(hosts: &[HostLoad], gpus: u32, memory_mib: u64, ratio: f64, exclude: &[u64]) -> Option<u64> {
+    choose(hosts, gpus, memory_mib, 1, ratio, exclude).ok().and_then(|v| v.first().copied())
 }
 
 fn choose(
     hosts: &[HostLoad],
     gpus: u32,
+    memory_mib: u64,
     replicas: usize,
     ratio: f64,
     exclude: &[u64],
@@ -135,6 +188,18 @@ fn choose(
             eligible_hosts: eligible.iter().map(|h| h.node_id).collect(),
         });
     }
+    // GPU room first, then memory: the error names the resource that ran out.
+    let gpu_eligible = eligible.len();
+    eligible.retain(|h| fits_memory(h, memory_mib));
+    if eligible.len() < replicas {
+        return Err(PlacementError::NoMemory {
+            memory_mib,
+            needed: replicas,
+            eligible: eligible.len(),
+            gpu_eligible,
+            eligible_hosts: eligible.iter().map(|h| h.node_id).collect(),
+        });
+    }
     eligible.sort_by(|a, b| order(a, b, gpus));
     Ok(eligible.iter().take(replicas).map(|h| h.node_id).collect())
 }
@@ -145,7 +210,54 @@ mod tests {
     use crate::prop::cases;
 
     fn host(node_id: u64, gpus_total: u32, subscribed_gpus: u32, replicas: u32) -> HostLoad {
-        HostLoad { node_id, gpus_total, subscribed_gpus, replicas }
+        HostLoad { node_id, gpus_total, subscribed_gpus, replicas, ..HostLoad::default() }
+    }
+
+    fn with_memory(h: HostLoad, memory_capacity_mib: u64, memory_used_mib: u64) -> HostLoad {
+        HostLoad { memory_capacity_mib, memory_used_mib, ..h }
+    }
+
+    #[test]
+    fn hosts_that_would_run_out_of_memory_are_skipped_and_the_refusal_names_memory() {
+        // Host 2 is the least subscribed but has 100 MiB left; host 4 does not account memory.
+        let hosts = [
+            with_memory(host(1, 4, 4, 4), 8192, 1000),
+            with_memory(host(2, 4, 0, 0), 8192, 8092),
+            with_memory(host(3, 4, 2, 2), 8192, 0),
+            host(4, 4, 3, 3),
+        ];
+        assert_eq!(place_with_memory(&hosts, 1, 100, 3, 3.0).unwrap(), vec![2, 3, 4], "100 MiB still fits host 2");
+        assert_eq!(place_with_memory(&hosts, 1, 101, 3, 3.0).unwrap(), vec![3, 4, 1]);
+        assert_eq!(place(&hosts, 1, 3, 3.0).unwrap(), vec![2, 3, 4], "no memory asked: as before");
+        let err = place_with_memory(&hosts, 1, 7200, 3, 3.0).unwrap_err();
+        assert_eq!(
+            err,
+            PlacementError::NoMemory {
+                memory_mib: 7200,
+                needed: 3,
+                eligible: 2,
+                gpu_eligible: 4,
+                eligible_hosts: vec![3, 4]
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "a kernel whose replicas need 7200 MiB of host memory each needs 3 hosts with that much free; \
+             only 2 of the 4 live host(s) with GPU room have it (3, 4)"
+        );
+        // A replacement skips the host that would run out, and finds none when all would.
+        assert_eq!(replace_with_memory(&hosts, 1, 500, 3.0, &[3, 4]), Some(1));
+        assert_eq!(replace_with_memory(&hosts, 1, 8000, 3.0, &[3, 4]), None);
+        assert_eq!(replace(&hosts, 1, 3.0, &[3, 4]), Some(2));
+    }
+
+    #[test]
+    fn a_host_over_its_memory_takes_nothing_more_and_gpu_room_is_reported_first() {
+        let full = [with_memory(host(1, 4, 0, 0), 1024, 2048), host(2, 4, 0, 0), host(3, 4, 0, 0)];
+        assert!(matches!(place(&full, 0, 3, 3.0), Err(PlacementError::NoMemory { eligible: 2, .. })));
+        // No GPU room on host 3 and no memory on host 1: GPUs are named.
+        let both = [with_memory(host(1, 4, 0, 0), 1024, 2048), host(2, 4, 0, 0), host(3, 1, 3, 3)];
+        assert!(matches!(place(&both, 1, 3, 3.0), Err(PlacementError::NoRoom { eligible: 2, .. })));
     }
 
     #[test]
@@ -211,13 +323,21 @@ mod tests {
         cases(500, |g| {
             let n = g.u32(0, 10);
             let mut hosts: Vec<HostLoad> = (1..=u64::from(n))
-                .map(|id| host(id, [0, 1, 2, 4, 8][g.u32(0, 4) as usize], g.u32(0, 40), g.u32(0, 12)))
+                .map(|id| {
+                    let h = host(id, [0, 1, 2, 4, 8][g.u32(0, 4) as usize], g.u32(0, 40), g.u32(0, 12));
+                    // A third of the hosts do not account memory (capacity 0).
+                    let cap = [0u64, 1024, 4096][g.u32(0, 2) as usize];
+                    with_memory(h, cap, u64::from(g.u32(0, 4096)))
+                })
                 .collect();
             let gpus = [0, 1, 2, 4, 8][g.u32(0, 4) as usize];
+            let memory = [0u64, 64, 512, 2048][g.u32(0, 3) as usize];
             let replicas = g.u32(1, 4) as usize;
             let ratio = f64::from(g.u32(2, 42)) / 2.0;
-            let fitting: Vec<&HostLoad> = hosts.iter().filter(|h| fits(h, gpus, ratio)).collect();
-            let got = place(&hosts, gpus, replicas, ratio);
+            let gpu_fitting = hosts.iter().filter(|h| fits(h, gpus, ratio)).count();
+            let fitting: Vec<&HostLoad> =
+                hosts.iter().filter(|h| fits(h, gpus, ratio) && fits_memory(h, memory)).collect();
+            let got = place_with_memory(&hosts, gpus, memory, replicas, ratio);
             match &got {
                 Ok(ids) => {
                     assert_eq!(ids.len(), replicas);
@@ -228,6 +348,7 @@ mod tests {
                     for id in ids {
                         let h = hosts.iter().find(|h| h.node_id == *id).expect("a listed host");
                         assert!(fits(h, gpus, ratio), "host {id} over the ratio {ratio}");
+                        assert!(fits_memory(h, memory), "host {id} would run out of memory");
                     }
                     // Least subscribed first: no host left out is strictly better than one chosen.
                     let worst = ids
@@ -241,16 +362,29 @@ mod tests {
                 Err(PlacementError::TooFewHosts { .. }) => assert!(hosts.len() < replicas),
                 Err(PlacementError::NoRoom { eligible, .. }) => {
                     assert!(hosts.len() >= replicas);
+                    assert_eq!(*eligible, gpu_fitting);
+                    assert!(gpu_fitting < replicas);
+                }
+                Err(PlacementError::NoMemory { eligible, gpu_eligible, .. }) => {
+                    assert!(*gpu_eligible >= replicas, "memory is named only when GPUs had room");
                     assert_eq!(*eligible, fitting.len());
                     assert!(fitting.len() < replicas);
                 }
             }
+            // Without memory asked and without accounting hosts, placement is as before memory.
+            let unaccounted: Vec<HostLoad> =
+                hosts.iter().map(|h| HostLoad { memory_capacity_mib: 0, ..h.clone() }).collect();
+            assert_eq!(
+                place_with_memory(&unaccounted, gpus, memory, replicas, ratio),
+                place(&unaccounted, gpus, replicas, ratio)
+            );
             hosts.reverse();
-            assert_eq!(place(&hosts, gpus, replicas, ratio), got, "input order does not matter");
+            assert_eq!(place_with_memory(&hosts, gpus, memory, replicas, ratio), got, "input order does not matter");
             // A replacement never lands on an excluded host, and exists exactly when one fits.
             let exclude: Vec<u64> = hosts.iter().map(|h| h.node_id).filter(|_| g.bool()).collect();
-            let re = replace(&hosts, gpus, ratio, &exclude);
-            let any = hosts.iter().any(|h| !exclude.contains(&h.node_id) && fits(h, gpus, ratio));
+            let re = replace_with_memory(&hosts, gpus, memory, ratio, &exclude);
+            let any =
+                hosts.iter().any(|h| !exclude.contains(&h.node_id) && fits(h, gpus, ratio) && fits_memory(h, memory));
             assert_eq!(re.is_some(), any);
             assert!(re.is_none_or(|id| !exclude.contains(&id)));
         });

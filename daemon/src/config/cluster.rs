@@ -64,6 +64,24 @@ pub struct ClusterConfig {
     /// any replica's catch-up (a lagging replica or a learner may still read it).
     #[serde(with = "humantime_serde")]
     pub object_gc_grace: Duration,
+    /// Host memory this host's kernel replicas may use together, MiB: placement puts no
+    /// replica here that would take their measured memory past it. 0 (the default): the
+    /// host's `MemTotal` less a reserve for the system and the daemon
+    /// ([`kernel_memory_capacity_mib`]).
+    pub kernel_memory_mib: u64,
+}
+
+/// The memory capacity for kernels of a host with `mem_total_mib` of RAM and
+/// `configured_mib` set (0: derived): `MemTotal` less a tenth for the system, the daemon
+/// and the page cache, and never less than 2 GiB of reserve. 0 (not accounted) when the
+/// host's memory is unknown.
+pub fn kernel_memory_capacity_mib(configured_mib: u64, mem_total_mib: u64) -> u64 {
+    if configured_mib > 0 {
+        return configured_mib;
+    }
+    let reserve = (mem_total_mib / 10).max(2048);
+    // A host too small for the reserve still takes kernels: a tenth of it, not "unbounded".
+    mem_total_mib.saturating_sub(reserve).max(mem_total_mib / 10)
 }
 
 /// One founding voter of the meta group, from `cluster.seeds`.
@@ -119,6 +137,7 @@ impl Default for ClusterConfig {
             object_store_timeout: Duration::from_secs(60),
             object_gc_interval: Duration::from_secs(600),
             object_gc_grace: Duration::from_secs(3600),
+            kernel_memory_mib: 0,
         }
     }
 }
@@ -269,6 +288,22 @@ mod tests {
     use super::super::Config;
 
     const CLUSTER: &str = "[cluster]\nenabled = true\nnode_id = 1\nraft_listen = \"127.0.0.1:7001\"\n";
+
+    #[test]
+    fn the_memory_for_kernels_is_the_configured_value_or_memtotal_less_a_reserve() {
+        use super::kernel_memory_capacity_mib as cap;
+        assert_eq!(cap(4096, 1 << 20), 4096, "configured wins");
+        assert_eq!(cap(0, 1 << 20), (1 << 20) - (1 << 20) / 10, "a 1 TiB host keeps a tenth");
+        assert_eq!(cap(0, 16_384), 16_384 - 2048, "at least 2 GiB of reserve");
+        assert_eq!(cap(0, 1024), 102, "a tiny host still takes kernels");
+        assert_eq!(cap(0, 0), 0, "unknown memory: not accounted");
+        let c = Config::parse(
+            &format!("{CLUSTER}seeds = [\"1=127.0.0.1:7001\"]\nreplicas = 1\nkernel_memory_mib = 512\n"),
+            "t.toml",
+        )
+        .expect("valid");
+        assert_eq!(c.cluster.kernel_memory_mib, 512);
+    }
 
     #[test]
     fn cluster_section_is_off_by_default_and_accepts_a_loopback_dev_cluster() {

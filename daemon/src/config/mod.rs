@@ -26,7 +26,7 @@ mod node;
 mod observer;
 
 pub use autoscale::{AutoscaleConfig, AutoscaleProvider, AutoscaleRule};
-pub use cluster::{ClusterConfig, ClusterTlsConfig, Seed};
+pub use cluster::{kernel_memory_capacity_mib, ClusterConfig, ClusterTlsConfig, Seed};
 pub use error::ConfigError;
 pub use gpu::{DeviceGuardMode, GpuConfig, GpuDriver};
 pub use http::{HttpConfig, HttpTlsConfig};

@@ -33,6 +33,7 @@ pub mod id;
 pub mod identity;
 pub mod ipykernel;
 pub mod local_kernel;
+pub mod memory_usage;
 pub mod orphans;
 pub mod port_owner;
 pub mod prewarm;

@@ -464,6 +464,16 @@ impl Kernels {
         self.memory_limit_bytes.and_then(|_| self.cgroup.dir(id))
     }
 
+    /// The daemon's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Every kernel.
+    pub async fn all(&self) -> Vec<Arc<LocalKernel>> {
+        self.map.read().await.values().cloned().collect()
+    }
+
     /// A kernel by id.
     pub async fn get(&self, id: &str) -> Option<Arc<LocalKernel>> {
         self.map.read().await.get(id).cloned()

@@ -39,6 +39,7 @@ pub(super) async fn start_cluster(
     use crate::cluster::cells::state_sync::SyncConfig;
     use crate::cluster::cells::supervisor::Supervisor;
     use crate::cluster::control::autoscale::provider::ExecProvider;
+    use crate::cluster::control::meta::memory;
     use crate::cluster::control::records::{GpuRecord, LoadRecord};
     use crate::config::AutoscaleProvider;
     use raft_store::{RaftStore, StoreConfig, TransportSecurity};
@@ -100,10 +101,42 @@ pub(super) async fn start_cluster(
     };
     let node_id = c.node_id;
     let kernels_for_replicas = kernels.clone();
+    let memory_capacity_mib =
+        crate::config::kernel_memory_capacity_mib(c.kernel_memory_mib, settings.memory_bytes >> 20);
+    tracing::info!(
+        memory_capacity_mib,
+        "host memory for kernels (cluster.kernel_memory_mib, 0: MemTotal less a reserve)"
+    );
+    // The replica host starts after the cluster handle the probe belongs to: the namespace
+    // sizes are there once it is.
+    let replica_host: Arc<std::sync::OnceLock<Arc<ReplicaHost>>> = Arc::default();
+    let replica_host_for_probe = replica_host.clone();
+    let last_measured: Arc<tokio::sync::Mutex<Option<(std::time::Instant, MeasuredMemory)>>> = Arc::default();
     let probe: crate::cluster::control::meta::LoadProbe = Arc::new(move || {
         let kernels = kernels.clone();
+        let replica_host = replica_host_for_probe.clone();
+        let last_measured = last_measured.clone();
         Box::pin(async move {
             let snap = kernels.binder().snapshot();
+            // Memory is measured every few seconds, not at every heartbeat: placement needs
+            // no finer, and the load record is rewritten whenever it changes.
+            let measured = {
+                let mut last = last_measured.lock().await;
+                match &*last {
+                    Some((at, m)) if at.elapsed() < MEMORY_MEASURE_EVERY => m.clone(),
+                    _ => {
+                        let m = kernels.memory_bytes().await;
+                        *last = Some((std::time::Instant::now(), m.clone()));
+                        m
+                    }
+                }
+            };
+            let namespace = replica_host.get().map(|r| r.namespace_bytes()).unwrap_or_default();
+            let (memory_used_mib, kernel_memory_mib) = memory::report(&measured, &namespace);
+            let metrics = kernels.metrics();
+            let bytes = |mib: u64| i64::try_from(mib.saturating_mul(1 << 20)).unwrap_or(i64::MAX);
+            metrics.host_memory_replicas_bytes.set(i64::try_from(measured.values().sum::<u64>()).unwrap_or(i64::MAX));
+            metrics.host_memory_replicas_capacity_bytes.set(bytes(memory_capacity_mib));
             LoadRecord {
                 node_id,
                 gpus_total: snap.total,
@@ -112,6 +145,9 @@ pub(super) async fn start_cluster(
                 gpus_idle: snap.total.saturating_sub(snap.committed),
                 replicas: u32::try_from(kernels.len().await).unwrap_or(u32::MAX),
                 subscribed_gpus: snap.requested,
+                memory_capacity_mib,
+                memory_used_mib,
+                kernel_memory_mib,
             }
         })
     });
@@ -140,6 +176,7 @@ pub(super) async fn start_cluster(
         ),
     }
     let replicas = Arc::new(ReplicaHost::new(node_id, store, kernels_for_replicas, objects, sync));
+    let _ = replica_host.set(replicas.clone());
     let supervisor = Supervisor::start(cluster.clone(), replicas.clone());
     let autoscaler = match config.autoscale.provider {
         AutoscaleProvider::None => None,
@@ -152,6 +189,12 @@ pub(super) async fn start_cluster(
     };
     Ok(ClusterNode { cluster, replicas, supervisor, autoscaler, collector, collecting })
 }
+
+/// Bytes of host memory each kernel uses, by kernel id.
+type MeasuredMemory = std::collections::BTreeMap<String, u64>;
+
+/// How often a host measures its kernels' memory for its load record.
+const MEMORY_MEASURE_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The cluster side of a node.
 pub(super) struct ClusterNode {

@@ -6,7 +6,7 @@
 //!   replace with a recording double) and the signals the daemon sends.
 //! - [`pidfd`]: process descriptors (pidfd_open, `SO_PEERPIDFD`, pidfd_send_signal).
 //! - [`peer_credentials`]: `SO_PEERCRED` of a unix socket's peer.
-//! - [`procfs`]: a process's parent and innermost pid from `/proc`.
+//! - [`procfs`]: a process's parent, innermost pid and resident memory from `/proc`.
 //! - [`credentials`]: the daemon's own user ids.
 //! - [`fs_stats`]: free space of a filesystem (statvfs).
 //! - [`open_flags`]: `O_NOFOLLOW` and friends, the set-id mode bits.

@@ -130,6 +130,9 @@ pub fn result(w: &Workload, clock: &Clock, hosts: &[Host], m: &Measured) -> Poli
             migrations: counter(0),
             background_moves: 0,
             scale_outs: counter(1),
+            // The replay's hosts report no memory to the bench.
+            host_memory_peak_mib: 0,
+            memory_refusals: 0,
             scale_ins: counter(2),
             violations: Vec::new(),
         },

@@ -30,6 +30,8 @@ pub struct SimHost {
     pub subscribed: u32,
     /// Replicas or containers placed here.
     pub replicas: u32,
+    /// Host memory the replicas or containers placed here use, MiB (see [`SimCluster::size_kernel`]).
+    pub memory_mib: u64,
     /// Pre-warmed containers ready.
     pub warm: u32,
     /// Pre-warmed containers starting.
@@ -53,6 +55,8 @@ pub struct SimCluster {
     committed_gpu_ms: u128,
     committed_now: u32,
     released_bound_gpu_ms: u128,
+    kernel_memory_mib: std::collections::HashMap<String, u64>,
+    memory_peak_mib: u64,
     /// Hosts requested.
     pub hosts_added: u64,
     /// Hosts released.
@@ -78,6 +82,8 @@ impl SimCluster {
             committed_gpu_ms: 0,
             committed_now: 0,
             released_bound_gpu_ms: 0,
+            kernel_memory_mib: std::collections::HashMap::new(),
+            memory_peak_mib: 0,
             hosts_added: 0,
             hosts_released: 0,
             violations: Vec::new(),
@@ -108,6 +114,7 @@ impl SimCluster {
             state: HostState::Provisioning,
             subscribed: 0,
             replicas: 0,
+            memory_mib: 0,
             warm: 0,
             warming: 0,
             ledger: vec![None; self.gpus_per_host as usize],
@@ -205,8 +212,25 @@ impl SimCluster {
             .map(|(h, _)| h)
     }
 
+    /// Each replica or container of `kernel` uses `mib` MiB of host memory from now on
+    /// (where it is placed, and wherever it moves); a kernel never sized uses none.
+    pub fn size_kernel(&mut self, kernel: &str, mib: u64) {
+        self.kernel_memory_mib.insert(kernel.to_owned(), mib);
+    }
+
+    /// The host memory each replica of `kernel` uses, MiB.
+    pub fn kernel_memory_mib(&self, kernel: &str) -> u64 {
+        self.kernel_memory_mib.get(kernel).copied().unwrap_or(0)
+    }
+
+    /// The most host memory replicas used on one host at any time so far, MiB.
+    pub fn memory_peak_mib(&self) -> u64 {
+        self.memory_peak_mib
+    }
+
     /// Registers a kernel (replica or container) asking for `gpus` per cell on host `h`.
     pub fn add_kernel(&mut self, h: u32, kernel: &str, gpus: u32, now: Millis) {
+        let mib = self.kernel_memory_mib(kernel);
         let host = &mut self.hosts[h as usize];
         if let Err(e) = host.sched.add_kernel(kernel, gpus, now) {
             self.violations.push(format!("host {h}: {e}"));
@@ -214,15 +238,19 @@ impl SimCluster {
         }
         host.subscribed += gpus;
         host.replicas += 1;
+        host.memory_mib = host.memory_mib.saturating_add(mib);
+        self.memory_peak_mib = self.memory_peak_mib.max(host.memory_mib);
     }
 
     /// Removes a kernel from host `h`: its GPUs are freed.
     pub fn remove_kernel(&mut self, h: u32, kernel: &str, gpus: u32, now: Millis) {
         self.advance(now);
+        let mib = self.kernel_memory_mib(kernel);
         let host = &mut self.hosts[h as usize];
         let acts = host.sched.remove_kernel(kernel, now);
         host.subscribed = host.subscribed.saturating_sub(gpus);
         host.replicas = host.replicas.saturating_sub(1);
+        host.memory_mib = host.memory_mib.saturating_sub(mib);
         let mut freed = 0;
         for g in &mut host.ledger {
             if let Some((k, committed)) = g {
@@ -397,5 +425,27 @@ mod tests {
         assert!(c.commit(h, "a", "a1", 1, 0));
         assert!(!c.commit(h, "b", "b1", 1, 0));
         assert!(c.violations.iter().any(|v| v.contains("b1 queued")), "{:?}", c.violations);
+    }
+
+    #[test]
+    fn host_memory_follows_the_sized_kernels_and_its_peak_is_kept() {
+        let mut c = SimCluster::new(4, 1_000, 1e9);
+        let (a, b) = (c.request(0), c.request(0));
+        c.up(a);
+        c.up(b);
+        c.size_kernel("k", 700);
+        c.add_kernel(a, "k", 1, 0);
+        c.add_kernel(a, "unsized", 1, 0);
+        c.add_kernel(b, "k", 1, 0);
+        assert_eq!((c.host(a).memory_mib, c.host(b).memory_mib), (700, 700));
+        c.remove_kernel(a, "k", 1, 10);
+        c.add_kernel(b, "unsized", 1, 10);
+        assert_eq!((c.host(a).memory_mib, c.host(b).memory_mib), (0, 700));
+        c.size_kernel("j", 500);
+        c.add_kernel(b, "j", 1, 20);
+        assert_eq!((c.host(b).memory_mib, c.memory_peak_mib()), (1200, 1200));
+        c.remove_kernel(b, "j", 1, 30);
+        assert_eq!(c.memory_peak_mib(), 1200, "the peak stays");
+        assert!(c.violations.is_empty(), "{:?}", c.violations);
     }
 }

@@ -30,6 +30,8 @@ pub struct Ctx<'a> {
     pub migrations: u64,
     /// Idle replicas moved in the background (off a host being drained, or to cover a kernel).
     pub background_moves: u64,
+    /// Placements refused because no host had the memory for the replicas (each attempt).
+    pub memory_refusals: u64,
     pub(crate) completed: usize,
 }
 
@@ -43,6 +45,12 @@ impl Ctx<'_> {
     /// The current training's index in its session.
     pub fn training_index(&self, s: u32) -> u32 {
         self.next[s as usize]
+    }
+
+    /// Host memory each replica (or container) of session `s` uses, MiB: an idle kernel
+    /// with its imports plus the session's namespace (every replica holds all of it).
+    pub fn replica_memory_mib(&self, s: u32) -> u64 {
+        self.m.replica_base_mib.saturating_add(self.w.sessions[s as usize].namespace_mib)
     }
 
     /// The session's GPUs.

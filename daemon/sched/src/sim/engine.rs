@@ -57,6 +57,7 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
         delays_ms: Vec::with_capacity(w.sessions.iter().map(|s| s.trainings.len()).sum()),
         migrations: 0,
         background_moves: 0,
+        memory_refusals: 0,
         completed: 0,
     };
     let mut p = new_policy(policy, n);
@@ -159,6 +160,8 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
             // A fixed cluster's hosts were there from the start: not scale-outs.
             scale_outs: cx.c.hosts_added.saturating_sub(u64::from(m.fixed_hosts)),
             scale_ins: cx.c.hosts_released,
+            host_memory_peak_mib: cx.c.memory_peak_mib(),
+            memory_refusals: cx.memory_refusals,
             violations: cx.c.violations.clone(),
         },
         cx.delays_ms,
@@ -197,6 +200,13 @@ fn validate(w: &Workload, m: &Model) -> Result<(), SimError> {
         )));
     }
     for (i, s) in w.sessions.iter().enumerate() {
+        let mib = m.replica_base_mib.saturating_add(s.namespace_mib);
+        if m.host_memory_mib > 0 && mib > m.host_memory_mib {
+            return Err(SimError::Model(format!(
+                "session {i}'s replicas need {mib} MiB of host memory each, but hosts have {} MiB for replicas",
+                m.host_memory_mib
+            )));
+        }
         let gpus = s.trainings.iter().map(|t| t.gpus).max().unwrap_or(0).max(s.gpus);
         if gpus > m.gpus_per_host {
             return Err(SimError::TooLarge { session: i, gpus, per_host: m.gpus_per_host });
@@ -223,6 +233,7 @@ mod tests {
             stop: start + 600_000,
             gpus: 2,
             trainings: vec![Training { submit: start + 60_000, duration: 120_000, gpus: 2 }],
+            namespace_mib: 0,
         };
         let w = Workload::new("t".into(), vec![session(0), session(0)]);
         let m = Model { gpus_per_host: 2, fixed_hosts: 3, ..Model::default() };
@@ -232,5 +243,51 @@ mod tests {
         // 3 hosts × 2 GPUs × 600 s.
         assert!((r.gpu_hours_provisioned - 1.0).abs() < 1e-9, "{}", r.gpu_hours_provisioned);
         assert!((r.delay_max_s - 0.002).abs() < 1e-9, "GPUs for both at once: {}", r.delay_max_s);
+    }
+
+    #[test]
+    fn host_memory_not_gpus_limits_placement() {
+        // Two 1-GPU sessions at once on 3 hosts of 8 GPUs: GPUs allow both at once, but
+        // each replica needs 512 + 1,000 MiB and a host has 2,000 MiB for replicas, so a
+        // host holds one replica and the second session waits for the first to stop.
+        let session = |start, stop| Session {
+            start,
+            stop,
+            gpus: 1,
+            trainings: vec![Training { submit: start + 60_000, duration: 120_000, gpus: 1 }],
+            namespace_mib: 1_000,
+        };
+        let w = Workload::new("t".into(), vec![session(0, 600_000), session(1_000, 601_000)]);
+        let roomy = Model { fixed_hosts: 3, host_memory_mib: 0, replica_base_mib: 512, ..Model::default() };
+        let free = run(&w, PolicyKind::Notebookos, &roomy).expect("runs");
+        assert_eq!((free.memory_refusals, free.completed, free.violations), (0, 2, 0));
+        assert!(free.delay_max_s < 1.0, "both placed at once: {}", free.delay_max_s);
+        assert_eq!(free.host_memory_peak_mib, 2 * 1_512, "memory is still reported when not limited");
+
+        let tight = Model { host_memory_mib: 2_000, ..roomy };
+        for policy in [PolicyKind::Notebookos, PolicyKind::NotebookosPaper] {
+            let r = run(&w, policy, &tight).expect("runs");
+            assert_eq!((r.completed, r.violations), (2, 0), "{policy:?}");
+            assert!(r.memory_refusals >= 1, "{policy:?}: the second session was refused for memory");
+            assert_eq!(r.host_memory_peak_mib, 1_512, "{policy:?}: never two replicas on a host");
+            // The second session's replicas wait for the first session to stop (600 s),
+            // then start (container start) before its training runs.
+            assert!(r.delay_max_s > 500.0, "{policy:?}: {}", r.delay_max_s);
+        }
+
+        // With an autoscaler, a memory refusal asks for hosts instead of waiting.
+        let scaled = Model { fixed_hosts: 0, ..tight };
+        let r = run(&w, PolicyKind::Notebookos, &scaled).expect("runs");
+        assert_eq!((r.completed, r.violations, r.host_memory_peak_mib), (2, 0, 1_512));
+        assert!(r.hosts_peak >= 6, "two sessions x three replicas, one per host: {}", r.hosts_peak);
+    }
+
+    #[test]
+    fn a_replica_larger_than_a_host_is_refused_up_front() {
+        let s = Session { start: 0, stop: 60_000, gpus: 1, trainings: Vec::new(), namespace_mib: 5_000 };
+        let w = Workload::new("t".into(), vec![s]);
+        let m = Model { host_memory_mib: 4_096, ..Model::default() };
+        let e = run(&w, PolicyKind::Notebookos, &m).unwrap_err();
+        assert!(e.to_string().contains("5512 MiB of host memory"), "{e}");
     }
 }

@@ -41,6 +41,10 @@ pub struct Totals {
     pub scale_outs: u64,
     /// Hosts released.
     pub scale_ins: u64,
+    /// The most host memory the replicas or containers on one host used, MiB.
+    pub host_memory_peak_mib: u64,
+    /// Placements refused for host memory.
+    pub memory_refusals: u64,
     /// Broken promises.
     pub violations: Vec<String>,
 }
@@ -79,6 +83,11 @@ pub struct PolicyResult {
     pub scale_outs: u64,
     /// Hosts released.
     pub scale_ins: u64,
+    /// The most host memory the replicas or containers on one host used at once, MiB
+    /// (see `Model::host_memory_mib` for what a host has).
+    pub host_memory_peak_mib: u64,
+    /// Placement attempts refused because too few hosts had the memory for the replicas.
+    pub memory_refusals: u64,
     /// Most hosts alive at a sample.
     pub hosts_peak: u32,
     /// Mean hosts alive over the samples.
@@ -161,6 +170,8 @@ impl PolicyResult {
             background_moves: t.background_moves,
             scale_outs: t.scale_outs,
             scale_ins: t.scale_ins,
+            host_memory_peak_mib: t.host_memory_peak_mib,
+            memory_refusals: t.memory_refusals,
             hosts_peak: series.iter().map(|p| p.hosts).max().unwrap_or(0),
             hosts_mean: round3(hosts_mean),
             trainings: t.trainings,

@@ -108,6 +108,14 @@ pub struct Model {
     /// A fixed cluster when above 0: this many hosts up from the start, none requested or
     /// released later (no autoscaler), as a `notebookosd` cluster runs today.
     pub fixed_hosts: u32,
+    /// Host memory replicas (or containers) may use on a host, MiB; 0: not modelled.
+    /// The default host shape is an 8-GPU host with 1 TiB of RAM for kernels (an
+    /// 8 x A100 p4d.24xlarge has 1,152 GiB; the rest is left to the OS and the daemon).
+    pub host_memory_mib: u64,
+    /// Host memory of one idle replica before its namespace, MiB: an ipykernel with the
+    /// user's imports. An assumption: `import ipykernel, numpy` measures 47 MiB RSS, one
+    /// with PyTorch imported several hundred; the trace's notebooks train models.
+    pub replica_base_mib: u64,
     /// The seed of everything random.
     pub seed: u64,
 }
@@ -129,6 +137,8 @@ impl Default for Model {
             spare_hosts: 1,
             scaling_interval_ms: 30_000,
             fixed_hosts: 0,
+            host_memory_mib: 1 << 20,
+            replica_base_mib: 512,
             seed: 1,
         }
     }

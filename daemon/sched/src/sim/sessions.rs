@@ -91,6 +91,7 @@ pub fn generate(name: String, jobs: &[Job], p: &SessionParams, seed: u64) -> Wor
                     stop: 0,
                     gpus: j.gpus,
                     trainings: vec![t],
+                    namespace_mib: super::workload::DEFAULT_NAMESPACE_MIB,
                 });
             }
         }

@@ -52,7 +52,7 @@ pub fn generate(p: &SyntheticParams, seed: u64) -> Workload {
             at += duration + minutes_ms(rng.exp(p.shape.mean_gap_min).min(p.shape.max_gap_min));
         }
         let stop = at + trainings.last().map_or(0, |x| x.duration) + minutes_ms(p.shape.tail_min);
-        sessions.push(Session { start, stop, gpus, trainings });
+        sessions.push(Session { start, stop, gpus, trainings, namespace_mib: super::workload::DEFAULT_NAMESPACE_MIB });
     }
     Workload::new(format!("synthetic ({} sessions over {} h)", p.sessions, p.hours), sessions)
 }

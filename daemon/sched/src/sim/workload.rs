@@ -16,6 +16,12 @@ pub struct Training {
     pub gpus: u32,
 }
 
+/// The namespace size a session gets when its source says nothing about it, MiB: a
+/// notebook's data held in its kernel (and, replicated by state sync, in each replica).
+/// A plain assumption (neither the Sensei trace nor the templates record it): a few
+/// hundred MiB of arrays and model weights in a deep-learning notebook.
+pub const DEFAULT_NAMESPACE_MIB: u64 = 256;
+
 /// One notebook session.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Session {
@@ -27,6 +33,8 @@ pub struct Session {
     pub gpus: u32,
     /// Its trainings, in submission order; one runs at a time.
     pub trainings: Vec<Training>,
+    /// Its namespace size, MiB ([`DEFAULT_NAMESPACE_MIB`] unless the source says).
+    pub namespace_mib: u64,
 }
 
 /// Statistics of a workload, for the report (and the generator's calibration).
@@ -114,6 +122,7 @@ impl Workload {
                 start: s.start_tick * TICK_MS,
                 stop: s.stop_tick * TICK_MS,
                 gpus: s.trainings.iter().map(|t| t.gpus).max().unwrap_or(0),
+                namespace_mib: DEFAULT_NAMESPACE_MIB,
                 trainings: s
                     .trainings
                     .iter()

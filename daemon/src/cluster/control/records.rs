@@ -75,6 +75,17 @@ pub struct LoadRecord {
     pub replicas: u32,
     /// Sum of the GPUs the hosted replicas ask for (numerator of the subscription ratio).
     pub subscribed_gpus: u32,
+    /// Host memory this host's kernel replicas may use together, MiB (`cluster.kernel_memory_mib`);
+    /// 0: not accounted, as from a host older than memory placement (placement treats it as unbounded).
+    #[serde(default)]
+    pub memory_capacity_mib: u64,
+    /// Host memory the hosted kernels use now, measured, MiB (rounded up).
+    #[serde(default)]
+    pub memory_used_mib: u64,
+    /// Per hosted kernel: the memory a replica of it is expected to need, MiB: what it uses
+    /// here, at least its namespace's size as state sync knows it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kernel_memory_mib: BTreeMap<String, u64>,
 }
 
 /// Where one replica of a kernel lives.

@@ -38,6 +38,8 @@ impl Batch {
             let Some(h) = warm.or_else(|| cx.c.best_fit(g, |_, _| true)) else { break };
             self.queue.pop_front();
             let k = kernel(cx, s);
+            // Memory is only reported here: a host holds at most one container per GPU.
+            cx.c.size_kernel(&k, cx.replica_memory_mib(s));
             cx.c.add_kernel(h, &k, g, cx.now);
             cx.c.commit(h, &k, &k, g, cx.now);
             let extra = if warm.is_some() {

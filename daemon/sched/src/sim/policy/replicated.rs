@@ -20,6 +20,10 @@
 //!   hosts); idle-held GPUs released after `idle_release` as the daemon does; pre-warm
 //!   pools sized by [`prewarm::pool_size`]; the autoscaler is [`scale::ours`] on the
 //!   demand peak of the last `peak_window`.
+//!
+//! Both account host memory: every replica holds an idle kernel plus the session's
+//! namespace ([`Ctx::replica_memory_mib`]), and placement, replacement and the migration
+//! target skip hosts that would exceed `Model::host_memory_mib`.
 
 use std::collections::VecDeque;
 
@@ -113,6 +117,8 @@ impl Replicated {
                     gpus_total: cx.c.gpus_per_host(),
                     subscribed_gpus: host.subscribed,
                     replicas: host.replicas,
+                    memory_capacity_mib: cx.m.host_memory_mib,
+                    memory_used_mib: host.memory_mib,
                 }
             })
             .collect()
@@ -136,7 +142,9 @@ impl Replicated {
         while let Some(&s) = self.pending_place.front() {
             let g = cx.session_gpus(s);
             let ratio = self.ratio(cx, g);
-            match placement::place(&Self::loads(cx, &[]), g, REPLICAS, ratio) {
+            let mib = cx.replica_memory_mib(s);
+            cx.c.size_kernel(&kernel(s), mib);
+            match placement::place_with_memory(&Self::loads(cx, &[]), g, mib, REPLICAS, ratio) {
                 Ok(ids) => {
                     self.pending_place.pop_front();
                     let k = kernel(s);
@@ -154,6 +162,10 @@ impl Replicated {
                     let need = match e {
                         PlacementError::TooFewHosts { needed, up, .. } => needed.saturating_sub(up),
                         PlacementError::NoRoom { needed, eligible, .. } => needed.saturating_sub(eligible),
+                        PlacementError::NoMemory { needed, eligible, .. } => {
+                            cx.memory_refusals += 1;
+                            needed.saturating_sub(eligible)
+                        }
                     };
                     let need = u32::try_from(need).unwrap_or(0);
                     let booting = cx.c.provisioning().saturating_sub(self.claims);
@@ -229,7 +241,8 @@ impl Replicated {
                     .into_iter()
                     .filter(|l| cx.c.host(index(l.node_id)).sched.available() >= g)
                     .collect();
-                placement::replace(&loads, sg, ratio, &exclude).map(|to| (r, index(to)))
+                let mib = cx.replica_memory_mib(s);
+                placement::replace_with_memory(&loads, sg, mib, ratio, &exclude).map(|to| (r, index(to)))
             }
         };
         let Some((r, to)) = choice else { return false };
@@ -295,10 +308,12 @@ impl Replicated {
                         gpus_total: cx.c.gpus_per_host(),
                         gpus_available: host.sched.available(),
                         subscribed_gpus: host.subscribed,
+                        memory_capacity_mib: cx.m.host_memory_mib,
+                        memory_used_mib: host.memory_mib,
                     }
                 })
                 .collect();
-        migrate::choose(&replicas, &targets, cx.session_gpus(s), ratio)
+        migrate::choose_with_memory(&replicas, &targets, cx.session_gpus(s), cx.replica_memory_mib(s), ratio)
             .map(|m| (m.replica as usize - 1, u32::try_from(m.to).unwrap_or(NONE)))
     }
 
@@ -392,13 +407,15 @@ impl Replicated {
             for &s in &members {
                 let g = cx.session_gpus(s);
                 let exclude: Vec<u64> = self.reps[s as usize].iter().map(|&x| u64::from(x)).collect();
-                let Some(to) = placement::replace(&loads, g, ratio, &exclude) else {
+                let mib = cx.replica_memory_mib(s);
+                let Some(to) = placement::replace_with_memory(&loads, g, mib, ratio, &exclude) else {
                     plan.clear();
                     break;
                 };
                 if let Some(l) = loads.iter_mut().find(|l| l.node_id == to) {
                     l.subscribed_gpus += g;
                     l.replicas += 1;
+                    l.memory_used_mib += mib;
                 }
                 plan.push((s, index(to)));
             }

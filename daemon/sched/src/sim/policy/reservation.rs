@@ -31,6 +31,8 @@ impl Reservation {
             let Some(h) = cx.c.best_fit(g, |_, _| true) else { break };
             self.pending.pop_front();
             let k = kernel(s);
+            // Memory is only reported here: a host holds at most one container per GPU.
+            cx.c.size_kernel(&k, cx.replica_memory_mib(s));
             cx.c.add_kernel(h, &k, g, cx.now);
             cx.c.commit(h, &k, &k, g, cx.now);
             self.host[s as usize] = Some(h);

@@ -187,6 +187,12 @@ impl ReplicaHost {
         state_sync::reset_namespace(&self.store.kv(local.group), self.node_id, local.applier.last_cell().as_ref()).await
     }
 
+    /// Each local replica's namespace size as state sync knows it, bytes, by kernel id: a
+    /// floor on the memory a replica of the kernel needs on a new host.
+    pub fn namespace_bytes(&self) -> std::collections::BTreeMap<String, u64> {
+        self.lock().iter().map(|(id, r)| (id.clone(), r.applier.namespace_bytes())).collect()
+    }
+
     /// The replicas hosted here (`GET /api/v1/cluster/replicas`).
     pub async fn replicas(&self) -> Vec<ReplicaStatus> {
         let all: Vec<Arc<Replica>> = self.lock().values().cloned().collect();

@@ -119,6 +119,11 @@ impl Applier {
         self.lock().inline.iter().filter(|(n, _)| !names.contains(*n)).map(|(_, b)| *b).sum()
     }
 
+    /// The namespace's size as of [`Applier::applied`]: every name's payload bytes.
+    pub fn namespace_bytes(&self) -> u64 {
+        self.lock().sizes.values().sum()
+    }
+
     /// Waits until the namespace reflects `revision`.
     pub async fn wait_applied(&self, revision: u64, timeout: Duration) -> anyhow::Result<()> {
         let mut rx = self.applied.clone();

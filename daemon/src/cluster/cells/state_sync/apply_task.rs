@@ -34,6 +34,9 @@ const APPLY_ATTEMPTS: u32 = 3;
 pub(super) struct AppliedState {
     /// Inline payload bytes per name, as of the applied revision.
     pub(super) inline: BTreeMap<String, u64>,
+    /// Payload bytes per name (inline or in the object store), as of the applied revision:
+    /// the namespace's size, a floor on a new replica's memory.
+    pub(super) sizes: BTreeMap<String, u64>,
     /// Set while a cell cannot be applied: the replica's namespace is behind.
     pub(super) broken: Option<String>,
     /// Set for good once the kernel ran a cell the group did not commit: its namespace
@@ -75,6 +78,8 @@ struct Batch {
     cell: Option<NsCell>,
     /// A catch-up's whole inline map (names → inline bytes), replacing the applier's.
     inline: Option<BTreeMap<String, u64>>,
+    /// A catch-up's whole size map (names → payload bytes), replacing the applier's.
+    sizes: Option<BTreeMap<String, u64>>,
 }
 
 impl Run {
@@ -166,11 +171,13 @@ impl Run {
         let own_latest =
             started && b.cell.as_ref().is_some_and(|c| c.replica == self.me.replica && c.node_id == self.me.node_id);
         let mut present = BTreeMap::new();
+        let mut sizes = BTreeMap::new();
         for kv in &out.kvs {
             let Some(rest) = kv.key.strip_prefix(keys::NS.as_bytes()) else { continue };
             let name = String::from_utf8_lossy(rest).into_owned();
             let value = NsValue::decode(&kv.key, &kv.value)?;
             present.insert(name.clone(), value.inline_bytes());
+            sizes.insert(name.clone(), value.size);
             let already = kv.mod_revision <= before || (own_latest && kv.mod_revision == cell_rev);
             if !already {
                 b.puts.insert(name, value);
@@ -185,6 +192,7 @@ impl Run {
         if b.puts.is_empty() && b.deletes.is_empty() && !cell_is_new {
             let mut g = self.lock();
             g.inline = present;
+            g.sizes = sizes;
             if b.cell.is_some() {
                 g.last_cell = b.cell;
             }
@@ -194,6 +202,7 @@ impl Run {
             return Ok(revision);
         }
         b.inline = Some(present);
+        b.sizes = Some(sizes);
         self.apply(b, revision, true).await?;
         Ok(revision)
     }
@@ -266,9 +275,14 @@ impl Run {
             let mut g = self.lock();
             for name in &batch.deletes {
                 g.inline.remove(name);
+                g.sizes.remove(name);
             }
             for (name, v) in &batch.puts {
                 g.inline.insert(name.clone(), v.inline_bytes());
+                g.sizes.insert(name.clone(), v.size);
+            }
+            if let Some(all) = batch.sizes {
+                g.sizes = all;
             }
             if let Some(all) = batch.inline {
                 g.inline = all;

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::error::{ClusterError, Result};
 use super::forward::{Authority, HttpMethod};
 use super::handle::Cluster;
+use super::memory;
 use crate::cluster::control::records::{self, keys, KernelRecord, ReplicaRecord};
 use nbos_sched::placement::{self, HostLoad};
 
@@ -29,6 +30,10 @@ pub struct KernelSpec {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
 }
+
+/// `notebookos_refused_total` reason of a kernel placement refused because too few hosts
+/// have the host memory for its replicas.
+const PLACEMENT_NO_MEMORY: &str = "placement_no_memory";
 
 /// `notebookos_refused_total` reason of a cluster API kernel whose environment is not a client's to set.
 const KERNEL_ENV_NOT_ALLOWED: &str = "kernel_env_not_allowed";
@@ -66,11 +71,13 @@ fn now_ms() -> u64 {
 
 impl Cluster {
     /// Hosts as placement sees them: live hosts that are not draining, with the
-    /// subscriptions the kernel records place on them (a move's target included).
+    /// subscriptions the kernel records place on them (a move's target included) and
+    /// their memory for kernels ([`super::memory::host_memory_mib`]).
     pub(super) async fn host_loads(&self) -> Result<Vec<HostLoad>> {
         let hosts = self.hosts().await?;
         let kernels = self.kernels().await?;
         let draining = self.draining_hosts().await?;
+        let loads = self.loads().await?;
         Ok(hosts
             .iter()
             .filter(|h| !draining.contains(&h.node_id))
@@ -81,11 +88,14 @@ impl Cluster {
                     subscribed = subscribed.saturating_add(k.gpus);
                     replicas = replicas.saturating_add(1);
                 }
+                let (memory_capacity_mib, memory_used_mib) = memory::host_memory_mib(h.node_id, &loads, &kernels);
                 HostLoad {
                     node_id: h.node_id,
                     gpus_total: u32::try_from(h.gpus.len()).unwrap_or(u32::MAX),
                     subscribed_gpus: subscribed,
                     replicas,
+                    memory_capacity_mib,
+                    memory_used_mib,
                 }
             })
             .collect())
@@ -126,13 +136,20 @@ impl Cluster {
         }
         let _placing = self.placing.lock().await;
         let hosts = self.host_loads().await?;
-        let chosen = placement::place(
+        // A new kernel's namespace is empty: its replicas need what an idle kernel does.
+        let chosen = placement::place_with_memory(
             &hosts,
             spec.gpus,
+            memory::NEW_REPLICA_MIB,
             usize::try_from(self.settings.replicas).unwrap_or(usize::MAX),
             self.settings.subscription_ratio,
         )
-        .inspect_err(|_| self.demand.note_refused(spec.gpus.saturating_mul(self.settings.replicas)))?;
+        .inspect_err(|e| {
+            if matches!(e, placement::PlacementError::NoMemory { .. }) {
+                crate::metrics::count_refusal(PLACEMENT_NO_MEMORY);
+            }
+            self.demand.note_refused(spec.gpus.saturating_mul(self.settings.replicas));
+        })?;
         let group = self.allocate_kernel_group().await?;
         let record = KernelRecord {
             group,
@@ -208,6 +225,7 @@ impl Cluster {
         self.require_leader().await?;
         let _placing = self.placing.lock().await;
         let hosts = self.host_loads().await?;
+        let memory_mib = memory::expected_replica_mib(&self.loads().await?, kernel);
         let (record, written) = self
             .modify_kernel(kernel, |record| {
                 let mut new = record.clone();
@@ -224,9 +242,13 @@ impl Cluster {
                     return Ok(None);
                 }
                 let exclude = record.hosts();
-                let Some(new_node) =
-                    placement::replace(&hosts, record.gpus, self.settings.subscription_ratio, &exclude)
-                else {
+                let Some(new_node) = placement::replace_with_memory(
+                    &hosts,
+                    record.gpus,
+                    memory_mib,
+                    self.settings.subscription_ratio,
+                    &exclude,
+                ) else {
                     return Ok(None);
                 };
                 let next = record.replicas.iter().map(|r| r.replica).max().unwrap_or(0) + 1;

@@ -217,17 +217,21 @@ impl Cluster {
         // Check first that every replica has somewhere to go (this host's view; the leader
         // decides each move for real), so that a refusal leaves everything where it was.
         let mut hosts: Vec<HostLoad> = self.host_loads().await?.into_iter().filter(|h| h.node_id != me).collect();
+        let loads = self.loads().await?;
         for k in &mine {
-            let Some(to) = placement::replace(&hosts, k.gpus, self.settings.subscription_ratio, &k.hosts()) else {
+            let memory_mib = super::memory::expected_replica_mib(&loads, &k.id);
+            let ratio = self.settings.subscription_ratio;
+            let Some(to) = placement::replace_with_memory(&hosts, k.gpus, memory_mib, ratio, &k.hosts()) else {
                 return Err(ClusterError::Conflict(format!(
                     "host {me} cannot leave: no other live host can take its replica of kernel {} \
-                     (every live host already holds it or has no room); nothing was changed",
+                     (every live host already holds it or has no room for its GPUs or memory); nothing was changed",
                     k.id
                 )));
             };
             if let Some(h) = hosts.iter_mut().find(|h| h.node_id == to) {
                 h.subscribed_gpus = h.subscribed_gpus.saturating_add(k.gpus);
                 h.replicas = h.replicas.saturating_add(1);
+                h.memory_used_mib = h.memory_used_mib.saturating_add(memory_mib);
             }
         }
         self.set_draining(true).await?;

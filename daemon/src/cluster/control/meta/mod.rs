@@ -12,6 +12,7 @@
 //! - [`watch`]: the `kernels/` watch the supervisor follows.
 //! - [`forward`]: running a call on the meta leader, forwarded over HTTP when it is another host.
 //! - [`kernels`]: kernel records: placement, deletion, re-placement (meta leader).
+//! - [`memory`]: host memory in placement: what a host reports, what a replica is expected to need.
 //! - [`members`]: joining and leaving the meta group (meta leader), draining a host.
 //! - [`moves`]: moving a replica to another host (begin, finish, abort; meta leader).
 //! - [`status`]: the cluster as `nbos cluster status` shows it.
@@ -30,6 +31,7 @@ pub mod forward;
 pub mod handle;
 pub mod kernels;
 pub mod members;
+pub mod memory;
 pub mod moves;
 pub mod status;
 pub mod watch;

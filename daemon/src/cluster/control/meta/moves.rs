@@ -99,6 +99,7 @@ impl Cluster {
                 (h, idle)
             })
             .collect();
+        let memory_mib = super::memory::expected_replica_mib(&loads, kernel);
         let mut no_host = false;
         let (record, written) = self
             .modify_kernel(kernel, |record| {
@@ -111,7 +112,7 @@ impl Cluster {
                         return Ok(None);
                     }
                 }
-                let chosen = self.choose_move(record, request, &hosts);
+                let chosen = self.choose_move(record, request, &hosts, memory_mib);
                 let Some((replica, from, to)) = chosen else {
                     no_host = true;
                     return Ok(None);
@@ -156,19 +157,22 @@ impl Cluster {
         }
     }
 
-    /// (replica, from, to) of a move for `request`, or `None` when no host can take it.
+    /// (replica, from, to) of a move for `request`, or `None` when no host can take it
+    /// (a replica expected to need `memory_mib` MiB of host memory there).
     fn choose_move(
         &self,
         record: &KernelRecord,
         request: &MoveRequest,
         hosts: &[(placement::HostLoad, u32)],
+        memory_mib: u64,
     ) -> Option<(u32, u64, u64)> {
         let ratio = self.settings.subscription_ratio;
         let exclude = record.hosts();
         if let Some(from) = request.from {
             let r = record.replicas.iter().find(|r| r.node_id == from)?;
             let loads: Vec<placement::HostLoad> = hosts.iter().map(|(l, _)| l.clone()).collect();
-            return placement::replace(&loads, record.gpus, ratio, &exclude).map(|to| (r.replica, from, to));
+            return placement::replace_with_memory(&loads, record.gpus, memory_mib, ratio, &exclude)
+                .map(|to| (r.replica, from, to));
         }
         let subscribed =
             |node: u64| hosts.iter().find(|(l, _)| l.node_id == node).map_or(0, |(l, _)| l.subscribed_gpus);
@@ -184,9 +188,12 @@ impl Cluster {
                 gpus_total: l.gpus_total,
                 gpus_available: *idle,
                 subscribed_gpus: l.subscribed_gpus,
+                memory_capacity_mib: l.memory_capacity_mib,
+                memory_used_mib: l.memory_used_mib,
             })
             .collect();
-        migrate::choose(&replicas, &targets, record.gpus, ratio).map(|m| (m.replica, m.from, m.to))
+        migrate::choose_with_memory(&replicas, &targets, record.gpus, memory_mib, ratio)
+            .map(|m| (m.replica, m.from, m.to))
     }
 
     /// Finishes `kernel`'s move (meta leader): the new replica takes the old one's place.
