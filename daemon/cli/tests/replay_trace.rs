@@ -13,8 +13,15 @@ const TRACE: &str = "traces/sensei_june_60sec.csv";
 /// A slice whose sessions fit a few minutes of a 2-core machine.
 const SLICE: [&str; 6] = ["--start-min", "6960", "--hours", "1", "--seed", "1"];
 const SPEEDUP: &str = "60";
-const FIGURES: [&str; 6] =
-    ["gpu_hours_bound", "gpu_hours_provisioned", "delay_p50_s", "delay_p95_s", "migrations", "scale_outs"];
+const FIGURES: [&str; 7] = [
+    "gpu_hours_bound",
+    "gpu_hours_provisioned",
+    "delay_p50_s",
+    "delay_p95_s",
+    "delay_p95_after_kernel_start_s",
+    "migrations",
+    "scale_outs",
+];
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")

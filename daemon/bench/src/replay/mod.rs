@@ -289,6 +289,7 @@ pub fn run(t: &crate::client::ConnectArgs, a: Args) -> anyhow::Result<()> {
             interval_s: defaults.autoscale.interval.as_secs_f64(),
             kernel_start_max_s: measured.sessions.iter().map(|s| s.kernel_start.as_secs_f64()).fold(0.0, f64::max),
             hosts_unmodelled: compare::hosts_unmodelled(defaults.autoscale.rule),
+            delay_p95_after_kernel_start_s: report::delay_p95_after_kernel_start_s(&clock, &measured),
         };
         let comparison = compare::compare(&doc["policies"]["replay"], &sim, &basis);
         if let Some(obj) = details.as_object_mut() {
