@@ -54,13 +54,13 @@ pub struct Args {
     #[arg(long, value_name = "CSV", requires = "hours")]
     pub trace: Option<PathBuf>,
     /// Trace slice: first minute (the trace's own time).
-    #[arg(long, default_value_t = 0, value_name = "M")]
+    #[arg(long, default_value_t = 0, value_name = "M", requires = "trace")]
     pub start_min: u64,
     /// Trace slice: length in hours.
-    #[arg(long, value_name = "H")]
+    #[arg(long, value_name = "H", requires = "trace")]
     pub hours: Option<f64>,
     /// Seed of the session generator (as `nbos sim --seed`).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, requires = "trace")]
     pub seed: u64,
     /// Time compression: the workload runs K times faster than its trace time (a
     /// 10-minute training runs 10 s at K = 60); measured times are multiplied back by K.
