@@ -5,19 +5,11 @@
 
 use super::clock::Clock;
 use super::cluster::Host;
-use super::sampler::{integrate, Sample};
+use super::sampler::{integrate, Sample, COUNTERS};
 use super::session::SessionRecord;
 use nbos_sched::sim::metrics::{round3, Point, Totals};
 use nbos_sched::sim::{Model, PolicyResult, Workload};
 use nbos_sched::Millis;
-
-/// Counters read from the hosts' `/metrics` as deltas over the replay (absent means 0):
-/// completed replica moves, and hosts the autoscaler added and released.
-pub const COUNTERS: [&str; 3] = [
-    "notebookos_migrations_total{result=\"completed\"}",
-    "notebookos_autoscale_hosts_total{direction=\"out\",result=\"ok\"}",
-    "notebookos_autoscale_hosts_total{direction=\"in\",result=\"ok\"}",
-];
 
 /// Everything a replay collected.
 #[derive(Debug)]

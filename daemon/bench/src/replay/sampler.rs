@@ -10,7 +10,14 @@ use std::time::Duration;
 
 use super::clock::unix_us_now;
 use super::cluster::ReplayCluster;
-use super::report::COUNTERS;
+
+/// Counters read from the hosts' `/metrics` as deltas over the replay (absent means 0):
+/// completed replica moves, and hosts the autoscaler added and released.
+pub const COUNTERS: [&str; 3] = [
+    "notebookos_migrations_total{result=\"completed\"}",
+    "notebookos_autoscale_hosts_total{direction=\"out\",result=\"ok\"}",
+    "notebookos_autoscale_hosts_total{direction=\"in\",result=\"ok\"}",
+];
 
 /// One sample of the whole cluster.
 #[derive(Debug, Clone, Copy, PartialEq)]
