@@ -68,7 +68,10 @@ def wait_endpoint(host_dir, proc, timeout):
 
 
 def nbos(args, url, *rest):
-    cmd = [args.nbos, "--url", url, "--ca-cert", args.ca_cert]
+    cmd = [args.nbos, "--url", url]
+    # A cluster without a PKI (plain HTTP on loopback, as `nbos replay` starts) has no CA.
+    if args.ca_cert:
+        cmd += ["--ca-cert", args.ca_cert]
     # Files, not the tokens themselves: argv is readable by every local user.
     if args.token_file:
         cmd += ["--token-file", args.token_file]
@@ -130,7 +133,7 @@ def main():
     p.add_argument("--first-node-id", type=int, default=100)
     p.add_argument("--notebookosd", required=True)
     p.add_argument("--nbos", required=True)
-    p.add_argument("--ca-cert", required=True)
+    p.add_argument("--ca-cert", help="the cluster's CA certificate (HTTPS); without it, plain HTTP")
     p.add_argument("--token-file")
     p.add_argument("--operator-token-file", required=True)
     args = p.parse_args()

@@ -133,7 +133,8 @@ pub fn load_template(p: &Path) -> anyhow::Result<Workload> {
     Ok(Workload::from_template(format!("{}", p.display()), &t))
 }
 
-fn load(a: &Args) -> anyhow::Result<Workload> {
+/// The workload `a` names (`nbos replay --trace` generates its sessions here too).
+pub fn load(a: &Args) -> anyhow::Result<Workload> {
     if let Some(p) = &a.trace {
         let jobs = workload::parse_csv(&read(p)?).with_context(|| format!("{}", p.display()))?;
         let (jobs, name) = match a.hours {

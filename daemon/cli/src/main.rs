@@ -39,21 +39,27 @@ enum Cmd {
     Chaos(cli::chaos::ChaosCmd),
     /// Replay a workload trace under the scheduling policies.
     Sim(cli::sim::Args),
-    /// Replay a session template on a real cluster (a loopback one it starts, or --url),
-    /// time compressed by --speedup, and report what `nbos sim` reports.
+    /// Replay a session template or a trace slice (--trace) on a real cluster (a loopback
+    /// one it starts, or --url), time compressed by --speedup, and report what `nbos sim` reports.
     #[command(after_long_help = "\
 Sessions become kernels (created at their compressed start with the session's GPUs, deleted \
 at their stop); trainings become cells that sleep for duration / K while the daemon's binder \
 holds the kernel's GPUs. Measured per cell: submission -> the executor wrote the cell to \
 ipykernel with its GPUs committed (the reply's nbos_election.dispatched_unix_us); GPUs \
 committed and idle-held: the hosts' /metrics gauges, sampled every --sample-ms; provisioned: \
-hosts x GPUs x span. Every real time is multiplied by K back into trace time. Migrations \
+the GPUs of the hosts that are up, sampled with them. Every real time is multiplied by K back into trace time. Migrations \
 and scale events are read from /metrics counters when the daemons have them, else 0.
 
 The output prints the nbos sim flags that model the same cluster; docs/simulator.md \
 (\"Replay against a real cluster\") gives the tolerance within which both agree.
 
-Example: nbos replay traces/templates/single_session_3_trainings.json --speedup 10 --json")]
+With --trace, a slice of a trace (its sessions generated as nbos sim generates them) runs on \
+a loopback cluster at the daemon's defaults that autoscales through the exec provider \
+(examples/autoscale/local-dev-provider.py), and each figure is compared with nbos sim of the \
+same cluster and slice within a stated tolerance (\"replay\".comparison).
+
+Example: nbos replay traces/templates/single_session_3_trainings.json --speedup 10 --json
+Example: nbos replay --trace traces/sensei_june_60sec.csv --start-min 6960 --hours 1 --speedup 60 --hosts 4")]
     Replay(cli::replay::Args),
     /// Live view of per-process GPU activity.
     Observe(cli::observe::Args),

@@ -5,19 +5,11 @@
 
 use super::clock::Clock;
 use super::cluster::Host;
-use super::sampler::{integrate, Sample};
+use super::sampler::{integrate, Sample, COUNTERS};
 use super::session::SessionRecord;
 use nbos_sched::sim::metrics::{round3, Point, Totals};
 use nbos_sched::sim::{Model, PolicyResult, Workload};
 use nbos_sched::Millis;
-
-/// Counters read from the hosts' `/metrics` as deltas over the replay (absent means 0):
-/// completed replica moves, and hosts the autoscaler added and released.
-pub const COUNTERS: [&str; 3] = [
-    "notebookos_migrations_total{result=\"completed\"}",
-    "notebookos_autoscale_hosts_total{direction=\"out\",result=\"ok\"}",
-    "notebookos_autoscale_hosts_total{direction=\"in\",result=\"ok\"}",
-];
 
 /// Everything a replay collected.
 #[derive(Debug)]
@@ -36,6 +28,19 @@ pub struct Measured {
     pub counters: [Option<f64>; 3],
 }
 
+/// The cluster's autoscaler in the simulator's terms (trace time).
+#[derive(Debug, Clone)]
+pub struct AutoscaleModel {
+    /// `autoscale.spare_hosts`.
+    pub spare_hosts: u32,
+    /// `autoscale.peak_window`, whole minutes.
+    pub peak_window_min: u64,
+    /// `autoscale.interval`, seconds.
+    pub interval_s: u64,
+    /// A host's boot (the provider starts a daemon that joins): its real time × K.
+    pub provision_s: u64,
+}
+
 /// The cluster's description in the simulator's model: the flags of `nbos sim` that
 /// model it at this speedup.
 #[derive(Debug, Clone)]
@@ -50,34 +55,53 @@ pub struct ClusterModel {
     pub idle_release_s: u64,
     /// Executor election in trace time: the simulator's real 2 ms × speedup.
     pub election_ms: Millis,
+    /// The autoscaler (`None`: a fixed cluster of `hosts`).
+    pub autoscale: Option<AutoscaleModel>,
 }
 
 impl ClusterModel {
     /// As a [`Model`] (the rest at the simulator's defaults).
     pub fn model(&self) -> Model {
-        Model {
+        let fixed = Model {
             gpus_per_host: self.gpus_per_host,
             fixed_hosts: self.hosts,
             subscription_ratio: self.subscription_ratio,
             idle_release_ms: self.idle_release_s * 1000,
             election_ms: self.election_ms,
             ..Model::default()
+        };
+        match &self.autoscale {
+            None => fixed,
+            Some(a) => Model {
+                fixed_hosts: 0,
+                spare_hosts: a.spare_hosts,
+                peak_window_ms: a.peak_window_min * 60_000,
+                scaling_interval_ms: a.interval_s * 1000,
+                provision_ms: a.provision_s * 1000,
+                ..fixed
+            },
         }
     }
 
-    /// The `nbos sim` arguments of the same model.
+    /// The `nbos sim` arguments of the same model (without the workload's).
     pub fn sim_args(&self) -> Vec<String> {
-        [
-            ("--policy", "notebookos".to_owned()),
-            ("--fixed-hosts", self.hosts.to_string()),
+        let mut args = vec![("--policy", "notebookos".to_owned())];
+        match &self.autoscale {
+            None => args.push(("--fixed-hosts", self.hosts.to_string())),
+            Some(a) => args.extend([
+                ("--spare-hosts", a.spare_hosts.to_string()),
+                ("--peak-window-min", a.peak_window_min.to_string()),
+                ("--scaling-interval-s", a.interval_s.to_string()),
+                ("--provision-s", a.provision_s.to_string()),
+            ]),
+        }
+        args.extend([
             ("--gpus-per-host", self.gpus_per_host.to_string()),
             ("--subscription-ratio", self.subscription_ratio.to_string()),
             ("--idle-release-s", self.idle_release_s.to_string()),
             ("--election-ms", self.election_ms.to_string()),
-        ]
-        .into_iter()
-        .flat_map(|(k, v)| [k.to_owned(), v])
-        .collect()
+        ]);
+        args.into_iter().flat_map(|(k, v)| [k.to_owned(), v]).collect()
     }
 }
 
@@ -88,12 +112,11 @@ fn to_ms(x: f64) -> u128 {
 }
 
 /// The measured run as a simulator result, in trace time.
-pub fn result(w: &Workload, clock: &Clock, hosts: &[Host], m: &Measured) -> PolicyResult {
+pub fn result(w: &Workload, clock: &Clock, m: &Measured) -> PolicyResult {
     let k = clock.speedup();
     let span_us = m.end_unix_us.saturating_sub(m.start_unix_us);
     let span_ms = to_ms(clock.trace_ms(span_us));
-    let gpus: u32 = hosts.iter().map(|h| h.gpus).sum();
-    let (committed_us, bound_us) = integrate(&m.samples, m.start_unix_us, m.end_unix_us);
+    let gpu_us = integrate(&m.samples, m.start_unix_us, m.end_unix_us);
     let cells = m.sessions.iter().flat_map(|s| &s.cells);
     let delays_ms: Vec<Millis> = cells
         .clone()
@@ -104,7 +127,6 @@ pub fn result(w: &Workload, clock: &Clock, hosts: &[Host], m: &Measured) -> Poli
     let floor_gpu_ms: u128 =
         w.sessions.iter().flat_map(|s| &s.trainings).map(|t| u128::from(t.duration) * u128::from(t.gpus)).sum();
     let counter = |i: usize| m.counters[i].map_or(0, |v| u64::try_from(to_ms(v)).unwrap_or(0));
-    let hosts_n = u32::try_from(hosts.len()).unwrap_or(u32::MAX);
     #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "GPU counts")]
     let series = m
         .samples
@@ -112,7 +134,7 @@ pub fn result(w: &Workload, clock: &Clock, hosts: &[Host], m: &Measured) -> Poli
         .filter(|s| s.unix_us >= m.start_unix_us)
         .map(|s| Point {
             t_ms: u64::try_from(to_ms(clock.trace_ms(s.unix_us - m.start_unix_us))).unwrap_or(u64::MAX),
-            hosts: hosts_n,
+            hosts: s.hosts,
             gpus_bound: (s.committed + s.idle_held).round() as u32,
             gpus_committed: s.committed.round() as u32,
         })
@@ -120,9 +142,9 @@ pub fn result(w: &Workload, clock: &Clock, hosts: &[Host], m: &Measured) -> Poli
     PolicyResult::new(
         None,
         Totals {
-            provisioned_gpu_ms: span_ms * u128::from(gpus),
-            bound_gpu_ms: to_ms(bound_us / 1000.0 * k),
-            committed_gpu_ms: to_ms(committed_us / 1000.0 * k),
+            provisioned_gpu_ms: to_ms(gpu_us.provisioned / 1000.0 * k),
+            bound_gpu_ms: to_ms(gpu_us.bound / 1000.0 * k),
+            committed_gpu_ms: to_ms(gpu_us.committed / 1000.0 * k),
             floor_gpu_ms,
             span_ms: u64::try_from(span_ms).unwrap_or(u64::MAX),
             trainings: w.sessions.iter().map(|s| s.trainings.len()).sum(),
@@ -139,6 +161,21 @@ pub fn result(w: &Workload, clock: &Clock, hosts: &[Host], m: &Measured) -> Poli
         delays_ms,
         series,
     )
+}
+
+/// Delay p95 in trace seconds with each cell's submission moved to its kernel's start when
+/// that came later: the scheduler's share of the delay, without the time compression's
+/// (a kernel start of s real seconds is s × K trace seconds).
+#[expect(clippy::cast_precision_loss, reason = "milliseconds of a replay")]
+pub fn delay_p95_after_kernel_start_s(clock: &Clock, m: &Measured) -> f64 {
+    let mut ms: Vec<Millis> = m
+        .sessions
+        .iter()
+        .flat_map(|s| s.cells.iter().map(move |c| c.started_unix_us.saturating_sub(c.due_unix_us.max(s.ready_unix_us))))
+        .map(|us| u64::try_from(to_ms(clock.trace_ms(us))).unwrap_or(u64::MAX))
+        .collect();
+    ms.sort_unstable();
+    round3(nbos_sched::sim::metrics::percentile(&ms, 95.0) as f64 / 1000.0)
 }
 
 #[expect(clippy::cast_precision_loss, reason = "microseconds of a replay")]
@@ -178,6 +215,7 @@ pub fn details(w: &Workload, clock: &Clock, hosts: &[Host], cm: &ClusterModel, m
         "wall_replay_s": round3(m.end_unix_us.saturating_sub(m.start_unix_us) as f64 / 1e6),
         "kernel_start_median_s": median_s(m.sessions.iter().map(|s| u64::try_from(s.kernel_start.as_micros()).unwrap_or(0)).collect()),
         "kernel_start_max_s": round3(m.sessions.iter().map(|s| s.kernel_start.as_secs_f64()).fold(0.0, f64::max)),
+        "delay_p95_after_kernel_start_s": delay_p95_after_kernel_start_s(clock, m),
         "delay_real_median_s": median_s(cells.iter().map(|c| c.started_unix_us.saturating_sub(c.due_unix_us)).collect()),
         "cell_overrun_median_s": median_s(overrun_us),
         "executors": executors,

@@ -38,6 +38,8 @@ pub struct CellRecord {
 pub struct SessionRecord {
     /// `POST /api/kernels` sent → answered (the kernel's replicas placed and started).
     pub kernel_start: Duration,
+    /// Its kernel's creation was answered (µs since the Unix epoch).
+    pub ready_unix_us: u64,
     /// Its cells.
     pub cells: Vec<CellRecord>,
     /// The kernel's deletion was answered.
@@ -64,6 +66,7 @@ pub async fn replay(gateway: GatewayClient, index: usize, s: &Session, clock: Cl
             .await?
             .with_context(|| format!("session {index}: creating its kernel ({gpus} GPUs)"))?;
     let kernel_start = asked.elapsed();
+    let ready_unix_us = unix_us_now();
     tracing::info!(session = index, kernel = %model.id, ms = kernel_start.as_millis(), "kernel started");
     let mut client = CellClient::connect(&gateway, &model.id)
         .await
@@ -113,7 +116,7 @@ pub async fn replay(gateway: GatewayClient, index: usize, s: &Session, clock: Cl
     tokio::task::spawn_blocking(move || g.delete_kernel(&id))
         .await?
         .with_context(|| format!("session {index}: deleting kernel {}", model.id))?;
-    Ok(SessionRecord { kernel_start, cells, stopped_unix_us: unix_us_now() })
+    Ok(SessionRecord { kernel_start, ready_unix_us, cells, stopped_unix_us: unix_us_now() })
 }
 
 #[cfg(test)]
