@@ -7,6 +7,7 @@ use super::clock::Clock;
 use super::cluster::Host;
 use super::sampler::{integrate, Sample};
 use super::session::SessionRecord;
+use nbos_sched::policy::PolicyConfig;
 use nbos_sched::sim::metrics::{round3, Point, Totals};
 use nbos_sched::sim::{Model, PolicyResult, Workload};
 use nbos_sched::Millis;
@@ -55,13 +56,17 @@ pub struct ClusterModel {
 impl ClusterModel {
     /// As a [`Model`] (the rest at the simulator's defaults).
     pub fn model(&self) -> Model {
+        let d = Model::default();
         Model {
             gpus_per_host: self.gpus_per_host,
             fixed_hosts: self.hosts,
-            subscription_ratio: self.subscription_ratio,
-            idle_release_ms: self.idle_release_s * 1000,
+            notebookos: PolicyConfig {
+                subscription_ratio: self.subscription_ratio,
+                idle_release_ms: self.idle_release_s * 1000,
+                ..d.notebookos
+            },
             election_ms: self.election_ms,
-            ..Model::default()
+            ..d
         }
     }
 

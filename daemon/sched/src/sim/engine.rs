@@ -42,8 +42,10 @@ pub enum SimError {
 /// Replays `w` under `policy` on the cluster `m`.
 pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, SimError> {
     validate(w, m)?;
-    let host_ratio = if policy == PolicyKind::Notebookos { m.subscription_ratio } else { 1e9 };
-    let idle_release = if policy == PolicyKind::Notebookos { m.idle_release_ms } else { 0 };
+    let ours = policy == PolicyKind::Notebookos;
+    let host_ratio = if ours { m.notebookos.subscription_ratio } else { 1e9 };
+    let idle_release = if ours { m.notebookos.idle_release_ms } else { 0 };
+    let scaling_interval_ms = if ours { m.notebookos.autoscale.interval_ms } else { m.scaling_interval_ms };
     let n = w.sessions.len();
     let mut cx = Ctx {
         w,
@@ -57,6 +59,7 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
         delays_ms: Vec::with_capacity(w.sessions.iter().map(|s| s.trainings.len()).sum()),
         migrations: 0,
         background_moves: 0,
+        decisions: std::collections::BTreeSet::new(),
         completed: 0,
     };
     let mut p = new_policy(policy, n);
@@ -121,7 +124,7 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
             Ev::ScaleTick => {
                 if sessions_left > 0 {
                     p.scale_tick(&mut cx);
-                    cx.q.push(t + m.scaling_interval_ms, Ev::ScaleTick);
+                    cx.q.push(t + scaling_interval_ms, Ev::ScaleTick);
                 }
             }
             Ev::Sample => {
@@ -144,7 +147,7 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
     let floor_gpu_ms: u128 =
         w.sessions.iter().flat_map(|s| &s.trainings).map(|t| u128::from(t.duration) * u128::from(t.gpus)).sum();
     let bound = cx.c.bound_gpu_ms(last);
-    Ok(PolicyResult::new(
+    let mut result = PolicyResult::new(
         Some(policy),
         super::metrics::Totals {
             provisioned_gpu_ms: cx.c.provisioned_gpu_ms(),
@@ -163,7 +166,9 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
         },
         cx.delays_ms,
         series,
-    ))
+    );
+    result.decisions = cx.decisions.into_iter().collect();
+    Ok(result)
 }
 
 /// The policy object for `kind` over `sessions` sessions.
@@ -181,11 +186,16 @@ fn validate(w: &Workload, m: &Model) -> Result<(), SimError> {
     if m.gpus_per_host == 0 {
         return Err(SimError::Model("gpus_per_host must be at least 1".into()));
     }
-    if !(m.subscription_ratio.is_finite() && m.subscription_ratio >= 1.0) {
-        return Err(SimError::Model(format!("subscription ratio must be >= 1, got {}", m.subscription_ratio)));
+    let p = &m.notebookos;
+    if !(p.subscription_ratio.is_finite() && p.subscription_ratio >= 1.0) {
+        return Err(SimError::Model(format!("subscription ratio must be >= 1, got {}", p.subscription_ratio)));
     }
-    if m.scaling_interval_ms == 0 {
+    if m.scaling_interval_ms == 0 || p.autoscale.interval_ms == 0 {
         return Err(SimError::Model("the scaling interval must be longer than 0".into()));
+    }
+    // The replicated policies keep three replicas per kernel (NotebookOS's and the daemon's default).
+    if p.replicas != 3 {
+        return Err(SimError::Model(format!("notebookos simulates 3 replicas per kernel, got {}", p.replicas)));
     }
     if !(m.paper_max_ratio.is_finite() && m.paper_max_ratio >= 1.0) {
         return Err(SimError::Model(format!("the paper's max ratio must be >= 1, got {}", m.paper_max_ratio)));
