@@ -243,4 +243,22 @@ mod tests {
         assert!((r.gpu_hours_provisioned - 1.0).abs() < 1e-9, "{}", r.gpu_hours_provisioned);
         assert!((r.delay_max_s - 0.002).abs() < 1e-9, "GPUs for both at once: {}", r.delay_max_s);
     }
+
+    #[test]
+    fn notebookos_keeps_its_autoscale_bounds_and_rule() {
+        use crate::policy::AutoscaleRule;
+        use crate::sim::synthetic::{self, SyntheticParams};
+        let w = synthetic::generate(&SyntheticParams { sessions: 200, hours: 4.0, ..SyntheticParams::default() }, 3);
+        let mut m = Model::default();
+        m.notebookos.autoscale.max_hosts = 8;
+        for rule in [AutoscaleRule::Paper, AutoscaleRule::Notebookos] {
+            m.notebookos.autoscale.rule = rule;
+            let r = run(&w, PolicyKind::Notebookos, &m).expect("runs");
+            assert!(r.hosts_peak <= 8 && r.hosts_peak >= 3, "{rule:?}: within min..max hosts: {}", r.hosts_peak);
+            assert_eq!((r.completed, r.violations), (r.trainings, 0), "{rule:?}");
+        }
+        // The cap is what held the cluster back: without it, it grows past 8 hosts.
+        m.notebookos.autoscale.max_hosts = 1_000;
+        assert!(run(&w, PolicyKind::Notebookos, &m).expect("runs").hosts_peak > 8);
+    }
 }

@@ -49,6 +49,8 @@ pub enum Variant {
 
 const REPLICAS: usize = 3;
 const NONE: u32 = u32::MAX;
+/// Unmet-demand entries kept per kind (the daemon's `control/meta/demand.rs` keeps 1024).
+const NOTED: usize = 1024;
 
 /// The policy's state.
 #[derive(Debug)]
@@ -162,7 +164,7 @@ impl Replicated {
                 }
                 Err(_) if self.variant == Variant::Ours => {
                     // As the daemon: the refusal is unmet demand the autoscaler sees.
-                    self.refused.push_back((cx.now, g.saturating_mul(REPLICAS as u32)));
+                    note(&mut self.refused, cx.now, g.saturating_mul(REPLICAS as u32));
                     break;
                 }
                 Err(e) => {
@@ -259,7 +261,7 @@ impl Replicated {
         let Some((r, to)) = choice else {
             if self.variant == Variant::Ours {
                 // As the daemon's meta leader: a cell with no host to move to is unmet demand.
-                self.unmet_cells.push_back((cx.now, g));
+                note(&mut self.unmet_cells, cx.now, g);
             }
             return false;
         };
@@ -429,6 +431,14 @@ impl Replicated {
     }
 }
 
+/// Notes unmet demand, keeping the last [`NOTED`] entries as the daemon's meta leader does.
+fn note(q: &mut VecDeque<(Millis, u32)>, now: Millis, gpus: u32) {
+    if q.len() >= NOTED {
+        q.pop_front();
+    }
+    q.push_back((now, gpus));
+}
+
 fn index(id: u64) -> u32 {
     u32::try_from(id).unwrap_or(NONE)
 }
@@ -526,10 +536,10 @@ impl Replicated {
         // cells and kernels ask again while they wait (as the daemon's do).
         let recent = 2 * p.autoscale.interval_ms;
         for &s in &self.pending_place {
-            self.refused.push_back((cx.now, cx.session_gpus(s).saturating_mul(REPLICAS as u32)));
+            note(&mut self.refused, cx.now, cx.session_gpus(s).saturating_mul(REPLICAS as u32));
         }
         for &s in &self.waiting {
-            self.unmet_cells.push_back((cx.now, cx.training(s).gpus));
+            note(&mut self.unmet_cells, cx.now, cx.training(s).gpus);
         }
         let now = cx.now;
         let peak = |q: &mut VecDeque<(Millis, u32)>| {
