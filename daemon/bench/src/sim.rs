@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context as _};
 
+use nbos_sched::policy::{AutoscaleRule, PolicyConfig};
 use nbos_sched::sim::sessions::{self, SessionParams};
 use nbos_sched::sim::synthetic::{self, SyntheticParams};
 use nbos_sched::sim::workload::{self, Stats, Workload};
@@ -39,6 +40,11 @@ pub struct Args {
     /// Seed of everything random (session generator, synthetic workload, boot times).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// A `notebookosd` configuration (TOML, read by the daemon's own loader): `notebookos`
+    /// simulates its policy (`[gpu]`, `[kernel]` pre-warm, `[cluster]` replicas,
+    /// `[autoscale]`). Default: the shipped defaults (packaging/notebookosd.toml).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 
     /// Trace window: first minute (the trace's own time).
     #[arg(long, default_value_t = 0)]
@@ -82,18 +88,26 @@ pub struct Args {
     /// Cluster: seconds to load a notebook's state into a new or migrated container.
     #[arg(long, default_value_t = 2)]
     pub state_load_s: u64,
-    /// notebookos: subscription ratio (subscribed replica GPUs per host GPU).
-    #[arg(long, default_value_t = Model::default().subscription_ratio)]
-    pub subscription_ratio: f64,
-    /// notebookos: seconds idle-held GPUs stay bound after a cell (the daemon's gpu.idle_release).
-    #[arg(long, default_value_t = 30)]
-    pub idle_release_s: u64,
-    /// notebookos: whole hosts kept above the recent demand peak.
-    #[arg(long, default_value_t = Model::default().spare_hosts)]
-    pub spare_hosts: u32,
-    /// notebookos: minutes of demand history the autoscaler covers.
-    #[arg(long, default_value_t = 5)]
-    pub peak_window_min: u64,
+    /// notebookos: subscription ratio (subscribed replica GPUs per host GPU); overrides
+    /// the config's gpu.subscription_ratio.
+    #[arg(long)]
+    pub subscription_ratio: Option<f64>,
+    /// notebookos: seconds idle-held GPUs stay bound after a cell; overrides the config's
+    /// gpu.idle_release.
+    #[arg(long)]
+    pub idle_release_s: Option<u64>,
+    /// notebookos: the autoscale rule, `notebookos` or `paper`; overrides the config's
+    /// autoscale.rule.
+    #[arg(long, value_name = "RULE")]
+    pub autoscale_rule: Option<String>,
+    /// notebookos: whole hosts kept above the recent demand peak (`notebookos` rule);
+    /// overrides the config's autoscale.spare_hosts.
+    #[arg(long)]
+    pub spare_hosts: Option<u32>,
+    /// notebookos: minutes of demand history the autoscaler covers (`notebookos` rule);
+    /// overrides the config's autoscale.peak_window.
+    #[arg(long)]
+    pub peak_window_min: Option<u64>,
     /// Cluster: half-width of the uniform jitter on --provision-s, seconds.
     #[arg(long, default_value_t = 2)]
     pub provision_jitter_s: u64,
@@ -106,9 +120,10 @@ pub struct Args {
     /// middle-ground and notebookos-paper: pre-warmed containers per host.
     #[arg(long, default_value_t = Model::default().prewarm_per_host)]
     pub prewarm_per_host: u32,
-    /// Autoscaling policies: seconds between autoscaler runs.
-    #[arg(long, default_value_t = 30)]
-    pub scaling_interval_s: u64,
+    /// Autoscaling policies: seconds between autoscaler runs (default 30; notebookos: the
+    /// config's autoscale.interval, which this overrides).
+    #[arg(long)]
+    pub scaling_interval_s: Option<u64>,
     /// A fixed cluster of N hosts, all up from the start, no autoscaling (0: autoscaled).
     /// With `--policy notebookos` this models a `notebookosd` cluster as it runs today
     /// (see "Replay against a real cluster" in docs/simulator.md).
@@ -233,28 +248,62 @@ pub fn write_out(
     Ok(())
 }
 
-/// Runs the subcommand.
-pub fn run(a: Args) -> anyhow::Result<()> {
-    let kinds = policies(&a.policy)?;
-    let model = Model {
+/// `notebookos`'s policy: the `--config` file's (the daemon's strict loader), else the
+/// shipped defaults, with the per-parameter flags on top.
+fn policy(a: &Args) -> anyhow::Result<PolicyConfig> {
+    let mut p = match &a.config {
+        Some(path) => notebookosd::config::Config::load(path)?.policy(),
+        None => PolicyConfig::default(),
+    };
+    if let Some(r) = a.subscription_ratio {
+        p.subscription_ratio = r;
+    }
+    if let Some(s) = a.idle_release_s {
+        p.idle_release_ms = s * 1000;
+    }
+    if let Some(rule) = &a.autoscale_rule {
+        p.autoscale.rule = match rule.as_str() {
+            "notebookos" => AutoscaleRule::Notebookos,
+            "paper" => AutoscaleRule::Paper,
+            other => bail!("--autoscale-rule must be notebookos or paper, got {other:?}"),
+        };
+    }
+    if let Some(n) = a.spare_hosts {
+        p.autoscale.spare_hosts = n;
+    }
+    if let Some(m) = a.peak_window_min {
+        p.autoscale.peak_window_ms = m * 60_000;
+    }
+    if let Some(s) = a.scaling_interval_s {
+        p.autoscale.interval_ms = s * 1000;
+    }
+    Ok(p)
+}
+
+/// The cluster model the flags (and `--config`) describe.
+pub fn model(a: &Args) -> anyhow::Result<Model> {
+    Ok(Model {
         gpus_per_host: a.gpus_per_host,
         provision_ms: a.provision_s * 1000,
         container_start_ms: a.container_start_s * 1000,
         state_load_ms: a.state_load_s * 1000,
-        idle_release_ms: a.idle_release_s * 1000,
-        subscription_ratio: a.subscription_ratio,
-        spare_hosts: a.spare_hosts,
-        peak_window_ms: a.peak_window_min * 60_000,
         provision_jitter_ms: a.provision_jitter_s * 1000,
         election_ms: a.election_ms,
         paper_max_ratio: a.paper_max_ratio,
         prewarm_per_host: a.prewarm_per_host,
-        scaling_interval_ms: a.scaling_interval_s * 1000,
+        scaling_interval_ms: a.scaling_interval_s.map_or(Model::default().scaling_interval_ms, |s| s * 1000),
+        notebookos: policy(a)?,
         fixed_hosts: a.fixed_hosts,
         host_memory_mib: a.host_memory_mib,
         replica_base_mib: a.replica_base_mib,
         seed: a.seed,
-    };
+    })
+}
+
+/// Runs the subcommand.
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let kinds = policies(&a.policy)?;
+    let model = model(&a)?;
     let started = Instant::now();
     let w = load(&a)?;
     let stats = w.stats();
@@ -290,4 +339,46 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         bail!("invariants broken: {}", broken.join(" | "));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn model_of(argv: &[&str]) -> anyhow::Result<Model> {
+        model(&Cli::try_parse_from(std::iter::once("sim").chain(argv.iter().copied()))?.args)
+    }
+
+    const SHIPPED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../packaging/notebookosd.toml");
+
+    #[test]
+    fn the_shipped_config_is_the_model_without_config() {
+        let shipped = model_of(&["--config", SHIPPED]).expect("the shipped config loads");
+        assert_eq!(shipped, model_of(&[]).expect("defaults"));
+        assert_eq!(shipped.notebookos, PolicyConfig::default());
+    }
+
+    #[test]
+    fn flags_override_the_config_and_unknown_keys_are_the_daemons_errors() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("notebookosd.toml");
+        std::fs::write(&file, "[gpu]\nsubscription_ratio = 6.0\n[autoscale]\nrule = \"notebookos\"\n").expect("write");
+        let path = file.to_str().expect("utf-8 path");
+        let m = model_of(&["--config", path]).expect("valid");
+        assert_eq!((m.notebookos.subscription_ratio, m.notebookos.autoscale.rule), (6.0, AutoscaleRule::Notebookos));
+        let m = model_of(&["--config", path, "--subscription-ratio", "4", "--autoscale-rule", "paper"]).expect("valid");
+        assert_eq!((m.notebookos.subscription_ratio, m.notebookos.autoscale.rule), (4.0, AutoscaleRule::Paper));
+        std::fs::write(&file, "[gpu]\nsubscription_ratoi = 6.0\n").expect("write");
+        let err = format!("{:#}", model_of(&["--config", path]).expect_err("unknown key"));
+        let daemon = notebookosd::config::Config::load(&file).expect_err("the daemon refuses it too").to_string();
+        assert!(err.contains("gpu.subscription_ratoi") && err.contains(&daemon), "{err}");
+    }
 }

@@ -9,18 +9,20 @@
 //! - [`preselect`]: which replica of a kernel proposes to execute a cell (front-end, issue 7).
 //! - [`placement`]: on which hosts of a cluster a kernel's replicas live.
 //! - [`replay`]: drives a [`HostScheduler`] through a template in virtual time and measures it.
-//! - [`executor`]: best-fit executor choice and replica coverage (the simulator's `notebookos`).
 //! - [`migrate`]: which replica moves where when every replica yields a cell.
 //! - [`scale`]: scale-out and scale-in targets (NotebookOS's rule and ours).
+//! - [`autoscaler`]: the autoscaler's decision (rule, unmet demand, host bounds).
+//! - [`policy`]: the `notebookos` policy's parameters; their default is the shipped one.
 //! - [`drain`]: which hosts a scale-in releases.
 //! - [`prewarm`]: how many pre-warmed containers to keep.
 //! - [`sim`]: trace replay in virtual time under the scheduling policies (`nbos sim`).
 
+pub mod autoscaler;
 pub mod drain;
-pub mod executor;
 pub mod host;
 pub mod migrate;
 pub mod placement;
+pub mod policy;
 pub mod preselect;
 pub mod prewarm;
 #[cfg(test)]

@@ -8,6 +8,9 @@
 
 use super::Millis;
 
+/// The window over which pool takes are counted (the daemon's pool and the simulator's).
+pub const WINDOW_MS: Millis = 600_000;
+
 /// The pool size for `takes` containers taken over the last `window` ms, when starting
 /// one takes `refill` ms.
 pub fn pool_size(takes: u32, window: Millis, refill: Millis, floor: u32, cap: u32) -> u32 {

@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use nbos_sched::policy::{AutoscaleParams, PolicyConfig};
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
@@ -63,31 +64,26 @@ pub enum AutoscaleProvider {
     Exec,
 }
 
-/// `autoscale.rule`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AutoscaleRule {
-    /// Ours (`sched::scale::ours`).
-    Notebookos,
-    /// NotebookOS's (`sched::scale::paper`).
-    Paper,
-}
+/// `autoscale.rule`: the scheduler core's (`nbos_sched::policy::AutoscaleRule`).
+pub use nbos_sched::policy::AutoscaleRule;
 
 impl Default for AutoscaleConfig {
+    /// The rule's parameters are the scheduler core's policy default (`nbos_sched::policy`).
     fn default() -> Self {
+        let p = PolicyConfig::default().autoscale;
         Self {
             provider: AutoscaleProvider::None,
             command: Vec::new(),
-            rule: AutoscaleRule::Paper,
-            min_hosts: 3,
-            max_hosts: 64,
-            interval: Duration::from_secs(30),
-            spare_hosts: 1,
-            peak_window: Duration::from_secs(600),
-            scale_out_factor: 1.05,
-            scale_in_limit: 1.1,
-            buffer_hosts: 3,
-            max_release: 2,
+            rule: p.rule,
+            min_hosts: p.min_hosts,
+            max_hosts: p.max_hosts,
+            interval: Duration::from_millis(p.interval_ms),
+            spare_hosts: p.spare_hosts,
+            peak_window: Duration::from_millis(p.peak_window_ms),
+            scale_out_factor: p.scale_out_factor,
+            scale_in_limit: p.scale_in_limit,
+            buffer_hosts: p.buffer_hosts,
+            max_release: p.max_release,
             boot_timeout: Duration::from_secs(600),
             command_timeout: Duration::from_secs(600),
             placement_wait: Duration::from_secs(300),
@@ -95,7 +91,27 @@ impl Default for AutoscaleConfig {
     }
 }
 
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 impl AutoscaleConfig {
+    /// The rule's parameters as the scheduler core's autoscaler takes them.
+    pub fn params(&self) -> AutoscaleParams {
+        AutoscaleParams {
+            rule: self.rule,
+            min_hosts: self.min_hosts,
+            max_hosts: self.max_hosts,
+            interval_ms: millis(self.interval),
+            spare_hosts: self.spare_hosts,
+            peak_window_ms: millis(self.peak_window),
+            scale_out_factor: self.scale_out_factor,
+            scale_in_limit: self.scale_in_limit,
+            buffer_hosts: self.buffer_hosts,
+            max_release: self.max_release,
+        }
+    }
+
     /// `[autoscale]`: checked only when a provider is set; `cluster_enabled` is `cluster.enabled`.
     pub(super) fn validate(&self, cluster_enabled: bool, origin: &str) -> Result<(), ConfigError> {
         let invalid =

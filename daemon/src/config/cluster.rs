@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use nbos_sched::policy::PolicyConfig;
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
@@ -131,7 +132,7 @@ impl Default for ClusterConfig {
             seeds: Vec::new(),
             tls: None,
             host_ttl: Duration::from_secs(3),
-            replicas: 3,
+            replicas: PolicyConfig::default().replicas,
             sync_inline_max_bytes: 1 << 20,
             object_store: String::new(),
             object_store_timeout: Duration::from_secs(60),

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use nbos_sched::policy::PolicyConfig;
 use serde::{Deserialize, Serialize};
 
 /// How the daemon reaches GPUs.
@@ -66,8 +67,8 @@ impl Default for GpuConfig {
             shim_library: None,
             fake_gpus: 0,
             fake_gpu_memory_mib: 81_920,
-            idle_release: Duration::from_secs(30),
-            subscription_ratio: 3.0,
+            idle_release: Duration::from_millis(PolicyConfig::default().idle_release_ms),
+            subscription_ratio: PolicyConfig::default().subscription_ratio,
             device_guard: None,
         }
     }

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use nbos_sched::policy::PolicyConfig;
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
@@ -99,10 +100,8 @@ impl Default for KernelConfig {
             uid_range: None,
             notebook_dir: None,
             pids_max: 4096,
-            // NotebookOS keeps 3 per host; ours keeps 1 when nothing is taken and grows
-            // to 3 with demand (sched::prewarm).
-            prewarm_min: 1,
-            prewarm_max: 3,
+            prewarm_min: PolicyConfig::default().prewarm_min,
+            prewarm_max: PolicyConfig::default().prewarm_max,
             home_quota_mib: DEFAULT_KERNEL_HOME_QUOTA_MIB,
             shm_size_mib: DEFAULT_KERNEL_SHM_SIZE_MIB,
             open_files_max: DEFAULT_KERNEL_OPEN_FILES_MAX,

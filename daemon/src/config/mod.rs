@@ -24,6 +24,7 @@ mod limits;
 mod log;
 mod node;
 mod observer;
+mod policy;
 
 pub use autoscale::{AutoscaleConfig, AutoscaleProvider, AutoscaleRule};
 pub use cluster::{kernel_memory_capacity_mib, ClusterConfig, ClusterTlsConfig, Seed};

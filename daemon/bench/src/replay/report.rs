@@ -7,6 +7,7 @@ use super::clock::Clock;
 use super::cluster::Host;
 use super::sampler::{integrate, Sample, COUNTERS};
 use super::session::SessionRecord;
+use nbos_sched::policy::{AutoscaleParams, PolicyConfig};
 use nbos_sched::sim::metrics::{round3, Point, Totals};
 use nbos_sched::sim::{Model, PolicyResult, Workload};
 use nbos_sched::Millis;
@@ -62,22 +63,33 @@ pub struct ClusterModel {
 impl ClusterModel {
     /// As a [`Model`] (the rest at the simulator's defaults).
     pub fn model(&self) -> Model {
+        let d = Model::default();
         let fixed = Model {
             gpus_per_host: self.gpus_per_host,
             fixed_hosts: self.hosts,
-            subscription_ratio: self.subscription_ratio,
-            idle_release_ms: self.idle_release_s * 1000,
+            notebookos: PolicyConfig {
+                subscription_ratio: self.subscription_ratio,
+                idle_release_ms: self.idle_release_s * 1000,
+                ..d.notebookos
+            },
             election_ms: self.election_ms,
-            ..Model::default()
+            ..d
         };
         match &self.autoscale {
             None => fixed,
             Some(a) => Model {
                 fixed_hosts: 0,
-                spare_hosts: a.spare_hosts,
-                peak_window_ms: a.peak_window_min * 60_000,
                 scaling_interval_ms: a.interval_s * 1000,
                 provision_ms: a.provision_s * 1000,
+                notebookos: PolicyConfig {
+                    autoscale: AutoscaleParams {
+                        spare_hosts: a.spare_hosts,
+                        peak_window_ms: a.peak_window_min * 60_000,
+                        interval_ms: a.interval_s * 1000,
+                        ..fixed.notebookos.autoscale
+                    },
+                    ..fixed.notebookos
+                },
                 ..fixed
             },
         }

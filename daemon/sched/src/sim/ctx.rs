@@ -32,10 +32,18 @@ pub struct Ctx<'a> {
     pub background_moves: u64,
     /// Placements refused because no host had the memory for the replicas (each attempt).
     pub memory_refusals: u64,
+    /// The scheduler-core decisions the policy called ([`Ctx::decided`]).
+    pub decisions: std::collections::BTreeSet<&'static str>,
     pub(crate) completed: usize,
 }
 
 impl Ctx<'_> {
+    /// Notes that the policy called the scheduler-core decision `name` (`module::function`),
+    /// so that a test can check the daemon calls it too.
+    pub fn decided(&mut self, name: &'static str) {
+        self.decisions.insert(name);
+    }
+
     /// The session's current (next or running) training.
     pub fn training(&self, s: u32) -> &Training {
         let sess = &self.w.sessions[s as usize];

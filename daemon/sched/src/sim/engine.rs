@@ -42,8 +42,10 @@ pub enum SimError {
 /// Replays `w` under `policy` on the cluster `m`.
 pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, SimError> {
     validate(w, m)?;
-    let host_ratio = if policy == PolicyKind::Notebookos { m.subscription_ratio } else { 1e9 };
-    let idle_release = if policy == PolicyKind::Notebookos { m.idle_release_ms } else { 0 };
+    let ours = policy == PolicyKind::Notebookos;
+    let host_ratio = if ours { m.notebookos.subscription_ratio } else { 1e9 };
+    let idle_release = if ours { m.notebookos.idle_release_ms } else { 0 };
+    let scaling_interval_ms = if ours { m.notebookos.autoscale.interval_ms } else { m.scaling_interval_ms };
     let n = w.sessions.len();
     let mut cx = Ctx {
         w,
@@ -58,6 +60,7 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
         migrations: 0,
         background_moves: 0,
         memory_refusals: 0,
+        decisions: std::collections::BTreeSet::new(),
         completed: 0,
     };
     let mut p = new_policy(policy, n);
@@ -122,7 +125,7 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
             Ev::ScaleTick => {
                 if sessions_left > 0 {
                     p.scale_tick(&mut cx);
-                    cx.q.push(t + m.scaling_interval_ms, Ev::ScaleTick);
+                    cx.q.push(t + scaling_interval_ms, Ev::ScaleTick);
                 }
             }
             Ev::Sample => {
@@ -145,7 +148,7 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
     let floor_gpu_ms: u128 =
         w.sessions.iter().flat_map(|s| &s.trainings).map(|t| u128::from(t.duration) * u128::from(t.gpus)).sum();
     let bound = cx.c.bound_gpu_ms(last);
-    Ok(PolicyResult::new(
+    let mut result = PolicyResult::new(
         Some(policy),
         super::metrics::Totals {
             provisioned_gpu_ms: cx.c.provisioned_gpu_ms(),
@@ -166,7 +169,9 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
         },
         cx.delays_ms,
         series,
-    ))
+    );
+    result.decisions = cx.decisions.into_iter().collect();
+    Ok(result)
 }
 
 /// The policy object for `kind` over `sessions` sessions.
@@ -184,11 +189,16 @@ fn validate(w: &Workload, m: &Model) -> Result<(), SimError> {
     if m.gpus_per_host == 0 {
         return Err(SimError::Model("gpus_per_host must be at least 1".into()));
     }
-    if !(m.subscription_ratio.is_finite() && m.subscription_ratio >= 1.0) {
-        return Err(SimError::Model(format!("subscription ratio must be >= 1, got {}", m.subscription_ratio)));
+    let p = &m.notebookos;
+    if !(p.subscription_ratio.is_finite() && p.subscription_ratio >= 1.0) {
+        return Err(SimError::Model(format!("subscription ratio must be >= 1, got {}", p.subscription_ratio)));
     }
-    if m.scaling_interval_ms == 0 {
+    if m.scaling_interval_ms == 0 || p.autoscale.interval_ms == 0 {
         return Err(SimError::Model("the scaling interval must be longer than 0".into()));
+    }
+    // The replicated policies keep three replicas per kernel (NotebookOS's and the daemon's default).
+    if p.replicas != 3 {
+        return Err(SimError::Model(format!("notebookos simulates 3 replicas per kernel, got {}", p.replicas)));
     }
     if !(m.paper_max_ratio.is_finite() && m.paper_max_ratio >= 1.0) {
         return Err(SimError::Model(format!("the paper's max ratio must be >= 1, got {}", m.paper_max_ratio)));
@@ -289,5 +299,23 @@ mod tests {
         let m = Model { host_memory_mib: 4_096, ..Model::default() };
         let e = run(&w, PolicyKind::Notebookos, &m).unwrap_err();
         assert!(e.to_string().contains("5512 MiB of host memory"), "{e}");
+    }
+
+    #[test]
+    fn notebookos_keeps_its_autoscale_bounds_and_rule() {
+        use crate::policy::AutoscaleRule;
+        use crate::sim::synthetic::{self, SyntheticParams};
+        let w = synthetic::generate(&SyntheticParams { sessions: 200, hours: 4.0, ..SyntheticParams::default() }, 3);
+        let mut m = Model::default();
+        m.notebookos.autoscale.max_hosts = 8;
+        for rule in [AutoscaleRule::Paper, AutoscaleRule::Notebookos] {
+            m.notebookos.autoscale.rule = rule;
+            let r = run(&w, PolicyKind::Notebookos, &m).expect("runs");
+            assert!(r.hosts_peak <= 8 && r.hosts_peak >= 3, "{rule:?}: within min..max hosts: {}", r.hosts_peak);
+            assert_eq!((r.completed, r.violations), (r.trainings, 0), "{rule:?}");
+        }
+        // The cap is what held the cluster back: without it, it grows past 8 hosts.
+        m.notebookos.autoscale.max_hosts = 1_000;
+        assert!(run(&w, PolicyKind::Notebookos, &m).expect("runs").hosts_peak > 8);
     }
 }

@@ -112,6 +112,9 @@ pub struct PolicyResult {
     /// The policy.
     #[serde(skip)]
     pub policy: Option<PolicyKind>,
+    /// The scheduler-core decisions the policy called, `module::function` (not in the JSON).
+    #[serde(skip)]
+    pub decisions: Vec<&'static str>,
 }
 
 /// Rounds for stable, readable output.
@@ -182,6 +185,7 @@ impl PolicyResult {
             series,
             delays_ms,
             policy,
+            decisions: Vec::new(),
         }
     }
 }

@@ -32,6 +32,7 @@ pub use engine::{run, SimError};
 pub use metrics::PolicyResult;
 pub use workload::Workload;
 
+use crate::policy::PolicyConfig;
 use crate::Millis;
 
 /// The policies `nbos sim` compares.
@@ -91,20 +92,17 @@ pub struct Model {
     pub state_load_ms: Millis,
     /// Executor election (replicated policies): one quorum-fsynced CAS.
     pub election_ms: Millis,
-    /// Ours: idle-held GPUs are released after this (the daemon's `gpu.idle_release`).
-    pub idle_release_ms: Millis,
-    /// Ours: the subscription ratio placement keeps (subscribed replica GPUs ÷ host GPUs).
-    pub subscription_ratio: f64,
     /// The paper's cap on its moving subscription ratio.
     pub paper_max_ratio: f64,
     /// Middle-ground and the paper: pre-warmed containers per host.
     pub prewarm_per_host: u32,
-    /// Ours: the trailing window of the demand peak the autoscaler covers.
-    pub peak_window_ms: Millis,
-    /// Ours: whole hosts kept above that peak.
-    pub spare_hosts: u32,
-    /// How often the autoscaler runs.
+    /// How often the other autoscaling policies' autoscaler runs (`notebookos`:
+    /// `notebookos.autoscale.interval_ms`).
     pub scaling_interval_ms: Millis,
+    /// `notebookos`: the daemon's policy parameters (`nbos sim --config`, else the shipped
+    /// defaults). Its autoscaler runs whatever `[autoscale] provider` says: a simulated
+    /// cluster always has a provider (`fixed_hosts` models one without).
+    pub notebookos: PolicyConfig,
     /// A fixed cluster when above 0: this many hosts up from the start, none requested or
     /// released later (no autoscaler), as a `notebookosd` cluster runs today.
     pub fixed_hosts: u32,
@@ -129,16 +127,13 @@ impl Default for Model {
             container_start_ms: 5_000,
             state_load_ms: 2_000,
             election_ms: 2,
-            idle_release_ms: 30_000,
-            subscription_ratio: 21.0,
             paper_max_ratio: 7.0,
             prewarm_per_host: 3,
-            peak_window_ms: 300_000,
-            spare_hosts: 1,
             scaling_interval_ms: 30_000,
             fixed_hosts: 0,
             host_memory_mib: 1 << 20,
             replica_base_mib: 512,
+            notebookos: PolicyConfig::default(),
             seed: 1,
         }
     }

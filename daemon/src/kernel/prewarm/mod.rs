@@ -41,8 +41,8 @@ const LAUNCHER: &str = include_str!("launcher.py");
 const LAUNCHER_FILE: &str = ".prewarm.py";
 /// The pool processes' own directory (their HOME, working directory and log).
 const POOL_DIR: &str = ".prewarm";
-/// Takes remembered for sizing (the window of Little's law).
-const WINDOW: Duration = Duration::from_secs(600);
+/// Takes remembered for sizing (the window of Little's law; the simulator's too).
+const WINDOW: Duration = Duration::from_millis(nbos_sched::prewarm::WINDOW_MS);
 /// How often the refill task looks at the pool without being woken.
 const REFILL_EVERY: Duration = Duration::from_secs(1);
 /// Variables the dynamic loader read when the process started: a kernel that wants

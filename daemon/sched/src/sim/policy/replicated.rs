@@ -15,11 +15,16 @@
 //!   host that can commit; GPUs are released when the training ends; 3 pre-warmed
 //!   containers per host; the autoscaler is [`scale::paper`] every 30 s, releasing hosts
 //!   by [`drain::choose`] after moving their idle replicas.
-//! - `notebookos`, ours (the daemon's scheduler core): placement within the configured
-//!   subscription ratio; the migration choice of [`migrate::choose`] (best fit, distinct
-//!   hosts); idle-held GPUs released after `idle_release` as the daemon does; pre-warm
-//!   pools sized by [`prewarm::pool_size`]; the autoscaler is [`scale::ours`] on the
-//!   demand peak of the last `peak_window`.
+//! - `notebookos`, what `notebookosd` runs, with its parameters ([`crate::policy::PolicyConfig`],
+//!   `Model::notebookos`) and its decisions, each recorded with [`Ctx::decided`] so that a
+//!   test checks the daemon calls it too: placement within the configured subscription
+//!   ratio; all YIELD: [`migrate::choose`] (best fit, distinct hosts); idle-held GPUs
+//!   released after `idle_release`; each host's pre-warm pool sized by
+//!   [`prewarm::pool_size`] between `prewarm_min` and `prewarm_max`; the autoscaler is the
+//!   daemon's [`Decider`] (its configured rule) every `interval`, fed the unmet demand the
+//!   daemon's meta leader notes (refused kernels, cells with no host to move to; it asks
+//!   for no host otherwise); a scale-in drains the hosts [`drain::choose`] picks, their
+//!   replicas re-placed by [`placement::replace`].
 //!
 //! Both account host memory: every replica holds an idle kernel plus the session's
 //! namespace ([`Ctx::replica_memory_mib`]), and placement, replacement and the migration
@@ -28,13 +33,14 @@
 use std::collections::VecDeque;
 
 use super::api::Policy;
+use crate::autoscaler::{ClusterNow, Decider};
 use crate::placement::{self, HostLoad, PlacementError};
 use crate::preselect::{preselect, Candidate};
-use crate::scale::{self, PeakTracker, Scale};
+use crate::scale::{self, Scale};
 use crate::sim::cluster::HostState;
 use crate::sim::ctx::Ctx;
 use crate::sim::events::Ev;
-use crate::{drain, executor, migrate, prewarm, Millis};
+use crate::{drain, migrate, prewarm, Millis};
 
 /// Which rules.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +53,8 @@ pub enum Variant {
 
 const REPLICAS: usize = 3;
 const NONE: u32 = u32::MAX;
+/// Unmet-demand entries kept per kind (the daemon's `control/meta/demand.rs` keeps 1024).
+const NOTED: usize = 1024;
 
 /// The policy's state.
 #[derive(Debug)]
@@ -55,16 +63,20 @@ pub struct Replicated {
     reps: Vec<[u32; REPLICAS]>,
     ready: Vec<bool>,
     submitted: Vec<bool>,
-    running: Vec<bool>,
-    live: std::collections::BTreeSet<u32>,
     prev: Vec<Option<u32>>,
     pending_place: VecDeque<u32>,
     waiting: VecDeque<u32>,
     claims: u32,
     live_demand: u32,
     members: Vec<Vec<u32>>,
-    peak: Option<PeakTracker>,
-    takes: VecDeque<Millis>,
+    /// Ours: the daemon's autoscaler decision, with its peak of demand.
+    decider: Option<Decider>,
+    /// Ours: unmet demand as the daemon's meta leader notes it, `(when, GPUs)`: kernels
+    /// placement refused (GPUs × replicas) and cells with no host to move to.
+    refused: VecDeque<(Millis, u32)>,
+    unmet_cells: VecDeque<(Millis, u32)>,
+    /// Ours: pre-warmed containers taken per host (each daemon sizes its own pool).
+    takes: Vec<VecDeque<Millis>>,
 }
 
 fn kernel(s: u32) -> String {
@@ -79,23 +91,23 @@ impl Replicated {
             reps: vec![[NONE; REPLICAS]; n],
             ready: vec![false; n],
             submitted: vec![false; n],
-            running: vec![false; n],
-            live: std::collections::BTreeSet::new(),
             prev: vec![None; n],
             pending_place: VecDeque::new(),
             waiting: VecDeque::new(),
             claims: 0,
             live_demand: 0,
             members: Vec::new(),
-            peak: None,
-            takes: VecDeque::new(),
+            decider: None,
+            refused: VecDeque::new(),
+            unmet_cells: VecDeque::new(),
+            takes: Vec::new(),
         }
     }
 
     /// The subscription ratio placement and migration keep, in subscribed GPUs per host GPU.
     fn ratio(&self, cx: &Ctx<'_>, extra_demand: u32) -> f64 {
         match self.variant {
-            Variant::Ours => cx.m.subscription_ratio,
+            Variant::Ours => cx.m.notebookos.subscription_ratio,
             Variant::Paper => {
                 // Theirs is per replica: placed ÷ GPUs ÷ replicas <= demand ÷ committed.
                 let d = f64::from(self.live_demand + extra_demand);
@@ -142,6 +154,7 @@ impl Replicated {
         while let Some(&s) = self.pending_place.front() {
             let g = cx.session_gpus(s);
             let ratio = self.ratio(cx, g);
+            cx.decided("placement::place_with_memory");
             let mib = cx.replica_memory_mib(s);
             cx.c.size_kernel(&kernel(s), mib);
             match placement::place_with_memory(&Self::loads(cx, &[]), g, mib, REPLICAS, ratio) {
@@ -155,8 +168,15 @@ impl Replicated {
                         self.member_add(h, s);
                     }
                     self.live_demand += g;
-                    self.live.insert(s);
                     cx.q.push(cx.now + cx.m.container_start_ms, Ev::Ready { session: s, host: 0 });
+                }
+                Err(e) if self.variant == Variant::Ours => {
+                    if matches!(e, PlacementError::NoMemory { .. }) {
+                        cx.memory_refusals += 1;
+                    }
+                    // As the daemon: the refusal is unmet demand the autoscaler sees.
+                    note(&mut self.refused, cx.now, g.saturating_mul(REPLICAS as u32));
+                    break;
                 }
                 Err(e) => {
                     let need = match e {
@@ -178,23 +198,36 @@ impl Replicated {
         }
     }
 
-    /// Per-host pre-warm target.
-    fn pool_target(&mut self, cx: &Ctx<'_>) -> u32 {
+    /// Host `h`'s pre-warm target.
+    fn pool_target(&mut self, cx: &mut Ctx<'_>, h: u32) -> u32 {
         match self.variant {
             Variant::Paper => cx.m.prewarm_per_host,
+            // The daemon's pool: `kernel.prewarm_max = 0` is no pool.
+            Variant::Ours if cx.m.notebookos.prewarm_max == 0 => 0,
             Variant::Ours => {
-                let window = cx.m.peak_window_ms;
-                while self.takes.front().is_some_and(|&t| cx.now.saturating_sub(t) > window) {
-                    self.takes.pop_front();
+                let takes = self.takes_on(h);
+                while takes.front().is_some_and(|&t| cx.now.saturating_sub(t) > prewarm::WINDOW_MS) {
+                    takes.pop_front();
                 }
-                let takes = u32::try_from(self.takes.len()).unwrap_or(u32::MAX);
-                prewarm::pool_size(takes, window, cx.m.container_start_ms, 1, cx.m.prewarm_per_host.max(1))
+                let n = u32::try_from(takes.len()).unwrap_or(u32::MAX);
+                let p = &cx.m.notebookos;
+                let (min, max) = (p.prewarm_min, p.prewarm_max);
+                cx.decided("prewarm::pool_size");
+                prewarm::pool_size(n, prewarm::WINDOW_MS, cx.m.container_start_ms, min, max)
             }
         }
     }
 
+    fn takes_on(&mut self, h: u32) -> &mut VecDeque<Millis> {
+        let i = h as usize;
+        if self.takes.len() <= i {
+            self.takes.resize(i + 1, VecDeque::new());
+        }
+        &mut self.takes[i]
+    }
+
     fn refill_pool(&mut self, cx: &mut Ctx<'_>, h: u32) {
-        let target = self.pool_target(cx);
+        let target = self.pool_target(cx, h);
         let host = cx.c.host_mut(h);
         let have = host.warm + host.warming;
         if host.state == HostState::Up && have < target {
@@ -214,10 +247,8 @@ impl Replicated {
         let cell = format!("s{s}c{}", cx.training_index(s));
         let reps = self.reps[s as usize];
         let cands = self.candidates(cx, s);
-        let lead = match self.variant {
-            Variant::Paper => preselect(&cands, g, self.prev[s as usize], &[]).map(|round| round.lead),
-            Variant::Ours => executor::choose(&cands, g, self.prev[s as usize]),
-        };
+        cx.decided("preselect::preselect");
+        let lead = preselect(&cands, g, self.prev[s as usize], &[]).map(|round| round.lead);
         if let Some(lead) = lead {
             let h = reps[lead as usize - 1];
             if cx.c.host(h).sched.available() >= g {
@@ -225,8 +256,6 @@ impl Replicated {
                 cx.start_training(s, h, cx.m.election_ms);
                 self.prev[s as usize] = Some(lead);
                 self.submitted[s as usize] = false;
-                self.running[s as usize] = true;
-                self.cover(cx);
                 return true;
             }
         }
@@ -245,7 +274,13 @@ impl Replicated {
                 placement::replace_with_memory(&loads, sg, mib, ratio, &exclude).map(|to| (r, index(to)))
             }
         };
-        let Some((r, to)) = choice else { return false };
+        let Some((r, to)) = choice else {
+            if self.variant == Variant::Ours {
+                // As the daemon's meta leader: a cell with no host to move to is unmet demand.
+                note(&mut self.unmet_cells, cx.now, g);
+            }
+            return false;
+        };
         let from = reps[r];
         cx.c.remove_kernel(from, &k, sg, cx.now);
         self.member_remove(from, s);
@@ -257,7 +292,8 @@ impl Replicated {
         let host = cx.c.host_mut(to);
         if host.warm > 0 {
             host.warm -= 1;
-            self.takes.push_back(cx.now);
+            let now = cx.now;
+            self.takes_on(to).push_back(now);
             self.refill_pool(cx, to);
         } else {
             extra += cx.m.container_start_ms;
@@ -266,8 +302,6 @@ impl Replicated {
         cx.start_training(s, to, extra);
         self.prev[s as usize] = Some(u32::try_from(r + 1).unwrap_or(NONE));
         self.submitted[s as usize] = false;
-        self.running[s as usize] = true;
-        self.cover(cx);
         true
     }
 
@@ -288,7 +322,7 @@ impl Replicated {
             .collect()
     }
 
-    fn migration_for(&self, cx: &Ctx<'_>, s: u32, ratio: f64) -> Option<(usize, u32)> {
+    fn migration_for(&self, cx: &mut Ctx<'_>, s: u32, ratio: f64) -> Option<(usize, u32)> {
         let replicas: Vec<migrate::ReplicaAt> = self.reps[s as usize]
             .iter()
             .enumerate()
@@ -313,49 +347,17 @@ impl Replicated {
                     }
                 })
                 .collect();
+        cx.decided("migrate::choose_with_memory");
         migrate::choose_with_memory(&replicas, &targets, cx.session_gpus(s), cx.replica_memory_mib(s), ratio)
             .map(|m| (m.replica as usize - 1, u32::try_from(m.to).unwrap_or(NONE)))
-    }
-
-    /// Ours: every idle kernel keeps a replica on a host that can run its next cell at
-    /// once; one that has none gets an idle replica moved (in the background, during the
-    /// user's think time) to the host [`migrate::choose`] picks. Largest kernels first:
-    /// they are the hardest to fit.
-    fn cover(&mut self, cx: &mut Ctx<'_>) {
-        if self.variant != Variant::Ours {
-            return;
-        }
-        let mut idle: Vec<u32> = self
-            .live
-            .iter()
-            .copied()
-            .filter(|&s| self.ready[s as usize] && !self.running[s as usize] && !self.submitted[s as usize])
-            .collect();
-        idle.sort_by_key(|&s| (std::cmp::Reverse(cx.session_gpus(s)), s));
-        let ratio = cx.m.subscription_ratio;
-        for s in idle {
-            let g = cx.session_gpus(s);
-            if executor::covered(&self.candidates(cx, s), g) {
-                continue;
-            }
-            let Some((r, to)) = self.migration_for(cx, s, ratio) else { continue };
-            let from = self.reps[s as usize][r];
-            let k = kernel(s);
-            cx.c.remove_kernel(from, &k, g, cx.now);
-            self.member_remove(from, s);
-            cx.c.add_kernel(to, &k, g, cx.now);
-            self.member_add(to, s);
-            self.reps[s as usize][r] = to;
-            if self.prev[s as usize] == Some(u32::try_from(r + 1).unwrap_or(NONE)) {
-                self.prev[s as usize] = None;
-            }
-            cx.background_moves += 1;
-        }
     }
 
     fn run_or_wait(&mut self, cx: &mut Ctx<'_>, s: u32) {
         if !self.try_run(cx, s) {
             self.waiting.push_back(s);
+            if self.variant == Variant::Ours {
+                return; // the autoscaler sees it as unmet demand
+            }
             // A host is coming for it: claim a booting one, or request one.
             if self.claims >= cx.c.provisioning() {
                 cx.request_host();
@@ -375,7 +377,9 @@ impl Replicated {
         }
     }
 
-    /// Releases up to `n` idle hosts whose replicas can all move elsewhere.
+    /// Releases up to `n` idle hosts whose replicas can all move elsewhere. Ours drains
+    /// the `n` hosts [`drain::choose`] picks, as the daemon does (one whose replicas find
+    /// no host stays: the daemon's release of it fails); the paper's tries further hosts.
     fn drain(&mut self, cx: &mut Ctx<'_>, n: u32) {
         let cands: Vec<drain::Candidate> =
             cx.c.up_hosts()
@@ -392,7 +396,12 @@ impl Replicated {
                 .collect();
         let mut released = 0;
         let mut gone: Vec<u32> = Vec::new();
-        for id in drain::choose(&cands, cands.len()) {
+        let chosen = match self.variant {
+            Variant::Ours => n as usize,
+            Variant::Paper => cands.len(),
+        };
+        cx.decided("drain::choose");
+        for id in drain::choose(&cands, chosen) {
             if released >= n {
                 break;
             }
@@ -407,6 +416,7 @@ impl Replicated {
             for &s in &members {
                 let g = cx.session_gpus(s);
                 let exclude: Vec<u64> = self.reps[s as usize].iter().map(|&x| u64::from(x)).collect();
+                cx.decided("placement::replace_with_memory");
                 let mib = cx.replica_memory_mib(s);
                 let Some(to) = placement::replace_with_memory(&loads, g, mib, ratio, &exclude) else {
                     plan.clear();
@@ -441,6 +451,14 @@ impl Replicated {
     }
 }
 
+/// Notes unmet demand, keeping the last [`NOTED`] entries as the daemon's meta leader does.
+fn note(q: &mut VecDeque<(Millis, u32)>, now: Millis, gpus: u32) {
+    if q.len() >= NOTED {
+        q.pop_front();
+    }
+    q.push_back((now, gpus));
+}
+
 fn index(id: u64) -> u32 {
     u32::try_from(id).unwrap_or(NONE)
 }
@@ -448,7 +466,7 @@ fn index(id: u64) -> u32 {
 impl Policy for Replicated {
     fn init(&mut self, cx: &mut Ctx<'_>) {
         if self.variant == Variant::Ours {
-            self.peak = Some(PeakTracker::new(cx.m.peak_window_ms));
+            self.decider = Some(Decider::new(&cx.m.notebookos.autoscale));
         }
     }
 
@@ -474,15 +492,13 @@ impl Policy for Replicated {
     fn training_end(&mut self, cx: &mut Ctx<'_>, s: u32, host: u32) {
         let cell = format!("s{s}c{}", cx.training_index(s));
         cx.c.finish(host, &kernel(s), &cell, cx.now);
-        self.running[s as usize] = false;
         match self.variant {
             Variant::Paper => {
                 cx.c.tick(host, cx.now);
             }
-            Variant::Ours => cx.q.push(cx.now + cx.m.idle_release_ms, Ev::IdleCheck(host)),
+            Variant::Ours => cx.q.push(cx.now + cx.m.notebookos.idle_release_ms, Ev::IdleCheck(host)),
         }
         self.retry_waiting(cx);
-        self.cover(cx);
     }
 
     fn idle_check(&mut self, cx: &mut Ctx<'_>, h: u32) {
@@ -501,7 +517,6 @@ impl Policy for Replicated {
             }
         }
         self.live_demand = self.live_demand.saturating_sub(g);
-        self.live.remove(&s);
         self.place_pending(cx);
     }
 
@@ -511,27 +526,14 @@ impl Policy for Replicated {
         self.retry_waiting(cx);
         // A booting host claimed by a cell that has run meanwhile is free for others.
         self.claims = self.claims.min(cx.c.provisioning());
-        self.cover(cx);
     }
 
     fn scale_tick(&mut self, cx: &mut Ctx<'_>) {
-        let g = cx.c.gpus_per_host();
-        let committed = cx.c.committed_now();
         let decision = match self.variant {
-            Variant::Paper => scale::paper(&scale::PaperRule::default(), cx.c.alive(), committed, g),
-            Variant::Ours => {
-                let waiting: u32 = self.waiting.iter().map(|&s| cx.training(s).gpus).sum();
-                let now = cx.now;
-                let peak = self.peak.as_mut().map_or(0, |p| {
-                    p.record(now, committed + waiting);
-                    p.peak(now)
-                });
-                let rule = scale::OursRule { spare_hosts: cx.m.spare_hosts, ..scale::OursRule::default() };
-                let free = cx.c.provisioning()
-                    + u32::try_from(cx.c.up_hosts().iter().filter(|&&h| cx.c.host(h).sched.committed() == 0).count())
-                        .unwrap_or(u32::MAX);
-                scale::ours(&rule, cx.c.alive(), free, peak, cx.c.subscribed_now(), cx.m.subscription_ratio, g)
+            Variant::Paper => {
+                scale::paper(&scale::PaperRule::default(), cx.c.alive(), cx.c.committed_now(), cx.c.gpus_per_host())
             }
+            Variant::Ours => self.decide(cx),
         };
         match decision {
             Scale::Out(n) => {
@@ -539,9 +541,47 @@ impl Policy for Replicated {
                     cx.request_host();
                 }
             }
+            Scale::In(n) if self.variant == Variant::Ours => self.drain(cx, n),
             Scale::In(n) if self.waiting.is_empty() && self.pending_place.is_empty() => self.drain(cx, n),
             Scale::In(_) | Scale::Hold => {}
         }
-        self.cover(cx);
+    }
+}
+
+impl Replicated {
+    /// Ours: the daemon's autoscaler decision on the cluster as its meta leader sees it.
+    fn decide(&mut self, cx: &mut Ctx<'_>) -> Scale {
+        let p = cx.m.notebookos;
+        // The daemon counts unmet demand noted over the last two intervals; waiting
+        // cells and kernels ask again while they wait (as the daemon's do).
+        let recent = 2 * p.autoscale.interval_ms;
+        for &s in &self.pending_place {
+            note(&mut self.refused, cx.now, cx.session_gpus(s).saturating_mul(REPLICAS as u32));
+        }
+        for &s in &self.waiting {
+            note(&mut self.unmet_cells, cx.now, cx.training(s).gpus);
+        }
+        let now = cx.now;
+        let peak = |q: &mut VecDeque<(Millis, u32)>| {
+            while q.front().is_some_and(|&(t, _)| now.saturating_sub(t) > recent) {
+                q.pop_front();
+            }
+            q.iter().map(|&(_, g)| g).max().unwrap_or(0)
+        };
+        let up = cx.c.up_hosts();
+        let free = up.iter().filter(|&&h| cx.c.host(h).sched.committed() == 0).count();
+        let c = ClusterNow {
+            hosts: u32::try_from(up.len()).unwrap_or(u32::MAX),
+            booting: cx.c.provisioning(),
+            free_hosts: u32::try_from(free).unwrap_or(u32::MAX),
+            committed_gpus: cx.c.committed_now(),
+            subscribed_gpus: cx.c.subscribed_now(),
+            gpus_per_host: cx.c.gpus_per_host(),
+            refused_subscription: peak(&mut self.refused),
+            waiting_gpus: peak(&mut self.unmet_cells),
+        };
+        let ratio = p.subscription_ratio;
+        cx.decided("autoscaler::Decider::decide");
+        self.decider.as_mut().map_or(Scale::Hold, |d| d.decide(now, &c, ratio))
     }
 }

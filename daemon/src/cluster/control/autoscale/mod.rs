@@ -6,10 +6,11 @@
 //! found no host to move a replica to ([`crate::cluster::control::meta::demand`]) make it scale out
 //! even when committed GPUs alone would not.
 //!
+//! What the rule says for the cluster as the leader sees it is the scheduler core's
+//! [`nbos_sched::autoscaler::Decider`], the very decision `nbos sim` simulates.
+//!
 //! - [`provider`]: where hosts come from (the `exec` provider's JSON contract).
-//! - [`decision`]: what the rule says for the cluster as the leader sees it (pure).
 
-pub mod decision;
 pub mod provider;
 
 use std::collections::{BTreeSet, HashMap};
@@ -18,10 +19,10 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
 
-use self::decision::{ClusterNow, Decider};
 use self::provider::{ClusterView, Provider, ProviderHost, ProviderRequest};
 use super::meta::Cluster;
 use crate::config::AutoscaleConfig;
+use nbos_sched::autoscaler::{ClusterNow, Decider};
 use nbos_sched::drain::{self, Candidate};
 use nbos_sched::scale::Scale;
 
@@ -45,7 +46,7 @@ pub fn start(cluster: Arc<Cluster>, config: AutoscaleConfig, provider: Arc<dyn P
 }
 
 async fn run(cluster: Arc<Cluster>, config: AutoscaleConfig, provider: Arc<dyn Provider>) {
-    let mut decider = Decider::new(&config);
+    let mut decider = Decider::new(&config.params());
     let mut booting: Vec<Booting> = Vec::new();
     let releasing: Arc<Mutex<BTreeSet<u64>>> = Arc::default();
     let metrics = cluster.elastic_metrics().clone();

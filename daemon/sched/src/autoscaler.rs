@@ -1,10 +1,11 @@
-//! What the autoscaler does now, from the cluster as the meta leader sees it: the
-//! scheduler core's rule ([`scale::ours`] or [`scale::paper`]), with unmet demand counted
-//! and the result kept within `[min_hosts, max_hosts]`. Pure (time comes in as ms).
+//! What the autoscaler does now, from the cluster as it is seen at one decision: the
+//! configured rule ([`scale::ours`] or [`scale::paper`]), with unmet demand counted and
+//! the result kept within `[min_hosts, max_hosts]`. The daemon's meta leader and the
+//! simulator's `notebookos` both decide with this [`Decider`].
 
-use crate::config::{AutoscaleConfig, AutoscaleRule};
-use nbos_sched::scale::{self, OursRule, PaperRule, PeakTracker, Scale};
-use nbos_sched::Millis;
+use crate::policy::{AutoscaleParams, AutoscaleRule};
+use crate::scale::{self, OursRule, PaperRule, PeakTracker, Scale};
+use crate::Millis;
 
 /// The cluster at one decision.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -13,15 +14,15 @@ pub struct ClusterNow {
     pub hosts: u32,
     /// Hosts asked for that have not registered yet.
     pub booting: u32,
-    /// Live hosts with no GPU bound to a cell.
+    /// Live hosts with no GPU committed to a cell.
     pub free_hosts: u32,
-    /// GPUs bound to cells.
+    /// GPUs committed to cells.
     pub committed_gpus: u32,
     /// GPUs subscribed by every replica (and moving replica) of every kernel.
     pub subscribed_gpus: u32,
     /// GPUs per host (the largest live host's).
     pub gpus_per_host: u32,
-    /// The largest subscription placement refused recently.
+    /// The largest subscription (GPUs × replicas) placement refused recently.
     pub refused_subscription: u32,
     /// The largest cell that recently found no host.
     pub waiting_gpus: u32,
@@ -39,30 +40,29 @@ pub struct Decider {
 }
 
 impl Decider {
-    /// The rule `config` names.
-    pub fn new(config: &AutoscaleConfig) -> Self {
-        let window = u64::try_from(config.peak_window.as_millis()).unwrap_or(u64::MAX);
+    /// The rule `params` names.
+    pub fn new(params: &AutoscaleParams) -> Self {
         Self {
-            rule: config.rule,
+            rule: params.rule,
             ours: OursRule {
-                spare_hosts: config.spare_hosts,
-                min_hosts: config.min_hosts,
-                max_release: config.max_release,
+                spare_hosts: params.spare_hosts,
+                min_hosts: params.min_hosts,
+                max_release: params.max_release,
             },
             paper: PaperRule {
-                factor: config.scale_out_factor,
-                limit: config.scale_in_limit,
-                buffer: config.buffer_hosts,
-                min_hosts: config.min_hosts,
-                max_release: config.max_release,
+                factor: params.scale_out_factor,
+                limit: params.scale_in_limit,
+                buffer: params.buffer_hosts,
+                min_hosts: params.min_hosts,
+                max_release: params.max_release,
             },
-            peak: PeakTracker::new(window),
-            min_hosts: config.min_hosts,
-            max_hosts: config.max_hosts,
+            peak: PeakTracker::new(params.peak_window_ms),
+            min_hosts: params.min_hosts,
+            max_hosts: params.max_hosts,
         }
     }
 
-    /// The decision at `now` (ms on a monotonic clock).
+    /// The decision at `now` (ms on a monotonic clock); `ratio` is the subscription ratio.
     pub fn decide(&mut self, now: Millis, c: &ClusterNow, ratio: f64) -> Scale {
         let demand = c.committed_gpus.saturating_add(c.waiting_gpus);
         self.peak.record(now, demand);
@@ -109,14 +109,14 @@ impl Decider {
 mod tests {
     use super::*;
 
-    fn config(rule: AutoscaleRule) -> AutoscaleConfig {
-        AutoscaleConfig {
+    fn params(rule: AutoscaleRule) -> AutoscaleParams {
+        AutoscaleParams {
             rule,
             min_hosts: 3,
             max_hosts: 5,
             spare_hosts: 1,
             buffer_hosts: 0,
-            ..AutoscaleConfig::default()
+            ..AutoscaleParams::default()
         }
     }
 
@@ -127,7 +127,7 @@ mod tests {
     #[test]
     fn refused_kernels_and_waiting_cells_scale_out_within_max_hosts() {
         for rule in [AutoscaleRule::Notebookos, AutoscaleRule::Paper] {
-            let mut d = Decider::new(&config(rule));
+            let mut d = Decider::new(&params(rule));
             assert_eq!(d.decide(0, &idle(3), 3.0), Scale::Hold, "{rule:?}: an idle minimum cluster stays");
             let refused = ClusterNow { subscribed_gpus: 9, refused_subscription: 3, ..idle(3) };
             assert!(matches!(d.decide(1, &refused, 3.0), Scale::Out(_)), "{rule:?}");
@@ -142,9 +142,9 @@ mod tests {
 
     #[test]
     fn idle_hosts_go_back_to_the_minimum_once_demand_is_gone() {
-        let mut c = config(AutoscaleRule::Notebookos);
-        c.peak_window = std::time::Duration::from_millis(10);
-        let mut d = Decider::new(&c);
+        let mut p = params(AutoscaleRule::Notebookos);
+        p.peak_window_ms = 10;
+        let mut d = Decider::new(&p);
         let busy = ClusterNow {
             hosts: 5,
             free_hosts: 1,
