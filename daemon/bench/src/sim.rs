@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context as _};
 
+use nbos_sched::sim::costs::Costs;
 use nbos_sched::sim::sessions::{self, SessionParams};
 use nbos_sched::sim::synthetic::{self, SyntheticParams};
 use nbos_sched::sim::workload::{self, Stats, Workload};
@@ -76,12 +77,16 @@ pub struct Args {
     /// Cluster: seconds to provision a host (± 2 s).
     #[arg(long, default_value_t = 15)]
     pub provision_s: u64,
-    /// Cluster: seconds to start a container that is not pre-warmed.
-    #[arg(long, default_value_t = 5)]
-    pub container_start_s: u64,
-    /// Cluster: seconds to load a notebook's state into a new or migrated container.
-    #[arg(long, default_value_t = 2)]
-    pub state_load_s: u64,
+    /// Cluster: the measured costs of replica starts and state transfers, and the cap on
+    /// concurrent moves per host (default: the committed docs/sim/costs.json, compiled in).
+    #[arg(long, value_name = "FILE")]
+    pub costs: Option<PathBuf>,
+    /// Multiplies every session's namespace size (an assumption: docs/simulator.md).
+    #[arg(long, default_value_t = 1.0, value_name = "F")]
+    pub namespace_scale: f64,
+    /// Cluster: hosts up from the start and never released below, for every policy alike.
+    #[arg(long, default_value_t = Model::default().min_hosts, value_name = "N")]
+    pub min_hosts: u32,
     /// notebookos: subscription ratio (subscribed replica GPUs per host GPU).
     #[arg(long, default_value_t = Model::default().subscription_ratio)]
     pub subscription_ratio: f64,
@@ -228,11 +233,18 @@ pub fn write_out(
 /// Runs the subcommand.
 pub fn run(a: Args) -> anyhow::Result<()> {
     let kinds = policies(&a.policy)?;
+    let costs = match &a.costs {
+        Some(p) => Costs::parse(&read(p)?).with_context(|| format!("{}", p.display()))?,
+        None => Costs::measured(),
+    };
+    if !(a.namespace_scale.is_finite() && a.namespace_scale > 0.0) {
+        bail!("--namespace-scale must be a positive number, got {}", a.namespace_scale);
+    }
     let model = Model {
         gpus_per_host: a.gpus_per_host,
         provision_ms: a.provision_s * 1000,
-        container_start_ms: a.container_start_s * 1000,
-        state_load_ms: a.state_load_s * 1000,
+        costs,
+        min_hosts: a.min_hosts,
         idle_release_ms: a.idle_release_s * 1000,
         subscription_ratio: a.subscription_ratio,
         spare_hosts: a.spare_hosts,
@@ -246,7 +258,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         seed: a.seed,
     };
     let started = Instant::now();
-    let w = load(&a)?;
+    let mut w = load(&a)?;
+    if a.namespace_scale != 1.0 {
+        w.scale_namespaces(a.namespace_scale);
+    }
     let stats = w.stats();
     let mut results: Vec<(&str, PolicyResult)> = Vec::new();
     let bar = crate::progress::bar(a.json, kinds.len(), "policies simulated:");

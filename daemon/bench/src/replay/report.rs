@@ -129,6 +129,8 @@ pub fn result(w: &Workload, clock: &Clock, hosts: &[Host], m: &Measured) -> Poli
             completed: cells.count(),
             migrations: counter(0),
             background_moves: 0,
+            // The daemons do not report how long their moves took.
+            migration_ms: 0,
             scale_outs: counter(1),
             scale_ins: counter(2),
             violations: Vec::new(),

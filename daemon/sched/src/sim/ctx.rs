@@ -30,6 +30,8 @@ pub struct Ctx<'a> {
     pub migrations: u64,
     /// Idle replicas moved in the background (off a host being drained, or to cover a kernel).
     pub background_moves: u64,
+    /// Time charged to moves (replica start + state transfer), ms.
+    pub migration_ms: u64,
     pub(crate) completed: usize,
 }
 
@@ -48,6 +50,11 @@ impl Ctx<'_> {
     /// The session's GPUs.
     pub fn session_gpus(&self, s: u32) -> u32 {
         self.w.sessions[s as usize].gpus
+    }
+
+    /// MiB of state the session's kernel holds.
+    pub fn namespace_mib(&self, s: u32) -> u64 {
+        self.w.sessions[s as usize].namespace_mib
     }
 
     /// The current training starts running on `host` after `extra` ms (container start,

@@ -9,16 +9,20 @@
 //! - [`events`], [`engine`]: the discrete-event loop (virtual ms, deterministic ties);
 //!   [`ctx`]: what policies see and act through.
 //! - [`cluster`]: hosts, provisioning, the independent GPU ledger, GPU-hour integrals.
+//! - [`costs`]: replica starts and state transfers as measured (`docs/sim/costs.json`);
+//!   [`namespace`]: the sessions' namespace sizes (an assumption).
 //! - [`policy`]: one file per scheduling policy.
 //! - [`metrics`]: what a run measured; [`report`]: table, JSON, markdown; [`svg`]: plots.
 //!
 //! Uses the scheduler core and nothing above it; no I/O (the CLI reads and writes files).
 
 pub mod cluster;
+pub mod costs;
 pub mod ctx;
 pub mod engine;
 pub mod events;
 pub mod metrics;
+pub mod namespace;
 pub mod policy;
 pub mod report;
 pub mod rng;
@@ -84,10 +88,9 @@ pub struct Model {
     pub provision_ms: Millis,
     /// Half-width of the uniform jitter on `provision_ms`.
     pub provision_jitter_ms: Millis,
-    /// Starting a container (kernel process) that is not pre-warmed.
-    pub container_start_ms: Millis,
-    /// Loading a notebook's state into a fresh or migrated replica/container.
-    pub state_load_ms: Millis,
+    /// Replica and container starts, state transfers and the cap on concurrent moves,
+    /// as measured ([`costs::Costs`]; `docs/sim/costs.json` unless `--costs` says otherwise).
+    pub costs: costs::Costs,
     /// Executor election (replicated policies): one quorum-fsynced CAS.
     pub election_ms: Millis,
     /// Ours: idle-held GPUs are released after this (the daemon's `gpu.idle_release`).
@@ -107,6 +110,8 @@ pub struct Model {
     /// A fixed cluster when above 0: this many hosts up from the start, none requested or
     /// released later (no autoscaler), as a `notebookosd` cluster runs today.
     pub fixed_hosts: u32,
+    /// Hosts up from the start and never released below (every policy alike; 0: none).
+    pub min_hosts: u32,
     /// The seed of everything random.
     pub seed: u64,
 }
@@ -117,8 +122,7 @@ impl Default for Model {
             gpus_per_host: 8,
             provision_ms: 15_000,
             provision_jitter_ms: 2_000,
-            container_start_ms: 5_000,
-            state_load_ms: 2_000,
+            costs: costs::Costs::measured(),
             election_ms: 2,
             idle_release_ms: 30_000,
             subscription_ratio: 21.0,
@@ -128,6 +132,7 @@ impl Default for Model {
             spare_hosts: 1,
             scaling_interval_ms: 30_000,
             fixed_hosts: 0,
+            min_hosts: 0,
             seed: 1,
         }
     }

@@ -27,6 +27,8 @@ pub struct Session {
     pub gpus: u32,
     /// Its trainings, in submission order; one runs at a time.
     pub trainings: Vec<Training>,
+    /// MiB of state its kernel holds (an assumption: [`super::namespace`]).
+    pub namespace_mib: u64,
 }
 
 /// Statistics of a workload, for the report (and the generator's calibration).
@@ -104,9 +106,22 @@ impl Workload {
         }
     }
 
+    /// Multiplies every session's namespace by `factor` (at least 1 MiB each).
+    pub fn scale_namespaces(&mut self, factor: f64) {
+        for s in &mut self.sessions {
+            #[expect(clippy::cast_precision_loss, reason = "MiB")]
+            let mib = s.namespace_mib as f64 * factor;
+            #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "clamped, finite")]
+            let v = mib.round().clamp(1.0, 1e15) as u64;
+            s.namespace_mib = v;
+        }
+    }
+
     /// A template's sessions as they are (ticks of 60 s). The kernel declares its
-    /// largest training's GPUs; each training keeps its own.
+    /// largest training's GPUs; each training keeps its own. Namespace sizes are drawn
+    /// (the template has none) from a fixed seed: a template replays the same every time.
     pub fn from_template(name: String, t: &Template) -> Self {
+        let mut ns = super::rng::Rng::new(0, super::namespace::STREAM);
         let sessions = t
             .sessions
             .iter()
@@ -123,6 +138,7 @@ impl Workload {
                         gpus: t.gpus,
                     })
                     .collect(),
+                namespace_mib: super::namespace::draw(&mut ns),
             })
             .collect();
         Self::new(name, sessions)
