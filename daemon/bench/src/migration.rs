@@ -79,8 +79,8 @@ pub struct MigrationBench {
     pub fit_base_ms: f64,
     /// Its slope, ms per MiB.
     pub fit_per_mib_ms: f64,
-    /// Pre-warmed processes the hosts handed out while the samples ran (a move that took
-    /// one started its replica pre-warmed).
+    /// Pre-warmed processes the hosts handed out during the rounds (blockers' moves
+    /// included): at least one per measured move says the moves started pre-warmed.
     pub pool_hits: f64,
 }
 
@@ -110,12 +110,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let cluster = TestCluster::launch(4, options)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
-    let hits = |c: &TestCluster| -> f64 {
-        (1..=4).filter_map(|h| c.metric(h, r#"notebookos_prewarm_takes_total{result="hit"}"#)).sum()
-    };
-    let hits_before = hits(&cluster);
-    let mut result = runtime.block_on(bench(&cluster, &args))?;
-    result.pool_hits = hits(&cluster) - hits_before;
+    let result = runtime.block_on(bench(&cluster, &args))?;
     if let Some(path) = &args.costs_out {
         let moves = result.sizes.iter().map(|s| s.samples).sum::<usize>();
         #[expect(clippy::cast_precision_loss, reason = "a count of moves")]
@@ -205,6 +200,8 @@ async fn bench(cluster: &TestCluster, args: &Args) -> anyhow::Result<MigrationBe
     let mut sizes = Vec::new();
     let bar = crate::progress::bar(args.json, args.samples * args.state_mib.len(), "migrations");
     let mut round = 0;
+    // Counted over the rounds only (the kernels' creation took pool processes too).
+    let hits_before = pool_hits(cluster);
     for &mib in &args.state_mib {
         let state = format!("import numpy as np\nstate = np.ones({mib} * (1 << 20) // 8)\nn = 0");
         let run = client.run(&state, CELL_TIMEOUT).await?;
@@ -262,7 +259,13 @@ async fn bench(cluster: &TestCluster, args: &Args) -> anyhow::Result<MigrationBe
     #[expect(clippy::cast_precision_loss, reason = "MiB")]
     let points: Vec<(f64, f64)> = sizes.iter().map(|s| (s.state_mib as f64, s.migration_p50_ms)).collect();
     let (base, per_mib) = fit(&points);
-    Ok(MigrationBench { sizes, fit_base_ms: round3(base), fit_per_mib_ms: round3(per_mib), pool_hits: 0.0 })
+    let pool_hits = pool_hits(cluster) - hits_before;
+    Ok(MigrationBench { sizes, fit_base_ms: round3(base), fit_per_mib_ms: round3(per_mib), pool_hits })
+}
+
+/// Pre-warmed processes the four hosts have handed out.
+fn pool_hits(cluster: &TestCluster) -> f64 {
+    (1..=4).filter_map(|h| cluster.metric(h, r#"notebookos_prewarm_takes_total{result="hit"}"#)).sum()
 }
 
 #[cfg(test)]
