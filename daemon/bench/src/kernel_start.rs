@@ -50,6 +50,10 @@ pub struct Args {
     /// their own, the default), to measure what it costs a start.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub pid_namespace: bool,
+    /// Also write the one-host p50s (cold and pre-warmed replica start) into this cost
+    /// file's `replica_start` section (the simulator's docs/sim/costs.json).
+    #[arg(long, value_name = "FILE")]
+    pub costs_out: Option<PathBuf>,
 }
 
 /// Create → first cell answered, ms, with and without the pool.
@@ -93,6 +97,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         replica: compare(&args, 1, &runtime)?,
         cluster_kernel: compare(&args, CLUSTER_HOSTS, &runtime)?,
     };
+    if let Some(path) = &args.costs_out {
+        let section = nbos_sched::sim::costs::ReplicaStart {
+            cold_ms: result.replica.cold_p50_ms,
+            prewarmed_ms: result.replica.pool_p50_ms,
+            measured: crate::costs_file::measured(),
+        };
+        crate::costs_file::update(path, "replica_start", section)?;
+    }
     if args.json {
         println!("{}", serde_json::to_string(&result)?);
     } else {

@@ -11,6 +11,7 @@
 
 pub mod cell;
 pub mod client;
+mod costs_file;
 pub mod election;
 pub mod kernel_start;
 pub mod loopback;

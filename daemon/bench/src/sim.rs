@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::{bail, Context as _};
 
 use nbos_sched::policy::{AutoscaleRule, PolicyConfig};
+use nbos_sched::sim::costs::Costs;
 use nbos_sched::sim::sessions::{self, SessionParams};
 use nbos_sched::sim::synthetic::{self, SyntheticParams};
 use nbos_sched::sim::workload::{self, Stats, Workload};
@@ -82,12 +83,17 @@ pub struct Args {
     /// Cluster: seconds to provision a host (± 2 s).
     #[arg(long, default_value_t = 15)]
     pub provision_s: u64,
-    /// Cluster: seconds to start a container that is not pre-warmed.
-    #[arg(long, default_value_t = 5)]
-    pub container_start_s: u64,
-    /// Cluster: seconds to load a notebook's state into a new or migrated container.
-    #[arg(long, default_value_t = 2)]
-    pub state_load_s: u64,
+    /// Cluster: the measured costs of replica starts and state transfers, and the cap on
+    /// concurrent moves per host (default: the committed docs/sim/costs.json, compiled in).
+    #[arg(long, value_name = "FILE")]
+    pub costs: Option<PathBuf>,
+    /// Multiplies every session's namespace size (an assumption: docs/simulator.md).
+    #[arg(long, default_value_t = 1.0, value_name = "F")]
+    pub namespace_scale: f64,
+    /// Cluster: hosts up from the start and never released below, for every policy alike;
+    /// overrides the config's autoscale.min_hosts.
+    #[arg(long, value_name = "N")]
+    pub min_hosts: Option<u32>,
     /// notebookos: subscription ratio (subscribed replica GPUs per host GPU); overrides
     /// the config's gpu.subscription_ratio.
     #[arg(long)]
@@ -274,6 +280,9 @@ fn policy(a: &Args) -> anyhow::Result<PolicyConfig> {
     if let Some(m) = a.peak_window_min {
         p.autoscale.peak_window_ms = m * 60_000;
     }
+    if let Some(n) = a.min_hosts {
+        p.autoscale.min_hosts = n;
+    }
     if let Some(s) = a.scaling_interval_s {
         p.autoscale.interval_ms = s * 1000;
     }
@@ -285,8 +294,10 @@ pub fn model(a: &Args) -> anyhow::Result<Model> {
     Ok(Model {
         gpus_per_host: a.gpus_per_host,
         provision_ms: a.provision_s * 1000,
-        container_start_ms: a.container_start_s * 1000,
-        state_load_ms: a.state_load_s * 1000,
+        costs: match &a.costs {
+            Some(p) => Costs::parse(&read(p)?).with_context(|| format!("{}", p.display()))?,
+            None => Costs::measured(),
+        },
         provision_jitter_ms: a.provision_jitter_s * 1000,
         election_ms: a.election_ms,
         paper_max_ratio: a.paper_max_ratio,
@@ -304,8 +315,14 @@ pub fn model(a: &Args) -> anyhow::Result<Model> {
 pub fn run(a: Args) -> anyhow::Result<()> {
     let kinds = policies(&a.policy)?;
     let model = model(&a)?;
+    if !(a.namespace_scale.is_finite() && a.namespace_scale > 0.0) {
+        bail!("--namespace-scale must be a positive number, got {}", a.namespace_scale);
+    }
     let started = Instant::now();
-    let w = load(&a)?;
+    let mut w = load(&a)?;
+    if a.namespace_scale != 1.0 {
+        w.scale_namespaces(a.namespace_scale);
+    }
     let stats = w.stats();
     let mut results: Vec<(&str, PolicyResult)> = Vec::new();
     let bar = crate::progress::bar(a.json, kinds.len(), "policies simulated:");

@@ -163,6 +163,8 @@ pub fn result(w: &Workload, clock: &Clock, m: &Measured) -> PolicyResult {
             completed: cells.count(),
             migrations: counter(0),
             background_moves: 0,
+            // The daemons do not report how long their moves took.
+            migration_ms: 0,
             scale_outs: counter(1),
             // The replay's hosts report no memory to the bench.
             host_memory_peak_mib: 0,

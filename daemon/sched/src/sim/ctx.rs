@@ -34,6 +34,8 @@ pub struct Ctx<'a> {
     pub memory_refusals: u64,
     /// The scheduler-core decisions the policy called ([`Ctx::decided`]).
     pub decisions: std::collections::BTreeSet<&'static str>,
+    /// Time charged to moves (replica start + state transfer), ms.
+    pub migration_ms: u64,
     pub(crate) completed: usize,
 }
 
@@ -64,6 +66,11 @@ impl Ctx<'_> {
     /// The session's GPUs.
     pub fn session_gpus(&self, s: u32) -> u32 {
         self.w.sessions[s as usize].gpus
+    }
+
+    /// MiB of state the session's kernel holds.
+    pub fn namespace_mib(&self, s: u32) -> u64 {
+        self.w.sessions[s as usize].namespace_mib
     }
 
     /// The current training starts running on `host` after `extra` ms (container start,

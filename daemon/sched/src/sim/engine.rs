@@ -61,6 +61,7 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
         background_moves: 0,
         memory_refusals: 0,
         decisions: std::collections::BTreeSet::new(),
+        migration_ms: 0,
         completed: 0,
     };
     let mut p = new_policy(policy, n);
@@ -73,7 +74,9 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
     }
     cx.now = t0;
     p.init(&mut cx);
-    for _ in 0..m.fixed_hosts {
+    // A fixed cluster, or the minimum every policy keeps: up from the start.
+    let initial = if m.fixed_hosts > 0 { m.fixed_hosts } else { m.min_hosts() };
+    for _ in 0..initial {
         let h = cx.c.request(t0);
         cx.c.up(h);
         p.host_up(&mut cx, h);
@@ -160,8 +163,9 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
             completed: cx.completed,
             migrations: cx.migrations,
             background_moves: cx.background_moves,
-            // A fixed cluster's hosts were there from the start: not scale-outs.
-            scale_outs: cx.c.hosts_added.saturating_sub(u64::from(m.fixed_hosts)),
+            migration_ms: cx.migration_ms,
+            // A fixed cluster's or the minimum's hosts were there from the start: not scale-outs.
+            scale_outs: cx.c.hosts_added.saturating_sub(u64::from(initial)),
             scale_ins: cx.c.hosts_released,
             host_memory_peak_mib: cx.c.memory_peak_mib(),
             memory_refusals: cx.memory_refusals,
@@ -243,7 +247,7 @@ mod tests {
             stop: start + 600_000,
             gpus: 2,
             trainings: vec![Training { submit: start + 60_000, duration: 120_000, gpus: 2 }],
-            namespace_mib: 0,
+            namespace_mib: 1,
         };
         let w = Workload::new("t".into(), vec![session(0), session(0)]);
         let m = Model { gpus_per_host: 2, fixed_hosts: 3, ..Model::default() };
@@ -317,5 +321,31 @@ mod tests {
         // The cap is what held the cluster back: without it, it grows past 8 hosts.
         m.notebookos.autoscale.max_hosts = 1_000;
         assert!(run(&w, PolicyKind::Notebookos, &m).expect("runs").hosts_peak > 8);
+    }
+
+    #[test]
+    fn no_policy_goes_below_the_minimum_hosts() {
+        // Two short sessions an hour apart: between them every policy scales in.
+        let session = |start| Session {
+            start,
+            stop: start + 1_200_000,
+            gpus: 1,
+            trainings: vec![Training { submit: start + 60_000, duration: 300_000, gpus: 1 }],
+            namespace_mib: 1,
+        };
+        let w = Workload::new("t".into(), vec![session(0), session(3_600_000)]);
+        let least = |m: &Model, p| {
+            let r = run(&w, p, m).expect("runs");
+            assert_eq!((r.completed, r.violations), (2, 0));
+            r.series.iter().map(|x| x.hosts).min().unwrap_or(0)
+        };
+        let mut free = Model::default();
+        free.notebookos.autoscale.min_hosts = 0;
+        let mut kept = Model::default();
+        kept.notebookos.autoscale.min_hosts = 10;
+        for p in PolicyKind::ALL {
+            assert!(least(&free, p) < 10, "{}: without a minimum it scales in", p.name());
+            assert!(least(&kept, p) >= 10, "{}: below min_hosts", p.name());
+        }
     }
 }

@@ -37,6 +37,8 @@ pub struct Totals {
     pub migrations: u64,
     /// Idle replicas moved in the background (drain, cover).
     pub background_moves: u64,
+    /// Time charged to moves (replica start + state transfer), ms.
+    pub migration_ms: u64,
     /// Hosts requested.
     pub scale_outs: u64,
     /// Hosts released.
@@ -79,6 +81,9 @@ pub struct PolicyResult {
     /// Idle replicas moved in the background: off hosts being released, or (ours) to a host
     /// that can run the kernel's next cell at once.
     pub background_moves: u64,
+    /// Seconds charged to all moves (cell-path and background): replica start plus state
+    /// transfer, as the cost file says (waits for a move slot not included).
+    pub migration_seconds: f64,
     /// Hosts requested.
     pub scale_outs: u64,
     /// Hosts released.
@@ -171,6 +176,7 @@ impl PolicyResult {
             delayed_over_10s: delays_ms.iter().filter(|&&d| d > 10_000).count(),
             migrations: t.migrations,
             background_moves: t.background_moves,
+            migration_seconds: secs(t.migration_ms),
             scale_outs: t.scale_outs,
             scale_ins: t.scale_ins,
             host_memory_peak_mib: t.host_memory_peak_mib,

@@ -9,17 +9,21 @@
 //! - [`events`], [`engine`]: the discrete-event loop (virtual ms, deterministic ties);
 //!   [`ctx`]: what policies see and act through.
 //! - [`cluster`]: hosts, provisioning, the independent GPU ledger, GPU-hour integrals.
+//! - [`costs`]: replica starts and state transfers as measured (`docs/sim/costs.json`);
+//!   [`namespace`]: the sessions' namespace sizes (an assumption).
 //! - [`policy`]: one file per scheduling policy.
 //! - [`metrics`]: what a run measured; [`report`]: table, JSON, markdown; [`svg`]: plots.
 //!
 //! Uses the scheduler core and nothing above it; no I/O (the CLI reads and writes files).
 
 pub mod cluster;
+pub mod costs;
 pub mod ctx;
 pub mod engine;
 pub mod events;
 pub mod front;
 pub mod metrics;
+pub mod namespace;
 pub mod policy;
 pub mod report;
 pub mod rng;
@@ -86,10 +90,9 @@ pub struct Model {
     pub provision_ms: Millis,
     /// Half-width of the uniform jitter on `provision_ms`.
     pub provision_jitter_ms: Millis,
-    /// Starting a container (kernel process) that is not pre-warmed.
-    pub container_start_ms: Millis,
-    /// Loading a notebook's state into a fresh or migrated replica/container.
-    pub state_load_ms: Millis,
+    /// Replica and container starts, state transfers and the cap on concurrent moves,
+    /// as measured ([`costs::Costs`]; `docs/sim/costs.json` unless `--costs` says otherwise).
+    pub costs: costs::Costs,
     /// Executor election (replicated policies): one quorum-fsynced CAS.
     pub election_ms: Millis,
     /// The paper's cap on its moving subscription ratio.
@@ -118,14 +121,21 @@ pub struct Model {
     pub seed: u64,
 }
 
+impl Model {
+    /// Hosts every policy keeps from the start and never releases below: the autoscaler's
+    /// `min_hosts` (one option for all policies, so that none wins by keeping fewer).
+    pub fn min_hosts(&self) -> u32 {
+        self.notebookos.autoscale.min_hosts
+    }
+}
+
 impl Default for Model {
     fn default() -> Self {
         Self {
             gpus_per_host: 8,
             provision_ms: 15_000,
             provision_jitter_ms: 2_000,
-            container_start_ms: 5_000,
-            state_load_ms: 2_000,
+            costs: costs::Costs::measured(),
             election_ms: 2,
             paper_max_ratio: 7.0,
             prewarm_per_host: 3,

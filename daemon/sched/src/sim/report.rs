@@ -13,7 +13,7 @@ pub fn table(results: &[(&str, PolicyResult)]) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{:<17} {:>11} {:>10} {:>10} {:>8} {:>8} {:>8} {:>9} {:>6} {:>6} {:>6} {:>6} {:>6} {:>11}",
+        "{:<17} {:>11} {:>10} {:>10} {:>8} {:>8} {:>8} {:>9} {:>6} {:>6} {:>6} {:>7} {:>8} {:>6} {:>6} {:>11}",
         "policy",
         "GPU-h prov",
         "GPU-h bound",
@@ -25,6 +25,8 @@ pub fn table(results: &[(&str, PolicyResult)]) -> String {
         ">1s",
         ">10s",
         "migr",
+        "bg mv",
+        "move s",
         "outs",
         "ins",
         "hosts mean/pk"
@@ -32,7 +34,7 @@ pub fn table(results: &[(&str, PolicyResult)]) -> String {
     for (name, r) in results {
         let _ = writeln!(
             o,
-            "{:<17} {:>11.1} {:>10.1} {:>10.1} {:>8.3} {:>8.3} {:>8.3} {:>9.1} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7.1}/{:<4}",
+            "{:<17} {:>11.1} {:>10.1} {:>10.1} {:>8.3} {:>8.3} {:>8.3} {:>9.1} {:>6} {:>6} {:>6} {:>7} {:>8.0} {:>6} {:>6} {:>7.1}/{:<4}",
             name,
             r.gpu_hours_provisioned,
             r.gpu_hours_bound,
@@ -44,6 +46,8 @@ pub fn table(results: &[(&str, PolicyResult)]) -> String {
             r.delayed_over_1s,
             r.delayed_over_10s,
             r.migrations,
+            r.background_moves,
+            r.migration_seconds,
             r.scale_outs,
             r.scale_ins,
             r.hosts_mean,
@@ -129,7 +133,9 @@ pub fn markdown(workload: &str, stats: &Stats, model: &Model, results: &[(&str, 
     let _ = writeln!(
         o,
         "{} sessions, {} trainings ({:.2} per session), {:.1} h of submissions; floor {:.1} GPU-hours. \
-         Hosts of {} GPUs, provisioned in {} ± {} s; seed {}.\n",
+         Hosts of {} GPUs, provisioned in {} ± {} s, at least {} up; seed {}. \
+         Moves cost a replica start ({:.0} ms cold, {:.0} ms pre-warmed) plus the state transfer \
+         ({:.0} ms + {:.1} ms/MiB of namespace), at most {} at once per host (docs/sim/costs.json).\n",
         stats.sessions,
         stats.trainings,
         stats.trainings_per_session,
@@ -138,18 +144,24 @@ pub fn markdown(workload: &str, stats: &Stats, model: &Model, results: &[(&str, 
         model.gpus_per_host,
         model.provision_ms / 1000,
         model.provision_jitter_ms / 1000,
-        model.seed
+        model.min_hosts(),
+        model.seed,
+        model.costs.replica_start.cold_ms,
+        model.costs.replica_start.prewarmed_ms,
+        model.costs.transfer_ms(0),
+        model.costs.state_transfer.per_mib_ms,
+        model.costs.max_moves_per_host
     );
     let _ = writeln!(
         o,
-        "| policy | GPU-h provisioned | GPU-h bound | bound ÷ floor | delay p50 s | p95 s | p99 s | max s | >1 s | >10 s | migrations | scale-outs | scale-ins |"
+        "| policy | GPU-h provisioned | GPU-h bound | bound ÷ floor | delay p50 s | p95 s | p99 s | max s | >1 s | >10 s | migrations | background moves | move s | scale-outs | scale-ins |"
     );
-    let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (name, r) in results {
         let ratio = if r.floor_gpu_hours > 0.0 { r.gpu_hours_bound / r.floor_gpu_hours } else { 0.0 };
         let _ = writeln!(
             o,
-            "| {name} | {:.1} | {:.1} | {ratio:.3} | {:.3} | {:.3} | {:.3} | {:.1} | {} | {} | {} | {} | {} |",
+            "| {name} | {:.1} | {:.1} | {ratio:.3} | {:.3} | {:.3} | {:.3} | {:.1} | {} | {} | {} | {} | {:.0} | {} | {} |",
             r.gpu_hours_provisioned,
             r.gpu_hours_bound,
             r.delay_p50_s,
@@ -159,6 +171,8 @@ pub fn markdown(workload: &str, stats: &Stats, model: &Model, results: &[(&str, 
             r.delayed_over_1s,
             r.delayed_over_10s,
             r.migrations,
+            r.background_moves,
+            r.migration_seconds,
             r.scale_outs,
             r.scale_ins
         );

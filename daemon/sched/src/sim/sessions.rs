@@ -16,7 +16,8 @@
 //! idle sessions are at hand); among those it joins the one whose idle time is closest to a
 //! gap drawn from an exponential of mean `mean_gap_min`. Otherwise it opens a session that
 //! started an exponential `mean_lead_min` earlier (not before time 0). A session stops
-//! `tail_min` after its last training ends. Everything is drawn from the seed.
+//! `tail_min` after its last training ends. Its namespace size is drawn as
+//! [`super::namespace`] says. Everything is drawn from the seed.
 
 use super::rng::{minutes_ms, Rng};
 use super::workload::{Job, Session, Training, Workload};
@@ -50,6 +51,7 @@ struct Open {
 /// Groups `jobs` (sorted by submission) into sessions.
 pub fn generate(name: String, jobs: &[Job], p: &SessionParams, seed: u64) -> Workload {
     let mut rng = Rng::new(seed, 0x5E55);
+    let mut ns = Rng::new(seed, super::namespace::STREAM);
     let mut sessions: Vec<Session> = Vec::new();
     // Open sessions per GPU count (few distinct counts: a small sorted vec of lists).
     let mut open: Vec<(u32, Vec<Open>)> = Vec::new();
@@ -91,7 +93,7 @@ pub fn generate(name: String, jobs: &[Job], p: &SessionParams, seed: u64) -> Wor
                     stop: 0,
                     gpus: j.gpus,
                     trainings: vec![t],
-                    namespace_mib: super::workload::DEFAULT_NAMESPACE_MIB,
+                    namespace_mib: super::namespace::draw(&mut ns),
                 });
             }
         }

@@ -1,7 +1,7 @@
 //! The synthetic generator: sessions arriving as a Poisson process, each with a
 //! geometric number of trainings (mean `mean_trainings`), exponential lead, gaps and
 //! durations, and GPUs drawn from the Sensei mix (1: 49 %, 4: 20 %, 8: 31 % of jobs).
-//! The defaults follow the session template's calibration ([`super::sessions`]) and its
+//! Namespace sizes as [`super::namespace`] says. The defaults follow the session template's calibration ([`super::sessions`]) and its
 //! 23-minute mean training.
 
 use super::rng::{minutes_ms, Rng};
@@ -30,6 +30,7 @@ impl Default for SyntheticParams {
 /// Generates a workload.
 pub fn generate(p: &SyntheticParams, seed: u64) -> Workload {
     let mut rng = Rng::new(seed, 0x5717);
+    let mut ns = Rng::new(seed, super::namespace::STREAM);
     let mean_iat = p.hours * 60.0 / f64::from(p.sessions.max(1));
     let mut t = 0.0f64;
     let mut sessions = Vec::new();
@@ -52,7 +53,7 @@ pub fn generate(p: &SyntheticParams, seed: u64) -> Workload {
             at += duration + minutes_ms(rng.exp(p.shape.mean_gap_min).min(p.shape.max_gap_min));
         }
         let stop = at + trainings.last().map_or(0, |x| x.duration) + minutes_ms(p.shape.tail_min);
-        sessions.push(Session { start, stop, gpus, trainings, namespace_mib: super::workload::DEFAULT_NAMESPACE_MIB });
+        sessions.push(Session { start, stop, gpus, trainings, namespace_mib: super::namespace::draw(&mut ns) });
     }
     Workload::new(format!("synthetic ({} sessions over {} h)", p.sessions, p.hours), sessions)
 }

@@ -16,12 +16,6 @@ pub struct Training {
     pub gpus: u32,
 }
 
-/// The namespace size a session gets when its source says nothing about it, MiB: a
-/// notebook's data held in its kernel (and, replicated by state sync, in each replica).
-/// A plain assumption (neither the Sensei trace nor the templates record it): a few
-/// hundred MiB of arrays and model weights in a deep-learning notebook.
-pub const DEFAULT_NAMESPACE_MIB: u64 = 256;
-
 /// One notebook session.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Session {
@@ -33,7 +27,7 @@ pub struct Session {
     pub gpus: u32,
     /// Its trainings, in submission order; one runs at a time.
     pub trainings: Vec<Training>,
-    /// Its namespace size, MiB ([`DEFAULT_NAMESPACE_MIB`] unless the source says).
+    /// MiB of state its kernel holds (an assumption: [`super::namespace`]).
     pub namespace_mib: u64,
 }
 
@@ -112,9 +106,22 @@ impl Workload {
         }
     }
 
+    /// Multiplies every session's namespace by `factor` (at least 1 MiB each).
+    pub fn scale_namespaces(&mut self, factor: f64) {
+        for s in &mut self.sessions {
+            #[expect(clippy::cast_precision_loss, reason = "MiB")]
+            let mib = s.namespace_mib as f64 * factor;
+            #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "clamped, finite")]
+            let v = mib.round().clamp(1.0, 1e15) as u64;
+            s.namespace_mib = v;
+        }
+    }
+
     /// A template's sessions as they are (ticks of 60 s). The kernel declares its
-    /// largest training's GPUs; each training keeps its own.
+    /// largest training's GPUs; each training keeps its own. Namespace sizes are drawn
+    /// (the template has none) from a fixed seed: a template replays the same every time.
     pub fn from_template(name: String, t: &Template) -> Self {
+        let mut ns = super::rng::Rng::new(0, super::namespace::STREAM);
         let sessions = t
             .sessions
             .iter()
@@ -122,7 +129,6 @@ impl Workload {
                 start: s.start_tick * TICK_MS,
                 stop: s.stop_tick * TICK_MS,
                 gpus: s.trainings.iter().map(|t| t.gpus).max().unwrap_or(0),
-                namespace_mib: DEFAULT_NAMESPACE_MIB,
                 trainings: s
                     .trainings
                     .iter()
@@ -132,6 +138,7 @@ impl Workload {
                         gpus: t.gpus,
                     })
                     .collect(),
+                namespace_mib: super::namespace::draw(&mut ns),
             })
             .collect();
         Self::new(name, sessions)

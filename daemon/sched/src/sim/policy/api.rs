@@ -46,9 +46,10 @@ pub(crate) fn scale_out_for(cx: &mut Ctx<'_>, waiting_gpus: u32) {
 }
 
 /// Single-replica scale-in (the authors' `defaultTryScaleIn`): above
-/// `⌈committed × 1.1 ÷ G⌉` hosts, release up to 2 hosts that hold nothing.
+/// `⌈committed × 1.1 ÷ G⌉` hosts (and the model's minimum), release up to 2 hosts that
+/// hold nothing.
 pub(crate) fn single_replica_scale_in(cx: &mut Ctx<'_>) {
-    let rule = scale::PaperRule { buffer: 0, min_hosts: 0, ..scale::PaperRule::default() };
+    let rule = scale::PaperRule { buffer: 0, min_hosts: cx.m.min_hosts(), ..scale::PaperRule::default() };
     if let scale::Scale::In(n) = scale::paper(&rule, cx.c.alive(), cx.c.committed_now(), cx.c.gpus_per_host()) {
         let cands: Vec<drain::Candidate> =
             cx.c.up_hosts()

@@ -2,11 +2,14 @@
 //! the head is never overtaken, as a batch queue does):
 //!
 //! - `fcfs-batch` (the authors' `fcfs-batch`): every training starts a cold container
-//!   (`container_start`) and loads the notebook's state (`state_load`) before it runs.
+//!   and loads the notebook's state (its namespace) before it runs.
 //! - `middle-ground` (the authors' `middle-ground`): each host keeps `prewarm_per_host`
-//!   started, GPU-less containers; a training takes one on a host with its GPUs free and
-//!   only loads state; the pool refills in the background. Without a warm container
-//!   where GPUs are free, it starts cold.
+//!   started, GPU-less containers; a training takes one on a host with its GPUs free
+//!   (a pre-warmed start) and loads state; the pool refills in the background. Without a
+//!   warm container where GPUs are free, it starts cold.
+//!
+//! Starts and state loads cost what the cost file says ([`crate::sim::costs`]), as a
+//! replicated policy's moves do.
 //!
 //! GPUs are committed from the container's start to the training's end. Hosts are
 //! requested when the queue's head fits nowhere; scale-in as the authors' single-replica
@@ -46,10 +49,10 @@ impl Batch {
                 let host = cx.c.host_mut(h);
                 host.warm -= 1;
                 host.warming += 1;
-                cx.q.push(cx.now + cx.m.container_start_ms, Ev::Refill(h));
-                cx.m.state_load_ms
+                cx.q.push(cx.now + cx.m.costs.start_ms(false), Ev::Refill(h));
+                cx.m.costs.move_ms(true, cx.namespace_mib(s))
             } else {
-                cx.m.container_start_ms + cx.m.state_load_ms
+                cx.m.costs.move_ms(false, cx.namespace_mib(s))
             };
             cx.start_training(s, h, extra);
         }
@@ -86,7 +89,7 @@ impl Policy for Batch {
             let n = cx.m.prewarm_per_host;
             cx.c.host_mut(h).warming += n;
             for _ in 0..n {
-                cx.q.push(cx.now + cx.m.container_start_ms, Ev::Refill(h));
+                cx.q.push(cx.now + cx.m.costs.start_ms(false), Ev::Refill(h));
             }
         }
         self.serve(cx);

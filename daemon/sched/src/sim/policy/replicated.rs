@@ -4,10 +4,18 @@
 //! hosts first), choose each training's executor with [`preselect`] (the previous
 //! executor if its host can commit the GPUs now, else the replica whose host has most
 //! available), and commit GPUs through each host's [`crate::HostScheduler`]. When
-//! no replica's host can commit (all YIELD), a replica migrates to a host that can: it
-//! loads the notebook's state (`state_load`), in a pre-warmed container if the target
-//! has one (else `container_start` more). With no such host, the cell waits for a host
-//! to be provisioned (15 ± 2 s) or for GPUs to free up, whichever comes first.
+//! no replica's host can commit (all YIELD), a replica migrates to a host that can. With
+//! no such host, the cell waits for a host to be provisioned (15 ± 2 s) or for GPUs to
+//! free up, whichever comes first.
+//!
+//! Every move, on a cell's path or in the background (drain, cover), goes through
+//! [`Replicated::move_replica`] and costs what the cost file says ([`crate::sim::costs`]):
+//! a replica start on the target (pre-warmed if it has a warm container, else cold) plus
+//! the state transfer of the session's namespace. A host runs at most
+//! `max_moves_per_host` moves at once; more wait for a slot. A moving replica is not live
+//! for the executor choice; a cell that finds no live replica able to run waits for a
+//! moving one whose host can commit its GPUs (they are committed at once) rather than
+//! moving another.
 //!
 //! - `notebookos-paper`, the authors' rules (ds2-lab/NotebookOS): a host's subscription
 //!   is `placed GPUs ÷ host GPUs ÷ replicas`, refused above the cluster's ratio of demand
@@ -52,6 +60,15 @@ pub enum Variant {
 }
 
 const REPLICAS: usize = 3;
+
+/// Why a replica moves (what it is counted as).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MoveKind {
+    /// Every replica's host yields: to run a cell (`migrations`).
+    Cell,
+    /// Off a host being drained, or to cover an idle kernel (`background_moves`).
+    Background,
+}
 const NONE: u32 = u32::MAX;
 /// Unmet-demand entries kept per kind (the daemon's `control/meta/demand.rs` keeps 1024).
 const NOTED: usize = 1024;
@@ -61,6 +78,10 @@ const NOTED: usize = 1024;
 pub struct Replicated {
     variant: Variant,
     reps: Vec<[u32; REPLICAS]>,
+    /// When each replica has finished moving (its start and state transfer).
+    ready_at: Vec<[Millis; REPLICAS]>,
+    /// Per host: when each of its move slots frees up.
+    move_slots: Vec<Vec<Millis>>,
     ready: Vec<bool>,
     submitted: Vec<bool>,
     prev: Vec<Option<u32>>,
@@ -89,6 +110,8 @@ impl Replicated {
         Self {
             variant,
             reps: vec![[NONE; REPLICAS]; n],
+            ready_at: vec![[0; REPLICAS]; n],
+            move_slots: Vec::new(),
             ready: vec![false; n],
             submitted: vec![false; n],
             prev: vec![None; n],
@@ -168,7 +191,8 @@ impl Replicated {
                         self.member_add(h, s);
                     }
                     self.live_demand += g;
-                    cx.q.push(cx.now + cx.m.container_start_ms, Ev::Ready { session: s, host: 0 });
+                    self.ready_at[s as usize] = [0; REPLICAS];
+                    cx.q.push(cx.now + cx.m.costs.start_ms(false), Ev::Ready { session: s, host: 0 });
                 }
                 Err(e) if self.variant == Variant::Ours => {
                     if matches!(e, PlacementError::NoMemory { .. }) {
@@ -213,7 +237,7 @@ impl Replicated {
                 let p = &cx.m.notebookos;
                 let (min, max) = (p.prewarm_min, p.prewarm_max);
                 cx.decided("prewarm::pool_size");
-                prewarm::pool_size(n, prewarm::WINDOW_MS, cx.m.container_start_ms, min, max)
+                prewarm::pool_size(n, prewarm::WINDOW_MS, cx.m.costs.start_ms(false), min, max)
             }
         }
     }
@@ -233,7 +257,7 @@ impl Replicated {
         if host.state == HostState::Up && have < target {
             host.warming += target - have;
             for _ in have..target {
-                cx.q.push(cx.now + cx.m.container_start_ms, Ev::Refill(h));
+                cx.q.push(cx.now + cx.m.costs.start_ms(false), Ev::Refill(h));
             }
         }
     }
@@ -259,6 +283,15 @@ impl Replicated {
                 return true;
             }
         }
+        // No live replica can run it: wait for a moving one whose host can commit now.
+        if let Some((r, ready)) = self.moving_replica_for(cx, s, g) {
+            let h = reps[r];
+            cx.c.commit(h, &k, &cell, g, cx.now);
+            cx.start_training(s, h, ready - cx.now + cx.m.election_ms);
+            self.prev[s as usize] = Some(u32::try_from(r + 1).unwrap_or(NONE));
+            self.submitted[s as usize] = false;
+            return true;
+        }
         // Every replica yields: migrate one to a host that can commit now.
         let ratio = self.ratio(cx, 0);
         let choice = match self.variant {
@@ -281,40 +314,89 @@ impl Replicated {
             }
             return false;
         };
-        let from = reps[r];
-        cx.c.remove_kernel(from, &k, sg, cx.now);
-        self.member_remove(from, s);
-        cx.c.add_kernel(to, &k, sg, cx.now);
-        self.member_add(to, s);
-        self.reps[s as usize][r] = to;
-        cx.migrations += 1;
-        let mut extra = cx.m.election_ms + cx.m.state_load_ms;
-        let host = cx.c.host_mut(to);
-        if host.warm > 0 {
-            host.warm -= 1;
-            let now = cx.now;
-            self.takes_on(to).push_back(now);
-            self.refill_pool(cx, to);
-        } else {
-            extra += cx.m.container_start_ms;
-        }
+        let ready = self.move_replica(cx, s, r, to, MoveKind::Cell);
+        // The GPUs are the cell's from now; it runs once the replica has moved.
         cx.c.commit(to, &k, &cell, g, cx.now);
-        cx.start_training(s, to, extra);
+        cx.start_training(s, to, ready - cx.now + cx.m.election_ms);
         self.prev[s as usize] = Some(u32::try_from(r + 1).unwrap_or(NONE));
         self.submitted[s as usize] = false;
         true
     }
 
+    /// Moves replica `r` of session `s` to host `to`, charging what a move costs: a
+    /// replica start there (a warm container if it has one, else cold) plus the transfer
+    /// of the session's namespace, after a free move slot on `to`. Returns when the
+    /// replica is ready; until then it is not live.
+    fn move_replica(&mut self, cx: &mut Ctx<'_>, s: u32, r: usize, to: u32, kind: MoveKind) -> Millis {
+        let from = self.reps[s as usize][r];
+        let g = cx.session_gpus(s);
+        let k = kernel(s);
+        cx.c.remove_kernel(from, &k, g, cx.now);
+        self.member_remove(from, s);
+        cx.c.add_kernel(to, &k, g, cx.now);
+        self.member_add(to, s);
+        self.reps[s as usize][r] = to;
+        let host = cx.c.host_mut(to);
+        let prewarmed = host.warm > 0;
+        if prewarmed {
+            host.warm -= 1;
+            let now = cx.now;
+            self.takes_on(to).push_back(now);
+            self.refill_pool(cx, to);
+        }
+        let cost = cx.m.costs.move_ms(prewarmed, cx.namespace_mib(s));
+        let ready = self.take_move_slot(cx, to, cost);
+        self.ready_at[s as usize][r] = ready;
+        cx.migration_ms += cost;
+        match kind {
+            MoveKind::Cell => cx.migrations += 1,
+            MoveKind::Background => cx.background_moves += 1,
+        }
+        ready
+    }
+
+    /// Reserves the move slot on `h` that frees first for a move of `cost` ms; returns
+    /// when that move ends (a slot is held from the move's start to its end).
+    fn take_move_slot(&mut self, cx: &Ctx<'_>, h: u32, cost: Millis) -> Millis {
+        let cap = cx.m.costs.max_moves_per_host.max(1) as usize;
+        let i = h as usize;
+        if self.move_slots.len() <= i {
+            self.move_slots.resize(i + 1, Vec::new());
+        }
+        let slots = &mut self.move_slots[i];
+        slots.resize(cap, 0);
+        let (j, free) = slots.iter().copied().enumerate().min_by_key(|&(j, t)| (t, j)).unwrap_or((0, 0));
+        let end = cx.now.max(free) + cost;
+        slots[j] = end;
+        end
+    }
+
+    /// A replica of `s` still moving onto a host that can commit `g` GPUs now: the one
+    /// ready first, with when.
+    fn moving_replica_for(&self, cx: &Ctx<'_>, s: u32, g: u32) -> Option<(usize, Millis)> {
+        self.reps[s as usize]
+            .iter()
+            .zip(self.ready_at[s as usize])
+            .enumerate()
+            .filter(|&(_, (&h, at))| {
+                at > cx.now && cx.c.host(h).state == HostState::Up && cx.c.host(h).sched.available() >= g
+            })
+            .map(|(r, (_, at))| (r, at))
+            .min_by_key(|&(r, at)| (at, r))
+    }
+
+    /// The executor candidates; a replica still moving is not live.
     fn candidates(&self, cx: &Ctx<'_>, s: u32) -> Vec<Candidate> {
         self.reps[s as usize]
             .iter()
+            .zip(self.ready_at[s as usize])
             .enumerate()
-            .map(|(r, &h)| {
+            .map(|(r, (&h, at))| {
                 let host = cx.c.host(h);
                 Candidate {
                     replica: u32::try_from(r + 1).unwrap_or(NONE),
                     node_id: u64::from(h),
-                    live: host.state == HostState::Up,
+                    live: host.state == HostState::Up && at <= cx.now,
                     gpus_idle: host.sched.available(),
                     local: false,
                 }
@@ -381,6 +463,7 @@ impl Replicated {
     /// the `n` hosts [`drain::choose`] picks, as the daemon does (one whose replicas find
     /// no host stays: the daemon's release of it fails); the paper's tries further hosts.
     fn drain(&mut self, cx: &mut Ctx<'_>, n: u32) {
+        let n = n.min(cx.c.alive().saturating_sub(cx.m.min_hosts()));
         let cands: Vec<drain::Candidate> =
             cx.c.up_hosts()
                 .iter()
@@ -433,16 +516,9 @@ impl Replicated {
                 continue;
             }
             for (s, to) in plan {
-                let g = cx.session_gpus(s);
-                let k = kernel(s);
-                cx.c.remove_kernel(h, &k, g, cx.now);
-                cx.c.add_kernel(to, &k, g, cx.now);
-                self.member_remove(h, s);
-                self.member_add(to, s);
-                if let Some(slot) = self.reps[s as usize].iter_mut().find(|x| **x == h) {
-                    *slot = to;
+                if let Some(r) = self.reps[s as usize].iter().position(|&x| x == h) {
+                    self.move_replica(cx, s, r, to, MoveKind::Background);
                 }
-                cx.background_moves += 1;
             }
             cx.c.release(h, cx.now);
             gone.push(h);
@@ -531,7 +607,9 @@ impl Policy for Replicated {
     fn scale_tick(&mut self, cx: &mut Ctx<'_>) {
         let decision = match self.variant {
             Variant::Paper => {
-                scale::paper(&scale::PaperRule::default(), cx.c.alive(), cx.c.committed_now(), cx.c.gpus_per_host())
+                let d = scale::PaperRule::default();
+                let rule = scale::PaperRule { min_hosts: d.min_hosts.max(cx.m.min_hosts()), ..d };
+                scale::paper(&rule, cx.c.alive(), cx.c.committed_now(), cx.c.gpus_per_host())
             }
             Variant::Ours => self.decide(cx),
         };
@@ -583,5 +661,125 @@ impl Replicated {
         let ratio = p.subscription_ratio;
         cx.decided("autoscaler::Decider::decide");
         self.decider.as_mut().map_or(Scale::Hold, |d| d.decide(now, &c, ratio))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::cluster::SimCluster;
+    use crate::sim::costs::{Costs, StartKind};
+    use crate::sim::events::Queue;
+    use crate::sim::rng::Rng;
+    use crate::sim::workload::{Session, Training, Workload};
+    use crate::sim::Model;
+
+    /// Cold start 3 s, pre-warmed 0.2 s, transfer 1 s + 10 ms/MiB, `cap` moves per host.
+    fn model(cap: u32) -> Model {
+        let mut c = Costs::measured();
+        c.replica_start.cold_ms = 3_000.0;
+        c.replica_start.prewarmed_ms = 200.0;
+        c.state_transfer.move_base_ms = 1_200.0;
+        c.state_transfer.bench_start = StartKind::Prewarmed;
+        c.state_transfer.per_mib_ms = 10.0;
+        c.max_moves_per_host = cap;
+        Model { gpus_per_host: 1, costs: c, ..Model::default() }
+    }
+
+    /// `n` one-GPU sessions of 100 MiB, one 60 s training each.
+    fn workload(n: usize) -> Workload {
+        let s = Session {
+            start: 0,
+            stop: 3_600_000,
+            gpus: 1,
+            trainings: vec![Training { submit: 0, duration: 60_000, gpus: 1 }],
+            namespace_mib: 100,
+        };
+        Workload::new("t".into(), vec![s; n])
+    }
+
+    /// A cluster of `hosts` one-GPU hosts, all up, the sessions placed and ready.
+    fn setup<'a>(w: &'a Workload, m: &'a Model, hosts: u32) -> (Replicated, Ctx<'a>) {
+        let n = w.sessions.len();
+        let mut cx = Ctx {
+            w,
+            m,
+            q: Queue::default(),
+            c: SimCluster::new(1, m.notebookos.idle_release_ms, 1e9),
+            rng: Rng::new(1, 1),
+            now: 0,
+            next: vec![0; n],
+            submitted_at: vec![0; n],
+            delays_ms: Vec::new(),
+            migrations: 0,
+            background_moves: 0,
+            migration_ms: 0,
+            memory_refusals: 0,
+            decisions: std::collections::BTreeSet::new(),
+            completed: 0,
+        };
+        let mut p = Replicated::new(n, Variant::Ours);
+        p.init(&mut cx);
+        for _ in 0..hosts {
+            let h = cx.c.request(0);
+            cx.c.up(h);
+        }
+        for s in 0..n {
+            p.session_start(&mut cx, index(s as u64));
+            p.ready[s] = true;
+        }
+        (p, cx)
+    }
+
+    /// A host of none of session 0's replicas.
+    fn other_host(p: &Replicated, cx: &Ctx<'_>) -> u32 {
+        cx.c.up_hosts().iter().copied().find(|h| !p.reps[0].contains(h)).expect("a free host")
+    }
+
+    #[test]
+    fn a_move_charges_a_replica_start_and_the_state_transfer() {
+        let (w, m) = (workload(1), model(2));
+        let (mut p, mut cx) = setup(&w, &m, 4);
+        let to = other_host(&p, &cx);
+        cx.now = 10_000;
+        // Cold: 3 s start + 1 s + 100 MiB × 10 ms.
+        assert_eq!(p.move_replica(&mut cx, 0, 0, to, MoveKind::Background), 10_000 + 5_000);
+        assert_eq!((cx.background_moves, cx.migration_ms), (1, 5_000));
+        // Back onto a host with a warm container: 0.2 s start.
+        let back = other_host(&p, &cx);
+        cx.c.host_mut(back).warm = 1;
+        assert_eq!(p.move_replica(&mut cx, 0, 1, back, MoveKind::Cell), 10_000 + 2_200);
+        assert_eq!((cx.migrations, cx.migration_ms, cx.c.host(back).warm), (1, 7_200, 0));
+    }
+
+    #[test]
+    fn a_cell_waits_for_its_moving_replica() {
+        let (w, m) = (workload(1), model(2));
+        let (mut p, mut cx) = setup(&w, &m, 4);
+        let to = other_host(&p, &cx);
+        let ready = p.move_replica(&mut cx, 0, 0, to, MoveKind::Background);
+        // The other two replicas' hosts are busy; the moving one's host is free.
+        for r in 1..REPLICAS {
+            let h = p.reps[0][r];
+            cx.c.add_kernel(h, "x", 1, 0);
+            assert!(cx.c.commit(h, "x", "x1", 1, 0));
+        }
+        cx.now = 1_000;
+        cx.submitted_at[0] = 1_000;
+        p.submit(&mut cx, 0);
+        assert_eq!(cx.delays_ms, vec![ready - 1_000 + m.election_ms], "starts once the move is done");
+        assert_eq!(cx.migrations, 0, "no second replica moved");
+        assert_eq!(cx.c.host(to).sched.committed(), 1, "its GPU held for it meanwhile");
+    }
+
+    #[test]
+    fn the_per_host_cap_delays_the_extra_move() {
+        let (w, m) = (workload(3), model(2));
+        let (mut p, mut cx) = setup(&w, &m, 10);
+        // One host that holds none of the three sessions' replicas.
+        let to = cx.c.up_hosts().iter().copied().find(|h| p.reps.iter().all(|r| !r.contains(h))).expect("a host");
+        let ends: Vec<Millis> = (0..3).map(|s| p.move_replica(&mut cx, s, 0, to, MoveKind::Background)).collect();
+        assert_eq!(ends, vec![5_000, 5_000, 10_000], "two at once, the third after the first slot frees");
+        assert_eq!(cx.migration_ms, 15_000, "the wait is not charged as move time");
     }
 }

@@ -1,8 +1,9 @@
 //! `reservation`: one container per session, holding the session's GPUs from its start
 //! to its stop (the authors' `reservation` policy; what a notebook server on a GPU VM
 //! does). Sessions are placed best-fit, first come first served; when none fits, hosts
-//! are requested (15 ± 2 s). A container takes `container_start` to start, so a training
-//! submitted sooner waits. Scale-in releases empty hosts above `⌈committed × 1.1 ÷ G⌉`.
+//! are requested (15 ± 2 s). A container takes a cold start (the cost file's, a new
+//! kernel has no state to load), so a training submitted sooner waits. Scale-in releases
+//! empty hosts above `⌈committed × 1.1 ÷ G⌉` and the model's minimum hosts.
 
 use std::collections::VecDeque;
 
@@ -36,7 +37,7 @@ impl Reservation {
             cx.c.add_kernel(h, &k, g, cx.now);
             cx.c.commit(h, &k, &k, g, cx.now);
             self.host[s as usize] = Some(h);
-            cx.q.push(cx.now + cx.m.container_start_ms, Ev::Ready { session: s, host: h });
+            cx.q.push(cx.now + cx.m.costs.start_ms(false), Ev::Ready { session: s, host: h });
         }
         if !self.pending.is_empty() {
             let want: u32 = self.pending.iter().map(|&s| cx.session_gpus(s)).sum();
