@@ -10,7 +10,8 @@
 //!   [`ctx`]: what policies see and act through.
 //! - [`cluster`]: hosts, provisioning, the independent GPU ledger, GPU-hour integrals.
 //! - [`policy`]: one file per scheduling policy.
-//! - [`metrics`]: what a run measured; [`report`]: table, JSON, markdown; [`svg`]: plots.
+//! - [`metrics`]: what a run measured; [`report`]: table, JSON, markdown; [`svg`]: plots;
+//!   [`spread`]: intervals across seeds, spread across windows.
 //!
 //! Uses the scheduler core and nothing above it; no I/O (the CLI reads and writes files).
 
@@ -23,6 +24,7 @@ pub mod policy;
 pub mod report;
 pub mod rng;
 pub mod sessions;
+pub mod spread;
 pub mod svg;
 pub mod synthetic;
 pub mod workload;
