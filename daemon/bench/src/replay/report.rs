@@ -127,6 +127,9 @@ pub fn result(w: &Workload, clock: &Clock, hosts: &[Host], m: &Measured) -> Poli
             span_ms: u64::try_from(span_ms).unwrap_or(u64::MAX),
             trainings: w.sessions.iter().map(|s| s.trainings.len()).sum(),
             completed: cells.count(),
+            // A replay runs every session to its stop: no window cuts it.
+            cut: 0,
+            not_started: 0,
             migrations: counter(0),
             background_moves: 0,
             scale_outs: counter(1),
