@@ -192,12 +192,9 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
 fn stop_at_end(cx: &mut Ctx<'_>, end: Millis) {
     cx.now = end;
     cx.c.advance(end);
-    for s in 0..cx.waiting.len() {
-        if cx.waiting[s] {
-            let waited = end.saturating_sub(cx.submitted_at[s]);
-            cx.delays_ms.push(waited);
-        }
-    }
+    let waits: Vec<Millis> =
+        cx.waiting.iter().zip(&cx.submitted_at).filter(|(w, _)| **w).map(|(_, &at)| end.saturating_sub(at)).collect();
+    cx.delays_ms.extend(waits);
 }
 
 /// The policy object for `kind` over `sessions` sessions.
