@@ -104,6 +104,10 @@ fn seeds_report_each_figures_mean_and_interval() {
             let (Some(m), Some(lo), Some(hi)) = (m, lo, hi) else { panic!("seeds.{name}.{key}: {f}") };
             assert!(lo <= m && m <= hi, "seeds.{name}.{key}: {f}");
         }
+        if name != "reservation" {
+            let s = &figures["saved_gpu_hours"];
+            assert!(s["lo"].as_f64() <= s["mean"].as_f64() && s["mean"].as_f64() <= s["hi"].as_f64(), "{name}: {s}");
+        }
         // Different seeds generate different sessions: provisioning differs between them.
         let g = &figures["gpu_hours_provisioned"];
         assert!(g["hi"].as_f64() > g["lo"].as_f64(), "{name}: no spread over 3 seeds: {g}");

@@ -76,7 +76,8 @@ pub fn figures(r: &PolicyResult) -> Vec<(String, f64)> {
 
 /// `--seeds`: for each policy (in the order of the first run) and each of its numeric
 /// figures, the mean and 95% interval over the runs, rounded to 3 decimals:
-/// `{POLICY: {FIGURE: {"mean", "lo", "hi"}}, "n": N}`. `runs` holds one result list per seed.
+/// `{POLICY: {FIGURE: {"mean", "lo", "hi"}}, "n": N}` (figures include `saved_gpu_hours`
+/// against reservation when it ran). `runs` holds one result list per seed.
 pub fn across_seeds(runs: &[Vec<(&str, PolicyResult)>]) -> serde_json::Value {
     let mut doc = serde_json::Map::new();
     for (name, _) in runs.first().map(Vec::as_slice).unwrap_or_default() {
@@ -97,8 +98,9 @@ pub fn across_seeds(runs: &[Vec<(&str, PolicyResult)>]) -> serde_json::Value {
 /// The terminal table of [`across_seeds`]: per policy, mean ± half-width of the main figures.
 pub fn seeds_table(summary: &serde_json::Value, policies: &[&str]) -> String {
     use std::fmt::Write as _;
-    const FIGURES: [(&str, &str); 7] = [
+    const FIGURES: [(&str, &str); 8] = [
         ("gpu_hours_provisioned", "GPU-h prov"),
+        ("saved_gpu_hours", "saved vs reservation"),
         ("gpu_hours_bound", "GPU-h bound"),
         ("delay_p50_s", "p50 s"),
         ("delay_p95_s", "p95 s"),
@@ -127,12 +129,17 @@ pub fn seeds_table(summary: &serde_json::Value, policies: &[&str]) -> String {
     o
 }
 
-/// Per figure of `policy`, its value in every run.
+/// Per figure of `policy`, its value in every run. With reservation in the runs, a policy
+/// also gets `saved_gpu_hours`: reservation's GPU-hours provisioned minus its own, per seed
+/// (paired: both ran on the same sessions, so the interval is the saving's own).
 fn collect(runs: &[Vec<(&str, PolicyResult)>], policy: &str) -> Vec<(String, Vec<f64>)> {
     let mut out: Vec<(String, Vec<f64>)> = Vec::new();
     for run in runs {
         let Some((_, r)) = run.iter().find(|(n, _)| *n == policy) else { continue };
-        for (key, x) in figures(r) {
+        let reservation = run.iter().find(|(n, _)| *n == "reservation" && policy != "reservation");
+        let saved = reservation
+            .map(|(_, res)| ("saved_gpu_hours".to_owned(), res.gpu_hours_provisioned - r.gpu_hours_provisioned));
+        for (key, x) in figures(r).into_iter().chain(saved) {
             match out.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, xs)) => xs.push(x),
                 None => out.push((key, vec![x])),
@@ -201,10 +208,28 @@ mod tests {
         };
         let doc = across_seeds(&[run(10.0), run(20.0)]);
         assert_eq!(doc["n"], 2);
+        assert!(doc["notebookos"].get("saved_gpu_hours").is_none(), "no reservation, no saving");
         let g = &doc["notebookos"]["gpu_hours_provisioned"];
         // sd √50 over √2 seeds: standard error 5, t(1) 12.7062.
         assert_eq!((g["mean"].as_f64(), g["lo"].as_f64(), g["hi"].as_f64()), (Some(15.0), Some(-48.531), Some(78.531)));
         assert_eq!(doc["notebookos"]["violations"]["lo"], 0.0, "integer figures too");
+    }
+
+    #[test]
+    fn the_saving_against_reservation_is_paired_per_seed() {
+        let pair = |res: f64, ours: f64| {
+            let r = |gpu_h| {
+                let mut r = PolicyResult::new(None, super::super::metrics::Totals::default(), Vec::new(), Vec::new());
+                r.gpu_hours_provisioned = gpu_h;
+                r
+            };
+            vec![("reservation", r(res)), ("notebookos", r(ours))]
+        };
+        // Both policies vary a lot between seeds, their difference not at all.
+        let doc = across_seeds(&[pair(100.0, 60.0), pair(200.0, 160.0), pair(150.0, 110.0)]);
+        let s = &doc["notebookos"]["saved_gpu_hours"];
+        assert_eq!((s["mean"].as_f64(), s["lo"].as_f64(), s["hi"].as_f64()), (Some(40.0), Some(40.0), Some(40.0)));
+        assert!(doc["reservation"].get("saved_gpu_hours").is_none());
     }
 
     #[test]
