@@ -4,7 +4,8 @@
 //!   `--json` ([`BenchCmd`], one module each); the cluster benches start the test-support
 //!   crate's `TestCluster` ([`loopback`]) and drive it with its `CellClient`.
 //! - [`replay`]: `nbos replay`, a session template on a real cluster; [`sim`]: `nbos sim`, the
-//!   simulator's front end (its files; the simulation itself is `nbos_sched::sim`).
+//!   simulator's front end (its files; the simulation itself is `nbos_sched::sim`), with
+//!   `--each-window` in `sim_windows`, `--sweep` in `sim_sweep`; [`flags`]: numeric flag parsers.
 //! - [`client`]: how `nbos` finds and talks to the local daemon; [`progress`]: progress bars.
 //!
 //! The only crate of the workspace that needs etcd's client (and protoc to build it).
@@ -13,6 +14,7 @@ pub mod cell;
 pub mod client;
 mod costs_file;
 pub mod election;
+pub mod flags;
 pub mod kernel_start;
 pub mod loopback;
 pub mod migration;
@@ -22,6 +24,8 @@ pub mod raft;
 pub mod replay;
 pub mod shim;
 pub mod sim;
+mod sim_sweep;
+mod sim_windows;
 mod stats;
 
 /// Which benchmark to run.

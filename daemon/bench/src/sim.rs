@@ -4,6 +4,7 @@
 //! `docs/simulator.md`.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use anyhow::{bail, Context as _};
@@ -12,9 +13,11 @@ use nbos_sched::policy::{AutoscaleRule, PolicyConfig};
 use nbos_sched::sim::costs::Costs;
 use nbos_sched::sim::sessions::{self, SessionParams};
 use nbos_sched::sim::synthetic::{self, SyntheticParams};
-use nbos_sched::sim::workload::{self, Stats, Workload};
-use nbos_sched::sim::{report, Model, PolicyKind, PolicyResult};
+use nbos_sched::sim::workload::{self, Job, Stats, Workload};
+use nbos_sched::sim::{report, spread, Model, PolicyKind, PolicyResult};
 use nbos_sched::template::Template;
+
+use crate::flags;
 
 /// Options of `nbos sim`.
 #[derive(Debug, clap::Args)]
@@ -39,68 +42,89 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Seed of everything random (session generator, synthetic workload, boot times).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = flags::count)]
     pub seed: u64,
     /// A `notebookosd` configuration (TOML, read by the daemon's own loader): `notebookos`
     /// simulates its policy (`[gpu]`, `[kernel]` pre-warm, `[cluster]` replicas,
     /// `[autoscale]`). Default: the shipped defaults (packaging/notebookosd.toml).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Run N seeds (--seed, --seed + 1, …) and report each figure's mean and 95% interval
+    /// (Student's t over the N runs); `--json` adds a `seeds` object beside `policies`
+    /// (which holds the first seed's results).
+    #[arg(long, default_value_t = 1, value_name = "N", allow_negative_numbers = true, value_parser = flags::positive_count32)]
+    pub seeds: u32,
 
     /// Trace window: first minute (the trace's own time).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = flags::count)]
     pub start_min: u64,
-    /// Trace window: length in hours (default: the whole trace).
-    #[arg(long)]
+    /// Trace window: length in hours (default: the whole trace). The simulation stops at
+    /// the window's end: trainings still running are cut there, hosts stop being billed.
+    #[arg(long, allow_negative_numbers = true, value_parser = flags::above_zero)]
     pub hours: Option<f64>,
+    /// Trace window: start at the busiest --hours window, the one whose submitted trainings
+    /// hold the most GPU-minutes inside it (instead of --start-min).
+    #[arg(long, requires = "hours", conflicts_with_all = ["start_min", "each_window"])]
+    pub busiest: bool,
+    /// Run every --hours window of the trace from --start-min on, one after another, and
+    /// report each and the spread (min, median, max) of GPU-hours saved against
+    /// reservation and of notebookos' delay p95 and p99.
+    #[arg(long, requires = "hours", conflicts_with = "seeds")]
+    pub each_window: bool,
+    /// Sweep notebookos' parameters (subscription ratio, autoscale rule, spare hosts, peak
+    /// window, buffer) around the config's, every other policy once, over --seeds; write
+    /// the cost–delay plots, sweep.json and sweep.md here, naming the point that meets
+    /// the targets (docs/simulator.md, "Defaults from evidence").
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["each_window", "out"])]
+    pub sweep: Option<PathBuf>,
 
     /// Session generator: mean trainings per session.
-    #[arg(long, default_value_t = SessionParams::default().mean_trainings)]
+    #[arg(long, default_value_t = SessionParams::default().mean_trainings, allow_negative_numbers = true, value_parser = flags::at_least_zero)]
     pub session_trainings: f64,
     /// Session generator: mean idle minutes between trainings of a session.
-    #[arg(long, default_value_t = SessionParams::default().mean_gap_min)]
+    #[arg(long, default_value_t = SessionParams::default().mean_gap_min, allow_negative_numbers = true, value_parser = flags::at_least_zero)]
     pub session_gap_min: f64,
     /// Session generator: a session idle longer than this (minutes) is over.
-    #[arg(long, default_value_t = SessionParams::default().max_gap_min)]
+    #[arg(long, default_value_t = SessionParams::default().max_gap_min, allow_negative_numbers = true, value_parser = flags::at_least_zero)]
     pub session_max_gap_min: f64,
     /// Session generator: mean minutes from session start to its first training.
-    #[arg(long, default_value_t = SessionParams::default().mean_lead_min)]
+    #[arg(long, default_value_t = SessionParams::default().mean_lead_min, allow_negative_numbers = true, value_parser = flags::at_least_zero)]
     pub session_lead_min: f64,
     /// Session generator: minutes from the last training's end to the session's stop.
-    #[arg(long, default_value_t = SessionParams::default().tail_min)]
+    #[arg(long, default_value_t = SessionParams::default().tail_min, allow_negative_numbers = true, value_parser = flags::at_least_zero)]
     pub session_tail_min: f64,
 
     /// Synthetic workload: sessions.
-    #[arg(long, default_value_t = SyntheticParams::default().sessions)]
+    #[arg(long, default_value_t = SyntheticParams::default().sessions, allow_negative_numbers = true, value_parser = flags::positive_count32)]
     pub sessions: u32,
     /// Synthetic workload: hours over which sessions arrive.
-    #[arg(long, default_value_t = SyntheticParams::default().hours)]
+    #[arg(long, default_value_t = SyntheticParams::default().hours, allow_negative_numbers = true, value_parser = flags::above_zero)]
     pub synthetic_hours: f64,
 
     /// Cluster: GPUs per host.
-    #[arg(long, default_value_t = Model::default().gpus_per_host)]
+    #[arg(long, default_value_t = Model::default().gpus_per_host, allow_negative_numbers = true, value_parser = flags::positive_count32)]
     pub gpus_per_host: u32,
     /// Cluster: seconds to provision a host (± 2 s).
-    #[arg(long, default_value_t = 15)]
+    #[arg(long, default_value_t = 15, allow_negative_numbers = true, value_parser = flags::count)]
     pub provision_s: u64,
     /// Cluster: the measured costs of replica starts and state transfers, and the cap on
     /// concurrent moves per host (default: the committed docs/sim/costs.json, compiled in).
     #[arg(long, value_name = "FILE")]
     pub costs: Option<PathBuf>,
     /// Multiplies every session's namespace size (an assumption: docs/simulator.md).
-    #[arg(long, default_value_t = 1.0, value_name = "F")]
+    #[arg(long, default_value_t = 1.0, value_name = "F", allow_negative_numbers = true, value_parser = flags::above_zero)]
     pub namespace_scale: f64,
     /// Cluster: hosts up from the start and never released below, for every policy alike;
     /// overrides the config's autoscale.min_hosts.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = flags::count32)]
     pub min_hosts: Option<u32>,
     /// notebookos: subscription ratio (subscribed replica GPUs per host GPU); overrides
     /// the config's gpu.subscription_ratio.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = flags::at_least_one)]
     pub subscription_ratio: Option<f64>,
     /// notebookos: seconds idle-held GPUs stay bound after a cell; overrides the config's
     /// gpu.idle_release.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = flags::count)]
     pub idle_release_s: Option<u64>,
     /// notebookos: the autoscale rule, `notebookos` or `paper`; overrides the config's
     /// autoscale.rule.
@@ -108,32 +132,32 @@ pub struct Args {
     pub autoscale_rule: Option<String>,
     /// notebookos: whole hosts kept above the recent demand peak (`notebookos` rule);
     /// overrides the config's autoscale.spare_hosts.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = flags::count32)]
     pub spare_hosts: Option<u32>,
     /// notebookos: minutes of demand history the autoscaler covers (`notebookos` rule);
     /// overrides the config's autoscale.peak_window.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = flags::positive_count)]
     pub peak_window_min: Option<u64>,
     /// Cluster: half-width of the uniform jitter on --provision-s, seconds.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, allow_negative_numbers = true, value_parser = flags::count)]
     pub provision_jitter_s: u64,
     /// Replicated policies: milliseconds of an executor election.
-    #[arg(long, default_value_t = Model::default().election_ms)]
+    #[arg(long, default_value_t = Model::default().election_ms, allow_negative_numbers = true, value_parser = flags::count)]
     pub election_ms: u64,
     /// notebookos-paper: the cap on its moving subscription ratio.
-    #[arg(long, default_value_t = Model::default().paper_max_ratio)]
+    #[arg(long, default_value_t = Model::default().paper_max_ratio, allow_negative_numbers = true, value_parser = flags::at_least_one)]
     pub paper_max_ratio: f64,
     /// middle-ground and notebookos-paper: pre-warmed containers per host.
-    #[arg(long, default_value_t = Model::default().prewarm_per_host)]
+    #[arg(long, default_value_t = Model::default().prewarm_per_host, allow_negative_numbers = true, value_parser = flags::count32)]
     pub prewarm_per_host: u32,
     /// Autoscaling policies: seconds between autoscaler runs (default 30; notebookos: the
     /// config's autoscale.interval, which this overrides).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = flags::positive_count)]
     pub scaling_interval_s: Option<u64>,
     /// A fixed cluster of N hosts, all up from the start, no autoscaling (0: autoscaled).
     /// With `--policy notebookos` this models a `notebookosd` cluster as it runs today
     /// (see "Replay against a real cluster" in docs/simulator.md).
-    #[arg(long, default_value_t = 0, value_name = "N")]
+    #[arg(long, default_value_t = 0, value_name = "N", allow_negative_numbers = true, value_parser = flags::count32)]
     pub fixed_hosts: u32,
     /// Cluster: host memory for replicas per host, MiB (0: not modelled). The default is
     /// 1 TiB, an 8-GPU host with 1,152 GiB of RAM less the system's share.
@@ -154,60 +178,156 @@ pub fn load_template(p: &Path) -> anyhow::Result<Workload> {
     Ok(Workload::from_template(format!("{}", p.display()), &t))
 }
 
-/// The workload `a` names (`nbos replay --trace` generates its sessions here too).
-pub fn load(a: &Args) -> anyhow::Result<Workload> {
+/// What `nbos sim` replays, read once (each seed and window generates its sessions from it).
+pub(crate) enum Source {
+    /// A Tiresias CSV: its path and jobs, sorted by submission.
+    Trace(String, Vec<Job>),
+    /// A template, replayed as is (the same for every seed).
+    Template(Workload),
+    /// The synthetic generator.
+    Synthetic(SyntheticParams),
+}
+
+fn source(a: &Args) -> anyhow::Result<Source> {
     if let Some(p) = &a.trace {
-        let jobs = workload::parse_csv(&read(p)?).with_context(|| format!("{}", p.display()))?;
-        let (jobs, name) = match a.hours {
-            Some(h) => {
-                if !(h.is_finite() && h > 0.0) {
-                    bail!("--hours must be a positive number of hours, got {h}");
-                }
-                let len = nbos_sched::sim::rng::minutes_ms(h * 60.0) / 60_000;
-                (
-                    workload::window(&jobs, a.start_min, len),
-                    format!("{} (minutes {}..+{h} h)", p.display(), a.start_min),
-                )
-            }
-            None => (workload::window(&jobs, a.start_min, u64::MAX), format!("{} (whole trace)", p.display())),
-        };
-        if jobs.is_empty() {
-            bail!("no job of {} is submitted in the window starting at minute {}", p.display(), a.start_min);
-        }
-        let params = SessionParams {
-            mean_trainings: a.session_trainings,
-            mean_gap_min: a.session_gap_min,
-            max_gap_min: a.session_max_gap_min,
-            mean_lead_min: a.session_lead_min,
-            tail_min: a.session_tail_min,
-        };
-        for (v, flag) in [
-            (params.mean_trainings, "--session-trainings"),
-            (params.mean_gap_min, "--session-gap-min"),
-            (params.max_gap_min, "--session-max-gap-min"),
-            (params.mean_lead_min, "--session-lead-min"),
-            (params.tail_min, "--session-tail-min"),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                bail!("{flag} must be a number >= 0, got {v}");
-            }
-        }
-        return Ok(sessions::generate(name, &jobs, &params, a.seed));
+        let jobs = workload::parse_csv(&read(p)?, a.gpus_per_host).with_context(|| format!("{}", p.display()))?;
+        return Ok(Source::Trace(format!("{}", p.display()), jobs));
     }
     if let Some(p) = &a.template {
-        return load_template(p);
+        return Ok(Source::Template(load_template(p)?));
     }
     if a.synthetic {
-        if !(a.synthetic_hours.is_finite() && a.synthetic_hours > 0.0) || a.sessions == 0 {
-            bail!("--sessions and --synthetic-hours must be positive");
-        }
         let p = SyntheticParams { sessions: a.sessions, hours: a.synthetic_hours, ..SyntheticParams::default() };
-        return Ok(synthetic::generate(&p, a.seed));
+        return Ok(Source::Synthetic(p));
     }
     bail!("say what to replay: --trace CSV (e.g. traces/sensei_june_60sec.csv), --template JSON, or --synthetic")
 }
 
-fn policies(spec: &str) -> anyhow::Result<Vec<PolicyKind>> {
+/// The `--hours` window in whole minutes (what selects jobs) and milliseconds (its end).
+pub(crate) fn window_len(a: &Args) -> Option<(u64, u64)> {
+    a.hours.map(|h| {
+        let ms = nbos_sched::sim::rng::minutes_ms(h * 60.0);
+        (ms / 60_000, ms)
+    })
+}
+
+/// The workload of `src` for `seed`; a trace's from `start_min` (for `--hours`, ending
+/// there); namespaces scaled by `--namespace-scale`.
+pub(crate) fn workload_of(a: &Args, src: &Source, start_min: u64, seed: u64) -> anyhow::Result<Workload> {
+    let mut w = generated(a, src, start_min, seed)?;
+    if a.namespace_scale != 1.0 {
+        w.scale_namespaces(a.namespace_scale);
+    }
+    Ok(w)
+}
+
+fn generated(a: &Args, src: &Source, start_min: u64, seed: u64) -> anyhow::Result<Workload> {
+    match src {
+        Source::Trace(path, jobs) => {
+            let (jobs, name, end) = match window_len(a) {
+                Some((len_min, end_ms)) => (
+                    workload::window(jobs, start_min, len_min),
+                    format!("{path} (minutes {start_min}..+{} h)", a.hours.unwrap_or_default()),
+                    Some(end_ms),
+                ),
+                None => (workload::window(jobs, start_min, u64::MAX), format!("{path} (whole trace)"), None),
+            };
+            if jobs.is_empty() {
+                bail!("no job of {path} is submitted in the window starting at minute {start_min}");
+            }
+            let params = SessionParams {
+                mean_trainings: a.session_trainings,
+                mean_gap_min: a.session_gap_min,
+                max_gap_min: a.session_max_gap_min,
+                mean_lead_min: a.session_lead_min,
+                tail_min: a.session_tail_min,
+            };
+            let w = sessions::generate(name, &jobs, &params, seed);
+            Ok(match end {
+                Some(e) => w.ending_at(e),
+                None => w,
+            })
+        }
+        Source::Template(w) => Ok(w.clone()),
+        Source::Synthetic(p) => Ok(synthetic::generate(p, seed)),
+    }
+}
+
+/// `f` over `items` on every core (`std::thread::scope`), results in `items`' order.
+pub(crate) fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let workers =
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get).clamp(1, items.len().max(1));
+    let next = AtomicUsize::new(0);
+    let mut done: Vec<(usize, R)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break mine };
+                        mine.push((i, f(item)));
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+    });
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, r)| r).collect()
+}
+
+/// Runs every policy of `kinds` on every workload (in parallel); per workload, its results
+/// in `kinds`' order. Boot jitter is drawn from the workload's seed.
+pub(crate) fn simulate<'k>(
+    workloads: &[(u64, Workload)],
+    kinds: &'k [PolicyKind],
+    model: &Model,
+    bar: &indicatif::ProgressBar,
+) -> anyhow::Result<Vec<Vec<(&'k str, PolicyResult)>>> {
+    let jobs: Vec<(usize, PolicyKind)> =
+        (0..workloads.len()).flat_map(|i| kinds.iter().map(move |&k| (i, k))).collect();
+    let mut runs = par_map(&jobs, |&(i, k)| {
+        let (seed, w) = &workloads[i];
+        let r = nbos_sched::sim::run(w, k, &Model { seed: *seed, ..model.clone() });
+        bar.inc(1);
+        r.with_context(|| format!("simulating {} (seed {seed}, {})", k.name(), w.name))
+    })
+    .into_iter();
+    let mut out = Vec::with_capacity(workloads.len());
+    for _ in workloads {
+        let mut results = Vec::with_capacity(kinds.len());
+        for k in kinds {
+            let r = runs.next().context("a simulation did not report")??;
+            results.push((k.name(), r));
+        }
+        out.push(results);
+    }
+    Ok(out)
+}
+
+/// Fails naming every broken invariant of `runs` (labelled by `label(i)`).
+pub(crate) fn check_invariants(
+    runs: &[Vec<(&str, PolicyResult)>],
+    label: impl Fn(usize) -> String,
+) -> anyhow::Result<()> {
+    let broken: Vec<String> =
+        runs.iter()
+            .enumerate()
+            .flat_map(|(i, results)| {
+                let label = &label;
+                results.iter().filter(|(_, r)| r.violations > 0).map(move |(n, r)| {
+                    format!("{n}{}: {} ({})", label(i), r.violations, r.violation_samples.join("; "))
+                })
+            })
+            .collect();
+    if !broken.is_empty() {
+        bail!("invariants broken: {}", broken.join(" | "));
+    }
+    Ok(())
+}
+
+pub(crate) fn policies(spec: &str) -> anyhow::Result<Vec<PolicyKind>> {
     if spec == "all" {
         return Ok(PolicyKind::ALL.to_vec());
     }
@@ -311,51 +431,79 @@ pub fn model(a: &Args) -> anyhow::Result<Model> {
     })
 }
 
+/// The window's first minute: `--start-min`, or the busiest `--hours` window's.
+fn start_min(a: &Args, src: &Source) -> anyhow::Result<u64> {
+    Ok(match (src, a.busiest, window_len(a)) {
+        (Source::Trace(path, jobs), true, Some((len_min, _))) => workload::busiest_window(jobs, len_min)
+            .map(|(start, _)| start)
+            .with_context(|| format!("{path} has no jobs"))?,
+        (_, true, _) => bail!("--busiest needs --trace and --hours"),
+        _ => a.start_min,
+    })
+}
+
+/// The workload `a` names, for its first seed (`nbos replay --trace` replays it).
+pub fn load(a: &Args) -> anyhow::Result<Workload> {
+    let src = source(a)?;
+    workload_of(a, &src, start_min(a, &src)?, a.seed)
+}
+
 /// Runs the subcommand.
 pub fn run(a: Args) -> anyhow::Result<()> {
     let kinds = policies(&a.policy)?;
     let model = model(&a)?;
-    if !(a.namespace_scale.is_finite() && a.namespace_scale > 0.0) {
-        bail!("--namespace-scale must be a positive number, got {}", a.namespace_scale);
-    }
     let started = Instant::now();
-    let mut w = load(&a)?;
-    if a.namespace_scale != 1.0 {
-        w.scale_namespaces(a.namespace_scale);
+    let src = source(&a)?;
+    if a.each_window {
+        return crate::sim_windows::run(&a, &src, &kinds, &model, started);
     }
-    let stats = w.stats();
-    let mut results: Vec<(&str, PolicyResult)> = Vec::new();
-    let bar = crate::progress::bar(a.json, kinds.len(), "policies simulated:");
-    for k in kinds {
-        bar.set_message(k.name());
-        let r = nbos_sched::sim::run(&w, k, &model).with_context(|| format!("simulating {}", k.name()))?;
-        results.push((k.name(), r));
-        bar.inc(1);
+    let start_min = start_min(&a, &src)?;
+    if let Some(dir) = &a.sweep {
+        return crate::sim_sweep::run(&a, &src, start_min, &model, dir, started);
     }
+    let seeds: Vec<u64> = (0..u64::from(a.seeds)).map(|i| a.seed.saturating_add(i)).collect();
+    let workloads: Vec<(u64, Workload)> = par_map(&seeds, |&seed| workload_of(&a, &src, start_min, seed))
+        .into_iter()
+        .zip(&seeds)
+        .map(|(w, &seed)| w.map(|w| (seed, w)))
+        .collect::<anyhow::Result<_>>()?;
+    let bar = crate::progress::bar(a.json, workloads.len() * kinds.len(), "simulations:");
+    let runs = simulate(&workloads, &kinds, &model, &bar)?;
     bar.finish_and_clear();
     let wall_s = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
+    let (Some((_, w)), Some(results)) = (workloads.first(), runs.first()) else { bail!("no seed to run") };
+    let stats = w.stats();
+    // One seed reports as it always did; more add their summary.
+    let summary = (runs.len() > 1).then(|| spread::across_seeds(&runs));
     if let Some(dir) = &a.out {
-        write_out(dir, &w.name, &stats, &model, &results, None)?;
+        write_out(dir, &w.name, &stats, &model, results, summary.clone().map(|s| ("seeds", s)))?;
     }
     if a.json {
-        println!("{}", report::json(&w.name, &stats, &model, &results, Some(wall_s)));
+        let mut doc = report::json(&w.name, &stats, &model, results, Some(wall_s));
+        if let (Some(s), Some(obj)) = (summary, doc.as_object_mut()) {
+            obj.insert("seeds".into(), s);
+        }
+        println!("{doc}");
     } else {
         println!(
             "{}: {} sessions, {} trainings, floor {:.1} GPU-hours",
             w.name, stats.sessions, stats.trainings, stats.floor_gpu_hours
         );
-        print!("{}", report::table(&results));
+        match &summary {
+            Some(s) => {
+                println!(
+                    "seeds {}..={}: mean ± half-width of the 95% interval (Student's t over {} runs)",
+                    seeds[0],
+                    seeds[seeds.len() - 1],
+                    seeds.len()
+                );
+                print!("{}", spread::seeds_table(s, &kinds.iter().map(|k| k.name()).collect::<Vec<_>>()));
+            }
+            None => print!("{}", report::table(results)),
+        }
         println!("wall time {wall_s:.3} s");
     }
-    let broken: Vec<String> = results
-        .iter()
-        .filter(|(_, r)| r.violations > 0)
-        .map(|(n, r)| format!("{n}: {} ({})", r.violations, r.violation_samples.join("; ")))
-        .collect();
-    if !broken.is_empty() {
-        bail!("invariants broken: {}", broken.join(" | "));
-    }
-    Ok(())
+    check_invariants(&runs, |i| format!(" (seed {})", seeds[i]))
 }
 
 #[cfg(test)]

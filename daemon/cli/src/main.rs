@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{FromArgMatches as _, Parser, Subcommand};
 use nbos_cli::{self as cli, client::ConnectArgs, NotYet};
 
 /// Operate a NotebookOS host: status, kernels, benchmarks, simulation.
@@ -83,8 +83,26 @@ Example: nbos replay --trace traces/sensei_june_60sec.csv --start-min 6960 --hou
     },
 }
 
+/// The subcommands that never talk to a daemon: the connection flags (global, so that
+/// `nbos --url U status` and `nbos status --url U` both work) stay accepted there but are
+/// left out of their help, which then lists only what the subcommand uses.
+const OFFLINE: [&str; 6] = ["sim", "bench", "chaos", "pki", "observe", "completions"];
+
+/// The command line: `Args` with the connection flags hidden in [`OFFLINE`] subcommands.
+fn command() -> clap::Command {
+    let cmd = <Args as clap::CommandFactory>::command();
+    // A subcommand that already has an argument of a global's id does not get the global
+    // propagated: give it a hidden copy first.
+    let hidden: Vec<clap::Arg> =
+        cmd.get_arguments().filter(|a| a.is_global_set()).map(|a| a.clone().hide(true)).collect();
+    OFFLINE.iter().fold(cmd, |cmd, name| cmd.mut_subcommand(name, |sc| sc.args(hidden.iter().cloned())))
+}
+
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = match Args::from_arg_matches(&command().get_matches()) {
+        Ok(args) => args,
+        Err(e) => e.exit(),
+    };
     if let Err(e) = args.target.check() {
         eprintln!("nbos: {e:#}");
         return ExitCode::from(2);
@@ -110,12 +128,7 @@ fn main() -> ExitCode {
         }
         Cmd::InstallKernelspec(a) => cli::proxy::install_kernelspec(&args.target, a),
         Cmd::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut <Args as clap::CommandFactory>::command(),
-                "nbos",
-                &mut std::io::stdout(),
-            );
+            clap_complete::generate(shell, &mut command(), "nbos", &mut std::io::stdout());
             Ok(())
         }
         Cmd::Manpages { dir } => manpages(&dir),
@@ -137,6 +150,6 @@ fn main() -> ExitCode {
 fn manpages(dir: &std::path::Path) -> anyhow::Result<()> {
     use anyhow::Context;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let cmd = <Args as clap::CommandFactory>::command();
+    let cmd = command();
     clap_mangen::generate_to(cmd, dir).with_context(|| format!("writing manual pages into {}", dir.display()))
 }

@@ -161,6 +161,9 @@ pub fn result(w: &Workload, clock: &Clock, m: &Measured) -> PolicyResult {
             span_ms: u64::try_from(span_ms).unwrap_or(u64::MAX),
             trainings: w.sessions.iter().map(|s| s.trainings.len()).sum(),
             completed: cells.count(),
+            // A replay runs every session to its stop: no window cuts it.
+            cut: 0,
+            not_started: 0,
             migrations: counter(0),
             background_moves: 0,
             // The daemons do not report how long their moves took.

@@ -25,6 +25,9 @@ pub struct Ctx<'a> {
     pub now: Millis,
     pub(crate) next: Vec<u32>,
     pub(crate) submitted_at: Vec<Millis>,
+    /// Per session: its current training is submitted and not started (what a window's
+    /// end finds waiting).
+    pub(crate) waiting: Vec<bool>,
     pub(crate) delays_ms: Vec<Millis>,
     /// Migrations performed (replicas moved to run a cell).
     pub migrations: u64,
@@ -77,6 +80,7 @@ impl Ctx<'_> {
     /// state load, election): the delay is measured from its submission.
     pub fn start_training(&mut self, s: u32, host: u32, extra: Millis) {
         let begins = self.now + extra;
+        self.waiting[s as usize] = false;
         self.delays_ms.push(begins - self.submitted_at[s as usize]);
         let end = begins + self.training(s).duration;
         self.q.push(end, Ev::TrainingEnd { session: s, host });

@@ -12,6 +12,7 @@ use super::policy::{batch, replicated, reservation};
 use super::rng::Rng;
 use super::workload::Workload;
 use super::{Model, PolicyKind};
+use crate::Millis;
 
 /// Why a simulation could not run or finish.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -56,6 +57,7 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
         now: 0,
         next: vec![0; n],
         submitted_at: vec![0; n],
+        waiting: vec![false; n],
         delays_ms: Vec::with_capacity(w.sessions.iter().map(|s| s.trainings.len()).sum()),
         migrations: 0,
         background_moves: 0,
@@ -66,7 +68,9 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
     };
     let mut p = new_policy(policy, n);
     let t0 = w.sessions.iter().map(|s| s.start).min().unwrap_or(0);
-    let t_end = w.sessions.iter().map(|s| s.stop).max().unwrap_or(0);
+    // The window's end, if any: nothing happens after it (see `stop_at_end`).
+    let horizon = w.end.map(|e| e.max(t0));
+    let t_end = w.sessions.iter().map(|s| s.stop).max().unwrap_or(0).min(horizon.unwrap_or(Millis::MAX));
     // About 2,000 points whatever the span, on whole minutes.
     let sample_ms = (t_end.saturating_sub(t0) / 2_000).max(60_000) / 60_000 * 60_000;
     for (i, s) in w.sessions.iter().enumerate() {
@@ -88,7 +92,13 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
     let mut sessions_left = n;
     let mut series = Vec::new();
     let mut last = t0;
+    let mut clipped = false;
     while let Some((t, ev)) = cx.q.pop() {
+        if let Some(end) = horizon.filter(|&e| t > e) {
+            stop_at_end(&mut cx, end);
+            (last, clipped) = (end, true);
+            break;
+        }
         cx.now = t;
         cx.c.advance(t);
         last = t;
@@ -102,6 +112,7 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
             }
             Ev::Submit(s) => {
                 cx.submitted_at[s as usize] = t;
+                cx.waiting[s as usize] = true;
                 p.submit(&mut cx, s);
             }
             Ev::TrainingEnd { session: s, host } => {
@@ -145,11 +156,16 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
         }
     }
     let trainings: usize = w.sessions.iter().map(|s| s.trainings.len()).sum();
-    if cx.completed < trainings {
+    // Waits cut by the end are among the delays (see `stop_at_end`); started ones are not.
+    let waiting = if clipped { cx.waiting.iter().filter(|&&b| b).count() } else { 0 };
+    let started = cx.delays_ms.len() - waiting;
+    // Only a run that ended on its own must have run everything; a window's end leaves
+    // trainings running or waiting by design.
+    if !clipped && cx.completed < trainings {
         return Err(SimError::Stuck { policy: policy.name(), left: trainings - cx.completed });
     }
     let floor_gpu_ms: u128 =
-        w.sessions.iter().flat_map(|s| &s.trainings).map(|t| u128::from(t.duration) * u128::from(t.gpus)).sum();
+        w.sessions.iter().flat_map(|s| &s.trainings).map(|t| u128::from(w.clipped(t)) * u128::from(t.gpus)).sum();
     let bound = cx.c.bound_gpu_ms(last);
     let mut result = PolicyResult::new(
         Some(policy),
@@ -161,6 +177,8 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
             span_ms: last - t0,
             trainings,
             completed: cx.completed,
+            cut: started.saturating_sub(cx.completed),
+            not_started: trainings - started.min(trainings),
             migrations: cx.migrations,
             background_moves: cx.background_moves,
             migration_ms: cx.migration_ms,
@@ -176,6 +194,19 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
     );
     result.decisions = cx.decisions.into_iter().collect();
     Ok(result)
+}
+
+/// The window's end: GPU-hours (provisioned, committed, bound) are integrated up to it and
+/// no further, so a training still running counts its GPUs until the end and is not
+/// completed, and hosts stop being billed. A training still waiting counts the wait so far
+/// as its delay (a lower bound; leaving it out would flatter a policy that makes people
+/// wait past the end).
+fn stop_at_end(cx: &mut Ctx<'_>, end: Millis) {
+    cx.now = end;
+    cx.c.advance(end);
+    let waits: Vec<Millis> =
+        cx.waiting.iter().zip(&cx.submitted_at).filter(|(w, _)| **w).map(|(_, &at)| end.saturating_sub(at)).collect();
+    cx.delays_ms.extend(waits);
 }
 
 /// The policy object for `kind` over `sessions` sessions.
@@ -347,5 +378,72 @@ mod tests {
             assert!(least(&free, p) < 10, "{}: without a minimum it scales in", p.name());
             assert!(least(&kept, p) >= 10, "{}: below min_hosts", p.name());
         }
+    }
+
+    const H: f64 = 3_600_000.0;
+
+    #[test]
+    fn a_window_ends_every_policy_at_its_end() {
+        let tr = |submit, duration| Training { submit, duration, gpus: 1 };
+        // One training done by the end, one cut at it (600 s of its hour run), and one
+        // submitted after it.
+        let long = Session {
+            start: 0,
+            stop: 20_000_000,
+            gpus: 1,
+            trainings: vec![tr(60_000, 120_000), tr(600_000, 3_600_000)],
+            namespace_mib: 1,
+        };
+        let late = Session {
+            start: 1_100_000,
+            stop: 2_000_000,
+            gpus: 1,
+            trainings: vec![tr(1_300_000, 60_000)],
+            namespace_mib: 1,
+        };
+        let w = Workload::new("w".into(), vec![long, late]).ending_at(1_200_000);
+        for k in PolicyKind::ALL {
+            let r = run(&w, k, &Model::default()).unwrap_or_else(|e| panic!("{k:?}: a cut run is not stuck: {e}"));
+            assert!(r.sim_hours <= 1_200_000.0 / H, "{k:?}: {} h simulated", r.sim_hours);
+            assert_eq!((r.completed, r.cut, r.not_started, r.trainings), (1, 1, 1, 3), "{k:?}");
+            // The cut training's GPU counts until the end, not for its whole hour; it
+            // started within 30 s of its submission (a host boot and a container start).
+            // Reservation commits a session's GPU for the session's life, in the window; a
+            // container that loads a notebook's state holds its GPU while it does (fcfs-batch,
+            // middle-ground: two measured starts and transfers of 1 MiB at most).
+            let committed_ms = r.gpu_hours_committed * H;
+            let loads = 2.0 * Model::default().costs.move_ms(false, 1) as f64;
+            let (lo, hi) =
+                if k == PolicyKind::Reservation { (0.0, 1_300_000.0) } else { (690_000.0, 720_000.0 + loads) };
+            assert!(committed_ms <= hi + 1.0 && committed_ms >= lo - 1.0, "{k:?}: {committed_ms} ms");
+            // Hosts bill until the end at most: never more than the peak's GPUs × the window.
+            let billed = f64::from(r.hosts_peak * Model::default().gpus_per_host) * 1_200_000.0 / H;
+            assert!(r.gpu_hours_provisioned <= billed + 1e-3, "{k:?}: {} > {billed}", r.gpu_hours_provisioned);
+            assert!((r.floor_gpu_hours * H - 720_000.0).abs() < 1.0, "{k:?}: the floor is clipped too");
+        }
+    }
+
+    #[test]
+    fn a_training_waiting_at_the_end_counts_its_wait_so_far() {
+        // One 1-GPU host, held by the first session for its whole life under reservation:
+        // the second session's training waits from 300 s to the end at 900 s.
+        let s = |start, submit| Session {
+            start,
+            stop: 5_000_000,
+            gpus: 1,
+            trainings: vec![Training { submit, duration: 60_000, gpus: 1 }],
+            namespace_mib: 1,
+        };
+        let w = Workload::new("w".into(), vec![s(0, 10_000), s(200_000, 300_000)]).ending_at(900_000);
+        let m = Model { gpus_per_host: 1, fixed_hosts: 1, ..Model::default() };
+        let r = run(&w, PolicyKind::Reservation, &m).expect("runs");
+        assert_eq!((r.completed, r.cut, r.not_started), (1, 0, 1));
+        assert_eq!(r.delays_ms.last().copied(), Some(600_000), "{:?}", r.delays_ms);
+        assert!((r.sim_hours - 0.25).abs() < 1e-9, "{}", r.sim_hours);
+        // Without the end, the same workload runs on and nothing is cut.
+        let mut whole = w.clone();
+        whole.end = None;
+        let r = run(&whole, PolicyKind::Reservation, &m).expect("runs");
+        assert_eq!((r.completed, r.cut, r.not_started), (2, 0, 0));
     }
 }

@@ -33,6 +33,10 @@ pub struct Totals {
     pub trainings: usize,
     /// Trainings that ran to the end.
     pub completed: usize,
+    /// Trainings still running at the window's end (clipped there).
+    pub cut: usize,
+    /// Trainings not started by the window's end (waiting, or not yet submitted).
+    pub not_started: usize,
     /// Migrations to run a cell.
     pub migrations: u64,
     /// Idle replicas moved in the background (drain, cover).
@@ -99,9 +103,16 @@ pub struct PolicyResult {
     pub hosts_mean: f64,
     /// Trainings in the workload.
     pub trainings: usize,
-    /// Trainings that ran.
+    /// Trainings that ran to their end.
     pub completed: usize,
-    /// Hours of virtual time.
+    /// Trainings still running at the window's end (`--hours`): their GPUs count up to the
+    /// end; they are not completed.
+    pub cut: usize,
+    /// Trainings the window's end found waiting (their wait so far is among the delays)
+    /// or not yet submitted.
+    pub not_started: usize,
+    /// Hours of virtual time, from the first session's start to the last event, or to the
+    /// window's end (never past it).
     pub sim_hours: f64,
     /// Broken invariants (a GPU committed twice, a cell that did not fit): must be 0.
     pub violations: usize,
@@ -185,6 +196,8 @@ impl PolicyResult {
             hosts_mean: round3(hosts_mean),
             trainings: t.trainings,
             completed: t.completed,
+            cut: t.cut,
+            not_started: t.not_started,
             sim_hours: round3(span_h),
             violations: t.violations.len(),
             violation_samples: t.violations.into_iter().take(5).collect(),

@@ -12,7 +12,8 @@
 //! - [`costs`]: replica starts and state transfers as measured (`docs/sim/costs.json`);
 //!   [`namespace`]: the sessions' namespace sizes (an assumption).
 //! - [`policy`]: one file per scheduling policy.
-//! - [`metrics`]: what a run measured; [`report`]: table, JSON, markdown; [`svg`]: plots.
+//! - [`metrics`]: what a run measured; [`report`]: table, JSON, markdown; [`svg`]: plots;
+//!   [`spread`]: intervals across seeds, spread across windows.
 //!
 //! Uses the scheduler core and nothing above it; no I/O (the CLI reads and writes files).
 
@@ -28,6 +29,7 @@ pub mod policy;
 pub mod report;
 pub mod rng;
 pub mod sessions;
+pub mod spread;
 pub mod svg;
 pub mod synthetic;
 pub mod workload;

@@ -710,6 +710,7 @@ mod tests {
             now: 0,
             next: vec![0; n],
             submitted_at: vec![0; n],
+            waiting: vec![false; n],
             delays_ms: Vec::new(),
             migrations: 0,
             background_moves: 0,
