@@ -26,10 +26,8 @@
 //!   apart (the K-fold costs above shift the demand curve) changes one of them by a host's
 //!   worth: ± (2 + a quarter of the larger count).
 //!
-//! A figure the simulator cannot model for this configuration is reported with `"modelled":
-//! false` and the reason, and left out of `"agree"`: while the hosts run `autoscale.rule =
-//! "paper"`, `nbos sim --policy notebookos` scales by the notebookos rule, so the hosts it
-//! provisions and adds are another rule's (issue 34, part 1: one policy, two drivers).
+//! The simulator reads the hosts' own config (`nbos sim --config`), so it runs their
+//! autoscale rule with their parameters: every figure is compared.
 
 use std::path::Path;
 use std::process::Command;
@@ -50,14 +48,28 @@ pub const DELAY_S: f64 = 0.1;
 pub const DELETE_S: f64 = 1.0;
 
 /// The `nbos sim` arguments that simulate the replayed cluster and slice: the same
-/// workload flags (so the same sessions) and the cluster's model. When `nbos sim --config
-/// FILE` reads a notebookosd TOML, `config` (the file the hosts ran, trace time) replaces
-/// the model's flags here.
+/// workload flags (so the same sessions) and the cluster's model. With `config` (the file
+/// the hosts ran, in trace time) the simulator reads the policy from it as the daemons did
+/// (`nbos sim --config`), and only what a config does not say comes from flags: GPUs per
+/// host, a host's boot and an election, in trace time.
 pub fn sim_argv(workload: &[String], cm: &ClusterModel, config: Option<&Path>) -> Vec<String> {
-    let _ = config; // `nbos sim --config` is not on this branch yet: the flags model the config.
     let mut argv = vec!["sim".to_owned()];
     argv.extend(workload.iter().cloned());
-    argv.extend(cm.sim_args());
+    match (config, &cm.autoscale) {
+        (Some(path), Some(a)) => argv.extend([
+            "--policy".to_owned(),
+            "notebookos".to_owned(),
+            "--config".to_owned(),
+            path.display().to_string(),
+            "--gpus-per-host".to_owned(),
+            cm.gpus_per_host.to_string(),
+            "--provision-s".to_owned(),
+            a.provision_s.to_string(),
+            "--election-ms".to_owned(),
+            cm.election_ms.to_string(),
+        ]),
+        _ => argv.extend(cm.sim_args()),
+    }
     argv
 }
 
@@ -72,19 +84,6 @@ pub fn simulate(argv: &[String]) -> anyhow::Result<serde_json::Value> {
 
 /// The replay's delay p95 with each cell's submission moved to its kernel's start.
 pub const AFTER_START: &str = "delay_p95_after_kernel_start_s";
-
-/// The figures that count hosts (left out of `"agree"` while the simulator models another
-/// autoscale rule than the hosts run).
-pub const HOST_FIGURES: [&str; 2] = ["gpu_hours_provisioned", "scale_outs"];
-
-/// Why `nbos sim --policy notebookos` does not model the hosts' autoscaler under `rule`
-/// (`None`: it does).
-pub fn hosts_unmodelled(rule: notebookosd::config::AutoscaleRule) -> Option<&'static str> {
-    (rule == notebookosd::config::AutoscaleRule::Paper).then_some(
-        "the hosts run autoscale.rule = \"paper\" (the default); nbos sim --policy notebookos scales by the \
-         notebookos rule (spare hosts above the recent peak), so it provisions and adds another rule's hosts",
-    )
-}
 
 /// What the tolerances are computed from.
 #[derive(Debug, Clone, Copy)]
@@ -105,8 +104,6 @@ pub struct Basis {
     pub kernel_start_max_s: f64,
     /// [`AFTER_START`] of the replay, trace seconds.
     pub delay_p95_after_kernel_start_s: f64,
-    /// Why the simulator does not model the host count of this cluster (`None`: it does).
-    pub hosts_unmodelled: Option<&'static str>,
 }
 
 fn num(v: &serde_json::Value, k: &str) -> f64 {
@@ -179,16 +176,10 @@ pub fn compare(replay: &serde_json::Value, sim: &serde_json::Value, b: &Basis) -
         let (r, s) = (num(replay, name), num(sim, name));
         let tolerance = nbos_sched::sim::metrics::round3(tol + rounding);
         let agree = (r - s).abs() <= tolerance;
-        let gap = b.hosts_unmodelled.filter(|_| HOST_FIGURES.contains(&name));
-        all &= agree || gap.is_some();
-        let mut fig = serde_json::json!({"replay": r, "sim": s, "tolerance": tolerance, "agree": agree, "why": why});
-        fig["modelled"] = gap.is_none().into();
-        if let Some(gap) = gap {
-            fig["not_modelled_because"] = gap.into();
-        }
+        all &= agree;
+        let fig = serde_json::json!({"replay": r, "sim": s, "tolerance": tolerance, "agree": agree, "why": why});
         out.insert(name.to_owned(), fig);
     }
-    // Over the modelled figures.
     out.insert("agree".to_owned(), serde_json::Value::Bool(all));
     serde_json::Value::Object(out)
 }
@@ -208,7 +199,6 @@ mod tests {
             interval_s: 30.0,
             kernel_start_max_s: 2.0,
             delay_p95_after_kernel_start_s: 1.0,
-            hosts_unmodelled: None,
         };
         let doc = |delay_p50_s: f64| {
             serde_json::json!({"gpu_hours_bound": 1.0, "gpu_hours_provisioned": 10.0, "delay_p50_s": delay_p50_s,
@@ -220,30 +210,5 @@ mod tests {
         assert_eq!(compare(&doc(1.5), &doc(0.5), &b)["delay_p50_s"]["agree"], true);
         let off = compare(&doc(1.6), &doc(0.5), &b);
         assert_eq!((off["delay_p50_s"]["agree"].clone(), off["agree"].clone()), (false.into(), false.into()));
-    }
-
-    #[test]
-    fn host_figures_are_left_out_of_the_verdict_only_while_the_rules_differ() {
-        let b = Basis {
-            speedup: 10.0,
-            sample_s: 0.05,
-            cell_gpus: 4.0,
-            gpus_per_host: 8.0,
-            hosts_peak: 4.0,
-            interval_s: 30.0,
-            kernel_start_max_s: 2.0,
-            delay_p95_after_kernel_start_s: 1.0,
-            hosts_unmodelled: hosts_unmodelled(notebookosd::config::AutoscaleRule::Paper),
-        };
-        let doc = |gpu_hours_provisioned: f64| {
-            serde_json::json!({"gpu_hours_bound": 1.0, "gpu_hours_provisioned": gpu_hours_provisioned,
-                "delay_p50_s": 0.1, "delay_p95_s": 1.0, "migrations": 0, "scale_outs": 3, "scale_ins": 0})
-        };
-        let paper = compare(&doc(50.0), &doc(25.0), &b);
-        assert_eq!(paper["gpu_hours_provisioned"]["modelled"], false);
-        assert_eq!(paper["agree"], true, "{paper}");
-        let same_rule =
-            Basis { hosts_unmodelled: hosts_unmodelled(notebookosd::config::AutoscaleRule::Notebookos), ..b };
-        assert_eq!(compare(&doc(50.0), &doc(25.0), &same_rule)["agree"], false);
     }
 }

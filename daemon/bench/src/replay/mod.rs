@@ -271,7 +271,17 @@ pub fn run(t: &crate::client::ConnectArgs, a: Args) -> anyhow::Result<()> {
     let stats = w.stats();
     let results = [("replay", result)];
     let wall_s = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
-    let sim_argv = compare::sim_argv(&workload, &cm, None);
+    // The simulator reads the hosts' own config (in trace time), as `nbos sim --config`.
+    let sim_dir = tempfile::tempdir().context("a directory for the simulator's config")?;
+    let sim_config = match &autoscaled_config {
+        Some((_, _, sim_toml)) => {
+            let p = sim_dir.path().join("sim.toml");
+            std::fs::write(&p, sim_toml).context("writing sim.toml")?;
+            Some(p)
+        }
+        None => None,
+    };
+    let sim_argv = compare::sim_argv(&workload, &cm, sim_config.as_deref());
     if let Some(obj) = details.as_object_mut() {
         obj.insert("sim_command".into(), serde_json::json!(sim_argv));
     }
@@ -288,7 +298,6 @@ pub fn run(t: &crate::client::ConnectArgs, a: Args) -> anyhow::Result<()> {
             hosts_peak: f64::from(measured.samples.iter().map(|s| s.hosts).max().unwrap_or(0)),
             interval_s: defaults.autoscale.interval.as_secs_f64(),
             kernel_start_max_s: measured.sessions.iter().map(|s| s.kernel_start.as_secs_f64()).fold(0.0, f64::max),
-            hosts_unmodelled: compare::hosts_unmodelled(defaults.autoscale.rule),
             delay_p95_after_kernel_start_s: report::delay_p95_after_kernel_start_s(&clock, &measured),
         };
         let comparison = compare::compare(&doc["policies"]["replay"], &sim, &basis);
