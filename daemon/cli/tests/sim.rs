@@ -150,7 +150,7 @@ fn each_window_reports_every_whole_window_and_the_spread() {
     // The densest hour by GPU-minutes inside it starts at some job's submission, and
     // --busiest replays that hour.
     let busiest = v["busiest"]["start_min"].as_u64().expect("busiest");
-    assert!(busiest % 3 == 0, "{}", v["busiest"]);
+    assert!(busiest.is_multiple_of(3), "{}", v["busiest"]);
     let out = nbos_sim(&["--trace", csv.to_str().expect("utf-8"), "--hours", "1", "--busiest", "--json"]);
     let b: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     let name = b["workload"]["name"].as_str().expect("name");
