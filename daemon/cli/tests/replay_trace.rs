@@ -86,8 +86,7 @@ fn a_trace_slice_replayed_on_an_autoscaled_cluster_agrees_with_the_simulator() {
     assert_eq!(sim_config.autoscale.interval, defaults.autoscale.interval);
     assert_eq!(sim_config.gpu.idle_release, defaults.gpu.idle_release);
 
-    // Figure by figure, within the stated tolerance (a figure the simulator cannot model
-    // for this configuration says why, and is the only one allowed to differ).
+    // Figure by figure, within the stated tolerance: the simulator read the hosts' config.
     let c = &details["comparison"];
     for f in FIGURES {
         let fig = &c[f];
@@ -95,15 +94,11 @@ fn a_trace_slice_replayed_on_an_autoscaled_cluster_agrees_with_the_simulator() {
             fig["tolerance"].as_f64().is_some() && fig["why"].as_str().is_some_and(|w| !w.is_empty()),
             "{f}: {fig}"
         );
-        if fig["modelled"] == true {
-            assert_eq!(
-                fig["agree"], true,
-                "{f}: replay {} vs sim {}, tolerance {}",
-                fig["replay"], fig["sim"], fig["tolerance"]
-            );
-        } else {
-            assert!(fig["not_modelled_because"].as_str().is_some(), "{f}: {fig}");
-        }
+        assert_eq!(
+            fig["agree"], true,
+            "{f}: replay {} vs sim {}, tolerance {}",
+            fig["replay"], fig["sim"], fig["tolerance"]
+        );
     }
     assert_eq!(c["agree"], true, "{c:#}");
 }

@@ -271,12 +271,21 @@ pub fn run(t: &crate::client::ConnectArgs, a: Args) -> anyhow::Result<()> {
     let stats = w.stats();
     let results = [("replay", result)];
     let wall_s = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
-    // The simulator reads the hosts' own config (in trace time), as `nbos sim --config`.
-    let sim_dir = tempfile::tempdir().context("a directory for the simulator's config")?;
+    // The simulator reads the hosts' own config (in trace time), as `nbos sim --config`;
+    // the file stays (in --out, else a kept temporary directory) so the printed command works.
     let sim_config = match &autoscaled_config {
         Some((_, _, sim_toml)) => {
-            let p = sim_dir.path().join("sim.toml");
-            std::fs::write(&p, sim_toml).context("writing sim.toml")?;
+            let dir = match &a.out {
+                Some(d) => {
+                    std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+                    d.clone()
+                }
+                None => {
+                    tempfile::Builder::new().prefix("nbos-replay-").tempdir().context("a temporary directory")?.keep()
+                }
+            };
+            let p = dir.join("sim.toml");
+            std::fs::write(&p, sim_toml).with_context(|| format!("writing {}", p.display()))?;
             Some(p)
         }
         None => None,
