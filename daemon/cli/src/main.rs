@@ -38,7 +38,7 @@ enum Cmd {
     #[command(subcommand)]
     Chaos(cli::chaos::ChaosCmd),
     /// Replay a workload trace under the scheduling policies.
-    Sim(cli::sim::Args),
+    Sim(Box<cli::sim::Args>),
     /// Replay a session template or a trace slice (--trace) on a real cluster (a loopback
     /// one it starts, or --url), time compressed by --speedup, and report what `nbos sim` reports.
     #[command(after_long_help = "\
@@ -114,7 +114,7 @@ fn main() -> ExitCode {
         Cmd::Objects(c) => cli::objects::run(&args.target, c),
         Cmd::Bench(b) => cli::bench::run(b),
         Cmd::Chaos(c) => cli::chaos::run(c),
-        Cmd::Sim(a) => cli::sim::run(a),
+        Cmd::Sim(a) => cli::sim::run(*a),
         Cmd::Replay(a) => cli::replay::run(&args.target, a),
         Cmd::Pki(c) => cli::pki::run(c),
         Cmd::Observe(a) => cli::observe::run(a),
