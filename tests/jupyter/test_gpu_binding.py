@@ -21,7 +21,8 @@ from nbos_testkit import run_cell
 
 @pytest.fixture(scope="module")
 def one_gpu():
-    d = Daemon(fake_gpus=1, idle_release="2s")
+    # The ratio this test checks (3 kernels on 1 GPU), not the shipped default.
+    d = Daemon(fake_gpus=1, idle_release="2s", gpu_extra={"subscription_ratio": 3.0})
     yield d
     d.stop()
 

@@ -277,3 +277,42 @@ fn bad_inputs_are_named() {
         assert!(e.contains(says) && !e.contains("panicked"), "{flags:?}: {e}");
     }
 }
+
+/// `--sweep DIR`: every policy's point and a grid of notebookos', both plots, and the point
+/// shipped is one of notebookos' (the one meeting every target, else the lowest p95 within
+/// cost and p99), named in the markdown and marked in the plots.
+#[test]
+fn the_sweep_writes_its_points_plots_and_the_point_it_ships() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = nbos_sim(&[
+        "--template",
+        "traces/templates/Template-8Session-39.53IAT-22.95Dur.json",
+        "--sweep",
+        dir.path().to_str().expect("utf-8"),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("sweep.json")).expect("sweep.json"))
+            .expect("JSON");
+    let points = doc["points"].as_array().expect("points");
+    for want in ["reservation", "fcfs-batch", "middle-ground", "notebookos-paper"] {
+        assert_eq!(points.iter().filter(|p| p["policy"] == want).count(), 1, "{want} once");
+    }
+    let ours: Vec<&serde_json::Value> = points.iter().filter(|p| p["policy"] == "notebookos").collect();
+    assert!(ours.len() >= 20, "a grid of notebookos' parameters: {}", ours.len());
+    assert!(ours.iter().any(|p| p["label"].as_str().is_some_and(|l| l.contains("rule=paper"))));
+    if let Some(shipped) = doc["shipped"].as_object() {
+        assert_eq!(shipped["policy"], "notebookos");
+        let label = shipped["label"].as_str().expect("label");
+        let md = std::fs::read_to_string(dir.path().join("sweep.md")).expect("sweep.md");
+        assert!(md.contains(&format!("**{label}**")), "{md}");
+        let svg = std::fs::read_to_string(dir.path().join("cost_p95.svg")).expect("svg");
+        assert!(svg.contains(&format!("shipped: {label}")));
+        let reservation = doc["reservation_gpu_hours"].as_f64().expect("reservation");
+        assert!(shipped["gpu_hours"].as_f64().expect("cost") <= 0.75 * reservation + 1e-9, "{shipped:?}");
+    }
+    for svg in ["cost_p95.svg", "cost_p99.svg"] {
+        let text = std::fs::read_to_string(dir.path().join(svg)).expect(svg);
+        assert!(text.matches("<circle").count() > ours.len(), "{svg}: a dot per point");
+    }
+}

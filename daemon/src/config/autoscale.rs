@@ -183,7 +183,7 @@ mod tests {
         )
         .expect("a valid exec provider");
         assert_eq!(ok.autoscale.interval, Duration::from_secs(30), "the anchors' interval");
-        assert_eq!(ok.autoscale.rule, AutoscaleRule::Paper);
+        assert_eq!(ok.autoscale.rule, AutoscaleRule::Notebookos, "the shipped rule");
         let none =
             Config::parse("[autoscale]\ncommand = [\"relative\"]\n", "t.toml").expect("provider none: unchecked");
         assert_eq!(none.autoscale.provider, AutoscaleProvider::None);
