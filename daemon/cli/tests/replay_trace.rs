@@ -86,7 +86,8 @@ fn a_trace_slice_replayed_on_an_autoscaled_cluster_agrees_with_the_simulator() {
     assert_eq!(sim_config.autoscale.interval, defaults.autoscale.interval);
     assert_eq!(sim_config.gpu.idle_release, defaults.gpu.idle_release);
 
-    // Figure by figure, within the stated tolerance: the simulator read the hosts' config.
+    // Figure by figure, within the stated tolerance: the simulator read the hosts' config
+    // (a figure not held says why).
     let c = &details["comparison"];
     for f in FIGURES {
         let fig = &c[f];

@@ -26,7 +26,7 @@ pub struct Measured {
     /// The last kernel deleted.
     pub end_unix_us: u64,
     /// [`COUNTERS`] deltas, `None` where no host has the metric.
-    pub counters: [Option<f64>; 3],
+    pub counters: [Option<f64>; COUNTERS.len()],
 }
 
 /// The cluster's autoscaler in the simulator's terms (trace time).
@@ -165,14 +165,14 @@ pub fn result(w: &Workload, clock: &Clock, m: &Measured) -> PolicyResult {
             cut: 0,
             not_started: 0,
             migrations: counter(0),
-            background_moves: 0,
+            background_moves: counter(1),
             // The daemons do not report how long their moves took.
             migration_ms: 0,
-            scale_outs: counter(1),
+            scale_outs: counter(2),
             // The replay's hosts report no memory to the bench.
             host_memory_peak_mib: 0,
             memory_refusals: 0,
-            scale_ins: counter(2),
+            scale_ins: counter(3),
             violations: Vec::new(),
         },
         delays_ms,

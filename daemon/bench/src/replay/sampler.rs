@@ -12,9 +12,11 @@ use super::clock::unix_us_now;
 use super::cluster::ReplayCluster;
 
 /// Counters read from the hosts' `/metrics` as deltas over the replay (absent means 0):
-/// completed replica moves, and hosts the autoscaler added and released.
-pub const COUNTERS: [&str; 3] = [
-    "notebookos_migrations_total{result=\"completed\"}",
+/// completed replica moves to run a cell and off hosts being drained (the simulator's
+/// `migrations` and `background_moves`), and hosts the autoscaler added and released.
+pub const COUNTERS: [&str; 4] = [
+    "notebookos_migrations_total{reason=\"all_yield\",result=\"completed\"}",
+    "notebookos_migrations_total{reason=\"drain\",result=\"completed\"}",
     "notebookos_autoscale_hosts_total{direction=\"out\",result=\"ok\"}",
     "notebookos_autoscale_hosts_total{direction=\"in\",result=\"ok\"}",
 ];
@@ -44,14 +46,14 @@ pub struct Sampled {
     /// [`COUNTERS`] over the sampling, summed over every host ever seen: a host's last
     /// value less its first (a host seen only after the first sample started from 0: a
     /// new daemon); `None` where no host has the metric.
-    pub counters: [Option<f64>; 3],
+    pub counters: [Option<f64>; COUNTERS.len()],
 }
 
 /// Per host: its counters when first seen (`None`: seen after the first sample) and last.
-type CounterSeen = BTreeMap<u64, (Option<[Option<f64>; 3]>, [Option<f64>; 3])>;
+type CounterSeen = BTreeMap<u64, (Option<[Option<f64>; COUNTERS.len()]>, [Option<f64>; COUNTERS.len()])>;
 
-fn counter_deltas(seen: &CounterSeen) -> [Option<f64>; 3] {
-    let mut out = [None; 3];
+fn counter_deltas(seen: &CounterSeen) -> [Option<f64>; COUNTERS.len()] {
+    let mut out = [None; COUNTERS.len()];
     for (first, last) in seen.values() {
         for (i, slot) in out.iter_mut().enumerate() {
             if let Some(v) = last[i] {
@@ -220,9 +222,9 @@ mod tests {
     fn counters_add_each_hosts_growth_and_a_new_hosts_whole_count() {
         let mut seen = CounterSeen::new();
         // Host 1 was there at the start with 2 migrations and ends with 5; host 7 came
-        // later (a new daemon) with 1; no host has the third counter.
-        seen.insert(1, (Some([Some(2.0), Some(0.0), None]), [Some(5.0), Some(3.0), None]));
-        seen.insert(7, (None, [Some(1.0), None, None]));
-        assert_eq!(counter_deltas(&seen), [Some(4.0), Some(3.0), None]);
+        // later (a new daemon) with 1; no host has the last counter.
+        seen.insert(1, (Some([Some(2.0), Some(0.0), Some(0.0), None]), [Some(5.0), Some(3.0), Some(1.0), None]));
+        seen.insert(7, (None, [Some(1.0), None, None, None]));
+        assert_eq!(counter_deltas(&seen), [Some(4.0), Some(3.0), Some(1.0), None]);
     }
 }
