@@ -5,7 +5,7 @@
 //!   crate's `TestCluster` ([`loopback`]) and drive it with its `CellClient`.
 //! - [`replay`]: `nbos replay`, a session template on a real cluster; [`sim`]: `nbos sim`, the
 //!   simulator's front end (its files; the simulation itself is `nbos_sched::sim`), with
-//!   `--each-window` in `sim_windows`, `--sweep` in `sim_sweep`; [`flags`]: numeric flag parsers.
+//!   `--each-window` and `--sweep` in its own files; [`flags`]: numeric flag parsers.
 //! - [`client`]: how `nbos` finds and talks to the local daemon; [`progress`]: progress bars.
 //!
 //! The only crate of the workspace that needs etcd's client (and protoc to build it).
@@ -24,8 +24,6 @@ pub mod raft;
 pub mod replay;
 pub mod shim;
 pub mod sim;
-mod sim_sweep;
-mod sim_windows;
 mod stats;
 
 /// Which benchmark to run.

@@ -13,7 +13,7 @@ use nbos_sched::sim::metrics::round3;
 use nbos_sched::sim::workload::{self, Workload};
 use nbos_sched::sim::{spread, Model, PolicyKind, PolicyResult};
 
-use crate::sim::{check_invariants, par_map, simulate, window_len, workload_of, Args, Source};
+use super::setup::{check_invariants, par_map, simulate, window_len, workload_of, Args, Source};
 
 /// One window's figures.
 struct Window<'k> {

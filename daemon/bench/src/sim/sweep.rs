@@ -17,7 +17,7 @@ use nbos_sched::sim::front::{self, SweepPoint, Targets};
 use nbos_sched::sim::metrics::round3;
 use nbos_sched::sim::{Model, PolicyKind, PolicyResult, Workload};
 
-use crate::sim::{par_map, simulate, workload_of, Args, Source};
+use super::setup::{par_map, simulate, workload_of, Args, Source};
 
 /// Subscription ratios swept (the daemon's fixed ratio; 21 is the paper's cap 7 × 3 replicas).
 const RATIOS: [f64; 6] = [3.0, 5.0, 7.0, 10.0, 14.0, 21.0];

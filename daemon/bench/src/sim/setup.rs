@@ -1,11 +1,9 @@
-//! `nbos sim`: replays a workload under the scheduling policies in virtual time
-//! (`nbos_sched::sim`, driving the daemon's scheduler core) and prints a table or
-//! `--json`; `--out DIR` also writes SVG plots and a markdown report. See
-//! `docs/simulator.md`.
+//! `nbos sim`'s flags and what they set up: the workloads (per seed and window), the
+//! model (`--config` and the overrides), the simulations run on every core, the checks
+//! and the files written.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
 
 use anyhow::{bail, Context as _};
 
@@ -14,7 +12,7 @@ use nbos_sched::sim::costs::Costs;
 use nbos_sched::sim::sessions::{self, SessionParams};
 use nbos_sched::sim::synthetic::{self, SyntheticParams};
 use nbos_sched::sim::workload::{self, Job, Stats, Workload};
-use nbos_sched::sim::{report, spread, Model, PolicyKind, PolicyResult};
+use nbos_sched::sim::{report, Model, PolicyKind, PolicyResult};
 use nbos_sched::template::Template;
 
 use crate::flags;
@@ -188,7 +186,7 @@ pub(crate) enum Source {
     Synthetic(SyntheticParams),
 }
 
-fn source(a: &Args) -> anyhow::Result<Source> {
+pub(crate) fn source(a: &Args) -> anyhow::Result<Source> {
     if let Some(p) = &a.trace {
         let jobs = workload::parse_csv(&read(p)?, a.gpus_per_host).with_context(|| format!("{}", p.display()))?;
         return Ok(Source::Trace(format!("{}", p.display()), jobs));
@@ -432,7 +430,7 @@ pub fn model(a: &Args) -> anyhow::Result<Model> {
 }
 
 /// The window's first minute: `--start-min`, or the busiest `--hours` window's.
-fn start_min(a: &Args, src: &Source) -> anyhow::Result<u64> {
+pub(crate) fn start_min(a: &Args, src: &Source) -> anyhow::Result<u64> {
     Ok(match (src, a.busiest, window_len(a)) {
         (Source::Trace(path, jobs), true, Some((len_min, _))) => workload::busiest_window(jobs, len_min)
             .map(|(start, _)| start)
@@ -446,64 +444,6 @@ fn start_min(a: &Args, src: &Source) -> anyhow::Result<u64> {
 pub fn load(a: &Args) -> anyhow::Result<Workload> {
     let src = source(a)?;
     workload_of(a, &src, start_min(a, &src)?, a.seed)
-}
-
-/// Runs the subcommand.
-pub fn run(a: Args) -> anyhow::Result<()> {
-    let kinds = policies(&a.policy)?;
-    let model = model(&a)?;
-    let started = Instant::now();
-    let src = source(&a)?;
-    if a.each_window {
-        return crate::sim_windows::run(&a, &src, &kinds, &model, started);
-    }
-    let start_min = start_min(&a, &src)?;
-    if let Some(dir) = &a.sweep {
-        return crate::sim_sweep::run(&a, &src, start_min, &model, dir, started);
-    }
-    let seeds: Vec<u64> = (0..u64::from(a.seeds)).map(|i| a.seed.saturating_add(i)).collect();
-    let workloads: Vec<(u64, Workload)> = par_map(&seeds, |&seed| workload_of(&a, &src, start_min, seed))
-        .into_iter()
-        .zip(&seeds)
-        .map(|(w, &seed)| w.map(|w| (seed, w)))
-        .collect::<anyhow::Result<_>>()?;
-    let bar = crate::progress::bar(a.json, workloads.len() * kinds.len(), "simulations:");
-    let runs = simulate(&workloads, &kinds, &model, &bar)?;
-    bar.finish_and_clear();
-    let wall_s = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
-    let (Some((_, w)), Some(results)) = (workloads.first(), runs.first()) else { bail!("no seed to run") };
-    let stats = w.stats();
-    // One seed reports as it always did; more add their summary.
-    let summary = (runs.len() > 1).then(|| spread::across_seeds(&runs));
-    if let Some(dir) = &a.out {
-        write_out(dir, &w.name, &stats, &model, results, summary.clone().map(|s| ("seeds", s)))?;
-    }
-    if a.json {
-        let mut doc = report::json(&w.name, &stats, &model, results, Some(wall_s));
-        if let (Some(s), Some(obj)) = (summary, doc.as_object_mut()) {
-            obj.insert("seeds".into(), s);
-        }
-        println!("{doc}");
-    } else {
-        println!(
-            "{}: {} sessions, {} trainings, floor {:.1} GPU-hours",
-            w.name, stats.sessions, stats.trainings, stats.floor_gpu_hours
-        );
-        match &summary {
-            Some(s) => {
-                println!(
-                    "seeds {}..={}: mean ± half-width of the 95% interval (Student's t over {} runs)",
-                    seeds[0],
-                    seeds[seeds.len() - 1],
-                    seeds.len()
-                );
-                print!("{}", spread::seeds_table(s, &kinds.iter().map(|k| k.name()).collect::<Vec<_>>()));
-            }
-            None => print!("{}", report::table(results)),
-        }
-        println!("wall time {wall_s:.3} s");
-    }
-    check_invariants(&runs, |i| format!(" (seed {})", seeds[i]))
 }
 
 #[cfg(test)]
