@@ -157,12 +157,13 @@ pub struct Args {
     /// (see "Replay against a real cluster" in docs/simulator.md).
     #[arg(long, default_value_t = 0, value_name = "N", allow_negative_numbers = true, value_parser = flags::count32)]
     pub fixed_hosts: u32,
-    /// Cluster: host memory for replicas per host, MiB (0: not modelled). The default is
-    /// 1 TiB, an 8-GPU host with 1,152 GiB of RAM less the system's share.
-    #[arg(long, default_value_t = Model::default().host_memory_mib, value_name = "MIB")]
-    pub host_memory_mib: u64,
+    /// Cluster: host memory for replicas per host, MiB (0: not modelled). Default: the
+    /// config's cluster.kernel_memory_mib when set, else 1 TiB (an 8-GPU host with 1,152
+    /// GiB of RAM less the system's share).
+    #[arg(long, value_name = "MIB", allow_negative_numbers = true, value_parser = flags::count)]
+    pub host_memory_mib: Option<u64>,
     /// Memory of an idle replica before its namespace, MiB (an ipykernel with the user's imports).
-    #[arg(long, default_value_t = Model::default().replica_base_mib, value_name = "MIB")]
+    #[arg(long, default_value_t = Model::default().replica_base_mib, value_name = "MIB", allow_negative_numbers = true, value_parser = flags::count)]
     pub replica_base_mib: u64,
 }
 
@@ -374,16 +375,13 @@ pub fn write_out(
 
 /// `notebookos`'s policy: the `--config` file's (the daemon's strict loader), else the
 /// shipped defaults, with the per-parameter flags on top.
-fn policy(a: &Args) -> anyhow::Result<PolicyConfig> {
-    let mut p = match &a.config {
-        Some(path) => notebookosd::config::Config::load(path)?.policy(),
-        None => PolicyConfig::default(),
-    };
+fn policy(a: &Args, config: Option<&notebookosd::config::Config>) -> anyhow::Result<PolicyConfig> {
+    let mut p = config.map_or_else(PolicyConfig::default, notebookosd::config::Config::policy);
     if let Some(r) = a.subscription_ratio {
         p.subscription_ratio = r;
     }
     if let Some(s) = a.idle_release_s {
-        p.idle_release_ms = s * 1000;
+        p.idle_release_ms = s.saturating_mul(1000);
     }
     if let Some(rule) = &a.autoscale_rule {
         p.autoscale.rule = match rule.as_str() {
@@ -396,34 +394,38 @@ fn policy(a: &Args) -> anyhow::Result<PolicyConfig> {
         p.autoscale.spare_hosts = n;
     }
     if let Some(m) = a.peak_window_min {
-        p.autoscale.peak_window_ms = m * 60_000;
+        p.autoscale.peak_window_ms = m.saturating_mul(60_000);
     }
     if let Some(n) = a.min_hosts {
         p.autoscale.min_hosts = n;
     }
     if let Some(s) = a.scaling_interval_s {
-        p.autoscale.interval_ms = s * 1000;
+        p.autoscale.interval_ms = s.saturating_mul(1000);
     }
     Ok(p)
 }
 
 /// The cluster model the flags (and `--config`) describe.
 pub fn model(a: &Args) -> anyhow::Result<Model> {
+    let config = a.config.as_deref().map(notebookosd::config::Config::load).transpose()?;
+    let config_memory = config.as_ref().map(|c| c.cluster.kernel_memory_mib).filter(|&m| m > 0);
     Ok(Model {
         gpus_per_host: a.gpus_per_host,
-        provision_ms: a.provision_s * 1000,
+        provision_ms: a.provision_s.saturating_mul(1000),
         costs: match &a.costs {
             Some(p) => Costs::parse(&read(p)?).with_context(|| format!("{}", p.display()))?,
             None => Costs::measured(),
         },
-        provision_jitter_ms: a.provision_jitter_s * 1000,
+        provision_jitter_ms: a.provision_jitter_s.saturating_mul(1000),
         election_ms: a.election_ms,
         paper_max_ratio: a.paper_max_ratio,
         prewarm_per_host: a.prewarm_per_host,
-        scaling_interval_ms: a.scaling_interval_s.map_or(Model::default().scaling_interval_ms, |s| s * 1000),
-        notebookos: policy(a)?,
+        scaling_interval_ms: a
+            .scaling_interval_s
+            .map_or(Model::default().scaling_interval_ms, |s| s.saturating_mul(1000)),
+        notebookos: policy(a, config.as_ref())?,
         fixed_hosts: a.fixed_hosts,
-        host_memory_mib: a.host_memory_mib,
+        host_memory_mib: a.host_memory_mib.or(config_memory).unwrap_or(Model::default().host_memory_mib),
         replica_base_mib: a.replica_base_mib,
         seed: a.seed,
     })

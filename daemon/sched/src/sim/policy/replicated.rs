@@ -199,7 +199,7 @@ impl Replicated {
                         cx.memory_refusals += 1;
                     }
                     // As the daemon: the refusal is unmet demand the autoscaler sees.
-                    note(&mut self.refused, cx.now, g.saturating_mul(REPLICAS as u32));
+                    note(&mut self.refused, cx.now, g.saturating_mul(REPLICAS as u32).max(1));
                     break;
                 }
                 Err(e) => {
@@ -634,7 +634,7 @@ impl Replicated {
         // cells and kernels ask again while they wait (as the daemon's do).
         let recent = 2 * p.autoscale.interval_ms;
         for &s in &self.pending_place {
-            note(&mut self.refused, cx.now, cx.session_gpus(s).saturating_mul(REPLICAS as u32));
+            note(&mut self.refused, cx.now, cx.session_gpus(s).saturating_mul(REPLICAS as u32).max(1));
         }
         for &s in &self.waiting {
             note(&mut self.unmet_cells, cx.now, cx.training(s).gpus);

@@ -148,7 +148,9 @@ impl Cluster {
             if matches!(e, placement::PlacementError::NoMemory { .. }) {
                 crate::metrics::count_refusal(PLACEMENT_NO_MEMORY);
             }
-            self.demand.note_refused(spec.gpus.saturating_mul(self.settings.replicas));
+            // A GPU-less kernel refused (for memory, or too few hosts) is unmet demand too:
+            // at least one unit, or the autoscaler would never see it.
+            self.demand.note_refused(spec.gpus.saturating_mul(self.settings.replicas).max(1));
         })?;
         let group = self.allocate_kernel_group().await?;
         let record = KernelRecord {

@@ -21,9 +21,13 @@ pub const NEW_REPLICA_MIB: u64 = 64;
 
 const MIB: u64 = 1 << 20;
 
-/// `bytes` in MiB, rounded up (a replica that uses anything uses at least 1 MiB).
+/// Reports move in steps of this many MiB, so that the load record (a raft write when it
+/// changes) is not rewritten every time a busy kernel touches a few more pages.
+const STEP_MIB: u64 = 16;
+
+/// `bytes` in MiB, rounded up to the next step.
 pub fn mib_up(bytes: u64) -> u64 {
-    bytes.div_ceil(MIB)
+    bytes.div_ceil(MIB).div_ceil(STEP_MIB).saturating_mul(STEP_MIB)
 }
 
 /// A host's report from what its kernels use now (`measured`) and the namespace sizes
@@ -31,10 +35,13 @@ pub fn mib_up(bytes: u64) -> u64 {
 /// of each kernel needs). In MiB, so that the record, rewritten when it changes, is not
 /// rewritten for every page a kernel touches.
 pub fn report(measured: &BTreeMap<String, u64>, namespace: &BTreeMap<String, u64>) -> (u64, BTreeMap<String, u64>) {
-    let used = mib_up(measured.values().fold(0u64, |a, &b| a.saturating_add(b)));
-    let mut per_kernel: BTreeMap<String, u64> = measured.iter().map(|(k, &b)| (k.clone(), mib_up(b))).collect();
+    // Never below a new kernel's estimate: a kernel still starting (no process yet)
+    // measures 0 and would otherwise vanish from its host's use.
+    let kernel_mib = |b: u64| mib_up(b).max(NEW_REPLICA_MIB);
+    let used = measured.values().map(|&b| kernel_mib(b)).fold(0u64, u64::saturating_add);
+    let mut per_kernel: BTreeMap<String, u64> = measured.iter().map(|(k, &b)| (k.clone(), kernel_mib(b))).collect();
     for (k, &b) in namespace {
-        let e = per_kernel.entry(k.clone()).or_insert(0);
+        let e = per_kernel.entry(k.clone()).or_insert(NEW_REPLICA_MIB);
         *e = (*e).max(mib_up(b));
     }
     (used, per_kernel)
@@ -89,11 +96,21 @@ mod tests {
 
     #[test]
     fn a_kernel_needs_its_measured_memory_at_least_its_namespace() {
-        let measured = BTreeMap::from([("a".to_owned(), 50 * MIB + 1), ("b".to_owned(), 10 * MIB)]);
+        let measured =
+            BTreeMap::from([("a".to_owned(), 70 * MIB + 1), ("b".to_owned(), 10 * MIB), ("starting".to_owned(), 0)]);
         let namespace = BTreeMap::from([("b".to_owned(), 300 * MIB), ("c".to_owned(), 2 * MIB)]);
         let (used, per) = report(&measured, &namespace);
-        assert_eq!(used, 61, "what runs here, rounded up: 60 MiB and a byte");
-        assert_eq!(per, BTreeMap::from([("a".to_owned(), 51), ("b".to_owned(), 300), ("c".to_owned(), 2)]));
+        // In 16 MiB steps, never below a new kernel's 64: a kernel with no process yet counts.
+        assert_eq!(used, 80 + 64 + 64, "what runs here");
+        assert_eq!(
+            per,
+            BTreeMap::from([
+                ("a".to_owned(), 80),
+                ("b".to_owned(), 304),
+                ("c".to_owned(), 64),
+                ("starting".to_owned(), 64)
+            ])
+        );
     }
 
     #[test]
