@@ -39,17 +39,35 @@ fn calls(text: &str, function: &str) -> bool {
     })
 }
 
-/// The daemon's source files that import `nbos_sched::<module>` and call the decision
-/// `module::[Type::]function` (naming the type, if any).
+/// Whether `text` imports `function` from `nbos_sched::<module>` by name (alone or in a
+/// `use` group).
+fn imports(text: &str, module: &str, function: &str) -> bool {
+    let path = format!("nbos_sched::{module}::");
+    text.match_indices(&path).any(|(i, _)| {
+        let rest = &text[i + path.len()..];
+        let item = rest.split(';').next().unwrap_or("");
+        item.split(|c: char| !(c.is_alphanumeric() || c == '_')).any(|w| w == function)
+    })
+}
+
+/// The daemon's source files that call the decision `module::[Type::]function`: as
+/// `module::function(` with the module imported from `nbos_sched`, or bare after importing
+/// the function itself; a method: the type imported from `nbos_sched::<module>` and
+/// `.function(` or `Type::function(` called.
 fn daemon_callers(files: &[(PathBuf, String)], decision: &str) -> Vec<PathBuf> {
     let parts: Vec<&str> = decision.split("::").collect();
     let (module, function, types) = (parts[0], parts[parts.len() - 1], &parts[1..parts.len() - 1]);
     files
         .iter()
-        .filter(|(_, text)| {
-            text.contains(&format!("nbos_sched::{module}"))
-                && types.iter().all(|t| text.contains(t))
-                && calls(text, function)
+        .filter(|(_, text)| match types {
+            [] => {
+                (text.contains(&format!("nbos_sched::{module}")) && calls(text, &format!("{module}::{function}")))
+                    || (imports(text, module, function) && calls(text, function))
+            }
+            types => types.iter().all(|t| {
+                imports(text, module, t)
+                    && (text.contains(&format!(".{function}(")) || text.contains(&format!("{t}::{function}(")))
+            }),
         })
         .map(|(p, _)| p.clone())
         .collect()
@@ -89,7 +107,15 @@ fn the_scan_finds_calls_and_only_calls() {
         (PathBuf::from("a.rs"), "use nbos_sched::drain;\nlet x = drain::choose(&c, 2);\n".to_owned()),
         (PathBuf::from("b.rs"), "use nbos_sched::executor;\nfn choose(x: u32) {}\nlet y = rechoose(1);\n".to_owned()),
         (PathBuf::from("c.rs"), "use nbos_sched::autoscaler::{Decider};\nd.decide(now, &c, r);\n".to_owned()),
+        // The module imported, but the `choose` called is another one.
+        (PathBuf::from("d.rs"), "use nbos_sched::migrate;\nuse other::choose;\nlet z = choose(1);\n".to_owned()),
+        (
+            PathBuf::from("e.rs"),
+            "use nbos_sched::prewarm::{self, pool_size};\nlet n = pool_size(1, 2, 3, 4, 5);\n".to_owned(),
+        ),
     ];
+    assert!(daemon_callers(&files, "migrate::choose").is_empty(), "another crate's choose is no call of the decision");
+    assert_eq!(daemon_callers(&files, "prewarm::pool_size"), vec![PathBuf::from("e.rs")]);
     assert_eq!(daemon_callers(&files, "drain::choose"), vec![PathBuf::from("a.rs")]);
     assert!(daemon_callers(&files, "executor::choose").is_empty(), "a definition or a longer name is no call");
     assert_eq!(daemon_callers(&files, "autoscaler::Decider::decide"), vec![PathBuf::from("c.rs")]);
