@@ -129,7 +129,10 @@ fn replay_refuses_a_trace_with_the_reason() {
     let o = run(NBOS, &["replay", "traces/sensei_june_60sec.csv", "--speedup", "100"]);
     assert!(!o.status.success());
     let e = stderr(&o);
-    assert!(e.contains("--trace CSV --hours H") && e.contains("span days"), "a whole trace is refused, a slice named: {e}");
+    assert!(
+        e.contains("--trace CSV --hours H") && e.contains("span days"),
+        "a whole trace is refused, a slice named: {e}"
+    );
     let o = run(NBOS, &["replay", "x.json", "--speedup", "0"]);
     assert!(stderr(&o).contains("--speedup must be a positive number"), "{}", stderr(&o));
 }
