@@ -301,6 +301,7 @@ mod tests {
             created_ms: 0,
             env: Default::default(),
             moving: None,
+            owner: None,
         };
         let row = |replica, role: &str, lag| HostedReplica {
             kernel_id: "k1".into(),
@@ -337,6 +338,7 @@ mod tests {
             created_ms: 0,
             env: Default::default(),
             moving: None,
+            owner: None,
         }]
     }
 

@@ -464,6 +464,7 @@ mod tests {
             created_ms: 0,
             env: Default::default(),
             moving: None,
+            owner: None,
         }
     }
 

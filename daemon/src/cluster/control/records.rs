@@ -119,6 +119,11 @@ pub struct KernelRecord {
     /// A replica on its way to another host ([`MoveRecord`]); at most one per kernel.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moving: Option<MoveRecord>,
+    /// The user who created the kernel (`None`: a kernel created before users, or on a
+    /// cluster without `[auth]`): every host enforces it, and runs the replica as that
+    /// user's account with `kernel.run_as = "owner"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 impl KernelRecord {

@@ -162,6 +162,7 @@ impl Cluster {
             created_ms: now_ms(),
             env: spec.env,
             moving: None,
+            owner: None,
         };
         let out = self.meta.cas(keys::kernel(&id), None, records::encode(&record)).await?;
         if !out.succeeded {

@@ -91,6 +91,7 @@ mod tests {
             created_ms: 0,
             env: BTreeMap::new(),
             moving: None,
+            owner: None,
         }
     }
 
