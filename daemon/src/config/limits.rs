@@ -1,6 +1,10 @@
 //! `[limits]`: caps on what API clients may make the daemon hold.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
+
+use super::auth::{GroupLimits, Quota};
 
 /// `[limits]`: caps on what API clients may make the daemon hold; a request over one is
 /// refused with an error naming the key, and counted in `notebookos_refused_total`.
@@ -24,6 +28,10 @@ pub struct LimitsConfig {
     pub kernels_per_token: usize,
     /// Kernels that exist at once (on this host; in the cluster in cluster mode).
     pub kernels: usize,
+    /// Every user's quota (a users-file entry's own quota replaces it key by key).
+    pub user: Quota,
+    /// Groups' quotas (their members together) and fair-share weights, by group name.
+    pub groups: BTreeMap<String, GroupLimits>,
 }
 
 impl Default for LimitsConfig {
@@ -38,6 +46,8 @@ impl Default for LimitsConfig {
             pending_requests_per_connection: 1024,
             kernels_per_token: 256,
             kernels: 1024,
+            user: Quota::default(),
+            groups: BTreeMap::new(),
         }
     }
 }

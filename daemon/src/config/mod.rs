@@ -14,6 +14,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+mod auth;
 mod autoscale;
 mod cluster;
 mod error;
@@ -26,6 +27,7 @@ mod node;
 mod observer;
 mod policy;
 
+pub use auth::{AuthConfig, GroupLimits, Quota};
 pub use autoscale::{AutoscaleConfig, AutoscaleProvider, AutoscaleRule};
 pub use cluster::{kernel_memory_capacity_mib, ClusterConfig, ClusterTlsConfig, Seed};
 pub use error::ConfigError;
@@ -62,6 +64,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// Adding and releasing hosts through a provider (cluster mode).
     pub autoscale: AutoscaleConfig,
+    /// Who the API's callers are (users, groups, admins) and the audit log.
+    pub auth: AuthConfig,
 }
 
 /// Upper bound on the number of simulated GPUs: a fake host bigger than any real one is a typo.
