@@ -20,3 +20,4 @@ pub mod node;
 pub mod pki;
 pub mod status;
 pub mod sys;
+pub mod users;
