@@ -7,7 +7,8 @@
 //! operator token (moving a replica too); a call another host forwarded ([`FORWARDED_HEADER`], run here
 //! without forwarding again) takes that host's node certificate, and for membership the
 //! operator token as well (the forwarding host sends it), so a node key alone cannot
-//! change the cluster.
+//! change the cluster. With `[auth]` users, a user reads and deletes only their own kernels'
+//! records (another user's is no such kernel); admins, operators and hosts all.
 //! Users create kernels through the Jupyter API (`POST /api/kernels`), which applies the
 //! caps of `[limits]`; a record created here bypasses them, so only operators may.
 //!
@@ -36,7 +37,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 
 #[cfg(doc)]
 use super::cells::object_collector::GcReport;
@@ -46,9 +47,9 @@ use super::cells::state_sync::HostRefs;
 use super::control::meta::{CanaryOp, Cluster, ClusterError, KernelSpec, MoveRequest, PeerRecord, FORWARDED_HEADER};
 #[cfg(doc)]
 use super::control::meta::{ClusterStatus, LeaveReport};
-#[cfg(doc)]
 use super::control::records::KernelRecord;
-use crate::link::credential::Credentials;
+use crate::link::credential::{node_caller, Credentials, Presented};
+use crate::users::Caller;
 
 /// The cluster routes, with authentication by `credentials`.
 pub fn router(cluster: Arc<Cluster>, collector: Arc<Collector>, credentials: Credentials) -> Router {
@@ -83,11 +84,27 @@ pub fn router(cluster: Arc<Cluster>, collector: Arc<Collector>, credentials: Cre
     users.merge(operators).merge(membership).with_state(cluster).merge(objects)
 }
 
-async fn require_user(State(creds): State<Arc<Credentials>>, req: Request, next: Next) -> Response {
-    let checked = if forwarded(req.headers()) { creds.node(&req) } else { creds.user(&req) };
+async fn require_user(State(creds): State<Arc<Credentials>>, mut req: Request, next: Next) -> Response {
+    // A forwarded call: the host that forwarded it checked its user.
+    let checked = if forwarded(req.headers()) {
+        creds.node(&req).map(|()| Caller::Host(node_caller(&req).unwrap_or_default()))
+    } else {
+        creds.caller(Presented::of(&req)).await
+    };
     match checked {
-        Ok(()) => next.run(req).await,
+        Ok(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
         Err(refusal) => refusal.respond(req.uri().path()),
+    }
+}
+
+/// `Ok` when `caller` may see kernel `id` (absent, or another user's: no such kernel).
+async fn visible(c: &Cluster, caller: &Caller, id: &str) -> Result<KernelRecord, ApiError> {
+    match c.kernel(id).await? {
+        Some(k) if caller.may_see(k.owner.as_deref()) => Ok(k),
+        _ => Err(ClusterError::NoSuchKernel(id.to_owned()).into()),
     }
 }
 
@@ -152,15 +169,18 @@ async fn status(State(c): State<Arc<Cluster>>) -> Result<Response, ApiError> {
     Ok(Json(c.status().await?).into_response())
 }
 
-async fn list_kernels(State(c): State<Arc<Cluster>>) -> Result<Response, ApiError> {
-    Ok(Json(c.kernels().await?).into_response())
+async fn list_kernels(State(c): State<Arc<Cluster>>, Extension(caller): Extension<Caller>) -> Result<Response, ApiError> {
+    let mut kernels = c.kernels().await?;
+    kernels.retain(|k| caller.may_see(k.owner.as_deref()));
+    Ok(Json(kernels).into_response())
 }
 
-async fn get_kernel(State(c): State<Arc<Cluster>>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    match c.kernel(&id).await? {
-        Some(k) => Ok(Json(k).into_response()),
-        None => Err(ClusterError::NoSuchKernel(id).into()),
-    }
+async fn get_kernel(
+    State(c): State<Arc<Cluster>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    Ok(Json(visible(&c, &caller, &id).await?).into_response())
 }
 
 async fn create_kernel(
@@ -174,9 +194,13 @@ async fn create_kernel(
 
 async fn delete_kernel(
     State(c): State<Arc<Cluster>>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
+    if !caller.sees_every_kernel() {
+        visible(&c, &caller, &id).await?;
+    }
     let deleted = if forwarded(&headers) {
         if c.meta_leader().await != Some(c.node_id()) {
             return Err(ClusterError::NotLeader { me: c.node_id(), leader: c.meta_leader().await }.into());
@@ -263,7 +287,14 @@ async fn leave(State(c): State<Arc<Cluster>>, body: Option<Json<LeaveBody>>) -> 
     }
 }
 
-async fn ready_hosts(State(c): State<Arc<Cluster>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+async fn ready_hosts(
+    State(c): State<Arc<Cluster>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    if !caller.sees_every_kernel() {
+        visible(&c, &caller, &id).await?;
+    }
     Ok(Json(c.ready_hosts(&id).await?).into_response())
 }
 

@@ -108,15 +108,28 @@ impl Config {
         if self.node.runtime_dir.as_os_str().is_empty() {
             return Err(invalid("node.runtime_dir", "must not be empty".into()));
         }
-        if !self.http.listen.ip().is_loopback() && self.http.token_file.is_none() {
+        // Users ([auth]) hold credentials of their own: the shared token is then optional.
+        if !self.http.listen.ip().is_loopback() && self.http.token_file.is_none() && !self.auth.has_users() {
             return Err(invalid(
                 "http.token_file",
                 format!(
                     "required because http.listen = {} is not a loopback address \
-                     (the API starts and stops GPU workloads)",
+                     (the API starts and stops GPU workloads), unless [auth] configures users",
                     self.http.listen
                 ),
             ));
+        }
+        if self.auth.client_certificate_users && !self.http.tls.as_ref().is_some_and(|t| t.client_ca.is_some()) {
+            return Err(invalid(
+                "auth.client_certificate_users",
+                "needs http.tls.client_ca: only a certificate the listener verified names a user".into(),
+            ));
+        }
+        if self.auth.users_file.as_deref().is_some_and(|p| !p.is_absolute()) {
+            return Err(invalid("auth.users_file", "must be an absolute path".into()));
+        }
+        if self.auth.audit_log.as_deref().is_some_and(|p| !p.is_absolute()) {
+            return Err(invalid("auth.audit_log", "must be an absolute path".into()));
         }
         if !self.http.listen.ip().is_loopback() && self.http.tls.is_none() && !self.http.allow_plaintext {
             return Err(invalid(
@@ -371,6 +384,19 @@ websocket_inflight_bytes = 1000
             "t.toml",
         );
         assert!(ok.is_ok(), "{ok:?}");
+        let users = Config::parse(
+            "[http]\nlisten = \"0.0.0.0:8888\"\nallow_plaintext = true\n[auth]\nusers_file = \"/etc/notebookos/users.toml\"\n",
+            "t.toml",
+        );
+        assert!(users.is_ok(), "users make the shared token optional: {users:?}");
+    }
+
+    #[test]
+    fn certificate_users_need_verified_certificates() {
+        let err = Config::parse("[auth]\nclient_certificate_users = true\n", "t.toml").unwrap_err();
+        assert!(err.to_string().contains("http.tls.client_ca"), "{err}");
+        let err = Config::parse("[auth]\nusers_file = \"users.toml\"\n", "t.toml").unwrap_err();
+        assert!(err.to_string().contains("auth.users_file"), "{err}");
     }
 
     #[test]

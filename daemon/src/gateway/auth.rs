@@ -7,31 +7,59 @@ use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::calling::source_of;
 use super::legacy_replica_query::LegacyHostCall;
 use super::state::AppState;
+use crate::link::credential::{node_caller, Presented, Refusal};
+use crate::users::audit::{event, AuditEvent};
+use crate::users::Caller;
 
 /// The route a front-end calls on a replica host after a restart.
 pub const RESET_NAMESPACE: &str = "/api/v1/cluster/kernels/{id}/reset-namespace";
 
-/// Refuses a request without the API token or a verified client certificate with 401,
-/// unless the API is open. Resetting a replica's namespace takes another host's node
-/// certificate instead, as does a legacy `?replica=local` call without an internal route
-/// ([`LegacyHostCall`]).
-pub async fn require_token(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+/// Refuses a request without a users' credential (401), unless the API is open, and puts
+/// its [`Caller`] into the request's extensions for the handlers. Resetting a replica's
+/// namespace takes another host's node certificate instead, as does a legacy
+/// `?replica=local` call without an internal route ([`LegacyHostCall`]).
+pub async fn require_token(State(st): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
     let host_to_host = req.extensions().get::<LegacyHostCall>().is_some()
         || req.extensions().get::<MatchedPath>().is_some_and(|p| p.as_str() == RESET_NAMESPACE);
-    let checked = if host_to_host { st.credentials.node(&req) } else { st.credentials.user(&req) };
+    let checked = if host_to_host {
+        st.credentials.node(&req).map(|()| Caller::Host(node_caller(&req).unwrap_or_default()))
+    } else {
+        st.credentials.caller(Presented::of(&req)).await
+    };
     match checked {
-        Ok(()) => next.run(req).await,
-        Err(refusal) => refusal.respond(req.uri().path()),
+        Ok(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        Err(refusal) => refused(&st, refusal, &req),
     }
+}
+
+/// Answers a credential refusal, and audits it.
+pub fn refused(st: &AppState, refusal: Refusal, req: &Request) -> Response {
+    if let Some(log) = &st.audit {
+        let detail = format!("{} {}", refusal.reason(), req.uri().path());
+        log.record(AuditEvent {
+            source: source_of(req.extensions()).map(|a| a.to_string()),
+            detail: Some(&detail),
+            ..event("unknown", "authenticate", None, "unauthenticated")
+        });
+    }
+    refusal.respond(req.uri().path())
 }
 
 /// Refuses a request without another host's credential (its node certificate, or the
 /// operator token in a cluster without them): the internal routes that act on a replica.
-pub async fn require_node(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+pub async fn require_node(State(st): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
     match st.credentials.node(&req) {
-        Ok(()) => next.run(req).await,
+        Ok(()) => {
+            let host = node_caller(&req).unwrap_or_default();
+            req.extensions_mut().insert(Caller::Host(host));
+            next.run(req).await
+        }
         Err(refusal) => refusal.respond(req.uri().path()),
     }
 }
@@ -42,7 +70,7 @@ pub async fn require_node(State(st): State<Arc<AppState>>, req: Request, next: N
 /// `Origin`) and post forms without a preflight. So, without a token: `Host` must name a
 /// loopback address, `Origin` must be absent or loopback, and a request body must be JSON.
 pub async fn guard_open_api(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    if st.token.is_some() {
+    if !st.credentials.open_api() {
         return next.run(req).await;
     }
     let refuse = |status: StatusCode, why: String| {

@@ -5,7 +5,8 @@
 //! ([`crate::link::credential`]). jupyter_server's `GatewayKernelClient` opens this
 //! socket with `websocket.create_connection(url, sslopt=…)` and no headers: it
 //! authenticates with its client certificate (`GatewayClient.client_cert`/`client_key`).
-//! JupyterLab's path (`GatewayWebSocketConnection`) sends the token header.
+//! JupyterLab's path (`GatewayWebSocketConnection`) sends the token header. With users,
+//! another user's kernel answers as an unknown one, before any upgrade.
 //!
 //! Cluster mode: the socket is served by this host's front-end of the kernel
 //! (which elects a replica per cell). The cluster-internal socket onto this host's own
@@ -21,6 +22,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
 
+use super::calling::{source_of, Calling};
 use super::cluster;
 use super::error::ApiError;
 use super::state::AppState;
@@ -30,6 +32,7 @@ use crate::gateway::limits::{SocketSlot, INFLIGHT_WAIT};
 use crate::jupyter::{ws, Channel, Message, WireError};
 use crate::kernel::hub::{ClientId, Hub};
 use crate::kernel::LocalKernel;
+use crate::link::credential::Presented;
 use crate::metrics::DropLabels;
 
 /// The upgrade handler.
@@ -44,23 +47,40 @@ pub async fn channels(
         return e.into_response();
     }
     // Credentials before anything else: whether a kernel exists is not for strangers to learn.
-    if let Err(refusal) = st.credentials.user(&req) {
-        return refusal.respond(req.uri().path());
-    }
+    let caller = match st.credentials.caller(Presented::of(&req)).await {
+        Ok(caller) => caller,
+        Err(refusal) => return super::auth::refused(&st, refusal, &req),
+    };
+    let calling = Calling { caller, source: source_of(req.extensions()) };
     // Cluster mode: clients reach the kernel's front-end on this host (other hosts'
-    // front-ends reach this host's replica through the internal router).
+    // front-ends reach this host's replica through the internal router). The owner is
+    // checked before a front-end is opened: another user's kernel is an unknown one.
     let target = match &mode {
         Some(mode) => match mode.cluster.kernel(&id).await {
-            Ok(Some(record)) => Some(ChannelsPeer::Front(mode.frontends.open(&record))),
+            Ok(Some(record)) => {
+                if let Err(hidden) = calling.may_see(&st, "channels", &id, record.owner.as_deref()) {
+                    return hidden.into_response();
+                }
+                Some(ChannelsPeer::Front(mode.frontends.open(&record)))
+            }
             Ok(None) => None,
             Err(e) => {
                 return ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: format!("meta store: {e}") }
                     .into_response()
             }
         },
-        None => st.kernels.get(&id).await.map(|k| ChannelsPeer::Local(k, None)),
+        None => match st.kernels.get(&id).await {
+            Some(k) => {
+                if let Err(hidden) = calling.may_see(&st, "channels", &id, k.owner().map(|u| u.name.as_str())) {
+                    return hidden.into_response();
+                }
+                Some(ChannelsPeer::Local(k, None))
+            }
+            None => None,
+        },
     };
     let Some(target) = target else { return ApiError::no_kernel(&id).into_response() };
+    calling.audit(&st, "channels", Some(&id), "ok", None);
     upgrade(st, target, req).await
 }
 

@@ -5,7 +5,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 /// An HTTP error with a message for the client.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ApiError {
     /// Status code.
     pub status: StatusCode,

@@ -25,6 +25,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
+use super::calling::Calling;
 use super::channels::{upgrade, ChannelsPeer};
 use super::error::ApiError;
 use super::state::AppState;
@@ -72,18 +73,22 @@ async fn channels(
     }
 }
 
-async fn interrupt(st: State<Arc<AppState>>, id: Path<String>) -> Result<axum::http::StatusCode, ApiError> {
-    kernels::interrupt(st, None, id).await
+async fn interrupt(
+    st: State<Arc<AppState>>,
+    calling: Calling,
+    id: Path<String>,
+) -> Result<axum::http::StatusCode, ApiError> {
+    kernels::interrupt(st, None, calling, id).await
 }
 
-async fn restart(st: State<Arc<AppState>>, id: Path<String>) -> Result<Response, ApiError> {
-    kernels::restart(st, None, id).await
+async fn restart(st: State<Arc<AppState>>, calling: Calling, id: Path<String>) -> Result<Response, ApiError> {
+    kernels::restart(st, None, calling, id).await
 }
 
-async fn list(st: State<Arc<AppState>>) -> Result<Response, ApiError> {
-    kernels::list(st, None).await
+async fn list(st: State<Arc<AppState>>, calling: Calling) -> Result<Response, ApiError> {
+    kernels::list(st, None, calling).await
 }
 
-async fn model(st: State<Arc<AppState>>, id: Path<String>) -> Result<Response, ApiError> {
-    kernels::get(st, None, id).await
+async fn model(st: State<Arc<AppState>>, calling: Calling, id: Path<String>) -> Result<Response, ApiError> {
+    kernels::get(st, None, calling, id).await
 }

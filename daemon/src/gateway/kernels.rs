@@ -2,6 +2,10 @@
 //! (see [`super::cluster`]) they go through the meta store. Without cluster mode they act
 //! on this host's kernels, which is also what the internal routes on a replica do
 //! ([`super::internal_router`]).
+//!
+//! With users, a kernel is its creator's: another user (not an admin) is answered as if
+//! it did not exist ([`Calling::may_see`]), here from the kernel record in cluster mode, so
+//! every host enforces it alike. Creates are checked against the quotas ([`super::quota`]).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -11,19 +15,42 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
+use super::calling::Calling;
 use super::cluster;
 use super::error::ApiError;
+use super::quota::{self, KernelUse};
 use super::kernel_request::{settable_env, CreateKernel};
 use super::limits::USERS_CREDENTIAL;
 use super::state::AppState;
+use crate::cluster::control::records::KernelRecord;
 use crate::kernel::registry::{parse_gpu_memory_mib, CreateError, GPU_MEMORY_ENV};
+use crate::users::metrics::user_metrics;
+
+/// The environment variable Kernel Gateway clients name the user with; with users it is
+/// set to the kernel's owner, whatever the client sent.
+const KERNEL_USERNAME: &str = "KERNEL_USERNAME";
 
 /// `POST /api/kernels`.
 pub async fn create(
     State(st): State<Arc<AppState>>,
     mode: Option<cluster::Mode>,
+    calling: Calling,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
+    let result = create_kernel(&st, mode, &calling, body).await;
+    match &result {
+        Ok((id, _)) => calling.audit(&st, "create", Some(id), "ok", None),
+        Err(e) => calling.audit_result::<()>(&st, "create", None, &Err(e.clone())),
+    }
+    result.map(|(_, response)| response)
+}
+
+async fn create_kernel(
+    st: &AppState,
+    mode: Option<cluster::Mode>,
+    calling: &Calling,
+    body: axum::body::Bytes,
+) -> Result<(String, Response), ApiError> {
     let mut req: CreateKernel = if body.iter().all(u8::is_ascii_whitespace) {
         CreateKernel::default()
     } else {
@@ -44,20 +71,55 @@ pub async fn create(
     if let Some(v) = req.env.get(GPU_MEMORY_ENV) {
         parse_gpu_memory_mib(v).map_err(ApiError::bad_request)?;
     }
+    let owner = calling.caller.user().map(|u| u.user.clone());
+    if let Some(owner) = &owner {
+        // The client's word never names the owner: the credential does.
+        req.env.insert(KERNEL_USERNAME.to_owned(), owner.name.clone());
+    }
     // The caps count what exists now: the cluster's kernel records, or this host's kernels.
-    let live: HashSet<String> = match &mode {
-        Some(mode) => cluster::kernel_ids(mode).await?,
-        None => st.kernels.list().await.into_iter().map(|k| k.id).collect(),
+    let (live, uses): (HashSet<String>, Vec<KernelUse>) = match &mode {
+        Some(mode) => {
+            let records = cluster::kernel_records(mode).await?;
+            (records.iter().map(|r| r.id.clone()).collect(), records.iter().map(record_use).collect())
+        }
+        None => {
+            let kernels = st.kernels.all().await;
+            let uses = kernels
+                .iter()
+                .map(|k| KernelUse {
+                    owner: k.owner().map(|u| u.name.clone()),
+                    groups: k.owner().map(|u| u.groups.clone()).unwrap_or_default(),
+                    gpus: k.gpus,
+                })
+                .collect();
+            (kernels.iter().map(|k| k.id.clone()).collect(), uses)
+        }
     };
-    let reservation = st.limits.reserve_kernel(USERS_CREDENTIAL, &live)?;
+    if let Some(user) = calling.caller.user() {
+        let name = req.name.as_deref().unwrap_or(crate::kernel::spec::DEFAULT_SPEC);
+        let asked = gpus.or_else(|| crate::kernel::spec::gpus_of(name)).unwrap_or(0);
+        if let Err(refused) = quota::check(&st.limits.config, user, &uses, asked) {
+            user_metrics().count_refusal(&user.user.name, refused.reason);
+            crate::metrics::count_refusal(refused.reason);
+            tracing::warn!(user = %user.user.name, "{refused}");
+            return Err(refused.into());
+        }
+    }
+    // limits.kernels_per_token: per user when there are users.
+    let credential = owner.as_ref().map_or_else(|| USERS_CREDENTIAL.to_owned(), |u| format!("user:{}", u.name));
+    let reservation = st.limits.reserve_kernel(&credential, &live).inspect_err(|e| {
+        if let Some(u) = &owner {
+            user_metrics().count_refusal(&u.name, e.reason());
+        }
+    })?;
     if let Some(mode) = mode {
-        return cluster::create(&mode, req, gpus, reservation).await;
+        return cluster::create(&mode, req, gpus, reservation, owner).await;
     }
     let env = settable_env(req.env);
-    match st.kernels.create(req.name.as_deref(), gpus, &env).await {
+    match st.kernels.create(req.name.as_deref(), gpus, &env, owner.as_ref()).await {
         Ok(k) => {
             reservation.created(&k.id);
-            Ok((StatusCode::CREATED, Json(k.model().await)).into_response())
+            Ok((k.id.clone(), (StatusCode::CREATED, Json(k.model().await)).into_response()))
         }
         Err(e @ CreateError::UnknownSpec(_)) => Err(ApiError::not_found(e.to_string())),
         Err(e @ CreateError::BadGpuRequest(_)) => Err(ApiError::bad_request(e.to_string())),
@@ -73,11 +135,47 @@ pub async fn create(
     }
 }
 
-/// `GET /api/kernels`.
-pub async fn list(State(st): State<Arc<AppState>>, mode: Option<cluster::Mode>) -> Result<Response, ApiError> {
+/// A kernel record as quotas count it.
+fn record_use(r: &KernelRecord) -> KernelUse {
+    KernelUse { owner: r.owner.clone(), groups: r.owner_groups.clone(), gpus: r.gpus }
+}
+
+/// `GET /api/kernels`: the caller's kernels (every kernel for admins and operators).
+pub async fn list(
+    State(st): State<Arc<AppState>>,
+    mode: Option<cluster::Mode>,
+    calling: Calling,
+) -> Result<Response, ApiError> {
     match mode {
-        Some(mode) => cluster::list(&mode).await,
-        _ => Ok(Json(st.kernels.list().await).into_response()),
+        Some(mode) => cluster::list(&mode, &|r: &KernelRecord| calling.caller.may_see(r.owner.as_deref())).await,
+        _ => {
+            let mut kernels = st.kernels.list().await;
+            kernels.retain(|k| calling.caller.may_see(k.owner.as_deref()));
+            Ok(Json(kernels).into_response())
+        }
+    }
+}
+
+/// The kernel `id` when the caller may see it; else what an unknown kernel answers.
+async fn visible_kernel(
+    st: &AppState,
+    mode: Option<&cluster::Mode>,
+    calling: &Calling,
+    action: &str,
+    id: &str,
+) -> Result<Option<Arc<crate::kernel::LocalKernel>>, ApiError> {
+    ApiError::check_kernel_id(id)?;
+    match mode {
+        Some(mode) => {
+            let record = cluster::visible_record(mode, id).await?;
+            calling.may_see(st, action, id, record.owner.as_deref())?;
+            Ok(None)
+        }
+        None => {
+            let k = st.kernels.get(id).await.ok_or_else(|| ApiError::no_kernel(id))?;
+            calling.may_see(st, action, id, k.owner().map(|u| u.name.as_str()))?;
+            Ok(Some(k))
+        }
     }
 }
 
@@ -85,60 +183,70 @@ pub async fn list(State(st): State<Arc<AppState>>, mode: Option<cluster::Mode>) 
 pub async fn get(
     State(st): State<Arc<AppState>>,
     mode: Option<cluster::Mode>,
+    calling: Calling,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    ApiError::check_kernel_id(&id)?;
-    if let Some(mode) = mode {
-        return cluster::get(&mode, &id).await;
+    let local = visible_kernel(&st, mode.as_ref(), &calling, "get", &id).await?;
+    match (mode, local) {
+        (Some(mode), _) => cluster::get(&mode, &id).await,
+        (None, Some(k)) => Ok(Json(k.model().await).into_response()),
+        (None, None) => Err(ApiError::no_kernel(&id)),
     }
-    let k = st.kernels.get(&id).await.ok_or_else(|| ApiError::no_kernel(&id))?;
-    Ok(Json(k.model().await).into_response())
 }
 
 /// `DELETE /api/kernels/{id}`.
 pub async fn delete(
     State(st): State<Arc<AppState>>,
     mode: Option<cluster::Mode>,
+    calling: Calling,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    ApiError::check_kernel_id(&id)?;
-    // A cluster replica is stopped by its host's supervisor when the record goes, never directly.
-    if let Some(mode) = mode {
-        return cluster::delete(&mode, &id).await;
-    }
-    if st.kernels.remove(&id).await {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::no_kernel(&id))
-    }
+    visible_kernel(&st, mode.as_ref(), &calling, "delete", &id).await?;
+    let result = match mode {
+        // A cluster replica is stopped by its host's supervisor when the record goes, never directly.
+        Some(mode) => cluster::delete(&mode, &id).await,
+        None if st.kernels.remove(&id).await => Ok(StatusCode::NO_CONTENT),
+        None => Err(ApiError::no_kernel(&id)),
+    };
+    calling.audit_result(&st, "delete", Some(&id), &result);
+    result
 }
 
 /// `POST /api/kernels/{id}/interrupt`.
 pub async fn interrupt(
     State(st): State<Arc<AppState>>,
     mode: Option<cluster::Mode>,
+    calling: Calling,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    ApiError::check_kernel_id(&id)?;
-    if let Some(mode) = mode {
-        return cluster::interrupt(&mode, &id).await;
-    }
-    let k = st.kernels.get(&id).await.ok_or_else(|| ApiError::no_kernel(&id))?;
-    k.interrupt().await.map_err(|e| ApiError::internal(format!("{e:#}")))?;
-    Ok(StatusCode::NO_CONTENT)
+    let local = visible_kernel(&st, mode.as_ref(), &calling, "interrupt", &id).await?;
+    let result = match (mode, local) {
+        (Some(mode), _) => cluster::interrupt(&mode, &id).await,
+        (None, Some(k)) => {
+            k.interrupt().await.map(|()| StatusCode::NO_CONTENT).map_err(|e| ApiError::internal(format!("{e:#}")))
+        }
+        (None, None) => Err(ApiError::no_kernel(&id)),
+    };
+    calling.audit_result(&st, "interrupt", Some(&id), &result);
+    result
 }
 
 /// `POST /api/kernels/{id}/restart`.
 pub async fn restart(
     State(st): State<Arc<AppState>>,
     mode: Option<cluster::Mode>,
+    calling: Calling,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    ApiError::check_kernel_id(&id)?;
-    if let Some(mode) = mode {
-        return cluster::restart(&mode, &id).await;
-    }
-    let k = st.kernels.get(&id).await.ok_or_else(|| ApiError::no_kernel(&id))?;
-    k.restart().await.map_err(|e| ApiError::internal(format!("restart failed: {e:#}")))?;
-    Ok(Json(k.model().await).into_response())
+    let local = visible_kernel(&st, mode.as_ref(), &calling, "restart", &id).await?;
+    let result = match (mode, local) {
+        (Some(mode), _) => cluster::restart(&mode, &id).await,
+        (None, Some(k)) => match k.restart().await {
+            Ok(()) => Ok(Json(k.model().await).into_response()),
+            Err(e) => Err(ApiError::internal(format!("restart failed: {e:#}"))),
+        },
+        (None, None) => Err(ApiError::no_kernel(&id)),
+    };
+    calling.audit_result(&st, "restart", Some(&id), &result);
+    result
 }

@@ -7,10 +7,12 @@
 //!   their `?replica=local` form of the previous release.
 //! - [`cluster`]: the same API in cluster mode, and the cluster routes about this host's replicas.
 //! - [`operator`]: status, GPUs, leases, health and metrics.
-//! - [`auth`], [`error`], [`kernel_request`]: what several handlers share.
+//! - [`auth`], [`calling`], [`error`], [`kernel_request`]: what several handlers share
+//!   (the caller, ownership, the audit log); [`quota`]: per-user and per-group quotas.
 //! - [`listener`], [`serve`], [`conn_caps`]: connections, within the listener's timeouts and caps.
 
 pub mod auth;
+pub mod calling;
 pub mod cell;
 pub mod channels;
 pub mod cluster;
@@ -23,6 +25,7 @@ pub mod kernelspecs;
 pub mod legacy_replica_query;
 pub mod limits;
 pub mod listener;
+pub mod quota;
 pub mod operator;
 pub mod router;
 pub mod serve;

@@ -31,7 +31,16 @@ pub async fn metrics(State(st): State<Arc<AppState>>, mode: Option<cluster::Mode
         }
         Err(e) => tracing::debug!(error = %e, "statvfs of the state directory"),
     }
+    // Kernels by owner too, from the cluster's records in cluster mode.
+    let owners: Vec<String> = match &mode {
+        Some(mode) => {
+            mode.cluster.kernels().await.unwrap_or_default().into_iter().filter_map(|r| r.owner).collect()
+        }
+        None => st.kernels.list().await.into_iter().filter_map(|k| k.owner).collect(),
+    };
+    crate::users::metrics::user_metrics().set_kernels(owners.iter().map(String::as_str));
     let mut text = st.metrics.render();
+    crate::users::metrics::user_metrics().append_to(&mut text);
     if let Some(mode) = mode {
         mode.frontends.append_metrics(&mut text);
         crate::metrics::append_registry(&mode.replicas.sync_metrics().registry(), &mut text);
@@ -56,7 +65,7 @@ pub async fn status(State(st): State<Arc<AppState>>) -> Json<NodeStatus> {
         dev: st.dev,
         url: st.url.clone(),
         state_dir: st.state_dir.clone(),
-        auth: st.token.is_some(),
+        auth: !st.credentials.open_api(),
         inventory: st.inventory.clone(),
         kernels: u64::try_from(st.kernels.len().await).unwrap_or(u64::MAX),
     })

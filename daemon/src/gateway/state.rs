@@ -33,4 +33,6 @@ pub struct AppState {
     pub leases: Option<Arc<crate::lease::LeaseServer>>,
     /// `[limits]` and the counters behind them.
     pub limits: Arc<super::limits::Limits>,
+    /// `auth.audit_log`.
+    pub audit: Option<Arc<crate::users::audit::AuditLog>>,
 }

@@ -61,6 +61,9 @@ pub struct KernelModel {
     /// NotebookOS extension: the processes' process ids.
     #[serde(default)]
     pub pids: Vec<u32>,
+    /// NotebookOS extension: the user who owns the kernel (absent without `[auth]` users).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 /// One kernel.
@@ -96,6 +99,8 @@ pub struct LocalKernel {
     /// Called when a restart has killed the old processes (their cells are gone).
     restart_hook: std::sync::OnceLock<RestartHook>,
     spawn_hook: std::sync::OnceLock<SpawnHook>,
+    /// The user who owns it (set once, before the kernel is listed; none without users).
+    owner: std::sync::OnceLock<crate::users::User>,
 }
 
 /// What runs after a restart started a new process: (kernel id, its pid).
@@ -175,6 +180,7 @@ impl LocalKernel {
             exit_hook: std::sync::Mutex::new(None),
             restart_hook: std::sync::OnceLock::new(),
             spawn_hook: std::sync::OnceLock::new(),
+            owner: std::sync::OnceLock::new(),
         });
         kernel.watch_exit(&ipykernel);
         kernel.wait_ready(&ipykernel).await?;
@@ -491,6 +497,20 @@ impl LocalKernel {
             gpus: self.gpus,
             gpu_memory_mib: self.gpu_memory_mib,
             pids,
+            owner: self.owner().map(|u| u.name.clone()),
+        }
+    }
+
+    /// The user who owns the kernel (none without `[auth]` users).
+    pub fn owner(&self) -> Option<&crate::users::User> {
+        self.owner.get()
+    }
+
+    /// Names the kernel's owner; only the first call counts (the registry's, before the
+    /// kernel is listed).
+    pub fn set_owner(&self, owner: crate::users::User) {
+        if self.owner.set(owner).is_err() {
+            tracing::warn!(kernel = %self.id, "a kernel's owner is set once");
         }
     }
 

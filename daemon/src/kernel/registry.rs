@@ -241,8 +241,9 @@ impl Kernels {
         name: Option<&str>,
         gpus: Option<u32>,
         env: &[(String, String)],
+        owner: Option<&crate::users::User>,
     ) -> Result<Arc<LocalKernel>, CreateError> {
-        self.start_kernel(&uuid::Uuid::new_v4().to_string(), 0, name, gpus, env, true).await
+        self.start_kernel(&uuid::Uuid::new_v4().to_string(), 0, name, gpus, env, true, owner).await
     }
 
     /// Starts replica `replica` of kernel `id` here: the cluster's supervisor uses the
@@ -257,7 +258,7 @@ impl Kernels {
         gpus: Option<u32>,
         env: &[(String, String)],
     ) -> Result<Arc<LocalKernel>, CreateError> {
-        self.start_kernel(id, replica, name, gpus, env, false).await
+        self.start_kernel(id, replica, name, gpus, env, false, None).await
     }
 
     async fn start_kernel(
@@ -268,6 +269,8 @@ impl Kernels {
         gpus: Option<u32>,
         env: &[(String, String)],
         auto_restart: bool,
+        // The user who owns the kernel (the single-host API's caller; `None` without users).
+        owner: Option<&crate::users::User>,
     ) -> Result<Arc<LocalKernel>, CreateError> {
         // Before anything else: the id becomes the kernel's directory and cgroup name.
         if !super::id::is_kernel_id(id) {
@@ -368,6 +371,9 @@ impl Kernels {
             }
         };
         kernel.set_auto_restart(auto_restart);
+        if let Some(owner) = owner {
+            kernel.set_owner(owner.clone());
+        }
         if let Err(e) = self.binder.add_kernel(&kernel) {
             kernel.shutdown().await;
             self.remove_cgroup(&id);

@@ -1,9 +1,11 @@
 //! Who may call what on a host's HTTP API, decided from one request:
 //!
-//! - **users** (the Jupyter API, the operator's read-only views): the API token, *or* a
-//!   client certificate the TLS handshake verified against `http.tls.client_ca` (that is
-//!   how jupyter_server's `GatewayKernelClient` authenticates its channels WebSocket, which
-//!   it opens without headers);
+//! - **users** (the Jupyter API, the operator's read-only views): without `[auth]` users,
+//!   the one API token, *or* a client certificate the TLS handshake verified against
+//!   `http.tls.client_ca` (that is how jupyter_server's `GatewayKernelClient` authenticates
+//!   its channels WebSocket, which it opens without headers): an anonymous caller. With
+//!   users ([`Authenticator`]), a user's own token or certificate names them; the shared
+//!   token is refused; the operator token is the operator everywhere;
 //! - **hosts** (cluster-internal routes): a verified certificate naming `node-<id>`
 //!   (see [`node_caller`]); the users' token is refused there;
 //! - **operators** (membership, drain, re-placement): the operator token.
@@ -14,8 +16,11 @@ use axum::extract::{ConnectInfo, Request};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use std::sync::Arc;
+
 use super::tls::{cert_names_node, ClientCertificate, Peer};
 use super::token::{presented_token, token_matches};
+use crate::users::{AuthError, Authenticator, Caller};
 
 /// Header in which a host names itself on a host-to-host call; its certificate must name
 /// `node-<id>` for that id.
@@ -32,6 +37,10 @@ pub enum Refusal {
     NotANode,
     /// An operator route called without the operator token (403).
     NotAnOperator,
+    /// With users: a client certificate that names no user (401).
+    NotAUser,
+    /// With users: an identity source could not answer now (503).
+    SourceUnavailable,
 }
 
 impl Refusal {
@@ -42,6 +51,8 @@ impl Refusal {
             Refusal::WrongToken => "wrong_token",
             Refusal::NotANode => "not_a_node",
             Refusal::NotAnOperator => "not_an_operator",
+            Refusal::NotAUser => "not_a_user",
+            Refusal::SourceUnavailable => "identity_source_unavailable",
         }
     }
 
@@ -50,7 +61,7 @@ impl Refusal {
         crate::metrics::count_auth_refusal(self.reason());
         tracing::warn!(path, reason = self.reason(), "refused request");
         match self {
-            Refusal::NoCredential | Refusal::WrongToken => (
+            Refusal::NoCredential | Refusal::WrongToken | Refusal::NotAUser => (
                 StatusCode::UNAUTHORIZED,
                 [(header::WWW_AUTHENTICATE, "token")],
                 "401: missing or wrong token (or client certificate)\n",
@@ -64,6 +75,11 @@ impl Refusal {
             Refusal::NotAnOperator => {
                 (StatusCode::FORBIDDEN, "403: an operator route: it needs the operator token\n").into_response()
             }
+            Refusal::SourceUnavailable => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "503: the identity source cannot check this credential now; retry\n",
+            )
+                .into_response(),
         }
     }
 }
@@ -71,19 +87,6 @@ impl Refusal {
 /// The client certificate the connection's TLS handshake verified, if any.
 pub fn client_certificate(req: &Request) -> Option<&ClientCertificate> {
     req.extensions().get::<ConnectInfo<Peer>>().and_then(|ConnectInfo(p)| p.client_cert.as_ref())
-}
-
-/// A user's request: the API token or a verified client certificate. `expected` `None`
-/// is the token-less loopback API (dev mode): everyone is a user.
-pub fn check_user(expected: Option<&str>, req: &Request) -> Result<(), Refusal> {
-    let Some(expected) = expected else { return Ok(()) };
-    match presented_token(req) {
-        Some(t) if token_matches(&t, expected) => Ok(()),
-        // A wrong token is refused even with a certificate: the client meant the token.
-        Some(_) => Err(Refusal::WrongToken),
-        None if client_certificate(req).is_some() => Ok(()),
-        None => Err(Refusal::NoCredential),
-    }
 }
 
 /// A host-to-host request: the id in [`NODE_HEADER`], proved by a verified client
@@ -116,6 +119,25 @@ pub fn check_operator(expected: Option<&str>, open_api: bool, req: &Request) -> 
     }
 }
 
+/// The credential a request presents, taken out of it (so the check may wait on an
+/// identity source without holding the request).
+#[derive(Debug, Clone)]
+pub struct Presented {
+    /// The token (header or `?token=`).
+    pub token: Option<String>,
+    /// The client certificate the handshake verified.
+    pub cert: Option<ClientCertificate>,
+    /// The host the request proves it is (node certificate and [`NODE_HEADER`]).
+    pub node: Option<u64>,
+}
+
+impl Presented {
+    /// What `req` presents.
+    pub fn of(req: &Request) -> Self {
+        Self { token: presented_token(req), cert: client_certificate(req).cloned(), node: node_caller(req).ok() }
+    }
+}
+
 /// What a host checks, from its config: the users' token, the operator token, and whether
 /// host-to-host calls must prove a node certificate.
 #[derive(Debug, Clone, Default)]
@@ -128,12 +150,55 @@ pub struct Credentials {
     /// routes take only a node certificate. Without it (no certificates to check) they take
     /// the operator token, never the users' credential.
     pub node_certificates: bool,
+    /// `[auth]`'s users (`None`: no users; callers are anonymous as before).
+    pub authenticator: Option<Arc<Authenticator>>,
 }
 
 impl Credentials {
-    /// A users' route.
-    pub fn user(&self, req: &Request) -> Result<(), Refusal> {
-        check_user(self.token.as_deref(), req)
+    /// The API is open to whoever reaches it: no token and no users (loopback dev mode).
+    pub fn open_api(&self) -> bool {
+        self.token.is_none() && self.authenticator.is_none()
+    }
+
+    /// Who calls a users' route (see the module's summary).
+    pub async fn caller(&self, presented: Presented) -> Result<Caller, Refusal> {
+        let operator = |t: &str| self.operator_token.as_deref().is_some_and(|o| token_matches(t, o));
+        let Some(auth) = &self.authenticator else {
+            if presented.token.as_deref().is_some_and(operator) {
+                return Ok(Caller::Operator);
+            }
+            return match (self.token.as_deref(), presented.token.as_deref()) {
+                (None, _) => Ok(Caller::Anonymous),
+                (Some(expected), Some(t)) if token_matches(t, expected) => Ok(Caller::Anonymous),
+                // A wrong token is refused even with a certificate: the client meant the token.
+                (Some(_), Some(_)) => Err(Refusal::WrongToken),
+                (Some(_), None) if presented.cert.is_some() => Ok(Caller::Anonymous),
+                (Some(_), None) => Err(Refusal::NoCredential),
+            };
+        };
+        if let Some(t) = presented.token.as_deref() {
+            if operator(t) {
+                return Ok(Caller::Operator);
+            }
+            // The shared users' token names nobody: with users it is refused like any other.
+            return match auth.identify(Some(t), None).await {
+                Ok(Some(user)) => Ok(Caller::User(user)),
+                Ok(None) | Err(AuthError::Refused(_)) => Err(Refusal::WrongToken),
+                Err(AuthError::Unavailable(why)) => {
+                    tracing::warn!(%why, "identity source unavailable");
+                    Err(Refusal::SourceUnavailable)
+                }
+            };
+        }
+        if let Some(node) = presented.node {
+            return Ok(Caller::Host(node));
+        }
+        let Some(cert) = presented.cert else { return Err(Refusal::NoCredential) };
+        match auth.identify(None, Some(&cert.0)).await {
+            Ok(Some(user)) => Ok(Caller::User(user)),
+            Ok(None) | Err(AuthError::Refused(_)) => Err(Refusal::NotAUser),
+            Err(AuthError::Unavailable(_)) => Err(Refusal::SourceUnavailable),
+        }
     }
 
     /// A host-to-host route.
@@ -147,6 +212,6 @@ impl Credentials {
 
     /// An operator route (membership, drain, re-placement).
     pub fn operator(&self, req: &Request) -> Result<(), Refusal> {
-        check_operator(self.operator_token.as_deref(), self.token.is_none(), req)
+        check_operator(self.operator_token.as_deref(), self.open_api(), req)
     }
 }

@@ -30,6 +30,9 @@ pub(super) fn credentials(config: &Config) -> anyhow::Result<(Credentials, Optio
         // and verifies them (http.tls.client_ca); see `set_host_identity`.
         node_certificates: config.cluster.tls.is_some()
             && config.http.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
+        authenticator: crate::users::Authenticator::from_config(&config.auth)
+            .context("loading [auth]'s users")?
+            .map(std::sync::Arc::new),
     };
     if credentials.operator_token.is_some() && credentials.operator_token == token {
         anyhow::bail!("http.operator_token_file must hold a different token from http.token_file");
@@ -66,6 +69,11 @@ fn api_token(config: &Config) -> anyhow::Result<(Option<String>, Option<PathBuf>
             path.display()
         );
         return Ok((Some(token), Some(path.clone())));
+    }
+    if config.auth.has_users() {
+        // Users hold their own credentials: no shared token to generate (a configured one
+        // is refused on the users' routes, see `link::credential`).
+        return Ok((None, None));
     }
     if config.http.listen.ip().is_loopback() && config.http.allow_unauthenticated_loopback {
         tracing::warn!(listen = %config.http.listen, "API open without a token (loopback only)");

@@ -1,5 +1,18 @@
 //! Who calls the API: users (a name and groups) from the configured sources (`[auth]`).
+//!
+//! - [`user`]: [`User`], what every source returns; [`caller`]: [`Caller`], who made a request.
+//! - [`authenticator`]: the sources in order ([`IdentitySource`]); [`file`]: `auth.users_file`;
+//!   [`certificate`]: `auth.client_certificate_users`.
+//! - [`audit`]: `auth.audit_log`; [`metrics`]: per-user metrics with bounded labels.
 
+pub mod audit;
+pub mod authenticator;
+pub mod caller;
+pub mod certificate;
+pub mod file;
+pub mod metrics;
 mod user;
 
+pub use authenticator::{AuthError, Authenticator, IdentitySource};
+pub use caller::{Caller, UserCaller};
 pub use user::User;

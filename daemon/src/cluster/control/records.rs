@@ -124,6 +124,10 @@ pub struct KernelRecord {
     /// user's account with `kernel.run_as = "owner"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// The owner's groups when the kernel was created: the kernels a group quota
+    /// (`[limits.groups.NAME]`) counts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub owner_groups: Vec<String>,
 }
 
 impl KernelRecord {

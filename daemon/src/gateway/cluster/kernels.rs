@@ -2,7 +2,7 @@
 //! and waits for them), interrupt and restart on the replica hosts (their internal routes,
 //! [`crate::link::peer_routes`]).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
@@ -75,9 +75,14 @@ async fn post_as_host(url: &str, path: &str) -> Result<(), PostError> {
     .map_err(|e| PostError::Unreached(format!("{e}")))?
 }
 
-/// The ids of the cluster's kernels (for the caps of `[limits]`).
-pub async fn kernel_ids(mode: &ClusterMode) -> Result<HashSet<String>, ApiError> {
-    Ok(mode.cluster.kernels().await.map_err(cluster_error)?.into_iter().map(|r| r.id).collect())
+/// The cluster's kernel records (for the caps and quotas of `[limits]`).
+pub async fn kernel_records(mode: &ClusterMode) -> Result<Vec<KernelRecord>, ApiError> {
+    mode.cluster.kernels().await.map_err(cluster_error)
+}
+
+/// The record of kernel `id`, or the 404 of an unknown kernel (for the owner check).
+pub async fn visible_record(mode: &ClusterMode, id: &str) -> Result<KernelRecord, ApiError> {
+    mode.record(id).await
 }
 
 /// `POST /api/kernels` in cluster mode: place, then wait for every replica.
@@ -86,7 +91,8 @@ pub async fn create(
     req: CreateKernel,
     gpus: Option<u32>,
     reservation: KernelReservation,
-) -> Result<Response, ApiError> {
+    owner: Option<crate::users::User>,
+) -> Result<(String, Response), ApiError> {
     let name = req.name.unwrap_or_else(|| crate::kernel::spec::DEFAULT_SPEC.to_owned());
     let spec_gpus = crate::kernel::spec::gpus_of(&name)
         .ok_or_else(|| ApiError::not_found(format!("no such kernelspec: {name}")))?;
@@ -98,7 +104,9 @@ pub async fn create(
         )));
     }
     let env = settable_env(req.env).into_iter().collect();
-    let record = mode.cluster.create_kernel(KernelSpec { id: None, name, gpus, env }).await.map_err(cluster_error)?;
+    let (owner, owner_groups) = owner.map_or((None, Vec::new()), |u| (Some(u.name), u.groups));
+    let spec = KernelSpec { id: None, name, gpus, env, owner, owner_groups };
+    let record = mode.cluster.create_kernel(spec).await.map_err(cluster_error)?;
     // The record exists (until deleted, below or by the client): it counts from now on.
     reservation.created(&record.id);
     let deadline = Instant::now() + mode.ready_timeout;
@@ -133,16 +141,16 @@ pub async fn create(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tracing::info!(kernel = %record.id, hosts = ?wanted, "cluster kernel ready");
-    Ok((StatusCode::CREATED, Json(mode.model(&record).await)).into_response())
+    Ok((record.id.clone(), (StatusCode::CREATED, Json(mode.model(&record).await)).into_response()))
 }
 
-/// `GET /api/kernels` in cluster mode.
-pub async fn list(mode: &ClusterMode) -> Result<Response, ApiError> {
+/// `GET /api/kernels` in cluster mode: the kernels `visible` keeps.
+pub async fn list(mode: &ClusterMode, visible: &(dyn Fn(&KernelRecord) -> bool + Sync)) -> Result<Response, ApiError> {
     let records = mode.cluster.kernels().await.map_err(cluster_error)?;
     // Front-ends of kernels deleted through other hosts go now.
     mode.frontends.retain(&records.iter().map(|r| r.id.as_str()).collect());
     let mut out = Vec::with_capacity(records.len());
-    for r in &records {
+    for r in records.iter().filter(|r| visible(r)) {
         out.push(mode.model(r).await);
     }
     out.sort_by(|a, b| a.base.id.cmp(&b.base.id));

@@ -23,6 +23,6 @@ pub mod mode;
 pub mod model;
 pub mod replica_routes;
 
-pub use kernels::{create, delete, get, interrupt, kernel_ids, list, restart};
+pub use kernels::{create, delete, get, interrupt, kernel_records, list, restart, visible_record};
 pub use mode::{enable, with_cluster, ClusterMode, Mode, DEFAULT_READY_TIMEOUT};
 pub use model::{ClusterKernelModel, ReplicaModel};

@@ -85,6 +85,7 @@ impl ClusterMode {
                 gpus: record.gpus,
                 gpu_memory_mib: crate::kernel::registry::gpu_memory_mib_of(&record.env),
                 pids,
+                owner: record.owner.clone(),
             },
             replicas,
             execution,

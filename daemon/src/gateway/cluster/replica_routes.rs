@@ -4,31 +4,65 @@
 
 use std::time::{Duration, SystemTime};
 
-use axum::extract::Path;
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::mode::{ClusterMode, Mode};
+use crate::gateway::calling::Calling;
 use crate::gateway::error::ApiError;
+use crate::gateway::state::AppState;
 use crate::jupyter::message::iso_date;
 
-/// `GET /api/v1/cluster/replicas`: the replicas of cluster kernels hosted here (role, lag).
-pub async fn replicas_route(mode: Option<Mode>) -> Result<Response, ApiError> {
+/// `GET /api/v1/cluster/replicas`: the replicas of cluster kernels hosted here (role, lag);
+/// a user's own only.
+pub async fn replicas_route(mode: Option<Mode>, calling: Calling) -> Result<Response, ApiError> {
     let mode = mode.ok_or_else(not_in_cluster_mode)?;
-    Ok(Json(mode.replicas.replicas().await).into_response())
+    let mut replicas = mode.replicas.replicas().await;
+    if !calling.caller.sees_every_kernel() {
+        let records = mode.cluster.kernels().await.unwrap_or_default();
+        replicas.retain(|r| {
+            records.iter().any(|k| k.id == r.kernel_id && calling.caller.may_see(k.owner.as_deref()))
+        });
+    }
+    Ok(Json(replicas).into_response())
 }
 
-/// `GET /api/v1/cluster/kernels/{id}/digest` (see [`digest`]).
-pub async fn digest_route(mode: Option<Mode>, Path(id): Path<String>) -> Result<Response, ApiError> {
+/// `GET /api/v1/cluster/kernels/{id}/digest` (see [`digest`]): the caller's kernels only.
+pub async fn digest_route(
+    State(st): State<Arc<AppState>>,
+    mode: Option<Mode>,
+    calling: Calling,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
     let mode = mode.ok_or_else(not_in_cluster_mode)?;
+    check_owner(&st, &mode, &calling, "digest", &id).await?;
     digest(&mode, &id).await
 }
 
-/// `GET /api/v1/cluster/kernels/{id}/elections` (see [`elections`]).
-pub async fn elections_route(mode: Option<Mode>, Path(id): Path<String>) -> Result<Response, ApiError> {
+/// `GET /api/v1/cluster/kernels/{id}/elections` (see [`elections`]): the caller's kernels only.
+pub async fn elections_route(
+    State(st): State<Arc<AppState>>,
+    mode: Option<Mode>,
+    calling: Calling,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
     let mode = mode.ok_or_else(not_in_cluster_mode)?;
+    check_owner(&st, &mode, &calling, "elections", &id).await?;
     elections(&mode, &id).await
+}
+
+/// Another user's kernel is an unknown one, as on `/api/kernels/{id}`.
+async fn check_owner(st: &AppState, mode: &ClusterMode, calling: &Calling, action: &str, id: &str) -> Result<(), ApiError> {
+    if calling.caller.sees_every_kernel() {
+        return Ok(());
+    }
+    ApiError::check_kernel_id(id)?;
+    let record = mode.record(id).await?;
+    calling.may_see(st, action, id, record.owner.as_deref())
 }
 
 /// `POST /api/v1/cluster/kernels/{id}/reset-namespace` (see [`reset_namespace`]).

@@ -29,6 +29,12 @@ pub struct KernelSpec {
     /// Environment: only names a client may set ([`crate::kernel::client_env`]); others are refused.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// The user who owns it (the gateway's caller; operators may name anyone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// The owner's groups (for group quotas).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub owner_groups: Vec<String>,
 }
 
 /// `notebookos_refused_total` reason of a kernel placement refused because too few hosts
@@ -162,7 +168,8 @@ impl Cluster {
             created_ms: now_ms(),
             env: spec.env,
             moving: None,
-            owner: None,
+            owner: spec.owner,
+            owner_groups: spec.owner_groups,
         };
         let out = self.meta.cas(keys::kernel(&id), None, records::encode(&record)).await?;
         if !out.succeeded {

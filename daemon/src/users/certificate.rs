@@ -1,0 +1,70 @@
+//! `auth.client_certificate_users`: a client certificate the TLS handshake verified names
+//! its user by its subject's Common Name. A host's certificate (`node-<id>`) names no user.
+
+use async_trait::async_trait;
+use rustls::pki_types::CertificateDer;
+use x509_cert::der::asn1::{Ia5StringRef, PrintableStringRef, Utf8StringRef};
+use x509_cert::der::oid::ObjectIdentifier;
+use x509_cert::der::{Decode, Tag, Tagged};
+
+use super::authenticator::{AuthError, IdentitySource};
+use super::file::is_safe_user_name;
+use super::User;
+
+/// `commonName` (X.520).
+const COMMON_NAME: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.4.3");
+
+/// The Common Name of `cert`'s subject (the first, if several).
+pub fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
+    let cert = x509_cert::Certificate::from_der(cert.as_ref()).ok()?;
+    for rdn in cert.tbs_certificate.subject.0.iter() {
+        for atv in rdn.0.iter() {
+            if atv.oid != COMMON_NAME {
+                continue;
+            }
+            let v = &atv.value;
+            let text = match v.tag() {
+                Tag::Utf8String => v.decode_as::<Utf8StringRef<'_>>().ok().map(|s| s.as_str().to_owned()),
+                Tag::PrintableString => v.decode_as::<PrintableStringRef<'_>>().ok().map(|s| s.as_str().to_owned()),
+                Tag::Ia5String => v.decode_as::<Ia5StringRef<'_>>().ok().map(|s| s.as_str().to_owned()),
+                _ => None,
+            };
+            return text;
+        }
+    }
+    None
+}
+
+/// Users named by their client certificates. Groups come from the users file when it has
+/// an entry of that name (the authenticator adds them), else none.
+#[derive(Debug, Default)]
+pub struct CertificateUsers;
+
+#[async_trait]
+impl IdentitySource for CertificateUsers {
+    fn name(&self) -> &'static str {
+        "client_certificate"
+    }
+
+    async fn identify(
+        &self,
+        _token: Option<&str>,
+        cert: Option<&CertificateDer<'static>>,
+    ) -> Result<Option<User>, AuthError> {
+        let Some(cert) = cert else { return Ok(None) };
+        let Some(cn) = common_name(cert) else {
+            return Err(AuthError::Refused("the client certificate names no user (no Common Name)".into()));
+        };
+        // Hosts are never users, whatever else a node certificate says.
+        if cn.starts_with("node-") {
+            return Ok(None);
+        }
+        if !is_safe_user_name(&cn) {
+            return Err(AuthError::Refused(format!(
+                "the client certificate's Common Name {:?} is not a user name",
+                cn.chars().take(64).collect::<String>()
+            )));
+        }
+        Ok(Some(User { name: cn, groups: Vec::new() }))
+    }
+}
