@@ -216,17 +216,19 @@ pub fn render(kernels: &[KernelModel]) -> String {
     }
     let _ = writeln!(
         out,
-        "{:<36}  {:<24}  {:<10}  {:>4}  {:>11}  {:>5}  {:<10}  last activity",
-        "id", "kernelspec", "state", "gpus", "gpu mem/MiB", "conns", "pids"
+        "{:<36}  {:<12}  {:<24}  {:<10}  {:>4}  {:>11}  {:>5}  {:<10}  last activity",
+        "id", "owner", "kernelspec", "state", "gpus", "gpu mem/MiB", "conns", "pids"
     );
     for k in kernels {
         let pids = k.pids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
         // "-": no limit of the kernel's own (the GPU's memory, or the host's limit).
         let gpu_mem = k.gpu_memory_mib.map_or_else(|| "-".to_owned(), |m| m.to_string());
+        // "-": no owner (no [auth] users, or a kernel from before them).
+        let owner = k.owner.as_deref().unwrap_or("-");
         let _ = writeln!(
             out,
-            "{:<36}  {:<24}  {:<10}  {:>4}  {:>11}  {:>5}  {:<10}  {}",
-            k.id, k.name, k.execution_state, k.gpus, gpu_mem, k.connections, pids, k.last_activity
+            "{:<36}  {:<12}  {:<24}  {:<10}  {:>4}  {:>11}  {:>5}  {:<10}  {}",
+            k.id, owner, k.name, k.execution_state, k.gpus, gpu_mem, k.connections, pids, k.last_activity
         );
     }
     out
@@ -247,14 +249,17 @@ mod tests {
             gpus: 1,
             gpu_memory_mib: Some(2048),
             pids: vec![42],
+            owner: Some("alice".into()),
         };
-        let unlimited = KernelModel { id: "b2".into(), gpu_memory_mib: None, ..k.clone() };
+        let unlimited = KernelModel { id: "b2".into(), gpu_memory_mib: None, owner: None, ..k.clone() };
         let t = render(&[k, unlimited]);
         assert!(t.lines().count() == 3, "{t}");
         assert!(t.lines().next().is_some_and(|h| h.contains("gpu mem/MiB")), "{t}");
         let row = t.lines().find(|l| l.starts_with("a1")).expect("row a1");
         assert!(row.contains("notebookos-python-1gpu") && row.contains("busy") && row.contains("42"), "{t}");
         assert!(row.contains(" 2048 "), "the kernel's GPU memory limit: {t}");
+        assert!(t.lines().next().is_some_and(|h| h.contains("owner")), "{t}");
+        assert!(row.contains(" alice "), "the owner: {t}");
         let row = t.lines().find(|l| l.starts_with("b2")).expect("row b2");
         assert!(row.contains(" - "), "no limit of its own: {t}");
         assert_eq!(render(&[]), "no kernels\n");
@@ -302,6 +307,7 @@ mod tests {
             env: Default::default(),
             moving: None,
             owner: None,
+            owner_groups: Vec::new(),
         };
         let row = |replica, role: &str, lag| HostedReplica {
             kernel_id: "k1".into(),
@@ -339,6 +345,7 @@ mod tests {
             env: Default::default(),
             moving: None,
             owner: None,
+            owner_groups: Vec::new(),
         }]
     }
 

@@ -626,6 +626,7 @@ mod tests {
             exit_hook: std::sync::Mutex::new(None),
             restart_hook: std::sync::OnceLock::new(),
             spawn_hook: std::sync::OnceLock::new(),
+            owner: std::sync::OnceLock::new(),
         })
     }
 

@@ -47,7 +47,7 @@ pub(super) fn credentials(config: &Config) -> anyhow::Result<(Credentials, Optio
             Some(t) => {
                 crate::link::host::set_fallback_token(t.clone());
             }
-            None if token.is_some() => anyhow::bail!(
+            None if token.is_some() || credentials.authenticator.is_some() => anyhow::bail!(
                 "a cluster host needs node certificates (cluster.tls and http.tls.client_ca) or, \
                  without them, http.operator_token_file: hosts never call each other with the users' token"
             ),

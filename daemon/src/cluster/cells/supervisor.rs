@@ -465,6 +465,7 @@ mod tests {
             env: Default::default(),
             moving: None,
             owner: None,
+            owner_groups: Vec::new(),
         }
     }
 

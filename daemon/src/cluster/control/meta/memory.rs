@@ -92,6 +92,7 @@ mod tests {
             env: BTreeMap::new(),
             moving: None,
             owner: None,
+            owner_groups: Vec::new(),
         }
     }
 
