@@ -116,10 +116,8 @@ async fn users_see_and_touch_only_their_own_kernels() {
         // Quotas: the limit's key, the user and the numbers.
         let (code, second) = http("POST", &kernels, Some(ALICE), Some(r#"{"name": "python3"}"#));
         assert_eq!(code, 201, "{second}");
-        let second_id = serde_json::from_str::<serde_json::Value>(&second).expect("model")["id"]
-            .as_str()
-            .expect("id")
-            .to_owned();
+        let second_id =
+            serde_json::from_str::<serde_json::Value>(&second).expect("model")["id"].as_str().expect("id").to_owned();
         let (code, refused) = http("POST", &kernels, Some(ALICE), Some(r#"{"name": "python3"}"#));
         assert_eq!(code, 429, "{refused}");
         assert!(refused.contains("limits.user.kernels = 2: alice has 2 kernels"), "{refused}");
@@ -161,7 +159,9 @@ async fn users_see_and_touch_only_their_own_kernels() {
     let (_, metrics) = http("GET", &format!("{url}/metrics"), None, None);
     let refusals = metrics
         .lines()
-        .find(|l| l.starts_with("notebookos_user_refusals_total{") && l.contains("user=\"bob\"") && l.contains("not_found"))
+        .find(|l| {
+            l.starts_with("notebookos_user_refusals_total{") && l.contains("user=\"bob\"") && l.contains("not_found")
+        })
         .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
     assert!(refusals.is_some_and(|n| n >= 5.0), "{metrics}");
     assert!(metrics.contains("notebookos_user_kernels{user=\"alice\"} 1"), "{metrics}");
@@ -194,7 +194,10 @@ fn every_host_enforces_the_owner_of_a_cluster_kernel() {
     let files = tempfile::tempdir().expect("tmp");
     let users = files.path().join("users.toml");
     // The harness reads status with the cluster's token: an admin user of its own here.
-    users_file(&users, &format!("\n[[user]]\nname = \"harness\"\ntoken_sha256 = \"{}\"\ngroups = [\"admins\"]\n", sha(TOKEN)));
+    users_file(
+        &users,
+        &format!("\n[[user]]\nname = \"harness\"\ntoken_sha256 = \"{}\"\ngroups = [\"admins\"]\n", sha(TOKEN)),
+    );
     let overlay = format!("[auth]\nusers_file = \"{}\"\nadmin_group = \"admins\"\n", users.display());
     let c = TestCluster::start(3, Options { overlay, ..Options::default() });
     let agent = c.agent().clone();

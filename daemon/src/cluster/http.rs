@@ -169,7 +169,10 @@ async fn status(State(c): State<Arc<Cluster>>) -> Result<Response, ApiError> {
     Ok(Json(c.status().await?).into_response())
 }
 
-async fn list_kernels(State(c): State<Arc<Cluster>>, Extension(caller): Extension<Caller>) -> Result<Response, ApiError> {
+async fn list_kernels(
+    State(c): State<Arc<Cluster>>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Response, ApiError> {
     let mut kernels = c.kernels().await?;
     kernels.retain(|k| caller.may_see(k.owner.as_deref()));
     Ok(Json(kernels).into_response())

@@ -33,9 +33,7 @@ pub async fn metrics(State(st): State<Arc<AppState>>, mode: Option<cluster::Mode
     }
     // Kernels by owner too, from the cluster's records in cluster mode.
     let owners: Vec<String> = match &mode {
-        Some(mode) => {
-            mode.cluster.kernels().await.unwrap_or_default().into_iter().filter_map(|r| r.owner).collect()
-        }
+        Some(mode) => mode.cluster.kernels().await.unwrap_or_default().into_iter().filter_map(|r| r.owner).collect(),
         None => st.kernels.list().await.into_iter().filter_map(|k| k.owner).collect(),
     };
     crate::users::metrics::user_metrics().set_kernels(owners.iter().map(String::as_str));

@@ -62,13 +62,25 @@ pub fn check(limits: &LimitsConfig, user: &UserCaller, kernels: &[KernelUse], gp
         (None, None) => None,
     };
     let who = name.clone();
-    check_one(pick(user.quota.kernels, limits.user.kernels, "kernels"), pick(user.quota.gpus, limits.user.gpus, "gpus"), &who, &own, gpus)?;
+    check_one(
+        pick(user.quota.kernels, limits.user.kernels, "kernels"),
+        pick(user.quota.gpus, limits.user.gpus, "gpus"),
+        &who,
+        &own,
+        gpus,
+    )?;
     for group in &user.user.groups {
         let Some(g) = limits.groups.get(group) else { continue };
         let members: Vec<&KernelUse> = kernels.iter().filter(|k| k.groups.iter().any(|x| x == group)).collect();
         let Quota { kernels: k, gpus: gp, .. } = &g.quota;
         let key = |what: &str| format!("limits.groups.{group}.{what}");
-        check_one(k.map(|l| (l, key("kernels"))), gp.map(|l| (l, key("gpus"))), &format!("group {group}'s members"), &members, gpus)?;
+        check_one(
+            k.map(|l| (l, key("kernels"))),
+            gp.map(|l| (l, key("gpus"))),
+            &format!("group {group}'s members"),
+            &members,
+            gpus,
+        )?;
     }
     Ok(())
 }
@@ -106,7 +118,11 @@ mod tests {
     use super::*;
 
     fn user(name: &str, groups: &[&str], quota: Quota) -> UserCaller {
-        UserCaller { user: User { name: name.into(), groups: groups.iter().map(|g| (*g).to_owned()).collect() }, admin: false, quota }
+        UserCaller {
+            user: User { name: name.into(), groups: groups.iter().map(|g| (*g).to_owned()).collect() },
+            admin: false,
+            quota,
+        }
     }
 
     fn k(owner: &str, groups: &[&str], gpus: u32) -> KernelUse {
@@ -115,7 +131,10 @@ mod tests {
 
     #[test]
     fn user_quotas_name_the_limit_the_user_and_the_numbers() {
-        let limits = LimitsConfig { user: Quota { kernels: Some(2), gpus: Some(3), ..Quota::default() }, ..LimitsConfig::default() };
+        let limits = LimitsConfig {
+            user: Quota { kernels: Some(2), gpus: Some(3), ..Quota::default() },
+            ..LimitsConfig::default()
+        };
         let alice = user("alice", &[], Quota::default());
         let two = [k("alice", &[], 1), k("alice", &[], 1), k("bob", &[], 1)];
         let e = check(&limits, &alice, &two, 0).expect_err("third kernel");
@@ -123,7 +142,10 @@ mod tests {
         assert_eq!(e.reason, "quota_kernels");
         check(&limits, &alice, &two[..1], 2).expect("1 + 2 GPUs fit in 3");
         let e = check(&limits, &alice, &two[..1], 3).expect_err("1 + 3 GPUs");
-        assert_eq!(e.to_string(), "limits.user.gpus = 3: alice has 1 GPU committed, 3 more asked; delete a kernel first");
+        assert_eq!(
+            e.to_string(),
+            "limits.user.gpus = 3: alice has 1 GPU committed, 3 more asked; delete a kernel first"
+        );
         check(&limits, &user("bob", &[], Quota::default()), &two, 0).expect("bob has one");
         // A users-file entry's key replaces [limits.user]'s, key by key.
         let generous = user("alice", &[], Quota { kernels: Some(5), ..Quota::default() });
@@ -137,12 +159,18 @@ mod tests {
     #[test]
     fn group_quotas_count_the_members_together() {
         let mut limits = LimitsConfig::default();
-        limits.groups.insert("ml".into(), GroupLimits { quota: Quota { gpus: Some(4), kernels: Some(3), ..Quota::default() }, weight: 1.0 });
+        limits.groups.insert(
+            "ml".into(),
+            GroupLimits { quota: Quota { gpus: Some(4), kernels: Some(3), ..Quota::default() }, weight: 1.0 },
+        );
         let carol = user("carol", &["ml"], Quota::default());
         let kernels = [k("alice", &["ml"], 2), k("bob", &["ml"], 1), k("dave", &["other"], 8)];
         check(&limits, &carol, &kernels, 1).expect("2 + 1 + 1 = 4");
         let e = check(&limits, &carol, &kernels, 2).expect_err("2 + 1 + 2 > 4");
-        assert_eq!(e.to_string(), "limits.groups.ml.gpus = 4: group ml's members have 3 GPUs committed, 2 more asked; delete a kernel first");
+        assert_eq!(
+            e.to_string(),
+            "limits.groups.ml.gpus = 4: group ml's members have 3 GPUs committed, 2 more asked; delete a kernel first"
+        );
         let more = [k("alice", &["ml"], 0), k("bob", &["ml"], 0), k("carol", &["ml"], 0)];
         assert_eq!(check(&limits, &carol, &more, 0).expect_err("kernels").key, "limits.groups.ml.kernels");
         check(&limits, &user("erin", &["other"], Quota::default()), &more, 0).expect("not in ml");

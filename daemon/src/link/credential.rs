@@ -215,3 +215,65 @@ impl Credentials {
         check_operator(self.operator_token.as_deref(), self.open_api(), req)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use sha2::{Digest, Sha256};
+
+    use super::*;
+    use crate::users::file::UsersFile;
+
+    const SHARED: &str = "shared-token-0123456789";
+    const OPERATOR: &str = "operator-token-0123456789";
+    const ALICE: &str = "alice-token-0123456789";
+
+    fn presented(token: Option<&str>) -> Presented {
+        Presented { token: token.map(str::to_owned), cert: None, node: None }
+    }
+
+    fn with_users() -> Credentials {
+        let text = format!(
+            "[[user]]\nname = \"alice\"\ntoken_sha256 = \"{}\"\ngroups = [\"admins\"]\n",
+            hex::encode(Sha256::digest(ALICE.as_bytes()))
+        );
+        let file = Arc::new(UsersFile::parse(&text, Path::new("users.toml")).expect("users"));
+        Credentials {
+            token: Some(SHARED.into()),
+            operator_token: Some(OPERATOR.into()),
+            node_certificates: true,
+            authenticator: Some(Arc::new(Authenticator::new(vec![file.clone()], Some(file), Some("admins".into())))),
+        }
+    }
+
+    #[tokio::test]
+    async fn with_users_a_token_names_a_user_and_the_shared_token_nobody() {
+        let c = with_users();
+        let alice = c.caller(presented(Some(ALICE))).await.expect("alice");
+        assert_eq!(alice.owner(), Some("alice"));
+        assert!(alice.sees_every_kernel(), "in the admin group");
+        assert_eq!(c.caller(presented(Some(OPERATOR))).await, Ok(Caller::Operator));
+        assert_eq!(c.caller(presented(Some(SHARED))).await, Err(Refusal::WrongToken), "the shared token");
+        let hash = hex::encode(Sha256::digest(ALICE.as_bytes()));
+        assert_eq!(c.caller(presented(Some(&hash))).await, Err(Refusal::WrongToken), "the hash");
+        assert_eq!(c.caller(presented(None)).await, Err(Refusal::NoCredential));
+        let node = Presented { node: Some(2), ..presented(None) };
+        assert_eq!(c.caller(node).await, Ok(Caller::Host(2)));
+        assert!(!c.open_api(), "users close the API even without a shared token");
+        let no_token = Credentials { token: None, ..with_users() };
+        assert!(!no_token.open_api());
+        assert_eq!(no_token.caller(presented(None)).await, Err(Refusal::NoCredential));
+    }
+
+    #[tokio::test]
+    async fn without_users_the_shared_token_is_everyone() {
+        let c = Credentials { authenticator: None, ..with_users() };
+        assert_eq!(c.caller(presented(Some(SHARED))).await, Ok(Caller::Anonymous));
+        assert_eq!(c.caller(presented(Some(OPERATOR))).await, Ok(Caller::Operator));
+        assert_eq!(c.caller(presented(Some(ALICE))).await, Err(Refusal::WrongToken));
+        let open = Credentials::default();
+        assert!(open.open_api());
+        assert_eq!(open.caller(presented(None)).await, Ok(Caller::Anonymous));
+    }
+}

@@ -99,13 +99,7 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
         kernels: kernels.kernels.clone(),
         leases: gpus.leasing.as_ref().map(|(server, _)| server.clone()),
         limits: crate::gateway::limits::Limits::new(config.limits.clone()),
-        audit: config
-            .auth
-            .audit_log
-            .as_deref()
-            .map(crate::users::audit::AuditLog::open)
-            .transpose()?
-            .map(Arc::new),
+        audit: config.auth.audit_log.as_deref().map(crate::users::audit::AuditLog::open).transpose()?.map(Arc::new),
     });
     let endpoint_path = announce::announce(&config, &state, token_file.as_deref())?;
 

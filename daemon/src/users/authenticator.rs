@@ -5,57 +5,13 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use rustls::pki_types::CertificateDer;
 
 use super::caller::UserCaller;
 use super::certificate::CertificateUsers;
 use super::file::{UsersFile, UsersFileError};
-use super::User;
+use super::source::{AuthError, IdentitySource};
 use crate::config::{AuthConfig, Quota};
-
-/// Why a source could not say who a credential is.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum AuthError {
-    /// The credential is the source's kind but not valid (a forged JWT, a certificate
-    /// naming no user): refused (401), no later source is asked.
-    #[error("{0}")]
-    Refused(String),
-    /// The source cannot answer now (the Hub is down): 503, the client may retry.
-    #[error("identity source unavailable: {0}")]
-    Unavailable(String),
-}
-
-/// One place users come from.
-#[async_trait]
-pub trait IdentitySource: Send + Sync {
-    /// For logs: `users_file`, `client_certificate`, `jupyterhub`, `oidc`.
-    fn name(&self) -> &'static str;
-
-    /// The user `token` (a presented API token) or `cert` (a verified client certificate)
-    /// names; `Ok(None)` when this source does not know the credential (the next one is asked).
-    async fn identify(
-        &self,
-        token: Option<&str>,
-        cert: Option<&CertificateDer<'static>>,
-    ) -> Result<Option<User>, AuthError>;
-}
-
-/// The users file as a source: a token whose SHA-256 is an entry's.
-#[async_trait]
-impl IdentitySource for UsersFile {
-    fn name(&self) -> &'static str {
-        "users_file"
-    }
-
-    async fn identify(
-        &self,
-        token: Option<&str>,
-        _cert: Option<&CertificateDer<'static>>,
-    ) -> Result<Option<User>, AuthError> {
-        Ok(token.and_then(|t| self.find_by_token(t)).map(|e| e.user.clone()))
-    }
-}
 
 /// The configured identity sources, in order, and who among their users is an admin.
 pub struct Authenticator {
@@ -92,7 +48,11 @@ impl Authenticator {
     }
 
     /// An authenticator over `sources` (tests, and sources built elsewhere).
-    pub fn new(sources: Vec<Arc<dyn IdentitySource>>, users_file: Option<Arc<UsersFile>>, admin_group: Option<String>) -> Self {
+    pub fn new(
+        sources: Vec<Arc<dyn IdentitySource>>,
+        users_file: Option<Arc<UsersFile>>,
+        admin_group: Option<String>,
+    ) -> Self {
         Self { sources, users_file, admin_group }
     }
 
@@ -137,9 +97,11 @@ impl Authenticator {
 mod tests {
     use std::path::Path;
 
+    use async_trait::async_trait;
     use sha2::{Digest, Sha256};
 
     use super::*;
+    use crate::users::User;
 
     struct Fixed(&'static str, Result<Option<User>, AuthError>);
 

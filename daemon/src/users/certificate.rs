@@ -7,8 +7,8 @@ use x509_cert::der::asn1::{Ia5StringRef, PrintableStringRef, Utf8StringRef};
 use x509_cert::der::oid::ObjectIdentifier;
 use x509_cert::der::{Decode, Tag, Tagged};
 
-use super::authenticator::{AuthError, IdentitySource};
 use super::file::is_safe_user_name;
+use super::source::{AuthError, IdentitySource};
 use super::User;
 
 /// `commonName` (X.520).
@@ -66,5 +66,27 @@ impl IdentitySource for CertificateUsers {
             )));
         }
         Ok(Some(User { name: cn, groups: Vec::new() }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cert(cn: &str) -> CertificateDer<'static> {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        let key = rcgen::KeyPair::generate().expect("key");
+        params.self_signed(&key).expect("certificate").der().clone()
+    }
+
+    #[tokio::test]
+    async fn a_certificate_names_its_user_and_a_host_names_none() {
+        let alice = CertificateUsers.identify(None, Some(&cert("alice"))).await.expect("ok");
+        assert_eq!(alice, Some(User { name: "alice".into(), groups: vec![] }));
+        assert_eq!(CertificateUsers.identify(None, Some(&cert("node-1"))).await.expect("ok"), None);
+        let bad = CertificateUsers.identify(None, Some(&cert("Alice Smith"))).await;
+        assert!(matches!(bad, Err(AuthError::Refused(_))), "{bad:?}");
+        assert_eq!(CertificateUsers.identify(Some("a-token"), None).await.expect("ok"), None);
     }
 }

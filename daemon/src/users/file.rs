@@ -14,10 +14,13 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
+use async_trait::async_trait;
+use rustls::pki_types::CertificateDer;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use super::source::{AuthError, IdentitySource};
 use super::User;
 use crate::config::Quota;
 
@@ -129,15 +132,18 @@ impl UsersFile {
 
     /// Checks the text of a users file (`path` names it in errors).
     pub fn parse(text: &str, path: &Path) -> Result<Self, UsersFileError> {
-        let raw: RawFile =
-            toml::from_str(text).map_err(|e| UsersFileError::Parse { path: path.to_owned(), message: e.to_string() })?;
+        let raw: RawFile = toml::from_str(text)
+            .map_err(|e| UsersFileError::Parse { path: path.to_owned(), message: e.to_string() })?;
         let mut names = HashSet::new();
         let mut hashes = HashSet::new();
         let mut entries = Vec::with_capacity(raw.user.len());
         for (i, e) in raw.user.into_iter().enumerate() {
-            let bad = |why: String| UsersFileError::Entry { path: path.to_owned(), index: i + 1, name: e.name.clone(), why };
+            let bad =
+                |why: String| UsersFileError::Entry { path: path.to_owned(), index: i + 1, name: e.name.clone(), why };
             if !is_safe_user_name(&e.name) {
-                return Err(bad("a user name must be a POSIX account name: [a-z_][a-z0-9_-]*, at most 32 characters".into()));
+                return Err(bad(
+                    "a user name must be a POSIX account name: [a-z_][a-z0-9_-]*, at most 32 characters".into()
+                ));
             }
             if e.name.starts_with("node-") {
                 return Err(bad("names starting with node- are the cluster's hosts".into()));
@@ -190,6 +196,22 @@ impl UsersFile {
     /// No users.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+}
+
+/// The users file as a source: a token whose SHA-256 is an entry's.
+#[async_trait]
+impl IdentitySource for UsersFile {
+    fn name(&self) -> &'static str {
+        "users_file"
+    }
+
+    async fn identify(
+        &self,
+        token: Option<&str>,
+        _cert: Option<&CertificateDer<'static>>,
+    ) -> Result<Option<User>, AuthError> {
+        Ok(token.and_then(|t| self.find_by_token(t)).map(|e| e.user.clone()))
     }
 }
 

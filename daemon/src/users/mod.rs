@@ -1,7 +1,8 @@
 //! Who calls the API: users (a name and groups) from the configured sources (`[auth]`).
 //!
 //! - [`user`]: [`User`], what every source returns; [`caller`]: [`Caller`], who made a request.
-//! - [`authenticator`]: the sources in order ([`IdentitySource`]); [`file`]: `auth.users_file`;
+//! - [`authenticator`]: the sources in order; [`source`]: [`IdentitySource`], one of them;
+//!   [`file`]: `auth.users_file`;
 //!   [`certificate`]: `auth.client_certificate_users`.
 //! - [`audit`]: `auth.audit_log`; [`metrics`]: per-user metrics with bounded labels.
 
@@ -11,8 +12,10 @@ pub mod caller;
 pub mod certificate;
 pub mod file;
 pub mod metrics;
+pub mod source;
 mod user;
 
-pub use authenticator::{AuthError, Authenticator, IdentitySource};
+pub use authenticator::Authenticator;
 pub use caller::{Caller, UserCaller};
+pub use source::{AuthError, IdentitySource};
 pub use user::User;

@@ -24,9 +24,7 @@ pub async fn replicas_route(mode: Option<Mode>, calling: Calling) -> Result<Resp
     let mut replicas = mode.replicas.replicas().await;
     if !calling.caller.sees_every_kernel() {
         let records = mode.cluster.kernels().await.unwrap_or_default();
-        replicas.retain(|r| {
-            records.iter().any(|k| k.id == r.kernel_id && calling.caller.may_see(k.owner.as_deref()))
-        });
+        replicas.retain(|r| records.iter().any(|k| k.id == r.kernel_id && calling.caller.may_see(k.owner.as_deref())));
     }
     Ok(Json(replicas).into_response())
 }
@@ -56,7 +54,13 @@ pub async fn elections_route(
 }
 
 /// Another user's kernel is an unknown one, as on `/api/kernels/{id}`.
-async fn check_owner(st: &AppState, mode: &ClusterMode, calling: &Calling, action: &str, id: &str) -> Result<(), ApiError> {
+async fn check_owner(
+    st: &AppState,
+    mode: &ClusterMode,
+    calling: &Calling,
+    action: &str,
+    id: &str,
+) -> Result<(), ApiError> {
     if calling.caller.sees_every_kernel() {
         return Ok(());
     }
