@@ -8,7 +8,9 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
+use super::calling::Calling;
 use super::cluster;
+use super::error::ApiError;
 use super::state::AppState;
 use crate::metrics::StateLabels;
 use crate::status::NodeStatus;
@@ -69,12 +71,34 @@ pub async fn status(State(st): State<Arc<AppState>>) -> Json<NodeStatus> {
     })
 }
 
-/// `GET /api/v1/gpus`: who holds which GPU, and which cells wait.
-pub async fn gpus(State(st): State<Arc<AppState>>) -> Json<nbos_sched::host::Snapshot> {
-    Json(st.kernels.binder().snapshot())
+/// `GET /api/v1/gpus`: who holds which GPU, and which cells wait (every kernel's: not a
+/// user's view, see [`every_kernel_view`]).
+pub async fn gpus(
+    State(st): State<Arc<AppState>>,
+    calling: Calling,
+) -> Result<Json<nbos_sched::host::Snapshot>, ApiError> {
+    every_kernel_view(&calling)?;
+    Ok(Json(st.kernels.binder().snapshot()))
 }
 
 /// `GET /api/v1/leases`: the kernel processes connected to the lease server and their leases.
-pub async fn leases(State(st): State<Arc<AppState>>) -> Json<Vec<crate::lease::ProcessStatus>> {
-    Json(st.leases.as_ref().map(|l| l.status()).unwrap_or_default())
+pub async fn leases(
+    State(st): State<Arc<AppState>>,
+    calling: Calling,
+) -> Result<Json<Vec<crate::lease::ProcessStatus>>, ApiError> {
+    every_kernel_view(&calling)?;
+    Ok(Json(st.leases.as_ref().map(|l| l.status()).unwrap_or_default()))
+}
+
+/// Views that name every kernel of the host are for admins and operators when there are
+/// users: a user must not learn others' kernel ids from them.
+fn every_kernel_view(calling: &Calling) -> Result<(), ApiError> {
+    if calling.caller.sees_every_kernel() {
+        Ok(())
+    } else {
+        Err(ApiError {
+            status: axum::http::StatusCode::FORBIDDEN,
+            message: "every kernel's view: for admins (auth.admin_group) and the operator token".to_owned(),
+        })
+    }
 }
