@@ -119,7 +119,7 @@ impl Config {
                 ),
             ));
         }
-        if self.auth.client_certificate_users && !self.http.tls.as_ref().is_some_and(|t| t.client_ca.is_some()) {
+        if self.auth.client_certificate_users && self.http.tls.as_ref().is_none_or(|t| t.client_ca.is_none()) {
             return Err(invalid(
                 "auth.client_certificate_users",
                 "needs http.tls.client_ca: only a certificate the listener verified names a user".into(),

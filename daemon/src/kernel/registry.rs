@@ -79,6 +79,16 @@ pub(crate) fn host_tag(kernels_dir: &std::path::Path) -> String {
     hex::encode(&digest[..4])
 }
 
+/// How a started kernel is kept, and whose it is.
+struct StartOptions<'a> {
+    /// A death starts a new process (single-host kernels; a cluster's supervisor replaces
+    /// its replicas itself).
+    auto_restart: bool,
+    /// The user who owns the kernel (the single-host API's caller; `None` without users,
+    /// and for replicas, whose owner is their kernel record's).
+    owner: Option<&'a crate::users::User>,
+}
+
 /// The kernels of this host.
 pub struct Kernels {
     map: RwLock<HashMap<String, Arc<LocalKernel>>>,
@@ -243,7 +253,15 @@ impl Kernels {
         env: &[(String, String)],
         owner: Option<&crate::users::User>,
     ) -> Result<Arc<LocalKernel>, CreateError> {
-        self.start_kernel(&uuid::Uuid::new_v4().to_string(), 0, name, gpus, env, true, owner).await
+        self.start_kernel(
+            &uuid::Uuid::new_v4().to_string(),
+            0,
+            name,
+            gpus,
+            env,
+            StartOptions { auto_restart: true, owner },
+        )
+        .await
     }
 
     /// Starts replica `replica` of kernel `id` here: the cluster's supervisor uses the
@@ -258,7 +276,7 @@ impl Kernels {
         gpus: Option<u32>,
         env: &[(String, String)],
     ) -> Result<Arc<LocalKernel>, CreateError> {
-        self.start_kernel(id, replica, name, gpus, env, false, None).await
+        self.start_kernel(id, replica, name, gpus, env, StartOptions { auto_restart: false, owner: None }).await
     }
 
     async fn start_kernel(
@@ -268,10 +286,9 @@ impl Kernels {
         name: Option<&str>,
         gpus: Option<u32>,
         env: &[(String, String)],
-        auto_restart: bool,
-        // The user who owns the kernel (the single-host API's caller; `None` without users).
-        owner: Option<&crate::users::User>,
+        options: StartOptions<'_>,
     ) -> Result<Arc<LocalKernel>, CreateError> {
+        let StartOptions { auto_restart, owner } = options;
         // Before anything else: the id becomes the kernel's directory and cgroup name.
         if !super::id::is_kernel_id(id) {
             return Err(CreateError::BadKernelId(id.chars().take(64).collect()));

@@ -78,7 +78,7 @@ impl Authenticator {
                         }
                     }
                 }
-                let quota = entry.map(|e| e.quota.clone()).unwrap_or_else(Quota::default);
+                let quota = entry.map(|e| e.quota.clone()).unwrap_or_default();
                 let admin = self.admin_group.as_deref().is_some_and(|g| user.in_group(g));
                 tracing::debug!(user = %user.name, source = source.name(), admin, "caller identified");
                 return Ok(Some(UserCaller { user, admin, quota }));
