@@ -7,6 +7,7 @@
 //! - `KERNEL_USERNAME=bob` in alice's create does not make bob the owner;
 //! - quotas refuse with the limit named; an admin sees and deletes alice's kernel; the
 //!   operator's `nbos kernels` shows owners; the audit log has the session's lines;
+//! - a client certificate names its user (its Common Name); a node certificate names none;
 //! - in a 3-host cluster, bob asking hosts 2 and 3 for the kernel alice made on host 1 is
 //!   404 (every host enforces the record's owner), and alice's own requests work there.
 
@@ -230,4 +231,81 @@ fn every_host_enforces_the_owner_of_a_cluster_kernel() {
     assert_eq!(code, 204, "alice interrupts on host 3");
     let (code, _) = on(3, "DELETE", &format!("/api/kernels/{id}"), ALICE, None);
     assert_eq!(code, 204, "alice deletes on host 3");
+}
+
+/// `method path` over HTTPS as `identity` (a client certificate) or with `token`: status and body.
+fn https(
+    ca: &Path,
+    identity: Option<(&Path, &Path)>,
+    token: Option<&str>,
+    method: &str,
+    url: &str,
+    body: Option<&str>,
+) -> (u16, String) {
+    let tls = notebookosd::link::tls::client_config(ca, identity).expect("client config");
+    let agent = ureq::AgentBuilder::new().tls_config(tls).timeout(std::time::Duration::from_secs(120)).build();
+    let mut req = agent.request(method, url);
+    if let Some(t) = token {
+        req = req.set("Authorization", &format!("token {t}"));
+    }
+    let res = match body {
+        Some(b) => req.set("Content-Type", "application/json").send_string(b),
+        None => req.call(),
+    };
+    match res {
+        Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        Err(e) => panic!("{method} {url}: {e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_names_its_user_and_a_node_certificate_none() {
+    let files = tempfile::tempdir().expect("tmp");
+    let pki = notebookosd::pki::Pki::at(&files.path().join("pki"));
+    pki.init().expect("pki");
+    let node = pki.issue_node(1, &["localhost".into()], &["127.0.0.1".parse().expect("ip")]).expect("node cert");
+    let alice = pki.issue_client("alice").expect("alice's certificate");
+    let carol = pki.issue_client("carol").expect("carol's certificate");
+    let users = files.path().join("users.toml");
+    users_file(&users, "");
+    let ca = pki.ca_cert();
+    let d = start_daemon(&[], Stdio::null(), |c| {
+        c.https(&node.cert, &node.key, &ca);
+        c.config.auth.users_file = Some(users.clone());
+        c.config.auth.client_certificate_users = true;
+    });
+    let url = d.url.clone();
+    let (ca2, u) = (ca.clone(), url.clone());
+    let (alice_cert, alice_key) = (alice.cert.clone(), alice.key.clone());
+    let (carol_cert, carol_key) = (carol.cert.clone(), carol.key.clone());
+    let id = tokio::task::spawn_blocking(move || {
+        let kernels = format!("{u}/api/kernels");
+        let as_alice = Some((alice_cert.as_path(), alice_key.as_path()));
+        let (code, created) = https(&ca2, as_alice, None, "POST", &kernels, Some(r#"{"name": "python3"}"#));
+        assert_eq!(code, 201, "{created}");
+        let created: serde_json::Value = serde_json::from_str(&created).expect("model");
+        assert_eq!(created["owner"], "alice", "the certificate's Common Name owns the kernel");
+        let id = created["id"].as_str().expect("id").to_owned();
+        // carol (a certificate, no users-file entry) and bob (a token) see nothing of it.
+        let as_carol = Some((carol_cert.as_path(), carol_key.as_path()));
+        assert_eq!(ids(&https(&ca2, as_carol, None, "GET", &kernels, None).1), Vec::<String>::new());
+        let (code, _) = https(&ca2, as_carol, None, "GET", &format!("{kernels}/{id}"), None);
+        assert_eq!(code, 404, "carol on alice's kernel");
+        let (code, _) = https(&ca2, None, Some(BOB), "DELETE", &format!("{kernels}/{id}"), None);
+        assert_eq!(code, 404, "bob on alice's kernel");
+        // A host's certificate is no user's.
+        let as_node = Some((node.cert.as_path(), node.key.as_path()));
+        assert_eq!(https(&ca2, as_node, None, "GET", &kernels, None).0, 401, "a node certificate on the users' API");
+        assert_eq!(ids(&https(&ca2, as_alice, None, "GET", &kernels, None).1), vec![id.clone()]);
+        id
+    })
+    .await
+    .expect("session");
+    // The channels WebSocket, which jupyter_server opens with the certificate and no header.
+    let tls = notebookosd::link::tls::client_config(&ca, Some((&alice.cert, &alice.key))).expect("tls");
+    GatewayClient::new(&url, None).with_tls(tls).connect_channels(&id, false).await.expect("alice's channels");
+    let tls = notebookosd::link::tls::client_config(&ca, Some((&carol.cert, &carol.key))).expect("tls");
+    let refused = GatewayClient::new(&url, None).with_tls(tls).connect_channels(&id, false).await;
+    assert!(refused.is_err(), "carol's channels of alice's kernel");
 }
