@@ -3,8 +3,8 @@
 //! kernels that exist (the cluster's records in cluster mode). Pure: the handlers gather
 //! the kernels, this decides. `gpu_hours_per_day` is checked elsewhere.
 //!
-//! Kernels being created at the same moment on other hosts are not counted: two creates
-//! racing on two hosts may each pass with one place left.
+//! Kernels being created at the same moment (here or on other hosts) are not counted yet:
+//! two creates racing may each pass with one place left.
 
 use crate::config::{LimitsConfig, Quota};
 use crate::users::UserCaller;
