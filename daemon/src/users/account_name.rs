@@ -29,7 +29,20 @@ mod tests {
     #[test]
     fn names_that_could_escape_or_confuse_are_refused() {
         let long = "a".repeat(33);
-        for name in ["", "Alice", "-rf", ".hidden", "1000", "../etc", "a/b", "a b", "alice@example.com", "ali\u{e7}e", "a\n", &long] {
+        for name in [
+            "",
+            "Alice",
+            "-rf",
+            ".hidden",
+            "1000",
+            "../etc",
+            "a/b",
+            "a b",
+            "alice@example.com",
+            "ali\u{e7}e",
+            "a\n",
+            &long,
+        ] {
             assert!(!is_safe_account_name(name), "{name:?}");
         }
     }

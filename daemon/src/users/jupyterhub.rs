@@ -169,7 +169,11 @@ impl JupyterHubVerifier {
     }
 
     /// A verifier of tokens with the Hub at `api_url`, trusting a verified token for `trust_for`.
-    pub fn new(api_url: &str, service_token: Option<String>, trust_for: Duration) -> Result<Self, JupyterHubSetupError> {
+    pub fn new(
+        api_url: &str,
+        service_token: Option<String>,
+        trust_for: Duration,
+    ) -> Result<Self, JupyterHubSetupError> {
         let bad_url = || JupyterHubSetupError::BadUrl { url: api_url.to_owned() };
         let parsed = url::Url::parse(api_url).map_err(|_| bad_url())?;
         if !matches!(parsed.scheme(), "http" | "https") {
@@ -196,7 +200,8 @@ impl JupyterHubVerifier {
             return answer.map_err(Into::into);
         }
         let asked = {
-            let (agent, api_url, service_token) = (self.agent.clone(), self.api_url.clone(), self.service_token.clone());
+            let (agent, api_url, service_token) =
+                (self.agent.clone(), self.api_url.clone(), self.service_token.clone());
             let token = token.to_owned();
             tokio::task::spawn_blocking(move || identify(&agent, &api_url, service_token.as_deref(), &token))
                 .await
@@ -218,7 +223,12 @@ impl JupyterHubVerifier {
 }
 
 /// Asks the Hub who holds `token` and checks the answer (blocking).
-fn identify(agent: &ureq::Agent, api_url: &str, service_token: Option<&str>, token: &str) -> Result<User, JupyterHubError> {
+fn identify(
+    agent: &ureq::Agent,
+    api_url: &str,
+    service_token: Option<&str>,
+    token: &str,
+) -> Result<User, JupyterHubError> {
     let owner = get_model(agent, &format!("{api_url}/user"), token).map_err(|e| match e {
         HubAnswer::Refused => JupyterHubError::Refused(JupyterHubRefusal::UnknownToken),
         HubAnswer::Unavailable(why) => JupyterHubError::Unavailable(format!("GET /user: {why}")),
@@ -254,10 +264,14 @@ fn groups_as_service(
         ));
     };
     let model = get_model(agent, &format!("{api_url}/users/{name}"), service_token).map_err(|e| match e {
-        HubAnswer::Refused => unavailable("the Hub refused the service's token (it needs read:users:groups)".to_owned()),
+        HubAnswer::Refused => {
+            unavailable("the Hub refused the service's token (it needs read:users:groups)".to_owned())
+        }
         HubAnswer::Unavailable(why) => unavailable(format!("GET /users/{name}: {why}")),
     })?;
-    model.groups.ok_or_else(|| unavailable("the Hub did not list them to the service (it needs read:users:groups)".into()))
+    model
+        .groups
+        .ok_or_else(|| unavailable("the Hub did not list them to the service (it needs read:users:groups)".into()))
 }
 
 /// How a Hub request failed.
@@ -282,7 +296,8 @@ fn get_model(agent: &ureq::Agent, url: &str, token: &str) -> Result<HubModel, Hu
         .take(MAX_ANSWER_BYTES)
         .read_to_end(&mut body)
         .map_err(|e| HubAnswer::Unavailable(format!("reading the Hub's answer: {e}")))?;
-    serde_json::from_slice(&body).map_err(|e| HubAnswer::Unavailable(format!("the Hub's answer is not a user model: {e}")))
+    serde_json::from_slice(&body)
+        .map_err(|e| HubAnswer::Unavailable(format!("the Hub's answer is not a user model: {e}")))
 }
 
 /// Whether `scopes` (the Hub's expanded list) grant access to `name`'s own servers.
@@ -363,10 +378,22 @@ mod tests {
                        "scopes": ["access:servers!server=alice/", "users:activity!user=alice"],
                        "session_id": null, "token_id": "a7"}),
             ),
-            ("carol-token", json!({"kind": "user", "name": "carol", "admin": false, "scopes": ["access:servers!user=carol"]})),
-            ("dana-token", json!({"kind": "user", "name": "dana", "groups": [], "scopes": ["read:users:activity!user=dana"]})),
-            ("eve-token", json!({"kind": "user", "name": "Eve@example.com", "groups": [], "scopes": ["access:servers"]})),
-            ("service-token", json!({"kind": "service", "name": "notebookos", "scopes": ["read:users:groups", "access:servers"]})),
+            (
+                "carol-token",
+                json!({"kind": "user", "name": "carol", "admin": false, "scopes": ["access:servers!user=carol"]}),
+            ),
+            (
+                "dana-token",
+                json!({"kind": "user", "name": "dana", "groups": [], "scopes": ["read:users:activity!user=dana"]}),
+            ),
+            (
+                "eve-token",
+                json!({"kind": "user", "name": "Eve@example.com", "groups": [], "scopes": ["access:servers"]}),
+            ),
+            (
+                "service-token",
+                json!({"kind": "service", "name": "notebookos", "scopes": ["read:users:groups", "access:servers"]}),
+            ),
         ]);
         let full_models =
             HashMap::from([("carol", json!({"kind": "user", "name": "carol", "admin": false, "groups": ["physics"]}))]);
@@ -435,7 +462,10 @@ mod tests {
         let url = serve(hub.clone()).await;
         let verifier = JupyterHubVerifier::new(&url, None, Duration::from_secs(3600)).unwrap();
         let error = verifier.verify("carol-token").await.unwrap_err();
-        assert!(matches!(error, JupyterHubError::Unavailable(ref why) if why.contains("jupyterhub_token_file")), "{error}");
+        assert!(
+            matches!(error, JupyterHubError::Unavailable(ref why) if why.contains("jupyterhub_token_file")),
+            "{error}"
+        );
     }
 
     #[tokio::test]
@@ -459,13 +489,19 @@ mod tests {
     #[tokio::test]
     async fn a_hub_name_unsafe_as_an_account_is_refused() {
         let verifier = verifier(&serve(Arc::new(fake_hub())).await);
-        assert_eq!(refusal(verifier.verify("eve-token").await), JupyterHubRefusal::UnsafeName { name: "Eve@example.com".into() });
+        assert_eq!(
+            refusal(verifier.verify("eve-token").await),
+            JupyterHubRefusal::UnsafeName { name: "Eve@example.com".into() }
+        );
     }
 
     #[tokio::test]
     async fn a_token_without_access_to_its_owners_servers_is_refused() {
         let verifier = verifier(&serve(Arc::new(fake_hub())).await);
-        assert_eq!(refusal(verifier.verify("dana-token").await), JupyterHubRefusal::NoServerAccess { name: "dana".into() });
+        assert_eq!(
+            refusal(verifier.verify("dana-token").await),
+            JupyterHubRefusal::NoServerAccess { name: "dana".into() }
+        );
     }
 
     #[tokio::test]

@@ -2,6 +2,7 @@
 
 pub mod account_name;
 pub mod jupyterhub;
+pub mod oidc;
 pub mod token_cache;
 mod user;
 

@@ -116,7 +116,10 @@ mod tests {
         cache.insert(token, "alice", LONG);
         assert!(!cache.holds_in_clear(token));
         assert_eq!(cache.get(token), Some("alice"));
-        assert_eq!(hex::encode(token_digest("abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(
+            hex::encode(token_digest("abc")),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
     }
 
     #[test]
