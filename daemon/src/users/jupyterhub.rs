@@ -9,6 +9,8 @@
 //! does not run code here. A single-user server's own token has `access:servers!server` by
 //! default (the Hub's `server` role), and a token from the Hub's token page inherits the
 //! user's `access:servers!user`.
+//!
+//! The Hub's `admin` flag is not read: who administers NotebookOS is `auth.admin_group`'s to say.
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
