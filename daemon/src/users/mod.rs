@@ -3,16 +3,21 @@
 //! - [`user`]: [`User`], what every source returns; [`caller`]: [`Caller`], who made a request.
 //! - [`authenticator`]: the sources in order; [`source`]: [`IdentitySource`], one of them;
 //!   [`file`]: `auth.users_file`;
-//!   [`certificate`]: `auth.client_certificate_users`.
+//!   [`certificate`]: `auth.client_certificate_users`; [`jupyterhub`]: JupyterHub API tokens;
+//!   [`oidc`]: OIDC bearer JWTs ([`token_cache`] remembers verified tokens by digest).
 //! - [`audit`]: `auth.audit_log`; [`metrics`]: per-user metrics with bounded labels.
 
+pub mod account_name;
 pub mod audit;
 pub mod authenticator;
 pub mod caller;
 pub mod certificate;
 pub mod file;
+pub mod jupyterhub;
 pub mod metrics;
+pub mod oidc;
 pub mod source;
+pub mod token_cache;
 mod user;
 
 pub use authenticator::Authenticator;
