@@ -34,7 +34,7 @@ pub use error::ConfigError;
 pub use gpu::{DeviceGuardMode, GpuConfig, GpuDriver};
 pub use http::{HttpConfig, HttpTlsConfig};
 pub use kernel::{
-    KernelConfig, DEFAULT_KERNEL_HOME_QUOTA_MIB, DEFAULT_KERNEL_MAX_MESSAGE_BYTES, DEFAULT_KERNEL_MEMORY_LIMIT_MIB,
+    KernelConfig, RunAs, DEFAULT_KERNEL_HOME_QUOTA_MIB, DEFAULT_KERNEL_MAX_MESSAGE_BYTES, DEFAULT_KERNEL_MEMORY_LIMIT_MIB,
     DEFAULT_KERNEL_NPROC_MAX, DEFAULT_KERNEL_OPEN_FILES_MAX, DEFAULT_KERNEL_SHM_SIZE_MIB, DEFAULT_KERNEL_USER,
 };
 pub use limits::LimitsConfig;

@@ -49,26 +49,41 @@ pub async fn create(
         Some(mode) => cluster::kernel_ids(mode).await?,
         None => st.kernels.list().await.into_iter().map(|k| k.id).collect(),
     };
+    // The kernel's owner: the authenticated user once there are users (`None` until then).
+    let owner: Option<&str> = None;
+    // kernel.run_as = "owner": refused here, before a cluster kernel is recorded, with
+    // the reason (no owner, no such account, root's).
+    st.kernels.check_owner(owner).map_err(create_error)?;
     let reservation = st.limits.reserve_kernel(USERS_CREDENTIAL, &live)?;
     if let Some(mode) = mode {
         return cluster::create(&mode, req, gpus, reservation).await;
     }
     let env = settable_env(req.env);
-    match st.kernels.create(req.name.as_deref(), gpus, &env).await {
+    match st.kernels.create(req.name.as_deref(), gpus, &env, owner).await {
         Ok(k) => {
             reservation.created(&k.id);
             Ok((StatusCode::CREATED, Json(k.model().await)).into_response())
         }
-        Err(e @ CreateError::UnknownSpec(_)) => Err(ApiError::not_found(e.to_string())),
-        Err(e @ CreateError::BadGpuRequest(_)) => Err(ApiError::bad_request(e.to_string())),
-        Err(e @ CreateError::Refused(_)) => {
-            Err(ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: e.to_string() })
-        }
+        Err(e) => Err(create_error(e)),
+    }
+}
+
+/// The API's answer to a kernel that could not be created.
+fn create_error(e: CreateError) -> ApiError {
+    match e {
+        e @ CreateError::UnknownSpec(_) => ApiError::not_found(e.to_string()),
+        e @ CreateError::BadGpuRequest(_) => ApiError::bad_request(e.to_string()),
+        e @ CreateError::Refused(_) => ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: e.to_string() },
         // Not reachable here (the id is a fresh UUID), but a kernel id refused is a 400.
-        Err(e @ CreateError::BadKernelId(_)) => Err(ApiError::bad_request(e.to_string())),
-        Err(e @ CreateError::Start(_)) => {
+        e @ CreateError::BadKernelId(_) => ApiError::bad_request(e.to_string()),
+        // kernel.run_as = "owner": this user may not have a kernel here as configured.
+        e @ CreateError::Owner(_) => {
+            tracing::warn!(error = %e, "kernel refused: it cannot run as its owner");
+            ApiError { status: StatusCode::FORBIDDEN, message: e.to_string() }
+        }
+        e @ CreateError::Start(_) => {
             tracing::error!(error = %e, "kernel start failed");
-            Err(ApiError::internal(e.to_string()))
+            ApiError::internal(e.to_string())
         }
     }
 }

@@ -35,6 +35,7 @@ pub mod ipykernel;
 pub mod local_kernel;
 pub mod memory_usage;
 pub mod orphans;
+pub mod owner_account;
 pub mod port_owner;
 pub mod prewarm;
 pub mod process;

@@ -294,7 +294,16 @@ impl Supervisor {
                     tracing::warn!(kernel = %record.id, dropped, "kernel record: environment variables a client may not set were left out");
                 }
                 kernels
-                    .create_replica(&record.id, r.replica, Some(&record.name), Some(record.gpus), &env)
+                                        // The record's owner on every host: new, re-placed and migrated
+                    // replicas and restarts all run as the same account (kernel.run_as).
+                    .create_replica(
+                        &record.id,
+                        r.replica,
+                        Some(&record.name),
+                        Some(record.gpus),
+                        &env,
+                        record.owner.as_deref(),
+                    )
                     .await
                     .map_err(|e| anyhow::anyhow!("starting replica {} of kernel {}: {e}", r.replica, record.id))?
             }
