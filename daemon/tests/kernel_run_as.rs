@@ -74,7 +74,8 @@ fn ensure_accounts() -> Result<(), String> {
             Err(format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr)))
         }
     };
-    let exists = |db: &str, name: &str| Command::new("getent").args([db, name]).output().is_ok_and(|o| o.status.success());
+    let exists =
+        |db: &str, name: &str| Command::new("getent").args([db, name]).output().is_ok_and(|o| o.status.success());
     if !exists("group", GROUP_A) {
         run(Command::new("groupadd").arg("--system").arg(GROUP_A))?;
     }
@@ -319,7 +320,7 @@ async fn root_a_missing_account_and_no_owner_are_refused_with_the_reason() {
         (None, "has no owner"),
         (Some("notebookos-kernel"), "kernel.user"),
     ] {
-        let err = h.kernels.create(None, None, &claims(OWNER_A), owner).await.err().expect("refused");
+        let err = h.kernels.create(None, None, &claims(OWNER_A), owner).await.expect_err("refused");
         assert!(matches!(err, CreateError::Owner(_)), "{owner:?}: {err}");
         let text = err.to_string();
         assert!(text.contains("kernel.run_as") && text.contains(says), "{owner:?}: {text}");
@@ -342,9 +343,8 @@ async fn a_pool_process_that_keeps_its_capabilities_is_killed_and_the_kernel_sta
     // subverted one would. The daemon's /proc check must catch it.
     let launcher = h._dir.path().join("kernels/.prewarm.py");
     let text = std::fs::read_to_string(&launcher).expect("launcher");
-    let broken = text
-        .replace("if _libc.capset(ctypes.byref(header), data) != 0:", "if False:")
-        .replace("os._exit(73)", "pass");
+    let broken =
+        text.replace("if _libc.capset(ctypes.byref(header), data) != 0:", "if False:").replace("os._exit(73)", "pass");
     assert_ne!(broken, text, "the launcher's capset and check are where this test expects them");
     std::fs::write(&launcher, broken).expect("write launcher");
     let pool = h.wait_for_ready_pool().await;

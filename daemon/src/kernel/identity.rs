@@ -355,7 +355,13 @@ fn shared_identity(user: &str, group: Option<&str>) -> Result<KernelIdentity, Id
         };
         return Err(IdentityError::Root { what, id: "gid" });
     }
-    Ok(KernelIdentity { uid: account.uid.as_raw(), gid: gid.as_raw(), groups: Vec::new(), user: user.to_owned(), home: None })
+    Ok(KernelIdentity {
+        uid: account.uid.as_raw(),
+        gid: gid.as_raw(),
+        groups: Vec::new(),
+        user: user.to_owned(),
+        home: None,
+    })
 }
 
 fn range_identity(uid: u32) -> KernelIdentity {
@@ -474,13 +480,8 @@ mod tests {
         std::fs::create_dir_all(closed.join("inner")).expect("dirs");
         std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod");
         std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).expect("chmod");
-        let nobody = KernelIdentity {
-            uid: 3_900_000_000,
-            gid: 3_900_000_000,
-            groups: Vec::new(),
-            user: "x".into(),
-            home: None,
-        };
+        let nobody =
+            KernelIdentity { uid: 3_900_000_000, gid: 3_900_000_000, groups: Vec::new(), user: "x".into(), home: None };
         let e = check_traversable(&closed.join("inner/kernel"), &nobody).expect_err("closed");
         assert!(matches!(&e, IdentityError::NotTraversable { dir, .. } if dir == &closed), "{e}");
         assert!(e.to_string().contains(&closed.display().to_string()), "{e}");

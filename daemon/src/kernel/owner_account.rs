@@ -5,7 +5,6 @@
 //! CAP_SETUID until they become a kernel, so no kernel may share their uid.
 
 use std::ffi::CString;
-use std::path::PathBuf;
 
 use super::identity::KernelIdentity;
 
@@ -99,7 +98,7 @@ pub fn lookup(owner: Option<&str>, pool_uid: u32) -> Result<KernelIdentity, Owne
         gid: account.gid.as_raw(),
         groups,
         user: owner.to_owned(),
-        home: Some(PathBuf::from(account.dir)).filter(|h| h.is_absolute()),
+        home: Some(account.dir).filter(|h| h.is_absolute()),
     })
 }
 
@@ -112,7 +111,10 @@ mod tests {
         let e = lookup(None, 1).expect_err("no owner").to_string();
         assert!(e.contains("kernel.run_as") && e.contains("no owner"), "{e}");
         let e = lookup(Some("nbos-no-such-owner-xyz"), 1).expect_err("missing").to_string();
-        assert!(e.contains("kernel.run_as") && e.contains("\"nbos-no-such-owner-xyz\"") && e.contains("no system account"), "{e}");
+        assert!(
+            e.contains("kernel.run_as") && e.contains("\"nbos-no-such-owner-xyz\"") && e.contains("no system account"),
+            "{e}"
+        );
         let e = lookup(Some("root"), 1).expect_err("root").to_string();
         assert!(e.contains("kernel.run_as") && e.contains("\"root\"") && e.contains("uid 0"), "{e}");
         let e = lookup(Some("a\0b"), 1).expect_err("NUL").to_string();

@@ -270,10 +270,7 @@ pub(super) fn ipykernel_args(connection_file: &Path) -> Vec<OsString> {
 /// `kernel.run_as = "owner"`), else its private home (in its directory, under the home
 /// quota when there is one).
 pub(super) fn kernel_cwd(spec: &LaunchSpec) -> PathBuf {
-    spec.cwd
-        .clone()
-        .or_else(|| account_home(spec))
-        .unwrap_or_else(|| home::home_of(&spec.dir))
+    spec.cwd.clone().or_else(|| account_home(spec)).unwrap_or_else(|| home::home_of(&spec.dir))
 }
 
 /// The home directory of the account the kernel runs as, when it has one of its own that

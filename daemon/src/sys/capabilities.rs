@@ -71,15 +71,7 @@ pub fn after_setuid_keep_setid() -> std::io::Result<()> {
     set_sets(SETID_MASK)?;
     for cap in [CAP_SETUID, CAP_SETGID] {
         // SAFETY: prctl(2) with integer arguments only; async-signal-safe.
-        check(unsafe {
-            libc::prctl(
-                libc::PR_CAP_AMBIENT,
-                AMBIENT_RAISE,
-                libc::c_ulong::from(cap),
-                0,
-                0,
-            )
-        })?;
+        check(unsafe { libc::prctl(libc::PR_CAP_AMBIENT, AMBIENT_RAISE, libc::c_ulong::from(cap), 0, 0) })?;
     }
     Ok(())
 }
@@ -93,9 +85,7 @@ fn set_sets(low_word: u32) -> std::io::Result<()> {
     ];
     // SAFETY: capset(2) reads one header and two data structs (version 3's layout,
     // repr(C)), both alive for the call; async-signal-safe (a plain system call).
-    let rc = unsafe {
-        libc::syscall(libc::SYS_capset, std::ptr::addr_of_mut!(header), data.as_ptr())
-    };
+    let rc = unsafe { libc::syscall(libc::SYS_capset, std::ptr::addr_of_mut!(header), data.as_ptr()) };
     if rc == 0 {
         Ok(())
     } else {

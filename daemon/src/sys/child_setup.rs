@@ -40,8 +40,17 @@ pub struct ChildSetup {
 impl ChildSetup {
     /// Makes the child of `cmd` run these steps between fork and exec.
     pub fn install(self, cmd: &mut tokio::process::Command) -> std::io::Result<()> {
-        let Self { cgroup_procs, address_space_limit, confinement, home, pid_report, ids, groups, keep_setid_caps, cwd_again } =
-            self;
+        let Self {
+            cgroup_procs,
+            address_space_limit,
+            confinement,
+            home,
+            pid_report,
+            ids,
+            groups,
+            keep_setid_caps,
+            cwd_again,
+        } = self;
         let groups: Vec<libc::gid_t> = groups;
         let rlimit_as = address_space_limit.map(|limit| libc::rlimit { rlim_cur: limit, rlim_max: limit });
         let init_exe = pid_namespace::init_exe();

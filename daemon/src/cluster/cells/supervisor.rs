@@ -294,7 +294,7 @@ impl Supervisor {
                     tracing::warn!(kernel = %record.id, dropped, "kernel record: environment variables a client may not set were left out");
                 }
                 kernels
-                                        // The record's owner on every host: new, re-placed and migrated
+                    // The record's owner on every host: new, re-placed and migrated
                     // replicas and restarts all run as the same account (kernel.run_as).
                     .create_replica(
                         &record.id,

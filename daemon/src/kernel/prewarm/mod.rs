@@ -231,9 +231,9 @@ impl PrewarmPool {
         let account_fits = if s.switch_to_owner {
             // Any owner but root and the pool's own account (refused before, by
             // owner_account; checked again by the launcher and from /proc).
-            spec.identity.as_ref().is_some_and(|i| {
-                i.uid != 0 && i.gid != 0 && s.identity.as_ref().is_some_and(|pool| pool.uid != i.uid)
-            })
+            spec.identity
+                .as_ref()
+                .is_some_and(|i| i.uid != 0 && i.gid != 0 && s.identity.as_ref().is_some_and(|pool| pool.uid != i.uid))
         } else {
             spec.identity.as_ref().map(|i| (i.uid, i.gid)) == s.identity.as_ref().map(|i| (i.uid, i.gid))
         };
