@@ -166,7 +166,7 @@ impl Host {
         loop {
             let ready = self.metrics.prewarm_pool_processes.get_or_create(&StateLabels { state: "ready".into() }).get();
             if ready >= 1 {
-                return pool_pids(self.kernels.prewarm().is_some());
+                return pool_pids(&self._dir.path().join("kernels"));
             }
             assert!(Instant::now() < deadline, "the pool never had a ready process");
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -174,19 +174,17 @@ impl Host {
     }
 }
 
-/// Processes running a pre-warm launcher whose `/proc` is still root's (not dumpable: not
-/// yet a kernel).
-fn pool_pids(any: bool) -> Vec<u32> {
+/// Processes running the pre-warm launcher of `kernels_dir` whose `/proc` is still root's
+/// (not dumpable: not yet a kernel).
+fn pool_pids(kernels_dir: &Path) -> Vec<u32> {
     use std::os::unix::fs::MetadataExt;
-    if !any {
-        return Vec::new();
-    }
+    let launcher = kernels_dir.join(".prewarm.py").display().to_string();
     let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| {
             let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            String::from_utf8_lossy(&cmd).contains(".prewarm.py")
+            String::from_utf8_lossy(&cmd).split('\0').any(|a| a == launcher)
                 && std::fs::metadata(format!("/proc/{pid}/status")).is_ok_and(|m| m.uid() == 0)
         })
         .collect()
@@ -297,14 +295,20 @@ async fn an_owners_kernel_from_the_pool_runs_as_the_owner_with_no_capabilities()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_owners_kernel_without_the_pool_runs_as_the_owner() {
-    if skip("an_owners_kernel_without_the_pool_runs_as_the_owner") {
+async fn an_owners_kernel_without_the_pool_runs_as_the_owner_and_so_does_its_restart() {
+    if skip("an_owners_kernel_without_the_pool_runs_as_the_owner_and_so_does_its_restart") {
         return;
     }
     let h = host(0);
     let kernel = h.kernels.create(None, None, &claims("root"), Some(OWNER_A)).await.expect("A's kernel");
     assert_eq!(h.takes("hit") + h.takes("warming"), 0, "no pool");
-    assert_runs_as(&kernel, kernel.pids()[0], OWNER_A, Some(gid_of(GROUP_A))).await;
+    let first = kernel.pids()[0];
+    assert_runs_as(&kernel, first, OWNER_A, Some(gid_of(GROUP_A))).await;
+    // A restart starts a new Python as the same owner.
+    kernel.restart().await.expect("restart");
+    let pid = kernel.pids()[0];
+    assert_ne!(pid, first, "a new process");
+    assert_runs_as(&kernel, pid, OWNER_A, Some(gid_of(GROUP_A))).await;
     h.kernels.shutdown_all().await;
 }
 

@@ -227,7 +227,10 @@ impl KernelUsers {
         match &self.mode {
             Mode::Daemon => Ok(None),
             Mode::Shared(id) => Ok(Some(id.clone())),
-            Mode::Owner { pool } => Ok(Some(super::owner_account::lookup(owner, pool.uid)?)),
+            Mode::Owner { pool } => {
+                let a = super::owner_account::lookup(owner, pool.uid)?;
+                Ok(Some(KernelIdentity { uid: a.uid, gid: a.gid, groups: a.groups, user: a.name, home: a.home }))
+            }
             Mode::Range { first, last } => {
                 let mut allocated = lock(&self.allocated);
                 if let Some(&uid) = allocated.by_kernel.get(kernel_id) {

@@ -5,8 +5,22 @@
 //! CAP_SETUID until they become a kernel, so no kernel may share their uid.
 
 use std::ffi::CString;
+use std::path::PathBuf;
 
-use super::identity::KernelIdentity;
+/// An owner's system account, as NSS gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnerAccount {
+    /// The owner's (and the account's) name.
+    pub name: String,
+    /// User id (never 0).
+    pub uid: u32,
+    /// Primary group id (never 0).
+    pub gid: u32,
+    /// Every group of the account, the primary one included (never 0).
+    pub groups: Vec<u32>,
+    /// Its home directory (`None`: not an absolute path).
+    pub home: Option<PathBuf>,
+}
 
 /// Why a kernel cannot run as its owner. Each message names the account and
 /// `kernel.run_as`: it is what the client that created the kernel reads.
@@ -63,7 +77,7 @@ pub enum OwnerError {
 }
 
 /// The account kernel owner `owner` runs as; `pool_uid` is `kernel.user`'s uid.
-pub fn lookup(owner: Option<&str>, pool_uid: u32) -> Result<KernelIdentity, OwnerError> {
+pub fn lookup(owner: Option<&str>, pool_uid: u32) -> Result<OwnerAccount, OwnerError> {
     let owner = owner.ok_or(OwnerError::NoOwner)?;
     let bad_name = || OwnerError::BadName { owner: owner.to_owned() };
     let c_name = CString::new(owner).map_err(|_| bad_name())?;
@@ -93,11 +107,11 @@ pub fn lookup(owner: Option<&str>, pool_uid: u32) -> Result<KernelIdentity, Owne
         .collect();
     groups.sort_unstable();
     groups.dedup();
-    Ok(KernelIdentity {
+    Ok(OwnerAccount {
+        name: owner.to_owned(),
         uid: account.uid.as_raw(),
         gid: account.gid.as_raw(),
         groups,
-        user: owner.to_owned(),
         home: Some(account.dir).filter(|h| h.is_absolute()),
     })
 }
@@ -136,7 +150,7 @@ mod tests {
             return;
         }
         let id = lookup(Some("nobody"), 1).expect("nobody");
-        assert_eq!((id.uid, id.gid, id.user.as_str()), (nobody.uid.as_raw(), nobody.gid.as_raw(), "nobody"));
+        assert_eq!((id.uid, id.gid, id.name.as_str()), (nobody.uid.as_raw(), nobody.gid.as_raw(), "nobody"));
         assert!(id.groups.contains(&id.gid), "the primary group is among the groups: {:?}", id.groups);
         assert!(!id.groups.contains(&0));
     }
