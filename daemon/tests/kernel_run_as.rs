@@ -386,3 +386,42 @@ fn without_users_run_as_owner_refuses_every_kernel_whatever_kernel_username_says
     let (_, list) = http("GET", &format!("{}/api/kernels", d.url), Some(TOKEN), None);
     assert_eq!(list.trim(), "[]");
 }
+
+/// The launcher alone (as the daemon runs it, `python -s`): an order to become root, or
+/// to keep root's group, ends it at once with its own status (70), before anything of the
+/// order's. The daemon never sends one (it refuses root owners
+/// first); this is the launcher's own guard.
+#[test]
+fn the_launcher_refuses_an_order_to_become_root() {
+    use std::io::{BufRead, BufReader, Write};
+    let launcher = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/kernel/prewarm/launcher.py");
+    for switch in [
+        serde_json::json!({ "uid": 0, "gid": 1000, "groups": [] }),
+        serde_json::json!({ "uid": 1000, "gid": 0, "groups": [] }),
+        serde_json::json!({ "uid": 1000, "gid": 1000, "groups": [0, 1000] }),
+    ] {
+        let dir = tempfile::tempdir().expect("tmp");
+        let log = dir.path().join("kernel.log");
+        let mut child = Command::new(nbos_test_support::bins::python())
+            .arg("-s")
+            .arg(&launcher)
+            .current_dir(dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("python");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        out.read_line(&mut line).expect("ready line");
+        assert_eq!(line, "ready\n");
+        let order = serde_json::json!({
+            "argv": [], "env": {}, "cwd": "/", "log": log.display().to_string(), "switch": switch,
+        });
+        let mut stdin = child.stdin.take().expect("stdin");
+        writeln!(stdin, "{order}").expect("order");
+        drop(stdin);
+        let status = child.wait().expect("wait");
+        assert_eq!(status.code(), Some(70), "{switch}: refused with the launcher's status");
+    }
+}
