@@ -59,10 +59,10 @@ impl ChildSetup {
         // SAFETY: the closure runs in the child between fork and exec, where only
         // async-signal-safe calls are allowed: write(2), setrlimit(2), unshare(2),
         // mount(2), open(2), fchdir(2), chdir(2), setgroups(2), setgid(2), setuid(2),
-        // prctl(2), capset(2) and those of pid_namespace::enter are, and the closure allocates nothing
-        // (it reads its own copies of plain integers, C strings and a Vec made before the
-        // fork; the fds stay open in the parent until spawn returns, the loop device too,
-        // held by the caller).
+        // prctl(2), capset(2) and those of pid_namespace::enter are, and the closure
+        // allocates nothing (it reads its own copies of plain integers, C strings and
+        // Vecs made before the fork; the fds stay open in the parent until spawn returns,
+        // the loop device too, held by the caller).
         unsafe {
             cmd.pre_exec(move || {
                 // Join the cgroups first, while still root (joining needs write access
@@ -93,9 +93,9 @@ impl ChildSetup {
                 }
                 // Drop root for good: the account's supplementary groups (none but an
                 // owner's), then the group, then the user (after setuid nothing else could
-                // be changed; a switching pool process keeps CAP_SETUID/CAP_SETGID only). Done here rather than
-                // with CommandExt::uid/gid, which std runs before pre_exec closures, so the
-                // cgroup writes above still run as root.
+                // be changed; a switching pool process keeps CAP_SETUID/CAP_SETGID only).
+                // Done here rather than with CommandExt::uid/gid, which std runs before
+                // pre_exec closures, so the cgroup writes above still run as root.
                 if let Some((uid, gid)) = ids {
                     if keep_setid_caps {
                         // While root (CAP_SETPCAP): the bounding set down to the two, and
