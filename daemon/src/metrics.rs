@@ -126,7 +126,8 @@ pub struct PrewarmTakeLabels {
 pub struct PrewarmRejectLabels {
     /// Why a pool process was killed instead of becoming a kernel: `stopped`, `traced`,
     /// `exited`, `unresponsive` (no answer to the hand-over's ping), `not_up` (handed its
-    /// kernel, ipykernel did not come up).
+    /// kernel, ipykernel did not come up), `not_switched` (`kernel.run_as = "owner"`: up
+    /// but not exactly its owner's account without capabilities).
     pub reason: String,
 }
 

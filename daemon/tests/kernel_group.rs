@@ -250,7 +250,7 @@ mod sync {
         gpus: u32,
     ) -> (Arc<LocalKernel>, ClientId, mpsc::Receiver<Outgoing>) {
         let replica = u32::try_from(node).expect("small");
-        let kernel = kernels.create_replica(KERNEL, replica, None, Some(gpus), &[]).await.expect("start replica");
+        let kernel = kernels.create_replica(KERNEL, replica, None, Some(gpus), &[], None).await.expect("start replica");
         host.attach(kernel.clone(), replica, GROUP);
         let (client, rx, _) = kernel.hub.connect();
         (kernel, client, rx)
@@ -569,7 +569,7 @@ mod sync {
             hosts.push(start_host_with(&stores, node, &d, &objects, 1, l.clone()).await);
         }
         // The other kernel on host 0 (not replicated), one GPU per cell too.
-        let other = hosts[0].kernels.create_replica(OTHER, 0, None, Some(1), &[]).await.expect("other kernel");
+        let other = hosts[0].kernels.create_replica(OTHER, 0, None, Some(1), &[], None).await.expect("other kernel");
         let (other_client, _other_rx, _) = other.hub.connect();
 
         // Host 1 runs a cell whose value the followers cannot apply until `apply_gate`

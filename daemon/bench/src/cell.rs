@@ -207,7 +207,7 @@ async fn bench(args: &Args) -> anyhow::Result<CellBench> {
     let launch = LaunchSpec {
         python,
         dir: dir.path().to_owned(),
-        identity: users.acquire("bench-direct")?,
+        identity: users.acquire("bench-direct", None)?,
         ..Default::default()
     };
     let replica =

@@ -50,10 +50,24 @@ pub struct Args {
     /// their own, the default), to measure what it costs a start.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub pid_namespace: bool,
+    /// Whose account kernels run as: `kernel_user` (the hosts' `kernel.user`, the setups
+    /// above) or `owner`: `kernel.run_as = "owner"` beside `kernel_user`, one host, in
+    /// process, each kernel owned by the account `nbos-bench-owner` (made once; root only).
+    #[arg(long, value_enum, default_value_t = RunAsArg::KernelUser)]
+    pub run_as: RunAsArg,
     /// Also write the one-host p50s (cold and pre-warmed replica start) into this cost
     /// file's `replica_start` section (the simulator's docs/sim/costs.json).
     #[arg(long, value_name = "FILE")]
     pub costs_out: Option<PathBuf>,
+}
+
+/// `--run-as`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RunAsArg {
+    /// `kernel.user` for every kernel.
+    KernelUser,
+    /// `kernel.run_as = "owner"`, beside `kernel_user`.
+    Owner,
 }
 
 /// Create → first cell answered, ms, with and without the pool.
@@ -90,6 +104,10 @@ pub struct KernelStartBench {
 pub fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.samples >= 1, "--samples must be at least 1");
     anyhow::ensure!((1..=64).contains(&args.pool), "--pool must be 1..=64");
+    if args.run_as == RunAsArg::Owner {
+        anyhow::ensure!(args.costs_out.is_none(), "--costs-out takes the HTTP setups' figures, not --run-as owner's");
+        return crate::kernel_start_owner::run(&args.python, args.samples, args.pool, args.pid_namespace, args.json);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     let result = KernelStartBench {
         samples: args.samples,

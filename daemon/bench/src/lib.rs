@@ -16,6 +16,7 @@ mod costs_file;
 pub mod election;
 pub mod flags;
 pub mod kernel_start;
+pub mod kernel_start_owner;
 pub mod loopback;
 pub mod migration;
 pub mod observe;

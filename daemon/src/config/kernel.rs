@@ -33,6 +33,9 @@ pub struct KernelConfig {
     /// `[first, last]`: each running kernel gets its own uid (and gid = that uid) from
     /// this range, so kernels cannot read each other's files; unset: all run as `user`.
     pub uid_range: Option<[u32; 2]>,
+    /// Whose account a kernel runs as (root daemons): `kernel_user` (`user` or
+    /// `uid_range`) or `owner` (the system account named as the kernel's owner).
+    pub run_as: RunAs,
     /// The kernel's working directory; unset means its private per-kernel directory.
     pub notebook_dir: Option<PathBuf>,
     /// Most processes (threads included) in one kernel's pids cgroup; 0 means no limit.
@@ -58,6 +61,18 @@ pub struct KernelConfig {
     /// The largest Jupyter message (all its frames) the daemon takes from a kernel's ZMQ
     /// sockets; a kernel that sends more is disconnected and killed, never the daemon.
     pub max_message_bytes: u64,
+}
+
+/// `kernel.run_as`: whose account kernels run as.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunAs {
+    /// `kernel.user` (or a uid of `kernel.uid_range`) for every kernel: today's default.
+    #[default]
+    KernelUser,
+    /// The system account whose name is the kernel's owner (its user): NSS lookup, never
+    /// root; a kernel without an owner is refused.
+    Owner,
 }
 
 /// `kernel.max_message_bytes`'s default: far above real Jupyter traffic (a notebook's
@@ -98,6 +113,7 @@ impl Default for KernelConfig {
             user: DEFAULT_KERNEL_USER.to_owned(),
             group: None,
             uid_range: None,
+            run_as: RunAs::KernelUser,
             notebook_dir: None,
             pids_max: 4096,
             prewarm_min: PolicyConfig::default().prewarm_min,
@@ -134,6 +150,14 @@ impl KernelConfig {
             if last >= u32::MAX - 1 {
                 return Err(invalid("kernel.uid_range", format!("{last} is not a usable uid")));
             }
+        }
+        if k.run_as == RunAs::Owner && k.uid_range.is_some() {
+            return Err(invalid(
+                "kernel.run_as",
+                "\"owner\" runs each kernel as its owner's account, kernel.uid_range as a uid of its own: \
+                 set one of them (unset kernel.uid_range for run_as = \"owner\")"
+                    .into(),
+            ));
         }
         if k.prewarm_max > 0 && k.prewarm_min > k.prewarm_max {
             return Err(invalid(
@@ -196,9 +220,21 @@ mod tests {
             ("[kernel]\nopen_files_max = 16\n", "kernel.open_files_max"),
             ("[kernel]\nopen_files_max = 2000000\n", "kernel.open_files_max"),
             ("[kernel]\nnproc_max = 10\n", "kernel.nproc_max"),
+            ("[kernel]\nrun_as = \"owner\"\nuid_range = [200000, 200999]\n", "kernel.run_as"),
         ] {
             let err = Config::parse(text, "t.toml").expect_err(text);
             assert!(err.to_string().contains(field), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn run_as_names_the_kernel_user_or_the_owner() {
+        use super::RunAs;
+        let c = Config::parse("[kernel]\nrun_as = \"owner\"\n", "t.toml").expect("owner");
+        assert_eq!(c.kernel.run_as, RunAs::Owner);
+        let c = Config::parse("", "t.toml").expect("default");
+        assert_eq!(c.kernel.run_as, RunAs::KernelUser, "today's behaviour by default");
+        let err = Config::parse("[kernel]\nrun_as = \"root\"\n", "t.toml").expect_err("unknown");
+        assert!(err.to_string().contains("run_as"), "{err}");
     }
 }

@@ -105,6 +105,9 @@ async fn create_kernel(
             return Err(refused.into());
         }
     }
+    // kernel.run_as = "owner": refused here, before a cluster kernel is recorded, with
+    // the reason (no owner, no such account, root's).
+    st.kernels.check_owner(owner.as_ref().map(|u| u.name.as_str())).map_err(create_error)?;
     // limits.kernels_per_token: per user when there are users.
     let credential = owner.as_ref().map_or_else(|| USERS_CREDENTIAL.to_owned(), |u| format!("user:{}", u.name));
     let reservation = st.limits.reserve_kernel(&credential, &live).inspect_err(|e| {
@@ -121,16 +124,26 @@ async fn create_kernel(
             reservation.created(&k.id);
             Ok((k.id.clone(), (StatusCode::CREATED, Json(k.model().await)).into_response()))
         }
-        Err(e @ CreateError::UnknownSpec(_)) => Err(ApiError::not_found(e.to_string())),
-        Err(e @ CreateError::BadGpuRequest(_)) => Err(ApiError::bad_request(e.to_string())),
-        Err(e @ CreateError::Refused(_)) => {
-            Err(ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: e.to_string() })
-        }
+        Err(e) => Err(create_error(e)),
+    }
+}
+
+/// The API's answer to a kernel that could not be created.
+fn create_error(e: CreateError) -> ApiError {
+    match e {
+        e @ CreateError::UnknownSpec(_) => ApiError::not_found(e.to_string()),
+        e @ CreateError::BadGpuRequest(_) => ApiError::bad_request(e.to_string()),
+        e @ CreateError::Refused(_) => ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: e.to_string() },
         // Not reachable here (the id is a fresh UUID), but a kernel id refused is a 400.
-        Err(e @ CreateError::BadKernelId(_)) => Err(ApiError::bad_request(e.to_string())),
-        Err(e @ CreateError::Start(_)) => {
+        e @ CreateError::BadKernelId(_) => ApiError::bad_request(e.to_string()),
+        // kernel.run_as = "owner": this user may not have a kernel here as configured.
+        e @ CreateError::Owner(_) => {
+            tracing::warn!(error = %e, "kernel refused: it cannot run as its owner");
+            ApiError { status: StatusCode::FORBIDDEN, message: e.to_string() }
+        }
+        e @ CreateError::Start(_) => {
             tracing::error!(error = %e, "kernel start failed");
-            Err(ApiError::internal(e.to_string()))
+            ApiError::internal(e.to_string())
         }
     }
 }

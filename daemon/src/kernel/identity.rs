@@ -3,7 +3,9 @@
 //! A root daemon runs every kernel as `kernel.user` (kernels of that account trust each
 //! other), or, with `kernel.uid_range`, each kernel as a uid of its own (gid = that uid:
 //! no group is shared either, so files, SysV IPC or `/dev/shm` objects a kernel makes
-//! group-accessible stay its own). A daemon that is not root runs kernels as itself.
+//! group-accessible stay its own), or, with `kernel.run_as = "owner"`, each kernel as the
+//! system account of its owner ([`super::owner_account`]). A daemon that is not root runs
+//! kernels as itself.
 //! Resolution and allocation are here; the switch itself happens in the child between
 //! fork and exec ([`super::process`]).
 
@@ -13,17 +15,23 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use super::uid_leftovers;
-use crate::config::KernelConfig;
+use crate::config::{KernelConfig, RunAs};
 
 /// The account one kernel process runs as.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelIdentity {
     /// User id (never 0).
     pub uid: u32,
-    /// Group id; the kernel has no supplementary groups.
+    /// Group id (never 0).
     pub gid: u32,
+    /// Supplementary groups: an owner's account's (as initgroups(3) gives a login); none
+    /// for `kernel.user` and `kernel.uid_range` kernels.
+    pub groups: Vec<u32>,
     /// What `USER` and `LOGNAME` say.
     pub user: String,
+    /// The account's own home directory, the kernel's HOME (an owner's account); `None`:
+    /// the kernel's private home in its directory.
+    pub home: Option<PathBuf>,
 }
 
 /// Why kernels cannot run as configured.
@@ -52,6 +60,12 @@ pub enum IdentityError {
         /// `uid` or `gid`.
         id: &'static str,
     },
+    /// `kernel.run_as = "owner"` and the kernel has no owner.
+    #[error(transparent)]
+    Owner(#[from] super::owner_account::OwnerError),
+    /// `kernel.run_as = "owner"` on a daemon that cannot switch accounts.
+    #[error("kernel.run_as = \"owner\" needs a root daemon (only root can run a kernel as its owner's account)")]
+    OwnerNeedsRoot,
     /// The account database could not be read.
     #[error("looking up {what}: {source}")]
     Lookup {
@@ -101,6 +115,9 @@ enum Mode {
     Shared(KernelIdentity),
     /// A uid per kernel from `[first, last]`.
     Range { first: u32, last: u32 },
+    /// Each kernel as its owner's account; `pool` (`kernel.user`) is the account the
+    /// pre-warm pool's processes start as, before they switch to their kernel's owner.
+    Owner { pool: KernelIdentity },
 }
 
 /// The kernel accounts of this host and the per-kernel uids handed out.
@@ -148,16 +165,21 @@ impl KernelUsers {
             Mode::Range { first, last } => {
                 tracing::info!(first, last, "kernels run as a uid of their own from kernel.uid_range");
             }
+            Mode::Owner { pool } => {
+                tracing::info!(pool_user = %pool.user, "kernels run as their owner's account (kernel.run_as = \"owner\")");
+            }
         }
         Ok(users)
     }
 
     /// [`Self::from_config`] without the log line.
     pub fn resolve(cfg: &KernelConfig, is_root: bool) -> Result<Self, IdentityError> {
-        let mode = match (is_root, cfg.uid_range) {
-            (false, _) => Mode::Daemon,
-            (true, Some([first, last])) => Mode::Range { first, last },
-            (true, None) => Mode::Shared(shared_identity(&cfg.user, cfg.group.as_deref())?),
+        let mode = match (is_root, cfg.uid_range, cfg.run_as) {
+            (false, _, RunAs::Owner) => return Err(IdentityError::OwnerNeedsRoot),
+            (false, _, RunAs::KernelUser) => Mode::Daemon,
+            (true, _, RunAs::Owner) => Mode::Owner { pool: shared_identity(&cfg.user, cfg.group.as_deref())? },
+            (true, Some([first, last]), RunAs::KernelUser) => Mode::Range { first, last },
+            (true, None, RunAs::KernelUser) => Mode::Shared(shared_identity(&cfg.user, cfg.group.as_deref())?),
         };
         let users = Self { mode, allocated: Arc::default() };
         if let Mode::Range { first, last } = users.mode {
@@ -196,12 +218,19 @@ impl KernelUsers {
         Self { mode: Mode::Shared(id), allocated: Arc::default() }
     }
 
-    /// The identity kernel `kernel_id` runs as (`None`: the daemon's own, no switch).
-    /// With a uid range the same kernel id keeps its uid until [`Self::release`].
-    pub fn acquire(&self, kernel_id: &str) -> Result<Option<KernelIdentity>, IdentityError> {
+    /// The identity kernel `kernel_id`, owned by `owner` (the user who created it), runs
+    /// as (`None`: the daemon's own, no switch). With a uid range the same kernel id keeps
+    /// its uid until [`Self::release`]; with `run_as = "owner"` the owner's account is
+    /// looked up afresh (every start: a restart or a re-placed replica follows the account
+    /// database), and `owner` decides alone: nothing the client sends does.
+    pub fn acquire(&self, kernel_id: &str, owner: Option<&str>) -> Result<Option<KernelIdentity>, IdentityError> {
         match &self.mode {
             Mode::Daemon => Ok(None),
             Mode::Shared(id) => Ok(Some(id.clone())),
+            Mode::Owner { pool } => {
+                let a = super::owner_account::lookup(owner, pool.uid)?;
+                Ok(Some(KernelIdentity { uid: a.uid, gid: a.gid, groups: a.groups, user: a.name, home: a.home }))
+            }
             Mode::Range { first, last } => {
                 let mut allocated = lock(&self.allocated);
                 if let Some(&uid) = allocated.by_kernel.get(kernel_id) {
@@ -224,6 +253,15 @@ impl KernelUsers {
                 allocated.next = uid.checked_add(1);
                 Ok(Some(range_identity(uid)))
             }
+        }
+    }
+
+    /// Whether a kernel of `owner` would get an account (`run_as = "owner"`; always
+    /// with the other modes): [`Self::acquire`] without handing anything out.
+    pub fn acquire_for_check(&self, owner: Option<&str>) -> Result<(), super::owner_account::OwnerError> {
+        match &self.mode {
+            Mode::Owner { pool } => super::owner_account::lookup(owner, pool.uid).map(drop),
+            _ => Ok(()),
         }
     }
 
@@ -271,7 +309,16 @@ impl KernelUsers {
         match &self.mode {
             Mode::Daemon => Some(None),
             Mode::Shared(id) => Some(Some(id.clone())),
-            Mode::Range { .. } => None,
+            Mode::Range { .. } | Mode::Owner { .. } => None,
+        }
+    }
+
+    /// With `run_as = "owner"`: the account pre-warmed processes start as (`kernel.user`),
+    /// which switch to their kernel's owner when taken (`docs/prewarm.md`).
+    pub fn switching_pool_identity(&self) -> Option<KernelIdentity> {
+        match &self.mode {
+            Mode::Owner { pool } => Some(pool.clone()),
+            _ => None,
         }
     }
 
@@ -311,11 +358,17 @@ fn shared_identity(user: &str, group: Option<&str>) -> Result<KernelIdentity, Id
         };
         return Err(IdentityError::Root { what, id: "gid" });
     }
-    Ok(KernelIdentity { uid: account.uid.as_raw(), gid: gid.as_raw(), user: user.to_owned() })
+    Ok(KernelIdentity {
+        uid: account.uid.as_raw(),
+        gid: gid.as_raw(),
+        groups: Vec::new(),
+        user: user.to_owned(),
+        home: None,
+    })
 }
 
 fn range_identity(uid: u32) -> KernelIdentity {
-    KernelIdentity { uid, gid: uid, user: format!("nbos-kernel-{uid}") }
+    KernelIdentity { uid, gid: uid, groups: Vec::new(), user: format!("nbos-kernel-{uid}"), home: None }
 }
 
 /// A uid some account already has is never handed to a kernel (it would own that
@@ -344,7 +397,9 @@ pub fn check_traversable(dir: &Path, id: &KernelIdentity) -> Result<(), Identity
     chain.reverse();
     for d in chain {
         let meta = std::fs::metadata(d).map_err(|source| IdentityError::Stat { dir: d.to_owned(), source })?;
-        if !can_traverse(&meta, id.uid, id.gid) {
+        // An owner's supplementary groups count as its primary group does.
+        let group = if id.groups.contains(&meta.gid()) { meta.gid() } else { id.gid };
+        if !can_traverse(&meta, id.uid, group) {
             return Err(IdentityError::NotTraversable {
                 dir: d.to_owned(),
                 uid: id.uid,
@@ -368,26 +423,26 @@ mod tests {
     fn a_range_hands_out_uids_in_turn_and_a_given_back_one_last() {
         // High uids no account (and no process) has on a test host.
         let users = range(3_900_000_000, 3_900_000_003);
-        let uid = |k: &str| users.acquire(k).expect("acquire").expect("identity").uid;
+        let uid = |k: &str| users.acquire(k, None).expect("acquire").expect("identity").uid;
         assert_eq!(uid("a"), 3_900_000_000);
         assert_eq!(uid("b"), 3_900_000_001);
         assert_eq!(uid("a"), 3_900_000_000, "the same kernel keeps its uid");
         users.release("b");
         users.settle();
-        let id = users.acquire("c").expect("c").expect("identity");
+        let id = users.acquire("c", None).expect("c").expect("identity");
         assert_eq!((id.uid, id.gid), (3_900_000_002, 3_900_000_002), "next fit, not b's uid; gid = uid");
         assert_eq!(uid("d"), 3_900_000_003);
         assert_eq!(uid("e"), 3_900_000_001, "b's uid again, once the range wrapped");
-        assert!(matches!(users.acquire("f"), Err(IdentityError::RangeExhausted { .. })));
+        assert!(matches!(users.acquire("f", None), Err(IdentityError::RangeExhausted { .. })));
     }
 
     #[test]
     fn a_uid_whose_leftovers_are_being_removed_is_not_handed_out() {
         let users = range(3_900_000_010, 3_900_000_011);
-        let uid = |k: &str| users.acquire(k).expect("acquire").expect("identity").uid;
+        let uid = |k: &str| users.acquire(k, None).expect("acquire").expect("identity").uid;
         assert_eq!(uid("a"), 3_900_000_010);
         lock(&users.allocated).cleaning.insert(3_900_000_011);
-        assert!(matches!(users.acquire("b"), Err(IdentityError::RangeExhausted { .. })));
+        assert!(matches!(users.acquire("b", None), Err(IdentityError::RangeExhausted { .. })));
         lock(&users.allocated).cleaning.clear();
         assert_eq!(uid("b"), 3_900_000_011);
     }
@@ -396,7 +451,7 @@ mod tests {
     fn a_range_skips_uids_that_accounts_have() {
         // uid 0 (root) always names an account.
         let users = range(0, 0);
-        assert!(matches!(users.acquire("a"), Err(IdentityError::RangeExhausted { .. })));
+        assert!(matches!(users.acquire("a", None), Err(IdentityError::RangeExhausted { .. })));
     }
 
     #[test]
@@ -417,7 +472,7 @@ mod tests {
     fn the_daemon_user_mode_switches_nothing() {
         let users = KernelUsers::daemon_user();
         assert!(!users.switches_user());
-        assert_eq!(users.acquire("k").expect("acquire"), None);
+        assert_eq!(users.acquire("k", None).expect("acquire"), None);
     }
 
     #[test]
@@ -428,7 +483,8 @@ mod tests {
         std::fs::create_dir_all(closed.join("inner")).expect("dirs");
         std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod");
         std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).expect("chmod");
-        let nobody = KernelIdentity { uid: 3_900_000_000, gid: 3_900_000_000, user: "x".into() };
+        let nobody =
+            KernelIdentity { uid: 3_900_000_000, gid: 3_900_000_000, groups: Vec::new(), user: "x".into(), home: None };
         let e = check_traversable(&closed.join("inner/kernel"), &nobody).expect_err("closed");
         assert!(matches!(&e, IdentityError::NotTraversable { dir, .. } if dir == &closed), "{e}");
         assert!(e.to_string().contains(&closed.display().to_string()), "{e}");

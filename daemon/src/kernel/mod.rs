@@ -15,6 +15,7 @@
 //! - [`device_cgroup`]: per-kernel cgroup with the GPU device guard (eBPF) attached.
 //! - [`id`]: what a kernel id may be (a canonical UUID).
 //! - [`identity`]: the unprivileged account (uid, gid) a kernel runs as.
+//! - [`owner_account`]: the owner's account, with `kernel.run_as = "owner"`.
 //! - [`sandbox`]: rlimits and the private mount namespace (bounded `/dev/shm`) of kernels.
 //! - [`home`]: a kernel's home with a byte quota (a loop-mounted ext4 image).
 //! - [`registry`]: all kernels of this host.
@@ -35,6 +36,7 @@ pub mod ipykernel;
 pub mod local_kernel;
 pub mod memory_usage;
 pub mod orphans;
+pub mod owner_account;
 pub mod port_owner;
 pub mod prewarm;
 pub mod process;

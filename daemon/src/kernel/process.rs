@@ -130,6 +130,7 @@ impl KernelProcess {
             cgroup_procs: &spec.cgroup_procs,
             memory_limit_bytes: spec.memory_limit_bytes,
             identity: spec.identity.as_ref(),
+            keep_setid_caps: false,
         };
         launch.spawn_with_home(home.as_ref())
     }
@@ -265,10 +266,17 @@ pub(super) fn ipykernel_args(connection_file: &Path) -> Vec<OsString> {
     ]
 }
 
-/// Where the kernel runs: `kernel.notebook_dir`, else its home (in its directory, under
-/// the home quota when there is one).
+/// Where the kernel runs: `kernel.notebook_dir`, else its account's home (an owner's,
+/// `kernel.run_as = "owner"`), else its private home (in its directory, under the home
+/// quota when there is one).
 pub(super) fn kernel_cwd(spec: &LaunchSpec) -> PathBuf {
-    spec.cwd.clone().unwrap_or_else(|| home::home_of(&spec.dir))
+    spec.cwd.clone().or_else(|| account_home(spec)).unwrap_or_else(|| home::home_of(&spec.dir))
+}
+
+/// The home directory of the account the kernel runs as, when it has one of its own that
+/// exists (an owner's); a kernel of an account whose home is missing keeps its private one.
+fn account_home(spec: &LaunchSpec) -> Option<PathBuf> {
+    spec.identity.as_ref().and_then(|id| id.home.clone()).filter(|h| h.is_dir())
 }
 
 /// The kernel's whole environment: the daemon's allowed variables, then what the spec
@@ -281,9 +289,11 @@ pub(super) fn kernel_env(spec: &LaunchSpec) -> Vec<(OsString, OsString)> {
         // Last, so nothing above overrides them: the kernel's own account and its private
         // home (IPython, Jupyter, matplotlib, pip write under it), not root's; temporary
         // files there too, under its quota, not in the host's /tmp.
-        let home = home::home_of(&spec.dir);
-        env.push(("HOME".into(), home.clone().into()));
-        env.push(("TMPDIR".into(), home.into()));
+        // An owner's kernel has its account's home, as a login would; temporary files
+        // stay in its private home under the quota.
+        let private_home = home::home_of(&spec.dir);
+        env.push(("HOME".into(), account_home(spec).unwrap_or_else(|| private_home.clone()).into()));
+        env.push(("TMPDIR".into(), private_home.into()));
         env.push(("USER".into(), id.user.clone().into()));
         env.push(("LOGNAME".into(), id.user.clone().into()));
     }
@@ -305,6 +315,9 @@ pub(super) struct Launch<'a> {
     pub cgroup_procs: &'a [PathBuf],
     pub memory_limit_bytes: Option<u64>,
     pub identity: Option<&'a KernelIdentity>,
+    /// Keep CAP_SETUID and CAP_SETGID across the exec (a pre-warmed process that switches
+    /// to its kernel's owner when taken; `docs/prewarm.md`).
+    pub keep_setid_caps: bool,
 }
 
 impl Launch<'_> {
@@ -359,6 +372,8 @@ impl Launch<'_> {
             home: home.map(|h| h.mount.clone()),
             pid_report: pid_report.as_ref().map(PidReport::write_fd),
             ids: self.identity.map(|id| (id.uid, id.gid)),
+            groups: self.identity.map(|id| id.groups.clone()).unwrap_or_default(),
+            keep_setid_caps: self.keep_setid_caps,
             cwd_again,
         }
         .install(&mut cmd)

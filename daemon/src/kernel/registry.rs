@@ -40,6 +40,10 @@ pub enum CreateError {
     /// The id is not a kernel id (a canonical UUID, see [`super::id`]).
     #[error("not a kernel id: {0:?}")]
     BadKernelId(String),
+    /// `kernel.run_as = "owner"` and the kernel cannot run as its owner: none, no such
+    /// account, root's, the pool's (the message names the account and `kernel.run_as`).
+    #[error("{0}")]
+    Owner(super::owner_account::OwnerError),
     /// The process did not start.
     #[error("the kernel failed to start: {0:#}")]
     Start(anyhow::Error),
@@ -84,8 +88,8 @@ struct StartOptions<'a> {
     /// A death starts a new process (single-host kernels; a cluster's supervisor replaces
     /// its replicas itself).
     auto_restart: bool,
-    /// The user who owns the kernel (the single-host API's caller; `None` without users,
-    /// and for replicas, whose owner is their kernel record's).
+    /// The user who owns the kernel (the single-host API's caller, a replica's kernel
+    /// record's owner; `None` without users).
     owner: Option<&'a crate::users::User>,
 }
 
@@ -208,17 +212,25 @@ impl Kernels {
     /// pre-warmed process must be started as its kernel's account before the kernel is
     /// known. Call after [`Self::with_accounts`]; needs a tokio runtime.
     pub fn with_prewarm(mut self, min: u32, max: u32) -> anyhow::Result<Self> {
-        let Some(identity) = self.users.common_identity() else {
-            if max > 0 {
-                tracing::info!("kernel.uid_range gives every kernel its own account: no pre-warm pool");
+        // With run_as = "owner" the pool's processes start as kernel.user and switch to
+        // their kernel's owner when taken.
+        let switching = self.users.switching_pool_identity();
+        let identity = match (self.users.common_identity(), &switching) {
+            (Some(identity), _) => identity,
+            (None, Some(pool)) => Some(pool.clone()),
+            (None, None) => {
+                if max > 0 {
+                    tracing::info!("kernel.uid_range gives every kernel its own account: no pre-warm pool");
+                }
+                return Ok(self);
             }
-            return Ok(self);
         };
         let settings = PoolSettings {
             python: self.python.clone(),
             kernels_dir: self.dir.clone(),
             env: self.extra_env.clone(),
             identity,
+            switch_to_owner: switching.is_some(),
             memory_limit_bytes: self.memory_limit_bytes,
             min,
             max,
@@ -244,8 +256,9 @@ impl Kernels {
         &self.binder
     }
 
-    /// Starts a kernel of spec `name` (default when `None`); `gpus` overrides the spec's
-    /// request. Its process is restarted when it dies (see [`Kernel::set_auto_restart`]).
+    /// Starts a kernel of spec `name` (default when `None`) for `owner` (the user who
+    /// creates it; `None` without users); `gpus` overrides the spec's request. Its process
+    /// is restarted when it dies (see [`Kernel::set_auto_restart`]).
     pub async fn create(
         &self,
         name: Option<&str>,
@@ -268,6 +281,7 @@ impl Kernels {
     /// kernel's cluster-wide id, so every host serves it under the same id. Refused
     /// when a kernel with that id is already hosted. A replica whose process dies is
     /// shown `dead`, not restarted: the supervisor replaces it and it catches up.
+    /// `owner` is the kernel record's (`KernelRecord::owner`).
     pub async fn create_replica(
         &self,
         id: &str,
@@ -275,8 +289,16 @@ impl Kernels {
         name: Option<&str>,
         gpus: Option<u32>,
         env: &[(String, String)],
+        owner: Option<&crate::users::User>,
     ) -> Result<Arc<LocalKernel>, CreateError> {
-        self.start_kernel(id, replica, name, gpus, env, StartOptions { auto_restart: false, owner: None }).await
+        self.start_kernel(id, replica, name, gpus, env, StartOptions { auto_restart: false, owner }).await
+    }
+
+    /// Whether a kernel of `owner` could run here as configured (`kernel.run_as`): a
+    /// creation checks it before recording a cluster kernel, so the client is told at
+    /// once rather than by replicas that never start.
+    pub fn check_owner(&self, owner: Option<&str>) -> Result<(), CreateError> {
+        self.users.acquire_for_check(owner).map_err(CreateError::Owner)
     }
 
     async fn start_kernel(
@@ -320,10 +342,11 @@ impl Kernels {
         all_env.push(("NBOS_KERNEL_ID".to_owned(), id.clone()));
         all_env.push(("NBOS_REPLICA".to_owned(), replica.to_string()));
         all_env.push(("NOTEBOOKOS_GPUS".to_owned(), gpus.to_string()));
-        let identity = self
-            .users
-            .acquire(&id)
-            .map_err(|e| CreateError::Start(anyhow::Error::new(e).context("choosing the kernel's account")))?;
+        // The account from the owner alone: a client's KERNEL_USERNAME is only a variable.
+        let identity = self.users.acquire(&id, owner.map(|u| u.name.as_str())).map_err(|e| match e {
+            identity::IdentityError::Owner(e) => CreateError::Owner(e),
+            e => CreateError::Start(anyhow::Error::new(e).context("choosing the kernel's account")),
+        })?;
         let cgroup_procs = match self.cgroup.create(&id, &self.limits) {
             Ok(p) => p,
             Err(e) => {
@@ -564,7 +587,7 @@ mod tests {
         let kernels =
             Kernels::new("/nonexistent/python".into(), tmp.path().join("kernels"), Vec::new(), metrics, binder, 0);
         for id in ["..", "../x", "", "a/b", "NOT-A-UUID"] {
-            let e = kernels.create_replica(id, 1, None, None, &[]).await.err();
+            let e = kernels.create_replica(id, 1, None, None, &[], None).await.err();
             assert!(matches!(e, Some(CreateError::BadKernelId(_))), "{id:?}: {e:?}");
         }
         assert_eq!(std::fs::read_dir(tmp.path()).expect("tmp").count(), 0, "files were made");

@@ -27,6 +27,12 @@ pub struct ChildSetup {
     pub pid_report: Option<RawFd>,
     /// The account to drop to: (uid, gid).
     pub ids: Option<(u32, u32)>,
+    /// Its supplementary groups (an owner's account's; empty: none).
+    pub groups: Vec<u32>,
+    /// Instead of dropping every capability with root: keep exactly CAP_SETUID and
+    /// CAP_SETGID across the exec (a pre-warmed process under `kernel.run_as = "owner"`,
+    /// which switches to its kernel's owner when taken; [`super::capabilities`]).
+    pub keep_setid_caps: bool,
     /// The working directory to enter again once the home is mounted over it.
     pub cwd_again: Option<CString>,
 }
@@ -34,7 +40,18 @@ pub struct ChildSetup {
 impl ChildSetup {
     /// Makes the child of `cmd` run these steps between fork and exec.
     pub fn install(self, cmd: &mut tokio::process::Command) -> std::io::Result<()> {
-        let Self { cgroup_procs, address_space_limit, confinement, home, pid_report, ids, cwd_again } = self;
+        let Self {
+            cgroup_procs,
+            address_space_limit,
+            confinement,
+            home,
+            pid_report,
+            ids,
+            groups,
+            keep_setid_caps,
+            cwd_again,
+        } = self;
+        let groups: Vec<libc::gid_t> = groups;
         let rlimit_as = address_space_limit.map(|limit| libc::rlimit { rlim_cur: limit, rlim_max: limit });
         let init_exe = pid_namespace::init_exe();
         let daemon_pid = libc::pid_t::try_from(std::process::id())
@@ -42,10 +59,10 @@ impl ChildSetup {
         // SAFETY: the closure runs in the child between fork and exec, where only
         // async-signal-safe calls are allowed: write(2), setrlimit(2), unshare(2),
         // mount(2), open(2), fchdir(2), chdir(2), setgroups(2), setgid(2), setuid(2),
-        // prctl(2) and those of pid_namespace::enter are, and the closure allocates nothing
-        // (it reads its own copies of plain integers, C strings and a Vec made before the
-        // fork; the fds stay open in the parent until spawn returns, the loop device too,
-        // held by the caller).
+        // prctl(2), capset(2) and those of pid_namespace::enter are, and the closure
+        // allocates nothing (it reads its own copies of plain integers, C strings and
+        // Vecs made before the fork; the fds stay open in the parent until spawn returns,
+        // the loop device too, held by the caller).
         unsafe {
             cmd.pre_exec(move || {
                 // Join the cgroups first, while still root (joining needs write access
@@ -74,13 +91,25 @@ impl ChildSetup {
                 if let Some(fd) = pid_report {
                     pid_namespace::enter(fd, init_exe, daemon_pid)?;
                 }
-                // Drop root for good: no supplementary groups, then the group, then the
-                // user (after setuid nothing else could be changed). Done here rather than
-                // with CommandExt::uid/gid, which std runs before pre_exec closures, so the
-                // cgroup writes above still run as root.
+                // Drop root for good: the account's supplementary groups (none but an
+                // owner's), then the group, then the user (after setuid nothing else could
+                // be changed; a switching pool process keeps CAP_SETUID/CAP_SETGID only).
+                // Done here rather than with CommandExt::uid/gid, which std runs before
+                // pre_exec closures, so the cgroup writes above still run as root.
                 if let Some((uid, gid)) = ids {
-                    if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
+                    if keep_setid_caps {
+                        // While root (CAP_SETPCAP): the bounding set down to the two, and
+                        // the permitted set kept through the setuid below.
+                        super::capabilities::before_setuid_keep_setid()?;
+                    }
+                    if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                        || libc::setgid(gid) != 0
+                        || libc::setuid(uid) != 0
+                    {
                         return Err(std::io::Error::last_os_error());
+                    }
+                    if keep_setid_caps {
+                        super::capabilities::after_setuid_keep_setid()?;
                     }
                 }
                 // Nothing the kernel execs (setuid binaries, file capabilities) gains privileges.

@@ -16,6 +16,8 @@
 //! - [`mount`]: mounting a home image, here or in another process's mount namespace.
 //! - [`confinement`]: rlimits, a private mount namespace and `/dev/shm` for a kernel's child.
 //! - [`pid_namespace`]: a PID namespace per kernel process, and its init.
+//! - [`capabilities`]: CAP_SETUID/CAP_SETGID kept across exec for a pre-warmed process
+//!   that switches to its kernel's owner; capability sets of `/proc/<pid>/status`.
 //! - [`child_setup`]: all a kernel's child does between fork and exec.
 //! - [`cuda_checkpoint`]: the CUDA driver's checkpoint entry points (dlopen).
 //!
@@ -23,6 +25,7 @@
 //! `mount::Ext4Mount::mount_here`, `pid_namespace::enter`) stays raw on purpose: only
 //! async-signal-safe calls, no allocation.
 
+pub mod capabilities;
 pub mod child_setup;
 pub mod confinement;
 pub mod credentials;

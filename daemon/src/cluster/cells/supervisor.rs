@@ -293,8 +293,21 @@ impl Supervisor {
                 if dropped > 0 {
                     tracing::warn!(kernel = %record.id, dropped, "kernel record: environment variables a client may not set were left out");
                 }
+                let owner = record
+                    .owner
+                    .as_ref()
+                    .map(|name| crate::users::User { name: name.clone(), groups: record.owner_groups.clone() });
                 kernels
-                    .create_replica(&record.id, r.replica, Some(&record.name), Some(record.gpus), &env)
+                    // The record's owner on every host: new, re-placed and migrated
+                    // replicas and restarts all run as the same account (kernel.run_as).
+                    .create_replica(
+                        &record.id,
+                        r.replica,
+                        Some(&record.name),
+                        Some(record.gpus),
+                        &env,
+                        owner.as_ref(),
+                    )
                     .await
                     .map_err(|e| anyhow::anyhow!("starting replica {} of kernel {}: {e}", r.replica, record.id))?
             }

@@ -33,6 +33,10 @@ pub enum Rejected {
     /// Handed its kernel, it did not say ipykernel was up in time.
     #[error("it did not come up as the kernel")]
     NotUp,
+    /// Under `kernel.run_as = "owner"`: up, but not as exactly its kernel's account with
+    /// no capability left.
+    #[error("it did not become its kernel's account without capabilities")]
+    NotSwitched,
 }
 
 impl Rejected {
@@ -44,6 +48,7 @@ impl Rejected {
             Self::Exited => "exited",
             Self::Unresponsive => "unresponsive",
             Self::NotUp => "not_up",
+            Self::NotSwitched => "not_switched",
         }
     }
 }
@@ -214,5 +219,74 @@ mod tests {
         let wrong = async { Some(b"pang".to_vec()) };
         let got = awaited(wrong, b"pong", me, start_time(me), Duration::from_secs(5), Rejected::Unresponsive).await;
         assert_eq!(got, Err(Rejected::Unresponsive));
+    }
+}
+
+/// Whether `pid` (still the process started at `started`) runs as exactly `id`: real,
+/// effective, saved and filesystem uids and gids, the account's groups, and no
+/// capability in any set but the bounding one (`kernel.run_as = "owner"`).
+pub fn switched(pid: u32, started: Option<u64>, id: &crate::kernel::identity::KernelIdentity) -> Result<(), Rejected> {
+    // Every thread: credentials and capabilities are per thread.
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|_| Rejected::Exited)?;
+    let mut seen = 0;
+    for task in tasks {
+        let task = task.map_err(|_| Rejected::Exited)?;
+        // A thread that ended meanwhile holds nothing any more; one started since is a
+        // copy of a thread seen here.
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else { continue };
+        if !status_runs_as(&status, id) {
+            return Err(Rejected::NotSwitched);
+        }
+        seen += 1;
+    }
+    alive(pid, started)?;
+    if seen == 0 {
+        return Err(Rejected::Exited);
+    }
+    Ok(())
+}
+
+/// [`switched`] on a `/proc/<pid>/status` text.
+fn status_runs_as(status: &str, id: &crate::kernel::identity::KernelIdentity) -> bool {
+    let ids = |key: &str| -> Option<Vec<u32>> {
+        let line = status.lines().find_map(|l| l.strip_prefix(key))?;
+        line.split_whitespace().map(|v| v.parse().ok()).collect()
+    };
+    let all_are = |key: &str, want: u32| ids(key).is_some_and(|v| v.len() == 4 && v.iter().all(|x| *x == want));
+    let mut groups = ids("Groups:").unwrap_or_else(|| vec![u32::MAX]);
+    groups.sort_unstable();
+    groups.dedup();
+    let mut want_groups = id.groups.clone();
+    want_groups.sort_unstable();
+    want_groups.dedup();
+    let no_caps = crate::sys::capabilities::sets_of_status(status)
+        .is_some_and(|[inh, prm, eff, _bnd, amb]| inh == 0 && prm == 0 && eff == 0 && amb == 0);
+    all_are("Uid:", id.uid) && all_are("Gid:", id.gid) && groups == want_groups && no_caps
+}
+
+#[cfg(test)]
+mod switched_tests {
+    use super::status_runs_as;
+    use crate::kernel::identity::KernelIdentity;
+
+    fn status(uid: &str, groups: &str, caps: &str) -> String {
+        format!(
+            "Name:\tpython\nUid:\t{uid}\nGid:\t1001\t1001\t1001\t1001\nGroups:\t{groups}\n\
+             CapInh:\t{caps}\nCapPrm:\t{caps}\nCapEff:\t{caps}\nCapBnd:\t00000000000000c0\nCapAmb:\t{caps}\n"
+        )
+    }
+
+    #[test]
+    fn only_the_exact_account_without_capabilities_counts_as_switched() {
+        let id = KernelIdentity { uid: 1001, gid: 1001, groups: vec![1001, 27], user: "a".into(), home: None };
+        let zero = "0000000000000000";
+        assert!(status_runs_as(&status("1001\t1001\t1001\t1001", "27 1001 ", zero), &id));
+        // Still the pool's account in the saved uid: it could switch back.
+        assert!(!status_runs_as(&status("1001\t1001\t990\t1001", "27 1001", zero), &id));
+        // Still holding CAP_SETUID/CAP_SETGID.
+        assert!(!status_runs_as(&status("1001\t1001\t1001\t1001", "27 1001", "00000000000000c0"), &id));
+        // A group the account does not have.
+        assert!(!status_runs_as(&status("1001\t1001\t1001\t1001", "0 27 1001", zero), &id));
+        assert!(!status_runs_as("Name:\tpython\n", &id));
     }
 }

@@ -3,8 +3,8 @@
 Imports ipykernel and the NotebookOS helper ahead of time, prints "ready", then reads
 lines on stdin: "ping" is answered "pong" (the daemon's check that this process still runs
 before it hands it a kernel); any other line is the kernel it becomes (JSON: argv, env,
-cwd, log), answered "up" once ipykernel has opened its ports. Stdin and stdout are one
-socket to the daemon. The daemon has moved this process into the kernel's cgroups before
+cwd, log, and under kernel.run_as = "owner" the account to switch to), answered "up"
+once ipykernel has opened its ports. Stdin and stdout are one socket to the daemon. The daemon has moved this process into the kernel's cgroups before
 it sends the kernel. End of input (the daemon shrank the pool, or is gone) ends the process.
 """
 
@@ -26,8 +26,54 @@ import os  # noqa: E402
 import site  # noqa: E402
 
 
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _status_fields():
+    with open("/proc/self/status") as f:
+        return {k: v.split() for k, v in (line.split(":", 1) for line in f if ":" in line)}
+
+
+def switch(account):
+    """Becomes the kernel's owner (kernel.run_as = "owner") and drops every capability,
+    before anything of the kernel's is opened or run; exits non-zero unless /proc says it
+    worked (the daemon then kills this process and starts the kernel afresh)."""
+    uid, gid, groups = int(account["uid"]), int(account["gid"]), [int(g) for g in account["groups"]]
+    if uid == 0 or gid == 0 or 0 in groups:
+        os._exit(70)
+    # capset and the ambient set are per thread: with one thread, all of the process.
+    if len(os.listdir("/proc/self/task")) != 1:
+        os._exit(74)
+    os.setgroups(groups)
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if _libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
+        os._exit(71)
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if _libc.capset(ctypes.byref(header), data) != 0:
+        os._exit(72)
+    status = _status_fields()
+    caps_zero = all(int(status[k][0], 16) == 0 for k in ("CapInh", "CapPrm", "CapEff", "CapAmb"))
+    ids_are = status["Uid"] == [str(uid)] * 4 and status["Gid"] == [str(gid)] * 4
+    if not (caps_zero and ids_are and sorted(int(g) for g in status["Groups"]) == sorted(set(groups))):
+        os._exit(73)
+
+
 def become(order):
     """Turns this process into the kernel `order` describes (as a new one would start)."""
+    if "switch" in order:
+        switch(order["switch"])
     log = os.open(order["log"], os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
     sys.stdout.flush()
     sys.stderr.flush()

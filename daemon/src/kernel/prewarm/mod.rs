@@ -60,8 +60,13 @@ pub struct PoolSettings {
     pub kernels_dir: PathBuf,
     /// The host-wide environment of kernels (the CUDA shim's).
     pub env: Vec<(String, String)>,
-    /// The account every kernel runs as (`None`: the daemon's own).
+    /// The account pool processes start as: every kernel's (`None`: the daemon's own),
+    /// or, with `switch_to_owner`, `kernel.user`'s.
     pub identity: Option<KernelIdentity>,
+    /// `kernel.run_as = "owner"`: processes start with CAP_SETUID and CAP_SETGID only and,
+    /// when taken, become the kernel's owner and drop both before anything of the kernel
+    /// runs (`launcher.py`; checked from `/proc` before the kernel is reported up).
+    pub switch_to_owner: bool,
     /// `kernel.memory_limit_mib`, as bytes.
     pub memory_limit_bytes: Option<u64>,
     /// `kernel.prewarm_min`: processes kept even when nothing is taken.
@@ -223,8 +228,17 @@ impl PrewarmPool {
         let s = &self.settings;
         let loader =
             |env: &[(String, String)], name: &str| env.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+        let account_fits = if s.switch_to_owner {
+            // Any owner but root and the pool's own account (refused before, by
+            // owner_account; checked again by the launcher and from /proc).
+            spec.identity
+                .as_ref()
+                .is_some_and(|i| i.uid != 0 && i.gid != 0 && s.identity.as_ref().is_some_and(|pool| pool.uid != i.uid))
+        } else {
+            spec.identity.as_ref().map(|i| (i.uid, i.gid)) == s.identity.as_ref().map(|i| (i.uid, i.gid))
+        };
         spec.python == s.python
-            && spec.identity.as_ref().map(|i| (i.uid, i.gid)) == s.identity.as_ref().map(|i| (i.uid, i.gid))
+            && account_fits
             && spec.memory_limit_bytes == s.memory_limit_bytes
             && LOADER_ENV.iter().all(|name| loader(&spec.env, name) == loader(&s.env, name))
     }
@@ -303,6 +317,7 @@ impl PrewarmPool {
             cgroup_procs: &[],
             memory_limit_bytes: s.memory_limit_bytes,
             identity: s.identity.as_ref(),
+            keep_setid_caps: s.switch_to_owner,
         };
         let process = launch.spawn()?;
         self.metrics.prewarm_started_total.inc();
@@ -430,7 +445,7 @@ impl ProcessSource for PrewarmPool {
         Box::pin(async move {
             let warm = self.take_one(spec)?;
             let pid = warm.pid();
-            match warm.hand_over(spec, connection_file).await {
+            match warm.hand_over(spec, connection_file, self.settings.switch_to_owner).await {
                 Ok(process) => Some(process),
                 Err(e) => {
                     tracing::warn!(

@@ -80,10 +80,16 @@ impl Warm {
     /// same checks and files as a new kernel, then it joins the kernel's cgroups, and only
     /// then is it told which kernel it is (no kernel code runs outside them); it must then
     /// say ipykernel is up. On error the process is killed.
+    ///
+    /// With `switch_to_owner` (`kernel.run_as = "owner"`) the order also names the
+    /// kernel's account, which the process switches to (dropping its two capabilities)
+    /// before it opens anything of the kernel's; once it says `up`, `/proc` must show it
+    /// runs as exactly that account with no capability left, or it is killed.
     pub(super) async fn hand_over(
         mut self,
         spec: &LaunchSpec,
         connection_file: &Path,
+        switch_to_owner: bool,
     ) -> anyhow::Result<KernelProcess> {
         let pid = self.process.pid();
         let started = self.start_time;
@@ -110,10 +116,14 @@ impl Warm {
             }
             // Its home with the quota, in its own mount namespace, before it learns its cwd.
             process::enter_home(spec, pid)?;
-            let order = order(spec, connection_file)?;
+            let order = order(spec, connection_file, switch_to_owner)?;
             self.control.write_all(&order).await.map_err(gone)?;
             self.control.shutdown().await.map_err(gone)?;
             check::awaited(self.answer(), b"up", pid, started, WARMING_TIMEOUT, Rejected::NotUp).await?;
+            if switch_to_owner {
+                let id = spec.identity.as_ref().context("a switching pool process needs its kernel's account")?;
+                check::switched(pid, started, id)?;
+            }
             anyhow::Ok(())
         };
         match handed.await {
@@ -136,8 +146,9 @@ impl Warm {
     }
 }
 
-/// The line that tells a pre-warmed process which kernel it is.
-pub(super) fn order(spec: &LaunchSpec, connection_file: &Path) -> anyhow::Result<Vec<u8>> {
+/// The line that tells a pre-warmed process which kernel it is (and, `switch_to_owner`,
+/// which account to become).
+pub(super) fn order(spec: &LaunchSpec, connection_file: &Path, switch_to_owner: bool) -> anyhow::Result<Vec<u8>> {
     let text = |s: &std::ffi::OsStr, what: &str| {
         s.to_str().map(str::to_owned).with_context(|| format!("{what} is not UTF-8 (a pre-warmed kernel takes JSON)"))
     };
@@ -149,12 +160,17 @@ pub(super) fn order(spec: &LaunchSpec, connection_file: &Path) -> anyhow::Result
         .iter()
         .map(|a| text(a, "an argument"))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let order = serde_json::json!({
+    let mut order = serde_json::json!({
         "argv": argv,
         "env": env,
         "cwd": text(process::kernel_cwd(spec).as_os_str(), "the working directory")?,
         "log": text(spec.dir.join(process::KERNEL_LOG).as_os_str(), "the log path")?,
     });
+    if switch_to_owner {
+        let id = spec.identity.as_ref().context("a switching pool process needs its kernel's account")?;
+        anyhow::ensure!(id.uid != 0 && id.gid != 0, "refusing to switch a pre-warmed process to root");
+        order["switch"] = serde_json::json!({ "uid": id.uid, "gid": id.gid, "groups": id.groups });
+    }
     let mut line = serde_json::to_vec(&order).context("encoding the kernel for the pre-warmed process")?;
     line.push(b'\n');
     Ok(line)
