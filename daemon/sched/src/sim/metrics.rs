@@ -128,6 +128,9 @@ pub struct PolicyResult {
     /// The policy.
     #[serde(skip)]
     pub policy: Option<PolicyKind>,
+    /// Per-user figures, when the workload has users (`--users`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub users: Option<super::fairness::UserFigures>,
     /// The scheduler-core decisions the policy called, `module::function` (not in the JSON).
     #[serde(skip)]
     pub decisions: Vec<&'static str>,
@@ -204,6 +207,7 @@ impl PolicyResult {
             series,
             delays_ms,
             policy,
+            users: None,
             decisions: Vec::new(),
         }
     }
