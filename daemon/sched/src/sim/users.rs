@@ -6,7 +6,9 @@
 //!   random stream of its own (the sessions of a seed are unchanged).
 //! - [`add_flood`]: one user additionally runs kernels that submit GPU cells back to
 //!   back for the whole workload, enough to saturate the largest cluster the autoscaler
-//!   may build: the flood a fair share must keep from the others' cells.
+//!   may build, their first cells staggered over one cell's duration so that flood cells
+//!   end (and ask again) at a steady rate: the flood a fair share must keep from the
+//!   others' cells.
 
 use super::rng::Rng;
 use super::workload::{session_order, Session, Training, Workload};
@@ -64,13 +66,18 @@ pub fn assign(w: &mut Workload, users: u32, seed: u64) {
 pub fn add_flood(w: &mut Workload, f: &Flood) {
     let t0 = w.sessions.iter().map(|s| s.start).min().unwrap_or(0);
     let end = w.end.unwrap_or_else(|| w.sessions.iter().map(|s| s.stop).max().unwrap_or(t0));
-    let cells = end.saturating_sub(t0).div_ceil(f.cell_ms);
-    let trainings: Vec<Training> =
-        (0..cells).map(|i| Training { submit: t0 + i * f.cell_ms, duration: f.cell_ms, gpus: f.gpus }).collect();
-    let flood = Session { start: t0, stop: end, gpus: f.gpus, trainings, namespace_mib: FLOOD_NAMESPACE_MIB };
+    // Kernel j starts its first cell j ÷ kernels of a cell later: a steady stream whose
+    // cells end one after another, not all at once.
+    let kernel = |j: u64| {
+        let first = t0 + j * f.cell_ms / u64::from(f.kernels.max(1));
+        let cells = end.saturating_sub(first).div_ceil(f.cell_ms);
+        let trainings: Vec<Training> =
+            (0..cells).map(|i| Training { submit: first + i * f.cell_ms, duration: f.cell_ms, gpus: f.gpus }).collect();
+        Session { start: t0, stop: end, gpus: f.gpus, trainings, namespace_mib: FLOOD_NAMESPACE_MIB }
+    };
     let mut owned: Vec<(Session, u32)> =
         std::mem::take(&mut w.sessions).into_iter().enumerate().map(|(i, s)| (s, w.user(index(i)))).collect();
-    owned.extend((0..f.kernels).map(|_| (flood.clone(), f.user)));
+    owned.extend((0..u64::from(f.kernels)).map(|j| (kernel(j), f.user)));
     // Stable: the workload's own sessions keep their order among equals, the flood's come after.
     owned.sort_by_key(|(s, _)| session_order(s));
     (w.sessions, w.users) = owned.into_iter().unzip();
@@ -117,8 +124,14 @@ mod tests {
         add_flood(&mut w, &f);
         assert_eq!(w.sessions.len(), 58);
         assert_eq!(w.users.len(), 58);
-        let flood: Vec<usize> = (0..w.sessions.len()).filter(|&i| w.sessions[i].trainings.len() == 12).collect();
-        assert!(flood.len() >= 8 && flood.iter().all(|&i| w.users[i] == 0), "12 cells of 10 min in 2 h, user 0");
+        let flood: Vec<usize> = (0..w.sessions.len()).filter(|&i| w.sessions[i].gpus == 4 && w.users[i] == 0).collect();
+        assert!(flood.len() >= 8, "the 8 flood kernels are user 0's");
+        let firsts: Vec<Millis> =
+            w.sessions.iter().filter(|s| s.trainings.len() >= 12 && s.trainings[0].duration == 600_000).map(|s| s.trainings[0].submit).collect();
+        assert_eq!(firsts.len(), 8, "each floods the 2 h with 10-minute cells");
+        let mut sorted = firsts.clone();
+        sorted.dedup();
+        assert_eq!(sorted.len(), 8, "staggered: no two flood cells end together");
         let i = w.sessions.iter().position(|s| *s == owner_of_first.0).expect("still there");
         assert_eq!(w.users[i], owner_of_first.1, "an owner moves with its session");
         assert_eq!(w.flood_user, Some(0));

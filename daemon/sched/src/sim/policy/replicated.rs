@@ -509,9 +509,12 @@ impl Replicated {
         }
     }
 
-    /// Ours with fair share, as the daemon's hosts serve their queues: the waiting cells in
-    /// [`fairshare::order`]; once one cannot run, cells of users with more recent GPU time
-    /// (a higher band) wait too rather than take the GPUs it waits for. With no GPU
+    /// Ours with fair share, as the daemon's hosts serve their queues (head of line): the
+    /// waiting cells in [`fairshare::order`]; once one cannot run, cells of users with more
+    /// recent GPU time (a higher band) wait too rather than take the GPUs it waits for, so a
+    /// light user's 8-GPU cell is not starved by a heavy user's stream of small ones (the
+    /// GPUs freed meanwhile stay free until a host has its 8). Holding one host for it
+    /// instead was tried and made light users wait longer (docs/simulator.md). With no GPU
     /// available anywhere nothing can run, and the rest wait without trying.
     fn retry_in_fair_share_order(&mut self, cx: &mut Ctx<'_>) {
         if self.waiting.is_empty() {
