@@ -115,9 +115,8 @@ impl Ledger {
     /// ledger stays as large as the users active lately.
     pub fn forget_idle(&mut self, now: Millis, floor_gpu_ms: f64) {
         let h = self.half_life_ms;
-        self.accounts.retain(|_, a| {
-            a.holding > 0 || decayed(a.usage_gpu_ms, 0, now.saturating_sub(a.at), h) >= floor_gpu_ms
-        });
+        self.accounts
+            .retain(|_, a| a.holding > 0 || decayed(a.usage_gpu_ms, 0, now.saturating_sub(a.at), h) >= floor_gpu_ms);
     }
 
     /// Users with an account, with their usage at `now` (for metrics and status pages).
@@ -141,11 +140,8 @@ impl Ledger {
 /// Lowest band of normalised usage (`ledger`'s usage at `now` ÷ weight) first; then
 /// arrival; then the slice's order.
 pub fn order(waiting: &[Waiting<'_>], ledger: &Ledger, now: Millis, params: &Params) -> Vec<usize> {
-    let mut keyed: Vec<(u64, u64, usize)> = waiting
-        .iter()
-        .enumerate()
-        .map(|(i, w)| (band(ledger, w.user, w.weight, now, params), w.arrival, i))
-        .collect();
+    let mut keyed: Vec<(u64, u64, usize)> =
+        waiting.iter().enumerate().map(|(i, w)| (band(ledger, w.user, w.weight, now, params), w.arrival, i)).collect();
     keyed.sort_unstable();
     keyed.into_iter().map(|(_, _, i)| i).collect()
 }
@@ -277,10 +273,8 @@ mod tests {
             let p = Params { half_life_ms: H, band_gpu_ms: 1.0 };
             let big_first = g.bool();
             let (ab, as_) = if big_first { (0, 1) } else { (1, 0) };
-            let waiting = [
-                Waiting { user: "big", weight, arrival: ab },
-                Waiting { user: "small", weight: 1.0, arrival: as_ },
-            ];
+            let waiting =
+                [Waiting { user: "big", weight, arrival: ab }, Waiting { user: "small", weight: 1.0, arrival: as_ }];
             let got = order(&waiting, &l, 0, &p);
             assert_eq!(got[0], if big_first { 0 } else { 1 }, "equal shares: arrival decides");
             // The weighted user used less than its share (weight × 0.9): it goes first.
@@ -336,7 +330,8 @@ mod tests {
         let p = Params::default();
         assert_eq!(band(&l, "heavy", 1.0, by, &p), 0, "at the latest after {bound} half-lives");
         // There it goes before a newcomer who arrived later.
-        let waiting = [Waiting { user: "new", weight: 1.0, arrival: 9 }, Waiting { user: "heavy", weight: 1.0, arrival: 1 }];
+        let waiting =
+            [Waiting { user: "new", weight: 1.0, arrival: 9 }, Waiting { user: "heavy", weight: 1.0, arrival: 1 }];
         assert_eq!(order(&waiting, &l, by, &p), vec![1, 0]);
     }
 }

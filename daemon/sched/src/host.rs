@@ -634,5 +634,4 @@ mod tests {
             .collect();
         assert_eq!(started, ["c1"]);
     }
-
 }

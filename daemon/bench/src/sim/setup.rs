@@ -247,7 +247,8 @@ pub(crate) fn workload_of(a: &Args, src: &Source, start_min: u64, seed: u64) -> 
             bail!("--flood-gpus {} is more than a host's {} GPUs", a.flood_gpus, a.gpus_per_host);
         }
         let hosts = if a.fixed_hosts > 0 { a.fixed_hosts } else { model(a)?.notebookos.autoscale.max_hosts };
-        let flood = users::Flood::saturating(0, a.flood_gpus, a.flood_cell_s.saturating_mul(1000), hosts, a.gpus_per_host, 2);
+        let flood =
+            users::Flood::saturating(0, a.flood_gpus, a.flood_cell_s.saturating_mul(1000), hosts, a.gpus_per_host, 2);
         users::add_flood(&mut w, &flood);
     }
     Ok(w)

@@ -59,7 +59,15 @@ pub fn table(results: &[(&str, PolicyResult)]) -> String {
         let _ = writeln!(
             o,
             "\n{:<17} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>9} {:>9}",
-            "per user", "users", "others p95 s", "others p99 s", "worst p99 s", "median p99 s", "flood p99 s", "Jain", "Jain oth"
+            "per user",
+            "users",
+            "others p95 s",
+            "others p99 s",
+            "worst p99 s",
+            "median p99 s",
+            "flood p99 s",
+            "Jain",
+            "Jain oth"
         );
         for (name, u) in with_users {
             let _ = writeln!(

@@ -126,8 +126,12 @@ mod tests {
         assert_eq!(w.users.len(), 58);
         let flood: Vec<usize> = (0..w.sessions.len()).filter(|&i| w.sessions[i].gpus == 4 && w.users[i] == 0).collect();
         assert!(flood.len() >= 8, "the 8 flood kernels are user 0's");
-        let firsts: Vec<Millis> =
-            w.sessions.iter().filter(|s| s.trainings.len() >= 12 && s.trainings[0].duration == 600_000).map(|s| s.trainings[0].submit).collect();
+        let firsts: Vec<Millis> = w
+            .sessions
+            .iter()
+            .filter(|s| s.trainings.len() >= 12 && s.trainings[0].duration == 600_000)
+            .map(|s| s.trainings[0].submit)
+            .collect();
         assert_eq!(firsts.len(), 8, "each floods the 2 h with 10-minute cells");
         let mut sorted = firsts.clone();
         sorted.dedup();

@@ -42,13 +42,13 @@ use std::collections::VecDeque;
 
 use super::api::Policy;
 use crate::autoscaler::{ClusterNow, Decider};
+use crate::fairshare::{self, Ledger};
 use crate::placement::{self, HostLoad, PlacementError};
 use crate::preselect::{preselect, Candidate};
 use crate::scale::{self, Scale};
 use crate::sim::cluster::HostState;
 use crate::sim::ctx::Ctx;
 use crate::sim::events::Ev;
-use crate::fairshare::{self, Ledger};
 use crate::{drain, migrate, prewarm, Millis};
 
 /// Which rules.
@@ -524,7 +524,11 @@ impl Replicated {
         let params = fairshare::Params { half_life_ms: cx.m.notebookos.fair_share_half_life_ms, ..Default::default() };
         let cells: Vec<fairshare::Waiting<'_>> = waiting
             .iter()
-            .map(|&s| fairshare::Waiting { user: self.user_name(cx, s), weight: 1.0, arrival: self.arrival[s as usize] })
+            .map(|&s| fairshare::Waiting {
+                user: self.user_name(cx, s),
+                weight: 1.0,
+                arrival: self.arrival[s as usize],
+            })
             .collect();
         cx.decided("fairshare::order");
         let order = fairshare::order(&cells, &self.ledger, cx.now, &params);
