@@ -139,12 +139,14 @@ mod tests {
 
     #[test]
     fn a_users_weight_is_their_heaviest_groups() {
-        let mut limits = LimitsConfig::default();
-        limits.groups = BTreeMap::from([
-            ("staff".to_owned(), GroupLimits { weight: 2.0, ..GroupLimits::default() }),
-            ("lab".to_owned(), GroupLimits { weight: 3.0, ..GroupLimits::default() }),
-            ("odd".to_owned(), GroupLimits { weight: -1.0, ..GroupLimits::default() }),
-        ]);
+        let limits = LimitsConfig {
+            groups: BTreeMap::from([
+                ("staff".to_owned(), GroupLimits { weight: 2.0, ..GroupLimits::default() }),
+                ("lab".to_owned(), GroupLimits { weight: 3.0, ..GroupLimits::default() }),
+                ("odd".to_owned(), GroupLimits { weight: -1.0, ..GroupLimits::default() }),
+            ]),
+            ..LimitsConfig::default()
+        };
         let g = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
         assert_eq!(weight_of(&g(&["staff", "lab", "other"]), &limits), 3.0);
         assert_eq!(weight_of(&g(&["other"]), &limits), 1.0);
