@@ -12,7 +12,7 @@
 //! while the index over the others (`jain_gpu_time_others`) is the one that should stay
 //! near 1.
 
-use super::metrics::{percentile, round3};
+use super::stats::{percentile, round3};
 use super::workload::Workload;
 use crate::Millis;
 

@@ -1,5 +1,6 @@
 //! What one policy's run measured, in the units of the report (GPU-hours, seconds).
 
+pub use super::stats::{percentile, round3};
 use super::PolicyKind;
 use crate::Millis;
 
@@ -136,10 +137,6 @@ pub struct PolicyResult {
     pub decisions: Vec<&'static str>,
 }
 
-/// Rounds for stable, readable output.
-pub fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
-}
 
 #[expect(clippy::cast_precision_loss, reason = "GPU-ms to hours for display")]
 fn hours(gpu_ms: u128) -> f64 {
@@ -151,15 +148,6 @@ fn secs(ms: Millis) -> f64 {
     round3(ms as f64 / 1000.0)
 }
 
-/// Nearest-rank percentile of sorted values.
-pub fn percentile(sorted: &[Millis], p: f64) -> Millis {
-    if sorted.is_empty() {
-        return 0;
-    }
-    #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss, reason = "rank")]
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
 
 impl PolicyResult {
     /// Assembles a result (`policy` is `None` for a run measured on a real cluster).

@@ -14,7 +14,7 @@
 //!   [`namespace`]: the sessions' namespace sizes (an assumption).
 //! - [`policy`]: one file per scheduling policy.
 //! - [`metrics`]: what a run measured; [`fairness`]: per-user delays and Jain's index; [`report`]: table, JSON, markdown; [`svg`]: plots;
-//!   [`spread`]: intervals across seeds, spread across windows.
+//!   [`spread`]: intervals across seeds, spread across windows; [`stats`]: percentiles.
 //!
 //! Uses the scheduler core and nothing above it; no I/O (the CLI reads and writes files).
 
@@ -32,6 +32,7 @@ pub mod report;
 pub mod rng;
 pub mod sessions;
 pub mod spread;
+pub mod stats;
 pub mod svg;
 pub mod synthetic;
 pub mod users;
