@@ -137,7 +137,6 @@ pub struct PolicyResult {
     pub decisions: Vec<&'static str>,
 }
 
-
 #[expect(clippy::cast_precision_loss, reason = "GPU-ms to hours for display")]
 fn hours(gpu_ms: u128) -> f64 {
     round3(gpu_ms as f64 / 3_600_000.0)
@@ -147,7 +146,6 @@ fn hours(gpu_ms: u128) -> f64 {
 fn secs(ms: Millis) -> f64 {
     round3(ms as f64 / 1000.0)
 }
-
 
 impl PolicyResult {
     /// Assembles a result (`policy` is `None` for a run measured on a real cluster).

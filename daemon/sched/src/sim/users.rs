@@ -140,4 +140,32 @@ mod tests {
         assert_eq!(w.users[i], owner_of_first.1, "an owner moves with its session");
         assert_eq!(w.flood_user, Some(0));
     }
+
+    #[test]
+    fn with_fair_share_a_flood_does_not_hold_back_the_others() {
+        use crate::sim::{run, Model, PolicyKind};
+        let mut w = synthetic::generate(&SyntheticParams { sessions: 20, hours: 4.0, ..SyntheticParams::default() }, 5)
+            .ending_at(4 * 3_600_000);
+        assign(&mut w, 10, 5);
+        add_flood(&mut w, &Flood::saturating(0, 4, 600_000, 8, 8, 2));
+        let others = |fair: bool| {
+            let mut m = Model { fixed_hosts: 8, ..Model::default() };
+            m.notebookos.fair_share = fair;
+            let r = run(&w, PolicyKind::Notebookos, &m).expect("runs");
+            assert_eq!(r.violations, 0);
+            r.users.expect("the workload has users")
+        };
+        let (fair, fifo) = (others(true), others(false));
+        assert!(
+            fair.others_delay_p99_s < fifo.others_delay_p99_s / 2.0,
+            "fair share: {} s, first come first served: {} s",
+            fair.others_delay_p99_s,
+            fifo.others_delay_p99_s
+        );
+        assert!(fair.jain_gpu_time_others > fifo.jain_gpu_time_others, "{fair:?} vs {fifo:?}");
+        assert!(
+            fair.flood_delay_p99_s > fair.others_delay_p99_s.into(),
+            "the flood waits, not the others: {fair:?} vs {fifo:?}"
+        );
+    }
 }
