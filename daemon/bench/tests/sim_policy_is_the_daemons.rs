@@ -8,10 +8,12 @@ use nbos_sched::sim::synthetic::{self, SyntheticParams};
 use nbos_sched::sim::{Model, PolicyKind};
 
 /// Every path of the policy: placement, executor choice, a move when all replicas
-/// yield, scale out and in, drain (whose replicas are re-placed), pre-warm sizing.
-const EVERY_PATH: [&str; 7] = [
+/// yield, scale out and in, drain (whose replicas are re-placed), pre-warm sizing, the
+/// fair-share order of waiting cells.
+const EVERY_PATH: [&str; 8] = [
     "autoscaler::Decider::decide",
     "drain::choose",
+    "fairshare::order",
     "migrate::choose_with_memory",
     "placement::place_with_memory",
     "placement::replace_with_memory",

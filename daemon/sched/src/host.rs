@@ -321,6 +321,31 @@ impl HostScheduler {
         actions
     }
 
+    /// The kernels whose cells wait, in queue order, with when each cell was submitted.
+    pub fn queued(&self) -> Vec<(KernelId, Millis)> {
+        self.queue
+            .iter()
+            .filter_map(|k| self.kernels.get(k).and_then(|x| x.queued.as_ref()).map(|q| (k.clone(), q.1)))
+            .collect()
+    }
+
+    /// Puts the waiting cells in a new order (a fair share's, [`crate::fairshare`]): the
+    /// kernels of `first` lead, in that order; the others follow in their order. Serves
+    /// nothing: the next call that serves the queue serves it in this order.
+    pub fn reorder_queue(&mut self, first: &[KernelId]) {
+        let mut rest: VecDeque<KernelId> = std::mem::take(&mut self.queue);
+        let mut queue = VecDeque::with_capacity(rest.len());
+        for k in first {
+            if let Some(i) = rest.iter().position(|q| q == k) {
+                if let Some(k) = rest.remove(i) {
+                    queue.push_back(k);
+                }
+            }
+        }
+        queue.extend(rest);
+        self.queue = queue;
+    }
+
     /// Starts queued cells, in order, while the head can get its GPUs.
     fn serve_queue(&mut self, now: Millis) -> Vec<Action> {
         let mut actions = Vec::new();
@@ -584,5 +609,29 @@ mod tests {
         assert_eq!(s.submit("c", "c1", 1, 2).expect("c1"), vec![Action::Queued { cell: "c1".into(), position: 2 }]);
         let acts = s.finish("a", "a1", 3).expect("f");
         assert_eq!(starts(&acts), vec![("big".into(), vec![0, 1])]);
+    }
+
+    #[test]
+    fn a_reordered_queue_serves_its_new_head_first() {
+        let mut h = HostScheduler::new(1, 1_000, 10.0);
+        for k in ["a", "b", "c"] {
+            h.add_kernel(k, 1, 0).expect("admitted");
+        }
+        h.submit("a", "a1", 1, 0).expect("runs");
+        h.submit("b", "b1", 1, 1).expect("waits");
+        h.submit("c", "c1", 1, 2).expect("waits");
+        assert_eq!(h.queued(), vec![("b".to_owned(), 1), ("c".to_owned(), 2)]);
+        h.reorder_queue(&["c".to_owned(), "nobody".to_owned()]);
+        assert_eq!(h.queued().iter().map(|q| q.0.as_str()).collect::<Vec<_>>(), ["c", "b"]);
+        let started: Vec<String> = h
+            .finish("a", "a1", 3)
+            .expect("ran")
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::Start { cell, .. } => Some(cell),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(started, ["c1"]);
     }
 }

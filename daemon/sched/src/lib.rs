@@ -14,11 +14,13 @@
 //! - [`autoscaler`]: the autoscaler's decision (rule, unmet demand, host bounds).
 //! - [`policy`]: the `notebookos` policy's parameters; their default is the shipped one.
 //! - [`drain`]: which hosts a scale-in releases.
+//! - [`fairshare`]: which waiting cell gets contended GPUs next (users' recent GPU time).
 //! - [`prewarm`]: how many pre-warmed containers to keep.
 //! - [`sim`]: trace replay in virtual time under the scheduling policies (`nbos sim`).
 
 pub mod autoscaler;
 pub mod drain;
+pub mod fairshare;
 pub mod host;
 pub mod migrate;
 pub mod placement;

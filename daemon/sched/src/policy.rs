@@ -77,6 +77,11 @@ pub struct PolicyConfig {
     pub prewarm_max: u32,
     /// The autoscaler (`[autoscale]`).
     pub autoscale: AutoscaleParams,
+    /// Cells waiting for GPUs go in fair-share order ([`crate::fairshare`]) rather than
+    /// first come first served (`gpu.fair_share`; with one user the two are the same).
+    pub fair_share: bool,
+    /// Users' recent GPU time halves every this long (`gpu.fair_share_half_life`).
+    pub fair_share_half_life_ms: Millis,
 }
 
 impl Default for PolicyConfig {
@@ -92,6 +97,8 @@ impl Default for PolicyConfig {
             prewarm_min: 1,
             prewarm_max: 3,
             autoscale: AutoscaleParams::default(),
+            fair_share: true,
+            fair_share_half_life_ms: crate::fairshare::DEFAULT_HALF_LIFE_MS,
         }
     }
 }

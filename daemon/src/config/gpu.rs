@@ -43,6 +43,13 @@ pub struct GpuConfig {
     pub idle_release: Duration,
     /// Upper bound on (GPUs requested by kernels hosted here) / (GPUs on the host).
     pub subscription_ratio: f64,
+    /// Cells waiting for GPUs go in fair-share order: the users furthest below their share
+    /// of recent GPU time first (`nbos_sched::fairshare`). Off: first come first served.
+    /// With one user (no `[auth]` users) the two are the same.
+    pub fair_share: bool,
+    /// Users' recent GPU time halves every this long (the memory of the fair share).
+    #[serde(with = "humantime_serde")]
+    pub fair_share_half_life: Duration,
     /// Whether kernel processes may open only the GPU device files of GPUs they hold a lease
     /// on, enforced in the kernel by eBPF (`kernel::device_cgroup`). Unset: `off` (see
     /// docs/configuration.md for why it is not yet the default on NVIDIA hosts).
@@ -69,6 +76,8 @@ impl Default for GpuConfig {
             fake_gpu_memory_mib: 81_920,
             idle_release: Duration::from_millis(PolicyConfig::default().idle_release_ms),
             subscription_ratio: PolicyConfig::default().subscription_ratio,
+            fair_share: PolicyConfig::default().fair_share,
+            fair_share_half_life: Duration::from_millis(PolicyConfig::default().fair_share_half_life_ms),
             device_guard: None,
         }
     }

@@ -163,6 +163,9 @@ impl Config {
         if self.gpu.idle_release.is_zero() {
             return Err(invalid("gpu.idle_release", "must be longer than 0s".into()));
         }
+        if self.gpu.fair_share_half_life.is_zero() {
+            return Err(invalid("gpu.fair_share_half_life", "must be longer than 0s".into()));
+        }
         let l = &self.limits;
         for (field, value) in [
             ("limits.websocket_max_message_bytes", l.websocket_max_message_bytes),

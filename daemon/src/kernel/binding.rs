@@ -10,6 +10,10 @@
 //!
 //! What the binding asks of the lease server is the [`LeaseControl`] trait.
 //!
+//! Waiting cells go in fair-share order ([`super::fair_share`], `gpu.fair_share`): before
+//! the queue is served, it is put in [`nbos_sched::fairshare::order`] of the cells' owners'
+//! recent GPU time, which counts the GPUs committed to each owner's cells.
+//!
 //! [`Binder::dispatch`] also tells its caller (the cluster's replica host) when a bound
 //! cell's GPUs were committed and when the cell was written to the kernel's shell socket,
 //! which happens later, from a task of its own.
@@ -20,6 +24,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::oneshot;
 
+use super::fair_share::{FairShare, OwnerLookup};
 use super::hub::ClientId;
 use super::LocalKernel;
 use crate::jupyter::{Channel, Message};
@@ -106,6 +111,19 @@ struct State {
     /// Cells of kernels that are gone: answered with an error once the lock is released
     /// (answering delivers a reply, whose observer takes this lock).
     orphaned: Vec<Waiting>,
+    /// Owners' recent GPU time and the order waiting cells go in.
+    fair: FairShare,
+}
+
+impl State {
+    /// Puts the waiting cells in fair-share order (none when it is off), so the next call
+    /// that serves the queue serves the furthest below their share first.
+    fn order_fairly(&mut self, now: Millis) {
+        let queued = self.sched.queued();
+        if let Some(order) = self.fair.order(&queued, now) {
+            self.sched.reorder_queue(&order);
+        }
+    }
 }
 
 /// Per-cell GPU binding for the kernels of this host.
@@ -136,12 +154,20 @@ impl Binder {
                 backlog: HashMap::new(),
                 registered: HashMap::new(),
                 orphaned: Vec::new(),
+                fair: FairShare::new(),
             }),
             origin: Instant::now(),
             leases,
             metrics,
             total_gpus: gpus,
         })
+    }
+
+    /// Sets the fair share: on or off (`gpu.fair_share`), its half-life
+    /// (`gpu.fair_share_half_life`), and who owns each kernel (default: one anonymous user).
+    /// Recent GPU time counted so far is forgotten.
+    pub fn set_fair_share(&self, enabled: bool, half_life: Duration, owners: Arc<dyn OwnerLookup>) {
+        self.lock().fair = FairShare::with(enabled, half_life, owners);
     }
 
     fn now(&self) -> Millis {
@@ -227,8 +253,15 @@ impl Binder {
                 st.waiting.iter().filter(|(_, w)| w.kernel.id == kernel_id).map(|(c, _)| c.clone()).collect();
             let waiting: Vec<Waiting> = cells.iter().filter_map(|c| st.waiting.remove(c)).collect();
             st.orphaned.extend(waiting);
-            st.running.retain(|_, k| k != kernel_id);
             let now = self.now();
+            let gone: Vec<String> =
+                st.running.iter().filter(|(_, k)| *k == kernel_id).map(|(c, _)| c.clone()).collect();
+            for cell in gone {
+                st.fair.ended(&cell, now);
+            }
+            st.running.retain(|_, k| k != kernel_id);
+            st.fair.forget(kernel_id, now);
+            st.order_fairly(now);
             st.sched.remove_kernel(kernel_id, now)
         };
         self.leases.forget(kernel_id, pids);
@@ -247,6 +280,11 @@ impl Binder {
             let mut st = self.lock();
             let Some(kernel) = st.kernels.get(kernel_id).cloned() else { return };
             let now = self.now();
+            let died: Vec<String> =
+                st.running.iter().filter(|(_, k)| *k == kernel_id).map(|(c, _)| c.clone()).collect();
+            for cell in died {
+                st.fair.ended(&cell, now);
+            }
             st.running.retain(|_, k| k != kernel_id);
             let cells: Vec<String> =
                 st.waiting.iter().filter(|(_, w)| w.kernel.id == kernel_id).map(|(c, _)| c.clone()).collect();
@@ -256,6 +294,7 @@ impl Binder {
             if let Err(e) = st.sched.add_kernel(kernel_id, kernel.gpus, now) {
                 tracing::warn!(kernel = kernel_id, error = %e, "could not re-register a restarted kernel");
             }
+            st.order_fairly(now);
             actions.extend(st.sched.tick(now));
             (actions, dropped)
         };
@@ -329,8 +368,17 @@ impl Binder {
         let now = self.now();
         let (kernel_id, gpus) = (w.kernel.id.clone(), w.kernel.gpus);
         st.waiting.insert(cell.to_owned(), w);
+        st.order_fairly(now);
         match st.sched.submit(&kernel_id, cell, gpus, now) {
-            Ok(actions) => actions,
+            Ok(mut actions) => {
+                // The new cell joined at the back; if it goes first by fair share, it may
+                // run now on GPUs the old head could not use.
+                if st.sched.queued().len() > 1 {
+                    st.order_fairly(now);
+                    actions.extend(st.sched.tick(now));
+                }
+                actions
+            }
             Err(e) => {
                 // Unknown kernel (dead or removed meanwhile): nothing will run the cell.
                 tracing::warn!(kernel = %kernel_id, error = %e, "cell of a kernel that is gone");
@@ -349,6 +397,8 @@ impl Binder {
             }
             st.running.remove(parent_msg_id);
             let now = self.now();
+            st.fair.ended(parent_msg_id, now);
+            st.order_fairly(now);
             let mut actions = st.sched.finish(kernel_id, parent_msg_id, now).unwrap_or_default();
             let next = st.backlog.get_mut(kernel_id).and_then(VecDeque::pop_front);
             if let Some(w) = next {
@@ -384,6 +434,7 @@ impl Binder {
         let actions = {
             let mut st = self.lock();
             let now = self.now();
+            st.order_fairly(now);
             st.sched.tick(now)
         };
         if !actions.is_empty() {
@@ -424,6 +475,8 @@ impl Binder {
                     let w = {
                         let mut st = self.lock();
                         st.running.insert(cell.clone(), kernel.clone());
+                        let now = self.now();
+                        st.fair.started(&kernel, &cell, u32::try_from(gpus.len()).unwrap_or(u32::MAX), now);
                         st.waiting.remove(&cell)
                     };
                     let Some(w) = w else { continue };

@@ -11,6 +11,7 @@
 //! - [`hub`]: routing to clients, replay buffer for disconnected clients.
 //! - [`local_kernel`]: a kernel's process on this host (ipykernel, hub, heartbeat, restarts).
 //! - [`binding`]: per-cell GPU binding (scheduler core + lease control).
+//! - [`fair_share`]: the order contended GPUs go in: kernels' owners and their recent GPU time.
 //! - [`cgroup`]: per-kernel memory cgroups (v2, v1 or none).
 //! - [`device_cgroup`]: per-kernel cgroup with the GPU device guard (eBPF) attached.
 //! - [`id`]: what a kernel id may be (a canonical UUID).
@@ -28,6 +29,7 @@ pub mod cgroup;
 pub mod client_env;
 pub mod connection;
 pub mod device_cgroup;
+pub mod fair_share;
 pub mod home;
 pub mod hub;
 pub mod id;

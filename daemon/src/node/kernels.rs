@@ -44,6 +44,13 @@ pub(super) fn start_kernels(
         leases,
         metrics.clone(),
     );
+    // Owners: every kernel is the anonymous user until kernels have owners (issue 30); the
+    // lookup from a kernel's record to its owner and group weight plugs in here.
+    binder.set_fair_share(
+        config.gpu.fair_share,
+        config.gpu.fair_share_half_life,
+        Arc::new(crate::kernel::fair_share::Anonymous),
+    );
     // Exit events free a dead kernel process's leases at once.
     let exits = observer.as_ref().map(|o| {
         let mut rx = o.exit_events();

@@ -11,6 +11,7 @@ use nbos_sched::policy::{AutoscaleRule, PolicyConfig};
 use nbos_sched::sim::costs::Costs;
 use nbos_sched::sim::sessions::{self, SessionParams};
 use nbos_sched::sim::synthetic::{self, SyntheticParams};
+use nbos_sched::sim::users;
 use nbos_sched::sim::workload::{self, Job, Stats, Workload};
 use nbos_sched::sim::{report, Model, PolicyKind, PolicyResult};
 use nbos_sched::template::Template;
@@ -162,6 +163,27 @@ pub struct Args {
     /// GiB of RAM less the system's share).
     #[arg(long, value_name = "MIB", allow_negative_numbers = true, value_parser = flags::count)]
     pub host_memory_mib: Option<u64>,
+    /// Users: assign sessions to N users, Zipf-distributed (user k owns a share ∝ 1 ÷ (k + 1)),
+    /// seeded, and report per-user delays and Jain's index (docs/simulator.md, "Users and
+    /// fair share"). 0: no users (one user owns everything).
+    #[arg(long, default_value_t = 0, value_name = "N", allow_negative_numbers = true, value_parser = flags::count32)]
+    pub users: u32,
+    /// Users: user 0 also floods the cluster: kernels of --flood-gpus GPUs, each submitting
+    /// a --flood-cell-s cell as soon as its previous one ends, from the workload's start to
+    /// its end, asking twice the GPUs of the largest cluster (autoscale.max_hosts, or
+    /// --fixed-hosts, × --gpus-per-host). Needs --users.
+    #[arg(long, requires = "users")]
+    pub flood_user: bool,
+    /// The flood: GPUs per kernel and per cell.
+    #[arg(long, default_value_t = 4, allow_negative_numbers = true, value_parser = flags::positive_count32)]
+    pub flood_gpus: u32,
+    /// The flood: seconds each of its cells runs.
+    #[arg(long, default_value_t = 600, allow_negative_numbers = true, value_parser = flags::positive_count)]
+    pub flood_cell_s: u64,
+    /// notebookos: waiting cells in fair-share order (`on`, as the daemon's `gpu.fair_share`
+    /// default) or first come first served (`off`); overrides the config's gpu.fair_share.
+    #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+    pub fair_share: Option<String>,
     /// Memory of an idle replica before its namespace, MiB (an ipykernel with the user's imports).
     #[arg(long, default_value_t = Model::default().replica_base_mib, value_name = "MIB", allow_negative_numbers = true, value_parser = flags::count)]
     pub replica_base_mib: u64,
@@ -216,6 +238,18 @@ pub(crate) fn workload_of(a: &Args, src: &Source, start_min: u64, seed: u64) -> 
     let mut w = generated(a, src, start_min, seed)?;
     if a.namespace_scale != 1.0 {
         w.scale_namespaces(a.namespace_scale);
+    }
+    if a.users > 0 {
+        users::assign(&mut w, a.users, seed);
+    }
+    if a.flood_user {
+        if a.flood_gpus > a.gpus_per_host {
+            bail!("--flood-gpus {} is more than a host's {} GPUs", a.flood_gpus, a.gpus_per_host);
+        }
+        let hosts = if a.fixed_hosts > 0 { a.fixed_hosts } else { model(a)?.notebookos.autoscale.max_hosts };
+        let flood =
+            users::Flood::saturating(0, a.flood_gpus, a.flood_cell_s.saturating_mul(1000), hosts, a.gpus_per_host, 2);
+        users::add_flood(&mut w, &flood);
     }
     Ok(w)
 }
@@ -401,6 +435,9 @@ fn policy(a: &Args, config: Option<&notebookosd::config::Config>) -> anyhow::Res
     }
     if let Some(s) = a.scaling_interval_s {
         p.autoscale.interval_ms = s.saturating_mul(1000);
+    }
+    if let Some(f) = &a.fair_share {
+        p.fair_share = f == "on";
     }
     Ok(p)
 }

@@ -29,6 +29,10 @@ pub struct Ctx<'a> {
     /// end finds waiting).
     pub(crate) waiting: Vec<bool>,
     pub(crate) delays_ms: Vec<Millis>,
+    /// The session of each delay in `delays_ms` (per-user figures).
+    pub(crate) delay_sessions: Vec<u32>,
+    /// Per session: GPU-ms its trainings ran, up to the window's end (per-user figures).
+    pub(crate) served_gpu_ms: Vec<u128>,
     /// Migrations performed (replicas moved to run a cell).
     pub migrations: u64,
     /// Idle replicas moved in the background (off a host being drained, or to cover a kernel).
@@ -82,7 +86,11 @@ impl Ctx<'_> {
         let begins = self.now + extra;
         self.waiting[s as usize] = false;
         self.delays_ms.push(begins - self.submitted_at[s as usize]);
+        self.delay_sessions.push(s);
         let end = begins + self.training(s).duration;
+        let until = self.w.end.map_or(end, |e| end.min(e));
+        let ran = until.saturating_sub(begins.min(until));
+        self.served_gpu_ms[s as usize] += u128::from(ran) * u128::from(self.training(s).gpus);
         self.q.push(end, Ev::TrainingEnd { session: s, host });
     }
 

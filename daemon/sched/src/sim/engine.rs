@@ -59,6 +59,8 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
         submitted_at: vec![0; n],
         waiting: vec![false; n],
         delays_ms: Vec::with_capacity(w.sessions.iter().map(|s| s.trainings.len()).sum()),
+        delay_sessions: Vec::new(),
+        served_gpu_ms: vec![0; n],
         migrations: 0,
         background_moves: 0,
         memory_refusals: 0,
@@ -167,6 +169,8 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
     let floor_gpu_ms: u128 =
         w.sessions.iter().flat_map(|s| &s.trainings).map(|t| u128::from(w.clipped(t)) * u128::from(t.gpus)).sum();
     let bound = cx.c.bound_gpu_ms(last);
+    let delays_by_session: Vec<(u32, Millis)> =
+        cx.delay_sessions.iter().copied().zip(cx.delays_ms.iter().copied()).collect();
     let mut result = PolicyResult::new(
         Some(policy),
         super::metrics::Totals {
@@ -193,6 +197,7 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
         series,
     );
     result.decisions = cx.decisions.into_iter().collect();
+    result.users = super::fairness::figures(w, &delays_by_session, &cx.served_gpu_ms);
     Ok(result)
 }
 
@@ -204,9 +209,18 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
 fn stop_at_end(cx: &mut Ctx<'_>, end: Millis) {
     cx.now = end;
     cx.c.advance(end);
-    let waits: Vec<Millis> =
-        cx.waiting.iter().zip(&cx.submitted_at).filter(|(w, _)| **w).map(|(_, &at)| end.saturating_sub(at)).collect();
-    cx.delays_ms.extend(waits);
+    let waits: Vec<(u32, Millis)> = cx
+        .waiting
+        .iter()
+        .zip(&cx.submitted_at)
+        .enumerate()
+        .filter(|(_, (w, _))| **w)
+        .map(|(s, (_, &at))| (index(s), end.saturating_sub(at)))
+        .collect();
+    for (s, wait) in waits {
+        cx.delays_ms.push(wait);
+        cx.delay_sessions.push(s);
+    }
 }
 
 /// The policy object for `kind` over `sessions` sessions.

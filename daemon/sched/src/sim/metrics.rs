@@ -1,5 +1,6 @@
 //! What one policy's run measured, in the units of the report (GPU-hours, seconds).
 
+pub use super::stats::{percentile, round3};
 use super::PolicyKind;
 use crate::Millis;
 
@@ -128,14 +129,12 @@ pub struct PolicyResult {
     /// The policy.
     #[serde(skip)]
     pub policy: Option<PolicyKind>,
+    /// Per-user figures, when the workload has users (`--users`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub users: Option<super::fairness::UserFigures>,
     /// The scheduler-core decisions the policy called, `module::function` (not in the JSON).
     #[serde(skip)]
     pub decisions: Vec<&'static str>,
-}
-
-/// Rounds for stable, readable output.
-pub fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 #[expect(clippy::cast_precision_loss, reason = "GPU-ms to hours for display")]
@@ -146,16 +145,6 @@ fn hours(gpu_ms: u128) -> f64 {
 #[expect(clippy::cast_precision_loss, reason = "ms to s for display")]
 fn secs(ms: Millis) -> f64 {
     round3(ms as f64 / 1000.0)
-}
-
-/// Nearest-rank percentile of sorted values.
-pub fn percentile(sorted: &[Millis], p: f64) -> Millis {
-    if sorted.is_empty() {
-        return 0;
-    }
-    #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss, reason = "rank")]
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 impl PolicyResult {
@@ -204,6 +193,7 @@ impl PolicyResult {
             series,
             delays_ms,
             policy,
+            users: None,
             decisions: Vec::new(),
         }
     }

@@ -6,14 +6,15 @@
 //! - [`workload`]: sessions and trainings; the Sensei CSV reader; templates.
 //! - [`sessions`]: the session generator for a trace without sessions (calibrated on a template).
 //! - [`synthetic`]: a synthetic workload generator.
+//! - [`users`]: sessions' owners (Zipf over `--users`) and the flood (`--flood-user`).
 //! - [`events`], [`engine`]: the discrete-event loop (virtual ms, deterministic ties);
 //!   [`ctx`]: what policies see and act through.
 //! - [`cluster`]: hosts, provisioning, the independent GPU ledger, GPU-hour integrals.
 //! - [`costs`]: replica starts and state transfers as measured (`docs/sim/costs.json`);
 //!   [`namespace`]: the sessions' namespace sizes (an assumption).
 //! - [`policy`]: one file per scheduling policy.
-//! - [`metrics`]: what a run measured; [`report`]: table, JSON, markdown; [`svg`]: plots;
-//!   [`spread`]: intervals across seeds, spread across windows.
+//! - [`metrics`]: what a run measured; [`fairness`]: per-user delays and Jain's index; [`report`]: table, JSON, markdown; [`svg`]: plots;
+//!   [`spread`]: intervals across seeds, spread across windows; [`stats`]: percentiles.
 //!
 //! Uses the scheduler core and nothing above it; no I/O (the CLI reads and writes files).
 
@@ -22,6 +23,7 @@ pub mod costs;
 pub mod ctx;
 pub mod engine;
 pub mod events;
+pub mod fairness;
 pub mod front;
 pub mod metrics;
 pub mod namespace;
@@ -30,8 +32,10 @@ pub mod report;
 pub mod rng;
 pub mod sessions;
 pub mod spread;
+pub mod stats;
 pub mod svg;
 pub mod synthetic;
+pub mod users;
 pub mod workload;
 
 pub use engine::{run, SimError};

@@ -54,6 +54,37 @@ pub fn table(results: &[(&str, PolicyResult)]) -> String {
             r.hosts_peak
         );
     }
+    let with_users: Vec<_> = results.iter().filter_map(|(n, r)| r.users.as_ref().map(|u| (n, u))).collect();
+    if !with_users.is_empty() {
+        let _ = writeln!(
+            o,
+            "\n{:<17} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>9} {:>9}",
+            "per user",
+            "users",
+            "others p95 s",
+            "others p99 s",
+            "worst p99 s",
+            "median p99 s",
+            "flood p99 s",
+            "Jain",
+            "Jain oth"
+        );
+        for (name, u) in with_users {
+            let _ = writeln!(
+                o,
+                "{:<17} {:>6} {:>12.3} {:>12.3} {:>12.3} {:>12.3} {:>12} {:>9.3} {:>9.3}",
+                name,
+                u.users,
+                u.others_delay_p95_s,
+                u.others_delay_p99_s,
+                u.worst_user_delay_p99_s,
+                u.median_user_delay_p99_s,
+                u.flood_delay_p99_s.map_or_else(|| "-".to_owned(), |x| format!("{x:.3}")),
+                u.jain_gpu_time,
+                u.jain_gpu_time_others
+            );
+        }
+    }
     o
 }
 

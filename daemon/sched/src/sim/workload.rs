@@ -63,6 +63,15 @@ pub struct Workload {
     /// The window's end (`--hours`): the simulation stops there, whatever still runs.
     /// `None`: every session runs to its stop.
     pub end: Option<Millis>,
+    /// Per session, the user who owns it ([`super::users`]); empty: one user owns all.
+    pub users: Vec<u32>,
+    /// The user who floods the cluster with cells, if any ([`super::users::add_flood`]).
+    pub flood_user: Option<u32>,
+}
+
+/// The order sessions are numbered in: by start, then first submission, stop and GPUs.
+pub(crate) fn session_order(s: &Session) -> (Millis, Option<Millis>, Millis, u32) {
+    (s.start, s.trainings.first().map(|t| t.submit), s.stop, s.gpus)
 }
 
 #[expect(clippy::cast_precision_loss, reason = "statistics for display")]
@@ -73,8 +82,13 @@ fn ms_min(ms: u128) -> f64 {
 impl Workload {
     /// Sorts sessions by (start, first submission) so every source numbers them the same way.
     pub fn new(name: String, mut sessions: Vec<Session>) -> Self {
-        sessions.sort_by_key(|s| (s.start, s.trainings.first().map(|t| t.submit), s.stop, s.gpus));
-        Self { name, sessions, end: None }
+        sessions.sort_by_key(session_order);
+        Self { name, sessions, end: None, users: Vec::new(), flood_user: None }
+    }
+
+    /// The user who owns session `s` (0 when the workload has no users).
+    pub fn user(&self, s: u32) -> u32 {
+        self.users.get(s as usize).copied().unwrap_or(0)
     }
 
     /// The same workload, simulated only up to `end`.

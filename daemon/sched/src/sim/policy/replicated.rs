@@ -42,6 +42,7 @@ use std::collections::VecDeque;
 
 use super::api::Policy;
 use crate::autoscaler::{ClusterNow, Decider};
+use crate::fairshare::{self, Ledger};
 use crate::placement::{self, HostLoad, PlacementError};
 use crate::preselect::{preselect, Candidate};
 use crate::scale::{self, Scale};
@@ -98,6 +99,13 @@ pub struct Replicated {
     unmet_cells: VecDeque<(Millis, u32)>,
     /// Ours: pre-warmed containers taken per host (each daemon sizes its own pool).
     takes: Vec<VecDeque<Millis>>,
+    /// Ours: each user's recent GPU time, from the GPUs committed to their cells.
+    ledger: Ledger,
+    /// Users' names in the ledger, by user number.
+    user_names: Vec<String>,
+    /// Per session: its waiting cell's place in arrival order.
+    arrival: Vec<u64>,
+    arrivals: u64,
 }
 
 fn kernel(s: u32) -> String {
@@ -124,7 +132,33 @@ impl Replicated {
             refused: VecDeque::new(),
             unmet_cells: VecDeque::new(),
             takes: Vec::new(),
+            ledger: Ledger::new(fairshare::DEFAULT_HALF_LIFE_MS),
+            user_names: Vec::new(),
+            arrival: vec![0; n],
+            arrivals: 0,
         }
+    }
+
+    /// Ours with `gpu.fair_share`: waiting cells go in fair-share order.
+    fn fair(&self, cx: &Ctx<'_>) -> bool {
+        self.variant == Variant::Ours && cx.m.notebookos.fair_share
+    }
+
+    fn user_name(&self, cx: &Ctx<'_>, s: u32) -> &str {
+        self.user_names.get(cx.w.user(s) as usize).map_or(fairshare::ANONYMOUS, String::as_str)
+    }
+
+    /// The band of session `s`'s owner now (every simulated user has weight 1).
+    fn band(&self, cx: &Ctx<'_>, s: u32) -> u64 {
+        let p = fairshare::Params { half_life_ms: cx.m.notebookos.fair_share_half_life_ms, ..Default::default() };
+        fairshare::band(&self.ledger, self.user_name(cx, s), 1.0, cx.now, &p)
+    }
+
+    /// `g` GPUs are committed to session `s`'s cell from now: its owner's GPU time counts.
+    fn committed(&mut self, cx: &mut Ctx<'_>, s: u32, g: u32) {
+        let user = self.user_name(cx, s).to_owned();
+        self.ledger.take(&user, g, cx.now);
+        self.submitted[s as usize] = false;
     }
 
     /// The subscription ratio placement and migration keep, in subscribed GPUs per host GPU.
@@ -279,7 +313,7 @@ impl Replicated {
                 cx.c.commit(h, &k, &cell, g, cx.now);
                 cx.start_training(s, h, cx.m.election_ms);
                 self.prev[s as usize] = Some(lead);
-                self.submitted[s as usize] = false;
+                self.committed(cx, s, g);
                 return true;
             }
         }
@@ -289,7 +323,7 @@ impl Replicated {
             cx.c.commit(h, &k, &cell, g, cx.now);
             cx.start_training(s, h, ready - cx.now + cx.m.election_ms);
             self.prev[s as usize] = Some(u32::try_from(r + 1).unwrap_or(NONE));
-            self.submitted[s as usize] = false;
+            self.committed(cx, s, g);
             return true;
         }
         // Every replica yields: migrate one to a host that can commit now.
@@ -319,7 +353,7 @@ impl Replicated {
         cx.c.commit(to, &k, &cell, g, cx.now);
         cx.start_training(s, to, ready - cx.now + cx.m.election_ms);
         self.prev[s as usize] = Some(u32::try_from(r + 1).unwrap_or(NONE));
-        self.submitted[s as usize] = false;
+        self.committed(cx, s, g);
         true
     }
 
@@ -435,6 +469,18 @@ impl Replicated {
     }
 
     fn run_or_wait(&mut self, cx: &mut Ctx<'_>, s: u32) {
+        self.arrival[s as usize] = self.arrivals;
+        self.arrivals += 1;
+        // Fair share: a cell does not pass a waiting cell of a user further below their share.
+        if self.fair(cx) && !self.waiting.is_empty() {
+            let mine = self.band(cx, s);
+            if self.waiting.iter().any(|&o| self.band(cx, o) < mine) {
+                note(&mut self.unmet_cells, cx.now, cx.training(s).gpus);
+                self.waiting.push_back(s);
+                self.retry_waiting(cx);
+                return;
+            }
+        }
         if !self.try_run(cx, s) {
             self.waiting.push_back(s);
             if self.variant == Variant::Ours {
@@ -449,6 +495,10 @@ impl Replicated {
     }
 
     fn retry_waiting(&mut self, cx: &mut Ctx<'_>) {
+        if self.fair(cx) {
+            self.retry_in_fair_share_order(cx);
+            return;
+        }
         for _ in 0..self.waiting.len() {
             let Some(s) = self.waiting.pop_front() else { break };
             if self.try_run(cx, s) {
@@ -456,6 +506,47 @@ impl Replicated {
             } else {
                 self.waiting.push_back(s);
             }
+        }
+    }
+
+    /// Ours with fair share, as the daemon's hosts serve their queues (head of line): the
+    /// waiting cells in [`fairshare::order`]; once one cannot run, cells of users with more
+    /// recent GPU time (a higher band) wait too rather than take the GPUs it waits for, so a
+    /// light user's 8-GPU cell is not starved by a heavy user's stream of small ones (the
+    /// GPUs freed meanwhile stay free until a host has its 8). Holding one host for it
+    /// instead was tried and made light users wait longer (docs/simulator.md). With no GPU
+    /// available anywhere nothing can run, and the rest wait without trying.
+    fn retry_in_fair_share_order(&mut self, cx: &mut Ctx<'_>) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        let waiting: Vec<u32> = self.waiting.drain(..).collect();
+        let params = fairshare::Params { half_life_ms: cx.m.notebookos.fair_share_half_life_ms, ..Default::default() };
+        let cells: Vec<fairshare::Waiting<'_>> = waiting
+            .iter()
+            .map(|&s| fairshare::Waiting {
+                user: self.user_name(cx, s),
+                weight: 1.0,
+                arrival: self.arrival[s as usize],
+            })
+            .collect();
+        cx.decided("fairshare::order");
+        let order = fairshare::order(&cells, &self.ledger, cx.now, &params);
+        let bands: Vec<u64> = order.iter().map(|&i| self.band(cx, waiting[i])).collect();
+        let mut blocked_above: Option<u64> = None;
+        for (i, band) in order.into_iter().zip(bands) {
+            let s = waiting[i];
+            let gpus_anywhere = cx.c.up_hosts().iter().any(|&h| cx.c.host(h).sched.available() > 0);
+            let held_back = blocked_above.is_some_and(|b| band > b);
+            if !held_back && gpus_anywhere && self.try_run(cx, s) {
+                continue;
+            }
+            if held_back || !gpus_anywhere {
+                // As `try_run` notes a cell that found no host: unmet demand.
+                note(&mut self.unmet_cells, cx.now, cx.training(s).gpus);
+            }
+            blocked_above.get_or_insert(band);
+            self.waiting.push_back(s);
         }
     }
 
@@ -544,6 +635,9 @@ impl Policy for Replicated {
         if self.variant == Variant::Ours {
             self.decider = Some(Decider::new(&cx.m.notebookos.autoscale));
         }
+        self.ledger = Ledger::new(cx.m.notebookos.fair_share_half_life_ms);
+        let users = cx.w.users.iter().copied().max().map_or(1, |m| m + 1);
+        self.user_names = (0..users).map(|u| format!("u{u}")).collect();
     }
 
     fn session_start(&mut self, cx: &mut Ctx<'_>, s: u32) {
@@ -568,6 +662,8 @@ impl Policy for Replicated {
     fn training_end(&mut self, cx: &mut Ctx<'_>, s: u32, host: u32) {
         let cell = format!("s{s}c{}", cx.training_index(s));
         cx.c.finish(host, &kernel(s), &cell, cx.now);
+        let (user, g) = (self.user_name(cx, s).to_owned(), cx.training(s).gpus);
+        self.ledger.give_back(&user, g, cx.now);
         match self.variant {
             Variant::Paper => {
                 cx.c.tick(host, cx.now);
@@ -712,6 +808,8 @@ mod tests {
             submitted_at: vec![0; n],
             waiting: vec![false; n],
             delays_ms: Vec::new(),
+            delay_sessions: Vec::new(),
+            served_gpu_ms: vec![0; n],
             migrations: 0,
             background_moves: 0,
             migration_ms: 0,
