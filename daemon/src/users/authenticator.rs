@@ -10,8 +10,24 @@ use rustls::pki_types::CertificateDer;
 use super::caller::UserCaller;
 use super::certificate::CertificateUsers;
 use super::file::{UsersFile, UsersFileError};
+use super::jupyterhub::{JupyterHubSetupError, JupyterHubVerifier};
+use super::oidc::{OidcSetupError, OidcVerifier};
 use super::source::{AuthError, IdentitySource};
 use crate::config::{AuthConfig, Quota};
+
+/// Why `[auth]`'s sources could not be set up (the daemon does not start).
+#[derive(Debug, thiserror::Error)]
+pub enum AuthSetupError {
+    /// `auth.users_file`.
+    #[error(transparent)]
+    UsersFile(#[from] UsersFileError),
+    /// `auth.jupyterhub_*`.
+    #[error(transparent)]
+    JupyterHub(#[from] JupyterHubSetupError),
+    /// `auth.oidc_*`.
+    #[error(transparent)]
+    Oidc(#[from] OidcSetupError),
+}
 
 /// The configured identity sources, in order, and who among their users is an admin.
 pub struct Authenticator {
@@ -29,9 +45,9 @@ impl std::fmt::Debug for Authenticator {
 }
 
 impl Authenticator {
-    /// The sources of `[auth]` this crate builds itself (the users file, client
-    /// certificates); `None` when `[auth]` configures no users at all.
-    pub fn from_config(auth: &AuthConfig) -> Result<Option<Self>, UsersFileError> {
+    /// The sources `[auth]` configures, in the order they are asked: the users file, client
+    /// certificates, OIDC (JWT-shaped tokens), JupyterHub; `None` when it configures no users.
+    pub fn from_config(auth: &AuthConfig) -> Result<Option<Self>, AuthSetupError> {
         if !auth.has_users() {
             return Ok(None);
         }
@@ -43,6 +59,12 @@ impl Authenticator {
         }
         if auth.client_certificate_users {
             a.push(Arc::new(CertificateUsers));
+        }
+        if let Some(oidc) = OidcVerifier::from_config(auth)? {
+            a.push(Arc::new(oidc));
+        }
+        if let Some(hub) = JupyterHubVerifier::from_config(auth)? {
+            a.push(Arc::new(hub));
         }
         Ok(Some(a))
     }

@@ -4,7 +4,8 @@
 //! - [`authenticator`]: the sources in order; [`source`]: [`IdentitySource`], one of them;
 //!   [`file`]: `auth.users_file`;
 //!   [`certificate`]: `auth.client_certificate_users`; [`jupyterhub`]: JupyterHub API tokens;
-//!   [`oidc`]: OIDC bearer JWTs ([`token_cache`] remembers verified tokens by digest).
+//!   [`oidc`]: OIDC bearer JWTs ([`token_cache`] remembers verified tokens by digest;
+//!   [`token_sources`] makes both sources of the authenticator).
 //! - [`audit`]: `auth.audit_log`; [`metrics`]: per-user metrics with bounded labels.
 
 pub mod account_name;
@@ -18,9 +19,10 @@ pub mod metrics;
 pub mod oidc;
 pub mod source;
 pub mod token_cache;
+pub mod token_sources;
 mod user;
 
-pub use authenticator::Authenticator;
+pub use authenticator::{AuthSetupError, Authenticator};
 pub use caller::{Caller, UserCaller};
 pub use source::{AuthError, IdentitySource};
 pub use user::User;

@@ -300,14 +300,7 @@ impl Supervisor {
                 kernels
                     // The record's owner on every host: new, re-placed and migrated
                     // replicas and restarts all run as the same account (kernel.run_as).
-                    .create_replica(
-                        &record.id,
-                        r.replica,
-                        Some(&record.name),
-                        Some(record.gpus),
-                        &env,
-                        owner.as_ref(),
-                    )
+                    .create_replica(&record.id, r.replica, Some(&record.name), Some(record.gpus), &env, owner.as_ref())
                     .await
                     .map_err(|e| anyhow::anyhow!("starting replica {} of kernel {}: {e}", r.replica, record.id))?
             }
