@@ -200,7 +200,7 @@ fn every_host_enforces_the_owner_of_a_cluster_kernel() {
         &format!("\n[[user]]\nname = \"harness\"\ntoken_sha256 = \"{}\"\ngroups = [\"admins\"]\n", sha(TOKEN)),
     );
     let overlay = format!("[auth]\nusers_file = \"{}\"\nadmin_group = \"admins\"\n", users.display());
-    let c = TestCluster::start(3, Options { overlay, ..Options::default() });
+    let c = TestCluster::launch(3, Options { overlay, ..Options::default() }).expect("a ready cluster");
     let agent = c.agent().clone();
     let on = |node: u64, method: &str, path: &str, token: &str, body: Option<serde_json::Value>| {
         request(&agent, method, &c.host(node).url, path, body, token)
