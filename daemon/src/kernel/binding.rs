@@ -376,6 +376,20 @@ impl Binder {
                 if st.sched.queued().len() > 1 {
                     st.order_fairly(now);
                     actions.extend(st.sched.tick(now));
+                    // The client is told its place in the queue as reordered, or nothing
+                    // if it was started.
+                    let started = actions.iter().any(|a| matches!(a, Action::Start { cell: c, .. } if c == cell));
+                    if started {
+                        actions.retain(|a| !matches!(a, Action::Queued { cell: c, .. } if c == cell));
+                    }
+                    let queued = st.sched.queued();
+                    for a in &mut actions {
+                        if let Action::Queued { cell: c, position } = a {
+                            if let Some(p) = queued.iter().position(|(k, _)| *k == kernel_id).filter(|_| c == cell) {
+                                *position = p + 1;
+                            }
+                        }
+                    }
                 }
                 actions
             }
