@@ -6,14 +6,15 @@
 //! Without users every kernel is the one anonymous user ([`Anonymous`]): the order is
 //! first come first served, as before.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use nbos_sched::fairshare::{self, Ledger, Params, Waiting};
 use nbos_sched::{KernelId, Millis};
 
-use crate::config::LimitsConfig;
+use crate::config::{GroupLimits, LimitsConfig};
+use crate::users::User;
 
 /// A kernel's owner as the fair share needs it.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,12 +42,63 @@ impl OwnerLookup for Anonymous {
     }
 }
 
+/// The owners of this host's kernels, as the registry starts and forgets them (a
+/// single-host kernel's API caller, a replica's kernel record's owner). A kernel it does not
+/// know (none configured, a kernel without owner) is the anonymous user.
+#[derive(Debug)]
+pub struct KernelOwners {
+    /// `[limits.groups]`: the weights.
+    groups: BTreeMap<String, GroupLimits>,
+    owners: RwLock<HashMap<String, User>>,
+}
+
+impl KernelOwners {
+    /// No kernel yet; weights from `limits`' groups.
+    pub fn new(limits: &LimitsConfig) -> Self {
+        Self { groups: limits.groups.clone(), owners: RwLock::new(HashMap::new()) }
+    }
+
+    /// `kernel_id` is `user`'s.
+    pub fn set(&self, kernel_id: &str, user: &User) {
+        // A poisoned lock still holds a usable map: a panic elsewhere must not stop the GPUs.
+        self.owners
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(kernel_id.to_owned(), user.clone());
+    }
+
+    /// `kernel_id` is gone.
+    pub fn forget(&self, kernel_id: &str) {
+        self.owners.write().unwrap_or_else(std::sync::PoisonError::into_inner).remove(kernel_id);
+    }
+
+    /// Kernels with an owner (a bound: it must not outgrow the kernels).
+    pub fn len(&self) -> usize {
+        self.owners.read().unwrap_or_else(std::sync::PoisonError::into_inner).len()
+    }
+
+    /// No kernel has an owner.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl OwnerLookup for KernelOwners {
+    fn owner(&self, kernel_id: &str) -> Owner {
+        let owners = self.owners.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match owners.get(kernel_id) {
+            Some(u) => Owner { user: u.name.clone(), weight: weight_of(&u.groups, &self.groups) },
+            None => Anonymous.owner(kernel_id),
+        }
+    }
+}
+
 /// A user's weight: the largest `weight` of their groups in `[limits.groups.NAME]`; 1 when
 /// none of their groups has one (or a weight is not a positive number).
-pub fn weight_of(groups: &[String], limits: &LimitsConfig) -> f64 {
+pub fn weight_of(groups: &[String], weights: &BTreeMap<String, GroupLimits>) -> f64 {
     groups
         .iter()
-        .filter_map(|g| limits.groups.get(g))
+        .filter_map(|g| weights.get(g))
         .map(|g| g.weight)
         .filter(|w| w.is_finite() && *w > 0.0)
         .fold(None, |best: Option<f64>, w| Some(best.map_or(w, |b| b.max(w))))
@@ -148,9 +200,26 @@ mod tests {
             ..LimitsConfig::default()
         };
         let g = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-        assert_eq!(weight_of(&g(&["staff", "lab", "other"]), &limits), 3.0);
-        assert_eq!(weight_of(&g(&["other"]), &limits), 1.0);
-        assert_eq!(weight_of(&g(&["odd"]), &limits), 1.0, "a weight that is not positive counts as none");
+        assert_eq!(weight_of(&g(&["staff", "lab", "other"]), &limits.groups), 3.0);
+        assert_eq!(weight_of(&g(&["other"]), &limits.groups), 1.0);
+        assert_eq!(weight_of(&g(&["odd"]), &limits.groups), 1.0, "a weight that is not positive counts as none");
+    }
+
+    #[test]
+    fn the_owner_book_names_a_kernels_owner_and_weight_until_it_is_forgotten() {
+        let limits = LimitsConfig {
+            groups: BTreeMap::from([("lab".to_owned(), GroupLimits { weight: 4.0, ..GroupLimits::default() })]),
+            ..LimitsConfig::default()
+        };
+        let book = KernelOwners::new(&limits);
+        assert_eq!(book.owner("k1").user, fairshare::ANONYMOUS, "a kernel without owner");
+        book.set("k1", &User { name: "alice".into(), groups: vec!["lab".into()] });
+        book.set("k2", &User { name: "bob".into(), groups: vec![] });
+        assert_eq!(book.owner("k1"), Owner { user: "alice".into(), weight: 4.0 });
+        assert_eq!(book.owner("k2"), Owner { user: "bob".into(), weight: 1.0 });
+        book.forget("k1");
+        assert_eq!(book.owner("k1").user, fairshare::ANONYMOUS);
+        assert_eq!(book.len(), 1, "a forgotten kernel leaves nothing behind");
     }
 
     struct Table(HashMap<&'static str, &'static str>);

@@ -108,6 +108,8 @@ pub struct Kernels {
     cgroup: Arc<dyn KernelCgroup>,
     /// The accounts kernels run as (never root).
     users: Arc<KernelUsers>,
+    /// Who owns each kernel, for the binder's fair share (`None`: every kernel anonymous).
+    owners: Option<Arc<super::fair_share::KernelOwners>>,
     /// Working directory of every kernel (`kernel.notebook_dir`); `None`: its own directory.
     notebook_dir: Option<PathBuf>,
     /// Told every kernel process pid (the observer watches them for exits).
@@ -146,6 +148,7 @@ impl Kernels {
             cgroup: Arc::new(cgroup::NoCgroup),
             limits: Limits::default(),
             users: Arc::new(users),
+            owners: None,
             notebook_dir: None,
             map: RwLock::new(HashMap::new()),
             python,
@@ -161,6 +164,14 @@ impl Kernels {
         };
         kernels.set_limits(defaults.pids_max);
         kernels
+    }
+
+    /// Tells `owners` each kernel's owner as it starts, and forgets it with the kernel (the
+    /// binder's fair share reads it).
+    #[must_use]
+    pub fn with_owners(mut self, owners: Arc<super::fair_share::KernelOwners>) -> Self {
+        self.owners = Some(owners);
+        self
     }
 
     /// Kernels run as `users` (never root), in `notebook_dir` (`None`: each in its own
@@ -413,8 +424,12 @@ impl Kernels {
         kernel.set_auto_restart(auto_restart);
         if let Some(owner) = owner {
             kernel.set_owner(owner.clone());
+            if let Some(book) = &self.owners {
+                book.set(&id, owner);
+            }
         }
         if let Err(e) = self.binder.add_kernel(&kernel) {
+            self.forget_owner(&id);
             kernel.shutdown().await;
             self.remove_cgroup(&id);
             self.users.release(&id);
@@ -491,6 +506,12 @@ impl Kernels {
     }
 
     /// Removes a kernel's memory cgroup and device cgroup, logging a failure.
+    fn forget_owner(&self, id: &str) {
+        if let Some(book) = &self.owners {
+            book.forget(id);
+        }
+    }
+
     fn remove_cgroup(&self, id: &str) {
         if let Err(e) = self.cgroup.remove(id) {
             tracing::warn!(kernel = %id, error = %e, "could not remove the kernel's cgroups");
@@ -554,6 +575,7 @@ impl Kernels {
         self.remove_cgroup(id);
         // Its files are gone: the uid may go to another kernel.
         self.users.release(id);
+        self.forget_owner(id);
         tracing::info!(kernel = %id, "kernel shut down");
         true
     }

@@ -44,13 +44,10 @@ pub(super) fn start_kernels(
         leases,
         metrics.clone(),
     );
-    // Owners: every kernel is the anonymous user until kernels have owners (issue 30); the
-    // lookup from a kernel's record to its owner and group weight plugs in here.
-    binder.set_fair_share(
-        config.gpu.fair_share,
-        config.gpu.fair_share_half_life,
-        Arc::new(crate::kernel::fair_share::Anonymous),
-    );
+    // The fair share reads each kernel's owner (and their groups' weight) from the book the
+    // registry keeps; a kernel without an owner is the anonymous user.
+    let owners = Arc::new(crate::kernel::fair_share::KernelOwners::new(&config.limits));
+    binder.set_fair_share(config.gpu.fair_share, config.gpu.fair_share_half_life, owners.clone());
     // Exit events free a dead kernel process's leases at once.
     let exits = observer.as_ref().map(|o| {
         let mut rx = o.exit_events();
@@ -93,6 +90,7 @@ pub(super) fn start_kernels(
         config.kernel.memory_limit_mib,
     )
     .with_accounts(kernel_users, config.kernel.notebook_dir.clone(), config.kernel.pids_max)
+    .with_owners(owners)
     .with_max_message_bytes(usize::try_from(config.kernel.max_message_bytes).unwrap_or(usize::MAX))
     .with_prewarm(config.kernel.prewarm_min, config.kernel.prewarm_max)
     .context("starting the kernel pre-warm pool (kernel.prewarm_max)")?;
