@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pwd
 import secrets
+import uuid
 
 import pytest
 import websocket
@@ -131,7 +132,7 @@ def test_bob_can_neither_see_nor_reach_alices_kernel(setup, servers, tokens, ali
         status, body = http(method, d + path, bob, {} if method == "POST" else None)
         assert status == 404, f"Bob's {method} {path}: {status} {body}"
     # As for a kernel that does not exist: the same answer, nothing of hers in it.
-    assert http("GET", d + f"/api/kernels/{alice_kernel}", bob)[0] == http("GET", d + f"/api/kernels/{secrets.token_hex(16)}", bob)[0]
+    assert http("GET", d + f"/api/kernels/{alice_kernel}", bob)[0] == http("GET", d + f"/api/kernels/{uuid.uuid4()}", bob)[0]
     assert ws_refusal(d, alice_kernel, bob) == 404
     # Bob's own server (his token at the gateway) lists none of hers and cannot reach it.
     status, kernels = http("GET", servers[BOB] + "/api/kernels", bob)
@@ -188,12 +189,15 @@ def test_each_kernel_runs_as_its_users_account(setup, servers, tokens):
     assert uids[ALICE] != uids[BOB] and 0 not in uids.values()
 
 
-def test_a_made_up_or_revoked_token_is_refused(setup, tokens):
+def test_a_made_up_or_revoked_token_is_refused(setup, tokens, alice_kernel):
     d = setup.daemon.url
     for token in (None, secrets.token_hex(16), setup.hub.service_token + "x"):
         assert http("GET", d + "/api/kernels", token)[0] == 401, token
         assert http("POST", d + "/api/kernels", token, {"name": "python3"})[0] == 401, token
-    assert ws_refusal(d, secrets.token_hex(16), secrets.token_hex(16)) == 401
+    # Credentials before anything else: a stranger learns nothing of which kernels exist.
+    for kernel_id in (str(uuid.uuid4()), alice_kernel):
+        assert ws_refusal(d, kernel_id, secrets.token_hex(16)) == 401, kernel_id
+        assert http("GET", d + f"/api/kernels/{kernel_id}", secrets.token_hex(16))[0] == 401, kernel_id
     # A token of Bob's works until it is revoked at the Hub, then is refused (after the
     # daemon's cache of the Hub's answer, `jupyterhub_cache`, 2 s here).
     token, token_id = setup.hub.new_token(BOB, "revoked by the test")
