@@ -10,7 +10,7 @@ import os
 import pwd
 
 import pytest
-from hub_harness import ALICE, BOB, PASSWORD, HubSetup
+from hub_harness import ALICE, BOB, PASSWORD, HubSetup, http
 from lab_harness import Notebook, chromium, close, wait_until
 from selenium.webdriver.common.by import By
 
@@ -41,7 +41,10 @@ def log_in(driver, hub_url: str, user: str) -> None:
 
 def open_notebook(setup, driver, user: str, name: str) -> Notebook:
     """Writes an empty Python notebook into `user`'s home and opens it in their JupyterLab."""
-    setup.hub.spawn(user)
+    server = setup.hub.spawn(user)
+    # What JupyterLab asks first: the kernelspecs, from the daemon with the server's own token.
+    status, specs = http("GET", server + "/api/kernelspecs", setup.hub.new_token(user)[0])
+    assert status == 200 and "python3" in specs["kernelspecs"], f"{user}'s server has no kernelspecs from the daemon: {status} {specs}"
     nb = {
         "cells": [{"cell_type": "code", "execution_count": None, "id": "c0", "metadata": {}, "outputs": [], "source": ""}],
         "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
