@@ -95,7 +95,16 @@ def test_alice_runs_a_notebook_and_bob_can_neither_see_nor_reach_her_kernel(setu
     # The control: her own page opens her kernel's channels.
     assert channels_open(browser, f"{ws}/user/{ALICE}/api/kernels/{alice_kernel}/channels")
 
-    browser.delete_all_cookies()
+    # Bob, in his own browser.
+    bob_browser = chromium()
+    try:
+        bob_sees_none_of(setup, bob_browser, alice_kernel)
+    finally:
+        close(bob_browser)
+
+
+def bob_sees_none_of(setup, browser, alice_kernel: str) -> None:
+    ws = setup.hub.url.replace("http://", "ws://", 1)
     log_in(browser, setup.hub.url, BOB)
     bob_nb = open_notebook(setup, browser, BOB, "bob.ipynb")
     c = bob_nb.run("import os\nprint('bob here, uid', os.getuid())")
