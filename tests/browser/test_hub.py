@@ -55,25 +55,36 @@ def open_notebook(setup, driver, user: str, name: str) -> Notebook:
     return Notebook(driver, f"{setup.hub.url}/user/{user}/lab/tree/{name}?reset")
 
 
-def page_json(driver, url: str):
-    """A GET of a server's API from the page, as JupyterLab makes it (session cookie, XSRF header)."""
+def page_json(driver, url: str, method: str = "GET", body=None):
+    """A request to a server's API from the page, as JupyterLab makes it (session cookie, XSRF header)."""
     return driver.execute_async_script(
-        "const done = arguments[arguments.length - 1];"
+        "const [url, method, body, done] = arguments;"
         "const xsrf = (document.cookie.match(/(?:^|; )_xsrf=([^;]*)/) || [])[1] || '';"
-        "fetch(arguments[0], {headers: {'X-XSRFToken': decodeURIComponent(xsrf)}}).then(async r => done({status: r.status, body: await r.text()})).catch(e => done({status: 0, body: String(e)}));",
+        "fetch(url, {method, body, headers: {'X-XSRFToken': decodeURIComponent(xsrf), 'Content-Type': 'application/json'}})"
+        ".then(async r => done({status: r.status, body: await r.text()})).catch(e => done({status: 0, body: String(e)}));",
         url,
+        method,
+        json.dumps(body) if body is not None else None,
     )
 
 
-def channels_open(driver, url: str) -> bool:
-    """Whether a WebSocket from the page to `url` opens (true) or is refused (false)."""
+def runs_code(driver, url: str, code: str) -> bool:
+    """Whether `code` runs on the kernel whose channels WebSocket is `url`, from the page: an
+    execute_reply arrives (true), or the socket is refused, closes or stays silent for 30 s."""
     return driver.execute_async_script(
-        "const done = arguments[arguments.length - 1];"
-        "const ws = new WebSocket(arguments[0]);"
-        "ws.onopen = () => { ws.close(); done(true); };"
-        "ws.onerror = () => done(false);"
-        "ws.onclose = () => done(false);",
+        "const [url, code, done] = arguments;"
+        "const id = crypto.randomUUID();"
+        "const ws = new WebSocket(url);"
+        "const end = ok => { clearTimeout(t); try { ws.close(); } catch (e) {} done(ok); };"
+        "const t = setTimeout(() => end(false), 30000);"
+        "ws.onopen = () => ws.send(JSON.stringify({channel: 'shell', header: {msg_id: id, msg_type: 'execute_request', session: id,"
+        " username: '', version: '5.3', date: new Date().toISOString()}, parent_header: {}, metadata: {},"
+        " content: {code, silent: false, store_history: false, user_expressions: {}, allow_stdin: false}}));"
+        "ws.onmessage = e => { const m = JSON.parse(e.data); if (m.msg_type === 'execute_reply' && m.parent_header.msg_id === id) end(true); };"
+        "ws.onerror = () => end(false);"
+        "ws.onclose = () => end(false);",
         url,
+        code,
     )
 
 
@@ -92,8 +103,8 @@ def test_alice_runs_a_notebook_and_bob_can_neither_see_nor_reach_her_kernel(setu
         assert f"uid {pwd.getpwnam(ALICE).pw_uid}" in shown, shown
     alice_kernel = kernel_id_of(setup, ALICE, "alice.ipynb", browser)
     ws = setup.hub.url.replace("http://", "ws://", 1)
-    # The control: her own page opens her kernel's channels.
-    assert channels_open(browser, f"{ws}/user/{ALICE}/api/kernels/{alice_kernel}/channels")
+    # The control: from her own page, code runs on her kernel.
+    assert runs_code(browser, f"{ws}/user/{ALICE}/api/kernels/{alice_kernel}/channels", "y = 1")
 
     # Bob, in his own browser.
     bob_browser = chromium()
@@ -101,6 +112,9 @@ def test_alice_runs_a_notebook_and_bob_can_neither_see_nor_reach_her_kernel(setu
         bob_sees_none_of(setup, bob_browser, alice_kernel)
     finally:
         close(bob_browser)
+    # Her namespace is as she left it.
+    c = nb.run("print('x is', x)")
+    assert "x is 42" in nb.wait_output(c, "x is", 60)
 
 
 def bob_sees_none_of(setup, browser, alice_kernel: str) -> None:
@@ -117,9 +131,11 @@ def bob_sees_none_of(setup, browser, alice_kernel: str) -> None:
     assert r["status"] == 200, r
     ids = [k["id"] for k in json.loads(r["body"])]
     assert bob_kernel in ids and alice_kernel not in ids, ids
-    assert page_json(browser, f"{setup.hub.url}/user/{BOB}/api/kernels/{alice_kernel}")["status"] == 404
-    # Her kernel's channels, through his server (his token at the gateway): refused.
-    assert not channels_open(browser, f"{ws}/user/{BOB}/api/kernels/{alice_kernel}/channels")
+    # He asks his server for a session on her kernel's id (jupyter_server then takes the kernel
+    # from the gateway by id, with his token): her kernel's channels stay closed to him.
+    page_json(browser, f"{setup.hub.url}/user/{BOB}/api/sessions", "POST", {"path": "hers.ipynb", "type": "notebook", "kernel": {"id": alice_kernel}})
+    channels = f"{ws}/user/{BOB}/api/kernels/{alice_kernel}/channels"
+    assert not runs_code(browser, channels, "x = 'Bob was here'"), "Bob's page ran code in Alice's kernel"
     # Her server is hers: the Hub does not let him in.
     assert page_json(browser, f"{setup.hub.url}/user/{ALICE}/api/kernels")["status"] in (403, 404)
 

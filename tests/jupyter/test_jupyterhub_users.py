@@ -62,6 +62,22 @@ def ws_refusal(base: str, kernel_id: str, token: str) -> int | None:
         return e.status_code
 
 
+def runs_code(base: str, kernel_id: str, token: str, code: str):
+    """The cell if `code` ran on the kernel through `base`'s channels WebSocket; None if refused
+    (at the handshake, or a socket that closes or never replies: jupyter_server accepts a
+    client's socket before it connects to the gateway's)."""
+    try:
+        ws = connect(base, kernel_id, token)
+    except websocket.WebSocketBadStatusException:
+        return None
+    try:
+        return run_cell(ws, code, timeout=30)
+    except (websocket.WebSocketException, OSError, AssertionError):
+        return None
+    finally:
+        ws.close()
+
+
 def server_kernel(setup, servers, tokens, user: str) -> str:
     """A kernel `user` starts through their own single-user server (as JupyterLab does)."""
     status, model = http("POST", servers[user] + "/api/kernels", tokens[user], {"name": "python3"}, timeout=180)
@@ -134,11 +150,16 @@ def test_bob_can_neither_see_nor_reach_alices_kernel(setup, servers, tokens, ali
     # As for a kernel that does not exist: the same answer, nothing of hers in it.
     assert http("GET", d + f"/api/kernels/{alice_kernel}", bob)[0] == http("GET", d + f"/api/kernels/{uuid.uuid4()}", bob)[0]
     assert ws_refusal(d, alice_kernel, bob) == 404
-    # Bob's own server (his token at the gateway) lists none of hers and cannot reach it.
+    # Bob's own server (his token at the gateway) lists none of hers and cannot reach it, not
+    # even after he asks it for a session on her kernel's id (jupyter_server then takes the
+    # kernel from the gateway by id, as for a kernel started elsewhere: the daemon decides).
     status, kernels = http("GET", servers[BOB] + "/api/kernels", bob)
     assert status == 200 and alice_kernel not in [k["id"] for k in kernels], (status, kernels)
-    assert http("GET", servers[BOB] + f"/api/kernels/{alice_kernel}", bob)[0] == 404
-    assert ws_refusal(servers[BOB], alice_kernel, bob) is not None
+    http("POST", servers[BOB] + "/api/sessions", bob, {"path": "hers.ipynb", "type": "notebook", "kernel": {"id": alice_kernel}})
+    ran = runs_code(servers[BOB], alice_kernel, bob, "x = 'Bob was here'")
+    assert ran is None, f"Bob ran code in Alice's kernel through his server: {ran}"
+    status, model = http("GET", servers[BOB] + f"/api/kernels/{alice_kernel}", bob)
+    assert status == 404 or not (model or {}).get("execution_state"), (status, model)
     # Nor through hers: the Hub lets no one else into her server.
     assert http("GET", servers[ALICE] + "/api/kernels", bob)[0] in (403, 404)
     # Her kernel is untouched: still there, same namespace (no restart, no delete).
