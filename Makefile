@@ -39,6 +39,8 @@ test-rust:
 check-layers:
 	python3 scripts/import-cycles.py daemon daemon/sched daemon/bench daemon/cli raft-store cuda-shim tests/support
 
+# tests/jupyter and tests/browser include the JupyterHub users suites (test_jupyterhub_users.py,
+# test_hub.py): JupyterHub from requirements-dev.txt, configurable-http-proxy in .nbos/hub-npm (deps).
 test-python:
 	$(NBOS_PYTHON) -m pytest -q python/tests $(wildcard tests/jupyter) $(wildcard tests/browser)
 

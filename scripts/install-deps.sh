@@ -17,11 +17,12 @@ cd "$(dirname "$0")/.."
 # load balancer in front of the gateways in the browser failover test (docs/operations.md).
 # prometheus: promtool and the Prometheus that daemon/tests/prometheus_rules.rs starts itself
 # to check packaging/prometheus/ and packaging/grafana/ against real daemons.
+# nodejs (with npm): configurable-http-proxy, the JupyterHub proxy of the users tests (below).
 # binutils (objcopy, readelf), debootstrap, lintian, rpm: `make package` and `make test-packaging`.
 # nftables, e2fsprogs (mkfs.ext4), iproute2: the fault campaign (`make chaos`, tests/chaos/).
 packages=(clang llvm libbpf-dev bpftool gcc libc6-dev pkg-config python3-venv procps curl strace systemd
   protobuf-compiler libprotobuf-dev etcd-server chromium chromium-driver haproxy prometheus
-  binutils debootstrap lintian rpm nftables e2fsprogs iproute2)
+  binutils debootstrap lintian rpm nftables e2fsprogs iproute2 nodejs)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -58,6 +59,28 @@ for tool in cargo rustc; do
 done
 
 [ "${1:-}" = "--no-venv" ] && exit 0
+
+# JupyterHub's proxy for the users tests (tests/jupyter/hub_harness.py): configurable-http-proxy
+# from npm, exactly as tests/jupyter/hub-npm/package-lock.json pins it, into .nbos/hub-npm;
+# reinstalled only when that lock file changes. Debian's nodejs has no npm; nodesource's has.
+command -v npm >/dev/null || {
+  if [ "$(id -u)" = 0 ]; then
+    echo "install-deps: installing Debian's npm"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null
+  else
+    echo "install-deps: run:  sudo apt-get install -y npm" >&2; exit 1
+  fi
+}
+hub_npm=.nbos/hub-npm
+want=$(sha256sum tests/jupyter/hub-npm/package-lock.json | cut -d' ' -f1)
+if [ ! -x "$hub_npm/node_modules/.bin/configurable-http-proxy" ] || [ "$(cat "$hub_npm/.nbos-installed" 2>/dev/null)" != "$want" ]; then
+  echo "install-deps: installing configurable-http-proxy into $hub_npm (tests/jupyter/hub-npm)"
+  rm -rf "$hub_npm" && mkdir -p "$hub_npm"
+  cp tests/jupyter/hub-npm/package.json tests/jupyter/hub-npm/package-lock.json "$hub_npm"/
+  (cd "$hub_npm" && npm ci --no-audit --no-fund --loglevel=error >npm.log 2>&1) ||
+    { cat "$hub_npm/npm.log" >&2; echo "install-deps: npm ci failed (log above)" >&2; exit 1; }
+  echo "$want" > "$hub_npm/.nbos-installed"
+fi
 
 # The venv is rebuilt only when requirements-dev.txt or python/pyproject.toml change.
 # Debian's interpreter (python3-venv above); some toolchains put a python3 without ssl first on PATH.

@@ -52,3 +52,7 @@ def pytest_runtest_makereport(item, call):
     cluster = item.funcargs.get("cluster")
     if cluster is not None:
         (ARTIFACTS / f"{item.name}-daemons.log").write_text(cluster.logs())
+    # A JupyterHub test's Hub and daemon (hub_harness.HubSetup).
+    hub_setup = item.funcargs.get("setup")
+    if hub_setup is not None and hasattr(hub_setup, "logs"):
+        (ARTIFACTS / f"{item.name}-hub-and-daemon.log").write_text(hub_setup.logs())

@@ -81,7 +81,10 @@ class Daemon:
         limit_address_space: bool = False,
         tls: bool = False,
         gpu_extra: dict | None = None,
+        extra_sections: dict | None = None,
     ) -> None:
+        """`extra_sections`: more config sections, each merged key by key over this one's (e.g.
+        `{"auth": {...}, "kernel": {"run_as": "owner"}}`)."""
         self.bins = bin_dir()
         self.dir = Path(tempfile.mkdtemp(prefix="nbos-jupyter-test-"))
         # Kernels run as another uid (kernel.user): they pass through (0711), never list.
@@ -124,6 +127,8 @@ class Daemon:
         }
         if fake_gpus:
             sections["gpu"] = {"driver": "fake", "fake_gpus": fake_gpus, "idle_release": idle_release, **(gpu_extra or {})}
+        for name, values in (extra_sections or {}).items():
+            sections[name] = {**sections.get(name, {}), **values}
         config = write_config(self.dir / "notebookosd.toml", self.dir, sections)
         self.log = open(self.dir / "daemon.log", "wb")
         self.proc = subprocess.Popen(

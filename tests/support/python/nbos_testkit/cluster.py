@@ -41,10 +41,13 @@ def prepare(
     fake_gpus: int = 1,
     log_level: str = "info",
     extra: list[str] | None = None,
+    overlay: dict | None = None,
 ) -> dict:
     """Lays out a cluster in `directory` with `nbos-test-cluster prepare`; its layout:
     `dir`, `token`, `operator_token`, `token_file`, `operator_token_file`, `ca_cert`,
-    `seeds`, `hosts` (each `node_id`, `dir`, `config_path`, `raft_addr`, `url`, `seed`)."""
+    `seeds`, `hosts` (each `node_id`, `dir`, `config_path`, `raft_addr`, `url`, `seed`).
+    `overlay`: config sections merged over every host's (`{"auth": {...}}`; values are
+    strings, numbers or booleans)."""
     args = [
         str(bin_dir() / "nbos-test-cluster"),
         "prepare",
@@ -63,10 +66,21 @@ def prepare(
         args.append("--tls")
     for p in python or []:
         args += ["--python", p]
+    if overlay:
+        args += ["--overlay", _toml(overlay)]
     r = subprocess.run([*args, *(extra or [])], capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"nbos-test-cluster prepare: exit {r.returncode}\n{r.stderr}")
     return json.loads(r.stdout)
+
+
+def _toml(sections: dict) -> str:
+    """TOML of sections of scalars (JSON's strings, numbers and booleans are TOML's)."""
+    out = []
+    for name, values in sections.items():
+        out.append(f"[{name}]")
+        out += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
+    return "\n".join(out) + "\n"
 
 
 class Cluster:
@@ -77,6 +91,7 @@ class Cluster:
         founders: int | None = None,
         host_bins: list[Path] | None = None,
         host_python: list[str] | None = None,
+        overlay: dict | None = None,
     ) -> None:
         """`hosts` host slots, of which the first `founders` (default: all) found the meta
         group and start now; the others are configured (ports, certificate, the founders as
@@ -87,7 +102,7 @@ class Cluster:
         self.host_bins = host_bins or [self.bins] * hosts
         self.nbos = str(self.bins / "nbos")
         self.dir = Path(tempfile.mkdtemp(prefix="nbos-cluster-test-"))
-        layout = prepare(self.dir, hosts, founders, tls, host_python or [sys.executable])
+        layout = prepare(self.dir, hosts, founders, tls, host_python or [sys.executable], overlay=overlay)
         self.layout = layout
         # A PKI (raft mutual TLS, HTTPS with client certificates, node certificates on
         # host-to-host calls). Plain HTTP only where a TLS-terminating proxy would sit in
