@@ -1,4 +1,4 @@
-//! `kernel.run_as = "owner"` (docs/users-run-as.md, docs/prewarm.md): each kernel runs as
+//! `kernel.run_as = "owner"` (docs/users.md, "Kernels run as their users", docs/prewarm.md): each kernel runs as
 //! the system account of its owner, from the pre-warm pool or a new Python. What a user
 //! checks: `/proc/<pid>/status` (uids, gids, groups, capabilities) and, from the kernel
 //! itself, `os.getresuid()`, `HOME`, the working directory; what a refused create says.
