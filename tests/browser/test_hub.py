@@ -71,6 +71,7 @@ def page_json(driver, url: str, method: str = "GET", body=None):
 def runs_code(driver, url: str, code: str) -> bool:
     """Whether `code` runs on the kernel whose channels WebSocket is `url`, from the page: an
     execute_reply arrives (true), or the socket is refused, closes or stays silent for 30 s."""
+    driver.set_script_timeout(90)
     return driver.execute_async_script(
         "const [url, code, done] = arguments;"
         "const id = crypto.randomUUID();"

@@ -7,9 +7,11 @@ answers 401; each kernel runs as its user's account (root only)."""
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import secrets
+import time
 import uuid
 
 import pytest
@@ -63,16 +65,33 @@ def ws_refusal(base: str, kernel_id: str, token: str) -> int | None:
 
 
 def runs_code(base: str, kernel_id: str, token: str, code: str):
-    """The cell if `code` ran on the kernel through `base`'s channels WebSocket; None if refused
-    (at the handshake, or a socket that closes or never replies: jupyter_server accepts a
-    client's socket before it connects to the gateway's)."""
+    """The execute_reply if `code` ran on the kernel through `base`'s channels WebSocket within
+    30 s; None if refused: at the handshake, or a socket that closes or never replies
+    (jupyter_server accepts a client's socket before it connects to the gateway's, and keeps it
+    open, pinging, when the gateway refuses)."""
     try:
         ws = connect(base, kernel_id, token)
     except websocket.WebSocketBadStatusException:
         return None
+    msg_id = uuid.uuid4().hex
+    header = {"msg_id": msg_id, "msg_type": "execute_request", "session": msg_id, "username": "", "version": "5.3"}
     try:
-        return run_cell(ws, code, timeout=30)
-    except (websocket.WebSocketException, OSError, AssertionError):
+        ws.settimeout(2)
+        ws.send(json.dumps({"header": header, "parent_header": {}, "metadata": {}, "channel": "shell", "content": {"code": code, "silent": False}}))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                opcode, data = ws.recv_data(control_frame=True)
+            except websocket.WebSocketTimeoutException:
+                continue
+            if opcode == websocket.ABNF.OPCODE_CLOSE:
+                return None
+            if opcode == websocket.ABNF.OPCODE_TEXT:
+                m = json.loads(data)
+                if m.get("msg_type") == "execute_reply" and m.get("parent_header", {}).get("msg_id") == msg_id:
+                    return m
+        return None
+    except (websocket.WebSocketException, OSError):
         return None
     finally:
         ws.close()

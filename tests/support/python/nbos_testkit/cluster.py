@@ -119,6 +119,9 @@ class Cluster:
         # node certificates (tls=False): never the users' token.
         self.operator_token = layout["operator_token"]
         self.operator_token_file = Path(layout["operator_token_file"])
+        # What `get` and `wait_ready` ask with: with users (`[auth]` in the overlay) the users'
+        # token names no one (a Hub would be asked about it), so the operator's.
+        self.status_token = self.operator_token if overlay and "auth" in overlay else self.token
         self.raft = [int(h["raft_addr"].rsplit(":", 1)[1]) for h in layout["hosts"]]
         self.urls = [h["url"] for h in layout["hosts"]]
         self.host_dirs = [Path(h["dir"]) for h in layout["hosts"]]
@@ -189,7 +192,7 @@ class Cluster:
             self.procs[i] = None
 
     def get(self, i: int, path: str):
-        req = urllib.request.Request(self.urls[i] + path, headers={"Authorization": f"token {self.token}"})
+        req = urllib.request.Request(self.urls[i] + path, headers={"Authorization": f"token {self.status_token}"})
         try:
             with urllib.request.urlopen(req, timeout=10, context=self.ssl_context) as r:
                 return json.loads(r.read())
