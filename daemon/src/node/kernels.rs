@@ -31,6 +31,7 @@ pub(super) fn start_kernels(
     kernel_users: KernelUsers,
     gpus: &Gpus,
     metrics: &Arc<Metrics>,
+    authenticator: Option<Arc<crate::users::Authenticator>>,
 ) -> anyhow::Result<RunningKernels> {
     let Gpus { inventory, leasing, observer, device_cgroups } = gpus;
     let leases: Arc<dyn LeaseControl> = match &leasing {
@@ -48,6 +49,10 @@ pub(super) fn start_kernels(
     // registry keeps; a kernel without an owner is the anonymous user.
     let owners = Arc::new(crate::kernel::fair_share::KernelOwners::new(&config.limits));
     binder.set_fair_share(config.gpu.fair_share, config.gpu.fair_share_half_life, owners.clone());
+    // gpu_hours_per_day: a users-file entry's own limit, else [limits.user]'s; groups' too.
+    let own: crate::kernel::gpu_hours::OwnLimit =
+        Arc::new(move |name| authenticator.as_ref().and_then(|a| a.quota_of(name).gpu_hours_per_day));
+    binder.set_gpu_hours(crate::kernel::gpu_hours::GpuHoursLimits::new(&config.limits, own));
     // Exit events free a dead kernel process's leases at once.
     let exits = observer.as_ref().map(|o| {
         let mut rx = o.exit_events();

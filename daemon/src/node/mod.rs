@@ -22,6 +22,7 @@ mod cluster;
 mod credentials;
 mod device_guard;
 mod fs;
+mod gpu_usage;
 mod gpus;
 mod kernels;
 mod kernels_dir;
@@ -72,7 +73,8 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
     let (listener, url) = api::bind(&config.http).await?;
 
     let kernels_dir = kernels_dir::prepare_kernels_dir(&config, &gpus, kernel_users.switches_user())?;
-    let kernels = kernels::start_kernels(&config, kernels_dir, kernel_users, &gpus, &metrics)?;
+    let kernels =
+        kernels::start_kernels(&config, kernels_dir, kernel_users, &gpus, &metrics, credentials.authenticator.clone())?;
 
     // Cluster mode: the raft store and the meta group. Never blocks on other hosts: a host
     // whose peers are down serves /healthz and reports the cluster as not ready.
