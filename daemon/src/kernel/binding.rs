@@ -130,6 +130,8 @@ struct State {
     /// Cells refused by `gpu_hours_per_day`, with their owner and why: answered once the
     /// lock is released, as `orphaned`.
     refused: Vec<(Waiting, String, String)>,
+    /// `auth.audit_log`: a refused cell is a line.
+    audit: Option<Arc<crate::users::audit::AuditLog>>,
 }
 
 impl State {
@@ -214,6 +216,7 @@ impl Binder {
                 gpu_hours: None,
                 others: None,
                 refused: Vec::new(),
+                audit: None,
             }),
             origin: Instant::now(),
             leases,
@@ -234,6 +237,11 @@ impl Binder {
     /// Sets the `gpu_hours_per_day` limits (none when `limits` sets none).
     pub fn set_gpu_hours(&self, limits: GpuHoursLimits) {
         self.lock().gpu_hours = Some(limits).filter(|l| !l.is_empty());
+    }
+
+    /// Sets the audit log refused cells are written to (`auth.audit_log`).
+    pub fn set_audit(&self, audit: Arc<crate::users::audit::AuditLog>) {
+        self.lock().audit = Some(audit);
     }
 
     /// Sets where the other hosts' GPU time today comes from (cluster mode).
@@ -636,8 +644,15 @@ impl Binder {
                 }
             }
         }
-        let refused = std::mem::take(&mut self.lock().refused);
+        let (refused, audit) = {
+            let mut st = self.lock();
+            (std::mem::take(&mut st.refused), st.audit.clone())
+        };
         for (w, user, why) in refused {
+            if let Some(log) = &audit {
+                let event = crate::users::audit::event(&user, "execute", Some(&w.kernel.id), "refused");
+                log.record(crate::users::audit::AuditEvent { detail: Some(&why), ..event });
+            }
             crate::metrics::count_refusal(gpu_hours::REASON);
             crate::users::metrics::user_metrics().count_refusal(&user, gpu_hours::REASON);
             self.metrics.cells_total.get_or_create(&OutcomeLabels { outcome: "rejected".into() }).inc();

@@ -163,7 +163,10 @@ mod tests {
         check(&l, &user("bob", &[]), 1, &usage(&[("alice", 9 * H)], &[])).expect("bob used none");
         let tiny = limits(Some(0.0001), &[], &[]);
         let e = check(&tiny, &alice, 1, &usage(&[("alice", 1_000)], &[])).expect_err("1 s > 0.36 s");
-        assert!(e.to_string().starts_with("limits.user.gpu_hours_per_day = 0.0001: alice used 0.000278 GPU-hours"), "{e}");
+        assert!(
+            e.to_string().starts_with("limits.user.gpu_hours_per_day = 0.0001: alice used 0.000278 GPU-hours"),
+            "{e}"
+        );
         check(&limits(None, &[], &[]), &alice, 8, &usage(&[("alice", 99 * H)], &[])).expect("no limit");
     }
 

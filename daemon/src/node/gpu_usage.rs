@@ -79,7 +79,10 @@ mod tests {
             ..LoadRecord::default()
         };
         let p = PublishedUsage::default();
-        p.set(&[load(1, 7, 100), load(2, 7, 5), load(3, 6, 999), LoadRecord { node_id: 4, ..LoadRecord::default() }], 1);
+        p.set(
+            &[load(1, 7, 100), load(2, 7, 5), load(3, 6, 999), LoadRecord { node_id: 4, ..LoadRecord::default() }],
+            1,
+        );
         let u = p.usage(7);
         assert_eq!(u.users["alice"], 5_000, "host 1 is this one; host 3 counted yesterday");
         assert_eq!(u.groups["ml"], 5_000);
