@@ -89,5 +89,9 @@ mod tests {
         let mut mine = Usage { day: 7, ..Usage::default() };
         mine.users.insert("alice".into(), 1_999);
         assert_eq!(published(&mine).1["alice"], 1, "whole seconds");
+        // An older host's record has none of it: it counts nothing (day 0 is long past).
+        let old = r#"{"node_id":2,"gpus_total":1,"gpus_committed":0,"gpus_idle":1,"replicas":0,"subscribed_gpus":0}"#;
+        let old: LoadRecord = serde_json::from_str(old).expect("an older host's load record parses");
+        assert_eq!(usage_of(&old), Usage::default());
     }
 }
