@@ -204,6 +204,16 @@ impl Config {
         if l.websocket_inflight_bytes > u32::MAX as usize {
             return Err(invalid("limits.websocket_inflight_bytes", format!("must be <= {}", u32::MAX)));
         }
+        let hours_ok = |h: Option<f64>| h.is_none_or(|h| h.is_finite() && h >= 0.0);
+        if !hours_ok(l.user.gpu_hours_per_day) {
+            return Err(invalid("limits.user.gpu_hours_per_day", "must be a number of hours, 0 or more".into()));
+        }
+        if let Some((g, _)) = l.groups.iter().find(|(_, g)| !hours_ok(g.quota.gpu_hours_per_day)) {
+            return Err(invalid(
+                "limits.groups",
+                format!("[limits.groups.{g}] gpu_hours_per_day must be a number of hours, 0 or more"),
+            ));
+        }
         if self.http.max_connections_per_source > self.http.max_connections {
             return Err(invalid(
                 "http.max_connections_per_source",
@@ -343,6 +353,8 @@ websocket_inflight_bytes = 1000
 ",
                 "limits.websocket_inflight_bytes",
             ),
+            ("[limits.user]\ngpu_hours_per_day = -1.0\n", "limits.user.gpu_hours_per_day"),
+            ("[limits.groups.ml]\ngpu_hours_per_day = nan\n", "[limits.groups.ml] gpu_hours_per_day"),
             ("[http]\nmax_connections = 10\nmax_connections_per_source = 11\n", "http.max_connections_per_source"),
             ("[http]\nmax_connections = 0\n", "http.max_connections"),
             ("[http]\nheader_read_timeout = \"0s\"\n", "http.header_read_timeout"),

@@ -14,6 +14,10 @@
 //! the queue is served, it is put in [`nbos_sched::fairshare::order`] of the cells' owners'
 //! recent GPU time, which counts the GPUs committed to each owner's cells.
 //!
+//! A cell whose owner used their `gpu_hours_per_day` today (UTC; [`super::gpu_hours`]) is
+//! refused with an error reply when it asks for GPUs: the binder counts each user's GPU time
+//! today ([`super::daily_usage`]) and adds the other hosts' published counts ([`OtherHosts`]).
+//!
 //! [`Binder::dispatch`] also tells its caller (the cluster's replica host) when a bound
 //! cell's GPUs were committed and when the cell was written to the kernel's shell socket,
 //! which happens later, from a task of its own.
@@ -24,7 +28,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::oneshot;
 
+use super::daily_usage::{DailyUsage, Usage};
 use super::fair_share::{FairShare, OwnerLookup};
+use super::gpu_hours::{self, GpuHoursLimits, OtherHosts};
 use super::hub::ClientId;
 use super::LocalKernel;
 use crate::jupyter::{Channel, Message};
@@ -113,6 +119,19 @@ struct State {
     orphaned: Vec<Waiting>,
     /// Owners' recent GPU time and the order waiting cells go in.
     fair: FairShare,
+    /// Each user's GPU time today (UTC), for `gpu_hours_per_day`.
+    daily: DailyUsage,
+    /// Who owns each kernel, as a user (for the day's count and its limits).
+    owners: Arc<dyn OwnerLookup>,
+    /// `gpu_hours_per_day` limits; `None`: none set.
+    gpu_hours: Option<GpuHoursLimits>,
+    /// The other hosts' counts (cluster mode).
+    others: Option<Arc<dyn OtherHosts>>,
+    /// Cells refused by `gpu_hours_per_day`, with their owner and why: answered once the
+    /// lock is released, as `orphaned`.
+    refused: Vec<(Waiting, String, String)>,
+    /// `auth.audit_log`: a refused cell is a line.
+    audit: Option<Arc<crate::users::audit::AuditLog>>,
 }
 
 impl State {
@@ -124,6 +143,43 @@ impl State {
             self.sched.reorder_queue(&order);
         }
     }
+
+    /// `cell` of `kernel` was committed `gpus` GPUs: its owner's GPU time counts from now.
+    fn cell_started(&mut self, kernel: &str, cell: &str, gpus: u32, now: Millis, wall: u64) {
+        self.fair.started(kernel, cell, gpus, now);
+        if let Some(user) = self.owners.user(kernel) {
+            self.daily.started(cell, &user, gpus, wall);
+        }
+    }
+
+    /// `cell` gave its GPUs back (it ended, or its kernel died or restarted).
+    fn cell_ended(&mut self, cell: &str, now: Millis, wall: u64) {
+        self.fair.ended(cell, now);
+        self.daily.ended(cell, wall);
+    }
+
+    /// Why a cell of `kernel` asking for `gpus` may not have them today, if so: its owner
+    /// and the refusal.
+    fn over_gpu_hours(&mut self, kernel: &str, gpus: u32, wall: u64) -> Option<(String, String)> {
+        let limits = self.gpu_hours.as_ref()?;
+        if gpus == 0 {
+            return None;
+        }
+        let user = self.owners.user(kernel)?;
+        let mut usage = self.daily.today(wall);
+        if let Some(others) = &self.others {
+            let theirs = others.usage(usage.day);
+            usage.add(&theirs);
+        }
+        gpu_hours::check(limits, &user, gpus, &usage).err().map(|e| (user.name, e.to_string()))
+    }
+}
+
+/// The wall clock, Unix milliseconds (the day's count's time).
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Per-cell GPU binding for the kernels of this host.
@@ -155,6 +211,12 @@ impl Binder {
                 registered: HashMap::new(),
                 orphaned: Vec::new(),
                 fair: FairShare::new(),
+                daily: DailyUsage::new(),
+                owners: Arc::new(super::fair_share::Anonymous),
+                gpu_hours: None,
+                others: None,
+                refused: Vec::new(),
+                audit: None,
             }),
             origin: Instant::now(),
             leases,
@@ -167,7 +229,29 @@ impl Binder {
     /// (`gpu.fair_share_half_life`), and who owns each kernel (default: one anonymous user).
     /// Recent GPU time counted so far is forgotten.
     pub fn set_fair_share(&self, enabled: bool, half_life: Duration, owners: Arc<dyn OwnerLookup>) {
-        self.lock().fair = FairShare::with(enabled, half_life, owners);
+        let mut st = self.lock();
+        st.fair = FairShare::with(enabled, half_life, owners.clone());
+        st.owners = owners;
+    }
+
+    /// Sets the `gpu_hours_per_day` limits (none when `limits` sets none).
+    pub fn set_gpu_hours(&self, limits: GpuHoursLimits) {
+        self.lock().gpu_hours = Some(limits).filter(|l| !l.is_empty());
+    }
+
+    /// Sets the audit log refused cells are written to (`auth.audit_log`).
+    pub fn set_audit(&self, audit: Arc<crate::users::audit::AuditLog>) {
+        self.lock().audit = Some(audit);
+    }
+
+    /// Sets where the other hosts' GPU time today comes from (cluster mode).
+    pub fn set_other_hosts(&self, others: Arc<dyn OtherHosts>) {
+        self.lock().others = Some(others);
+    }
+
+    /// This host's GPU time today (UTC), by user and group, GPU-milliseconds: what it publishes.
+    pub fn usage_today(&self) -> Usage {
+        self.lock().daily.today(wall_ms())
     }
 
     fn now(&self) -> Millis {
@@ -256,8 +340,9 @@ impl Binder {
             let now = self.now();
             let gone: Vec<String> =
                 st.running.iter().filter(|(_, k)| *k == kernel_id).map(|(c, _)| c.clone()).collect();
+            let wall = wall_ms();
             for cell in gone {
-                st.fair.ended(&cell, now);
+                st.cell_ended(&cell, now, wall);
             }
             st.running.retain(|_, k| k != kernel_id);
             st.fair.forget(kernel_id, now);
@@ -282,8 +367,9 @@ impl Binder {
             let now = self.now();
             let died: Vec<String> =
                 st.running.iter().filter(|(_, k)| *k == kernel_id).map(|(c, _)| c.clone()).collect();
+            let wall = wall_ms();
             for cell in died {
-                st.fair.ended(&cell, now);
+                st.cell_ended(&cell, now, wall);
             }
             st.running.retain(|_, k| k != kernel_id);
             let cells: Vec<String> =
@@ -367,6 +453,10 @@ impl Binder {
     fn submit_locked(&self, st: &mut State, cell: &str, w: Waiting) -> Vec<Action> {
         let now = self.now();
         let (kernel_id, gpus) = (w.kernel.id.clone(), w.kernel.gpus);
+        if let Some((user, why)) = st.over_gpu_hours(&kernel_id, gpus, wall_ms()) {
+            st.refused.push((w, user, why));
+            return Vec::new();
+        }
         st.waiting.insert(cell.to_owned(), w);
         st.order_fairly(now);
         match st.sched.submit(&kernel_id, cell, gpus, now) {
@@ -411,7 +501,7 @@ impl Binder {
             }
             st.running.remove(parent_msg_id);
             let now = self.now();
-            st.fair.ended(parent_msg_id, now);
+            st.cell_ended(parent_msg_id, now, wall_ms());
             st.order_fairly(now);
             let mut actions = st.sched.finish(kernel_id, parent_msg_id, now).unwrap_or_default();
             let next = st.backlog.get_mut(kernel_id).and_then(VecDeque::pop_front);
@@ -490,7 +580,8 @@ impl Binder {
                         let mut st = self.lock();
                         st.running.insert(cell.clone(), kernel.clone());
                         let now = self.now();
-                        st.fair.started(&kernel, &cell, u32::try_from(gpus.len()).unwrap_or(u32::MAX), now);
+                        let n = u32::try_from(gpus.len()).unwrap_or(u32::MAX);
+                        st.cell_started(&kernel, &cell, n, now, wall_ms());
                         st.waiting.remove(&cell)
                     };
                     let Some(w) = w else { continue };
@@ -552,6 +643,21 @@ impl Binder {
                     w.kernel.reject_cell(w.client, &w.msg, "NotEnoughGPUs", &reason);
                 }
             }
+        }
+        let (refused, audit) = {
+            let mut st = self.lock();
+            (std::mem::take(&mut st.refused), st.audit.clone())
+        };
+        for (w, user, why) in refused {
+            if let Some(log) = &audit {
+                let event = crate::users::audit::event(&user, "execute", Some(&w.kernel.id), "refused");
+                log.record(crate::users::audit::AuditEvent { detail: Some(&why), ..event });
+            }
+            crate::metrics::count_refusal(gpu_hours::REASON);
+            crate::users::metrics::user_metrics().count_refusal(&user, gpu_hours::REASON);
+            self.metrics.cells_total.get_or_create(&OutcomeLabels { outcome: "rejected".into() }).inc();
+            tracing::warn!(kernel = %w.kernel.id, user = %user, reason = %why, "cell refused: GPU-hours quota");
+            w.kernel.reject_cell(w.client, &w.msg, "GpuHoursQuota", &why);
         }
         let orphaned = std::mem::take(&mut self.lock().orphaned);
         for w in orphaned {

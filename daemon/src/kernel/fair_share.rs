@@ -30,6 +30,12 @@ pub struct Owner {
 pub trait OwnerLookup: Send + Sync {
     /// The owner of `kernel_id`.
     fn owner(&self, kernel_id: &str) -> Owner;
+
+    /// The owner of `kernel_id` as a user (name and groups), when it has one: whose
+    /// `gpu_hours_per_day` its cells count against. None by default.
+    fn user(&self, _kernel_id: &str) -> Option<User> {
+        None
+    }
 }
 
 /// Every kernel is one anonymous user of weight 1: a cluster without users.
@@ -90,6 +96,10 @@ impl OwnerLookup for KernelOwners {
             Some(u) => Owner { user: u.name.clone(), weight: weight_of(&u.groups, &self.groups) },
             None => Anonymous.owner(kernel_id),
         }
+    }
+
+    fn user(&self, kernel_id: &str) -> Option<User> {
+        self.owners.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(kernel_id).cloned()
     }
 }
 

@@ -12,6 +12,8 @@
 //! - [`local_kernel`]: a kernel's process on this host (ipykernel, hub, heartbeat, restarts).
 //! - [`binding`]: per-cell GPU binding (scheduler core + lease control).
 //! - [`fair_share`]: the order contended GPUs go in: kernels' owners and their recent GPU time.
+//! - [`daily_usage`]: each user's and group's GPU time today (UTC).
+//! - [`gpu_hours`]: `gpu_hours_per_day`: whether a cell may have GPUs today.
 //! - [`cgroup`]: per-kernel memory cgroups (v2, v1 or none).
 //! - [`device_cgroup`]: per-kernel cgroup with the GPU device guard (eBPF) attached.
 //! - [`id`]: what a kernel id may be (a canonical UUID).
@@ -28,8 +30,10 @@ pub mod binding;
 pub mod cgroup;
 pub mod client_env;
 pub mod connection;
+pub mod daily_usage;
 pub mod device_cgroup;
 pub mod fair_share;
+pub mod gpu_hours;
 pub mod home;
 pub mod hub;
 pub mod id;

@@ -101,6 +101,7 @@ pub(super) async fn start_cluster(
     };
     let node_id = c.node_id;
     let kernels_for_replicas = kernels.clone();
+    let binder = kernels.binder().clone();
     let memory_capacity_mib =
         crate::config::kernel_memory_capacity_mib(c.kernel_memory_mib, settings.memory_bytes >> 20);
     tracing::info!(
@@ -118,6 +119,8 @@ pub(super) async fn start_cluster(
         let last_measured = last_measured.clone();
         Box::pin(async move {
             let snap = kernels.binder().snapshot();
+            let (usage_day, gpu_seconds_today, group_gpu_seconds_today) =
+                super::gpu_usage::published(&kernels.binder().usage_today());
             // Memory is measured every few seconds, not at every heartbeat: placement needs
             // no finer, and the load record is rewritten whenever it changes.
             let measured = {
@@ -148,11 +151,18 @@ pub(super) async fn start_cluster(
                 memory_capacity_mib,
                 memory_used_mib,
                 kernel_memory_mib,
+                usage_day,
+                gpu_seconds_today,
+                group_gpu_seconds_today,
             }
         })
     });
     let cluster = Cluster::new(settings, store.clone(), probe);
     cluster.start();
+    // gpu_hours_per_day counts the other hosts' published GPU time too.
+    let other_hosts = Arc::new(super::gpu_usage::PublishedUsage::default());
+    binder.set_other_hosts(other_hosts.clone());
+    let reading_usage = super::gpu_usage::start(cluster.clone(), node_id, other_hosts);
     tracing::info!(node_id, raft = %c.raft_listen, "cluster member starting (meta group in the background)");
 
     // Replica hosting: the supervisor starts a local replica (and joins its kernel group)
@@ -187,7 +197,7 @@ pub(super) async fn start_cluster(
             Some(crate::cluster::control::autoscale::start(cluster.clone(), a.clone(), provider))
         }
     };
-    Ok(ClusterNode { cluster, replicas, supervisor, autoscaler, collector, collecting })
+    Ok(ClusterNode { cluster, replicas, supervisor, autoscaler, collector, collecting, reading_usage })
 }
 
 /// Bytes of host memory each kernel uses, by kernel id.
@@ -207,6 +217,8 @@ pub(super) struct ClusterNode {
     pub(super) collector: Arc<crate::cluster::cells::object_collector::Collector>,
     /// Its periodic task, unless `cluster.object_gc_interval` is 0.
     collecting: Option<tokio::task::JoinHandle<()>>,
+    /// Reads the other hosts' GPU time today ([`super::gpu_usage`]).
+    reading_usage: tokio::task::JoinHandle<()>,
 }
 
 /// `MemTotal` from /proc/meminfo, in bytes (0 when unreadable).
@@ -225,6 +237,7 @@ impl ClusterNode {
     /// first, so the other hosts see this one down at once).
     pub(super) async fn shutdown(&self) {
         self.supervisor.abort();
+        self.reading_usage.abort();
         if let Some(a) = &self.autoscaler {
             a.abort();
         }

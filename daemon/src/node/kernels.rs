@@ -24,6 +24,14 @@ pub(super) struct RunningKernels {
     ticker: tokio::task::JoinHandle<()>,
 }
 
+/// What the binder needs of `[auth]`: users-file entries' quotas, the audit log.
+pub(super) struct Users {
+    /// The users' sources (the users file's quotas).
+    pub(super) authenticator: Option<Arc<crate::users::Authenticator>>,
+    /// `auth.audit_log`.
+    pub(super) audit: Option<Arc<crate::users::audit::AuditLog>>,
+}
+
 /// Starts the binder, its tasks, and the kernel table in `kernels_dir`.
 pub(super) fn start_kernels(
     config: &Config,
@@ -31,7 +39,9 @@ pub(super) fn start_kernels(
     kernel_users: KernelUsers,
     gpus: &Gpus,
     metrics: &Arc<Metrics>,
+    users: Users,
 ) -> anyhow::Result<RunningKernels> {
+    let Users { authenticator, audit } = users;
     let Gpus { inventory, leasing, observer, device_cgroups } = gpus;
     let leases: Arc<dyn LeaseControl> = match &leasing {
         Some((server, _)) => Arc::new(ServerLeases::new(server.clone())),
@@ -48,6 +58,13 @@ pub(super) fn start_kernels(
     // registry keeps; a kernel without an owner is the anonymous user.
     let owners = Arc::new(crate::kernel::fair_share::KernelOwners::new(&config.limits));
     binder.set_fair_share(config.gpu.fair_share, config.gpu.fair_share_half_life, owners.clone());
+    // gpu_hours_per_day: a users-file entry's own limit, else [limits.user]'s; groups' too.
+    let own: crate::kernel::gpu_hours::OwnLimit =
+        Arc::new(move |name| authenticator.as_ref().and_then(|a| a.quota_of(name).gpu_hours_per_day));
+    binder.set_gpu_hours(crate::kernel::gpu_hours::GpuHoursLimits::new(&config.limits, own));
+    if let Some(a) = audit {
+        binder.set_audit(a);
+    }
     // Exit events free a dead kernel process's leases at once.
     let exits = observer.as_ref().map(|o| {
         let mut rx = o.exit_events();

@@ -22,6 +22,7 @@ mod cluster;
 mod credentials;
 mod device_guard;
 mod fs;
+mod gpu_usage;
 mod gpus;
 mod kernels;
 mod kernels_dir;
@@ -72,7 +73,9 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
     let (listener, url) = api::bind(&config.http).await?;
 
     let kernels_dir = kernels_dir::prepare_kernels_dir(&config, &gpus, kernel_users.switches_user())?;
-    let kernels = kernels::start_kernels(&config, kernels_dir, kernel_users, &gpus, &metrics)?;
+    let audit = config.auth.audit_log.as_deref().map(crate::users::audit::AuditLog::open).transpose()?.map(Arc::new);
+    let users = kernels::Users { authenticator: credentials.authenticator.clone(), audit: audit.clone() };
+    let kernels = kernels::start_kernels(&config, kernels_dir, kernel_users, &gpus, &metrics, users)?;
 
     // Cluster mode: the raft store and the meta group. Never blocks on other hosts: a host
     // whose peers are down serves /healthz and reports the cluster as not ready.
@@ -99,7 +102,7 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
         kernels: kernels.kernels.clone(),
         leases: gpus.leasing.as_ref().map(|(server, _)| server.clone()),
         limits: crate::gateway::limits::Limits::new(config.limits.clone()),
-        audit: config.auth.audit_log.as_deref().map(crate::users::audit::AuditLog::open).transpose()?.map(Arc::new),
+        audit,
     });
     let endpoint_path = announce::announce(&config, &state, token_file.as_deref())?;
 

@@ -86,6 +86,16 @@ pub struct LoadRecord {
     /// here, at least its namespace's size as state sync knows it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub kernel_memory_mib: BTreeMap<String, u64>,
+    /// The UTC day (days since the Unix epoch) the GPU time below counts
+    /// (`gpu_hours_per_day`); 0 from a host older than it.
+    #[serde(default)]
+    pub usage_day: u64,
+    /// Each user's GPU-seconds committed to cells on this host that day, running cells' so far.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub gpu_seconds_today: BTreeMap<String, u64>,
+    /// The same by group (a cell counts for each group its owner was in when it started).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub group_gpu_seconds_today: BTreeMap<String, u64>,
 }
 
 /// Where one replica of a kernel lives.
