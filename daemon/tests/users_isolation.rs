@@ -13,6 +13,7 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use nbos_test_support::http::request;
 use nbos_test_support::{bins, http, start_daemon, Options, TestCluster, TOKEN};
@@ -209,6 +210,19 @@ fn every_host_enforces_the_owner_of_a_cluster_kernel() {
     assert_eq!(code, 201, "{created}");
     assert_eq!(created["owner"], "alice");
     let id = created["id"].as_str().expect("id").to_owned();
+    // The cluster's status names kernels (hosts' memory records, moves): once the hosts
+    // report alice's, an admin sees it there and bob, on any host, sees neither it nor its count.
+    nbos_test_support::wait_until("alice's kernel in the hosts' load records", Duration::from_secs(60), || {
+        on(1, "GET", "/api/v1/cluster/status", TOKEN, None).1.to_string().contains(&id)
+    });
+    for node in [1, 2, 3] {
+        let (code, status) = on(node, "GET", "/api/v1/cluster/status", BOB, None);
+        assert_eq!(code, 200, "bob's status on host {node}: {status}");
+        assert!(!status.to_string().contains(&id), "bob sees alice's kernel in host {node}'s status: {status}");
+        assert_eq!(status["kernels"], 0, "bob's count on host {node}");
+        assert_eq!(status["members"].as_array().map(Vec::len), Some(3), "bob still sees the hosts");
+    }
+    assert_eq!(on(2, "GET", "/api/v1/cluster/status", ALICE, None).1["kernels"], 1, "alice's count");
     for node in [2, 3] {
         for path in [format!("/api/kernels/{id}"), format!("/api/v1/cluster/kernels/{id}")] {
             let theirs = on(node, "GET", &path, BOB, None);

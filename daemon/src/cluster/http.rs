@@ -30,6 +30,7 @@
 //! | `POST /api/v1/cluster/objects/gc` | [`GcRequest`] → [`GcReport`]: collect now (meta leader; operator) |
 //! | `GET /api/v1/cluster/objects/refs` | [`HostRefs`]: the objects this host's kernel groups point to (the collector asks every host; operator) |
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::extract::{Path, Request, State};
@@ -44,9 +45,10 @@ use super::cells::object_collector::GcReport;
 use super::cells::object_collector::{Collector, GcRequest, GC_PATH, OBJECTS_PATH, REFS_PATH};
 #[cfg(doc)]
 use super::cells::state_sync::HostRefs;
-use super::control::meta::{CanaryOp, Cluster, ClusterError, KernelSpec, MoveRequest, PeerRecord, FORWARDED_HEADER};
+use super::control::meta::ClusterStatus;
 #[cfg(doc)]
-use super::control::meta::{ClusterStatus, LeaveReport};
+use super::control::meta::LeaveReport;
+use super::control::meta::{CanaryOp, Cluster, ClusterError, KernelSpec, MoveRequest, PeerRecord, FORWARDED_HEADER};
 use super::control::records::KernelRecord;
 use crate::link::credential::{node_caller, Credentials, Presented};
 use crate::users::Caller;
@@ -165,8 +167,30 @@ fn forwarded(h: &HeaderMap) -> bool {
     h.contains_key(FORWARDED_HEADER)
 }
 
-async fn status(State(c): State<Arc<Cluster>>) -> Result<Response, ApiError> {
-    Ok(Json(c.status().await?).into_response())
+async fn status(State(c): State<Arc<Cluster>>, Extension(caller): Extension<Caller>) -> Result<Response, ApiError> {
+    let mut status = c.status().await?;
+    if !caller.sees_every_kernel() {
+        let kernels = c.kernels().await?;
+        let visible: HashSet<String> =
+            kernels.into_iter().filter(|k| caller.may_see(k.owner.as_deref())).map(|k| k.id).collect();
+        hide_others(&mut status, &caller, &visible);
+    }
+    Ok(Json(status).into_response())
+}
+
+/// What of the cluster's status a user who does not see every kernel may see: hosts and
+/// their load, but only their own kernels (ids in the load records' memory and in moves,
+/// and the count) and their own GPU time today (and their groups'), so a user cannot learn
+/// that another's kernel exists or how much GPU time another used.
+fn hide_others(status: &mut ClusterStatus, caller: &Caller, visible: &HashSet<String>) {
+    let user = caller.user().map(|u| &u.user);
+    status.kernels = visible.len();
+    status.moving.retain(|m| visible.contains(&m.kernel));
+    for load in status.members.iter_mut().filter_map(|m| m.load.as_mut()) {
+        load.kernel_memory_mib.retain(|id, _| visible.contains(id));
+        load.gpu_seconds_today.retain(|name, _| user.is_some_and(|u| &u.name == name));
+        load.group_gpu_seconds_today.retain(|group, _| user.is_some_and(|u| u.in_group(group)));
+    }
 }
 
 async fn list_kernels(
