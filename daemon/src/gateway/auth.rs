@@ -45,7 +45,7 @@ pub fn refused(st: &AppState, refusal: Refusal, req: &Request) -> Response {
         log.record(AuditEvent {
             source: source_of(req.extensions()).map(|a| a.to_string()),
             detail: Some(&detail),
-            ..event("unknown", "authenticate", None, "unauthenticated")
+            ..event(crate::users::account_name::UNKNOWN, "authenticate", None, "unauthenticated")
         });
     }
     refusal.respond(req.uri().path())

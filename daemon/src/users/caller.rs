@@ -1,5 +1,6 @@
 //! [`Caller`]: who made a request, as the gateway resolved it, and what they may see.
 
+use super::account_name::{ANONYMOUS, HOST_PREFIX, OPERATOR};
 use super::User;
 use crate::config::Quota;
 
@@ -58,13 +59,14 @@ impl Caller {
         self.sees_every_kernel() || (owner.is_some() && owner == self.owner())
     }
 
-    /// The name the audit log and metrics give the caller.
+    /// The name the audit log and metrics give the caller (no user may take the names of the
+    /// others: [`super::account_name::check_user_name`]).
     pub fn audit_name(&self) -> String {
         match self {
-            Caller::Anonymous => "anonymous".to_owned(),
+            Caller::Anonymous => ANONYMOUS.to_owned(),
             Caller::User(u) => u.user.name.clone(),
-            Caller::Operator => "operator".to_owned(),
-            Caller::Host(id) => format!("node-{id}"),
+            Caller::Operator => OPERATOR.to_owned(),
+            Caller::Host(id) => format!("{HOST_PREFIX}{id}"),
         }
     }
 }

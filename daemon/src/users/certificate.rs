@@ -7,7 +7,7 @@ use x509_cert::der::asn1::{Ia5StringRef, PrintableStringRef, Utf8StringRef};
 use x509_cert::der::oid::ObjectIdentifier;
 use x509_cert::der::{Decode, Tag, Tagged};
 
-use super::file::is_safe_user_name;
+use super::account_name::{check_user_name, HOST_PREFIX};
 use super::source::{AuthError, IdentitySource};
 use super::User;
 
@@ -56,14 +56,11 @@ impl IdentitySource for CertificateUsers {
             return Err(AuthError::Refused("the client certificate names no user (no Common Name)".into()));
         };
         // Hosts are never users, whatever else a node certificate says.
-        if cn.starts_with("node-") {
+        if cn.starts_with(HOST_PREFIX) {
             return Ok(None);
         }
-        if !is_safe_user_name(&cn) {
-            return Err(AuthError::Refused(format!(
-                "the client certificate's Common Name {:?} is not a user name",
-                cn.chars().take(64).collect::<String>()
-            )));
+        if let Err(why) = check_user_name(&cn) {
+            return Err(AuthError::Refused(format!("the client certificate's Common Name is not a user's: {why}")));
         }
         Ok(Some(User { name: cn, groups: Vec::new() }))
     }
@@ -88,5 +85,18 @@ mod tests {
         let bad = CertificateUsers.identify(None, Some(&cert("Alice Smith"))).await;
         assert!(matches!(bad, Err(AuthError::Refused(_))), "{bad:?}");
         assert_eq!(CertificateUsers.identify(Some("a-token"), None).await.expect("ok"), None);
+    }
+
+    #[tokio::test]
+    async fn a_certificate_naming_the_daemons_own_callers_is_refused() {
+        for cn in ["operator", "anonymous", "unknown", "other"] {
+            let refused = CertificateUsers.identify(None, Some(&cert(cn))).await;
+            assert!(
+                matches!(refused, Err(AuthError::Refused(ref why)) if why.contains("not users")),
+                "{cn}: {refused:?}"
+            );
+        }
+        let dotted = CertificateUsers.identify(None, Some(&cert("j.doe"))).await.expect("ok");
+        assert_eq!(dotted.map(|u| u.name), Some("j.doe".to_owned()));
     }
 }

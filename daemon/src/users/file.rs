@@ -20,6 +20,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use super::account_name::check_user_name;
 use super::source::{AuthError, IdentitySource};
 use super::User;
 use crate::config::Quota;
@@ -92,17 +93,6 @@ pub struct UsersFile {
     entries: Vec<UserEntry>,
 }
 
-/// A name that is safe as a POSIX account name (it may become one with
-/// `kernel.run_as = "owner"`) and in paths, logs and metric labels: the portable set
-/// `[a-z_][a-z0-9_-]*`, at most 32 characters, as useradd accepts by default.
-pub fn is_safe_user_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    let Some(first) = chars.next() else { return false };
-    name.len() <= 32
-        && (first.is_ascii_lowercase() || first == '_')
-        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
-}
-
 /// A group name: printable, no spaces or quotes (it appears in config keys and logs).
 fn is_safe_group_name(name: &str) -> bool {
     !name.is_empty()
@@ -140,14 +130,7 @@ impl UsersFile {
         for (i, e) in raw.user.into_iter().enumerate() {
             let bad =
                 |why: String| UsersFileError::Entry { path: path.to_owned(), index: i + 1, name: e.name.clone(), why };
-            if !is_safe_user_name(&e.name) {
-                return Err(bad(
-                    "a user name must be a POSIX account name: [a-z_][a-z0-9_-]*, at most 32 characters".into()
-                ));
-            }
-            if e.name.starts_with("node-") {
-                return Err(bad("names starting with node- are the cluster's hosts".into()));
-            }
+            check_user_name(&e.name).map_err(|why| bad(why.to_string()))?;
             let hash = parse_hash(&e.token_sha256).map_err(bad)?;
             if let Some(g) = e.groups.iter().find(|g| !is_safe_group_name(g)) {
                 return Err(bad(format!("group {g:?} is not a group name ([A-Za-z0-9_.-]+)")));
@@ -280,12 +263,13 @@ mod tests {
     }
 
     #[test]
-    fn safe_names() {
-        for ok in ["alice", "_svc", "a-b_c9", "x"] {
-            assert!(is_safe_user_name(ok), "{ok}");
+    fn the_daemons_own_names_and_dotted_names() {
+        let ok = sha("t1");
+        for name in ["node-1", "operator", "anonymous", "unknown", "other"] {
+            let err = parse(&format!("[[user]]\nname = \"{name}\"\ntoken_sha256 = \"{ok}\"\n")).expect_err(name);
+            assert!(err.to_string().contains("not users"), "{err}");
         }
-        for bad in ["", "9lives", "Alice", "a b", "a/b", "a.b", "root\n", &"a".repeat(33)] {
-            assert!(!is_safe_user_name(bad), "{bad:?}");
-        }
+        let dotted = parse(&format!("[[user]]\nname = \"j.doe\"\ntoken_sha256 = \"{ok}\"\n")).expect("j.doe");
+        assert!(dotted.get("j.doe").is_some(), "the rule every source shares allows `.`");
     }
 }

@@ -15,23 +15,30 @@
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde::Deserialize;
+use tokio::sync::Semaphore;
 
-use super::account_name::is_safe_account_name;
+use super::account_name::{check_user_name, UserNameError};
 use super::token_cache::TokenCache;
 use super::User;
 use crate::config::AuthConfig;
 
 /// How long one request to the Hub may take, connection to last byte.
 pub const HUB_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a refusal is remembered: a flood of bad tokens reaches the Hub once per token
-/// per this long, and a token the Hub has just issued is not refused for longer.
+/// How long a refusal is remembered: a token the Hub has just issued is not refused for longer.
 pub const REFUSAL_CACHE: Duration = Duration::from_secs(5);
-/// The most tokens (verified or refused) remembered at once.
+/// The most verified tokens remembered at once.
 pub const CACHE_CAPACITY: usize = 4096;
+/// The most refused tokens remembered at once. Refusals are kept apart from verified users:
+/// anyone can make up distinct bad tokens, and they must not push the users' answers out.
+pub const REFUSAL_CACHE_CAPACITY: usize = 1024;
+/// The most questions to the Hub at once. Anyone can present a token the daemon has not seen,
+/// and each one costs a Hub request of up to [`HUB_TIMEOUT`] on a blocking thread; past this
+/// bound a new token is answered 503 at once (the client may retry) rather than queued.
+pub const HUB_LOOKUPS: usize = 16;
 /// The largest answer read from the Hub (a user model is a few KiB; groups make it more).
 const MAX_ANSWER_BYTES: u64 = 1 << 20;
 
@@ -86,12 +93,10 @@ pub enum JupyterHubRefusal {
         /// The owner's name.
         name: String,
     },
-    /// The Hub's user name cannot be a system account name.
-    #[error("JupyterHub user {name:?} is not a safe account name (lower-case letters, digits, _ - .)")]
-    UnsafeName {
-        /// The Hub's name.
-        name: String,
-    },
+    /// The Hub's user name cannot be a user's here (not an account name, or one the daemon
+    /// uses for itself).
+    #[error("JupyterHub's user name is refused: {0}")]
+    UnsafeName(UserNameError),
     /// The token does not grant access to its owner's servers.
     #[error("the token of JupyterHub user {name:?} lacks access:servers to their own servers")]
     NoServerAccess {
@@ -107,7 +112,8 @@ pub enum JupyterHubError {
     #[error(transparent)]
     Refused(#[from] JupyterHubRefusal),
     /// The Hub could not be asked, or gave no usable answer (down, 5xx, timeout, an answer
-    /// that is not a user model, a user's groups it would not list): HTTP 503. Never cached.
+    /// that is not a user model, a user's groups it would not list), or [`HUB_LOOKUPS`] questions
+    /// are already under way: HTTP 503. Never cached.
     #[error("JupyterHub unavailable: {0}")]
     Unavailable(String),
 }
@@ -119,7 +125,7 @@ impl JupyterHubError {
         match self {
             Self::Refused(JupyterHubRefusal::UnknownToken) => "unknown_token",
             Self::Refused(JupyterHubRefusal::NotAUser { .. }) => "not_a_user",
-            Self::Refused(JupyterHubRefusal::UnsafeName { .. }) => "unsafe_name",
+            Self::Refused(JupyterHubRefusal::UnsafeName(_)) => "unsafe_name",
             Self::Refused(JupyterHubRefusal::NoServerAccess { .. }) => "no_server_access",
             Self::Unavailable(_) => "hub_unavailable",
         }
@@ -135,7 +141,13 @@ pub struct JupyterHubVerifier {
     agent: ureq::Agent,
     /// How long a verified token is trusted (`auth.jupyterhub_cache`).
     trust_for: Duration,
-    cache: Mutex<TokenCache<Result<User, JupyterHubRefusal>>>,
+    /// Verified tokens' users, for `trust_for`.
+    verified: Mutex<TokenCache<User>>,
+    /// Refused tokens, for [`REFUSAL_CACHE`] (a cache of their own: see [`REFUSAL_CACHE_CAPACITY`]).
+    refused: Mutex<TokenCache<JupyterHubRefusal>>,
+    /// [`HUB_LOOKUPS`] permits to ask the Hub. Shared with the blocking task that asks, which
+    /// holds its permit until the Hub answers even when the request that started it is gone.
+    lookups: Arc<Semaphore>,
 }
 
 impl std::fmt::Debug for JupyterHubVerifier {
@@ -188,37 +200,63 @@ impl JupyterHubVerifier {
             service_token,
             agent,
             trust_for,
-            cache: Mutex::new(TokenCache::new(CACHE_CAPACITY)),
+            verified: Mutex::new(TokenCache::new(CACHE_CAPACITY)),
+            refused: Mutex::new(TokenCache::new(REFUSAL_CACHE_CAPACITY)),
+            lookups: Arc::new(Semaphore::new(HUB_LOOKUPS)),
         })
     }
 
     /// The user who holds `token`, from the cache or else from the Hub. A refusal is cached
     /// for [`REFUSAL_CACHE`], a user for `auth.jupyterhub_cache`; the Hub unavailable is not.
+    /// A token not cached while [`HUB_LOOKUPS`] questions are under way is unavailable at once.
     pub async fn verify(&self, token: &str) -> Result<User, JupyterHubError> {
         if token.is_empty() {
             return Err(JupyterHubRefusal::UnknownToken.into());
         }
-        if let Some(answer) = self.cache.lock().unwrap_or_else(PoisonError::into_inner).get(token) {
-            return answer.map_err(Into::into);
+        if let Some(user) = self.verified.lock().unwrap_or_else(PoisonError::into_inner).get(token) {
+            return Ok(user);
         }
+        if let Some(refusal) = self.refused.lock().unwrap_or_else(PoisonError::into_inner).get(token) {
+            return Err(refusal.into());
+        }
+        // Not waiting for a permit: a flood would only queue up behind the Hub's timeouts.
+        let Ok(permit) = Arc::clone(&self.lookups).try_acquire_owned() else {
+            // Debug, not warn: whoever floods the daemon would flood its log too.
+            tracing::debug!(hub = %self.api_url, "JupyterHub lookups all busy: a new token is unavailable");
+            return Err(JupyterHubError::Unavailable(format!(
+                "{HUB_LOOKUPS} tokens are being checked with JupyterHub already; retry shortly"
+            )));
+        };
         let asked = {
             let (agent, api_url, service_token) =
                 (self.agent.clone(), self.api_url.clone(), self.service_token.clone());
             let token = token.to_owned();
-            tokio::task::spawn_blocking(move || identify(&agent, &api_url, service_token.as_deref(), &token))
-                .await
-                .unwrap_or_else(|e| Err(JupyterHubError::Unavailable(format!("asking the Hub failed: {e}"))))
+            tokio::task::spawn_blocking(move || {
+                let answer = identify(&agent, &api_url, service_token.as_deref(), &token);
+                drop(permit);
+                answer
+            })
+            .await
+            .unwrap_or_else(|e| Err(JupyterHubError::Unavailable(format!("asking the Hub failed: {e}"))))
         };
-        let remember = match &asked {
-            Ok(user) => Some((Ok(user.clone()), self.trust_for)),
-            Err(JupyterHubError::Refused(refusal)) => Some((Err(refusal.clone()), REFUSAL_CACHE)),
+        match &asked {
+            Ok(user) => {
+                self.verified.lock().unwrap_or_else(PoisonError::into_inner).insert(
+                    token,
+                    user.clone(),
+                    self.trust_for,
+                );
+            }
+            Err(JupyterHubError::Refused(refusal)) => {
+                self.refused.lock().unwrap_or_else(PoisonError::into_inner).insert(
+                    token,
+                    refusal.clone(),
+                    REFUSAL_CACHE,
+                );
+            }
             Err(JupyterHubError::Unavailable(why)) => {
                 tracing::warn!(hub = %self.api_url, error = %why, "JupyterHub could not verify a token");
-                None
             }
-        };
-        if let Some((answer, ttl)) = remember {
-            self.cache.lock().unwrap_or_else(PoisonError::into_inner).insert(token, answer, ttl);
         }
         asked
     }
@@ -238,9 +276,7 @@ fn identify(
     if owner.kind != "user" {
         return Err(JupyterHubRefusal::NotAUser { kind: owner.kind, name: owner.name }.into());
     }
-    if !is_safe_account_name(&owner.name) {
-        return Err(JupyterHubRefusal::UnsafeName { name: owner.name }.into());
-    }
+    check_user_name(&owner.name).map_err(JupyterHubRefusal::UnsafeName)?;
     if !grants_own_server_access(&owner.scopes, &owner.name) {
         return Err(JupyterHubRefusal::NoServerAccess { name: owner.name }.into());
     }
@@ -341,13 +377,17 @@ mod tests {
     const SERVICE_TOKEN: &str = "service-token";
 
     /// A fake Hub: `GET /user` answers the model of each known token's owner, `GET /users/{name}`
-    /// the full model to the service's token; `/broken/…` answers 500. It counts requests.
+    /// the full model to the service's token; `/broken/…` answers 500. It counts requests, and
+    /// the most `GET /user` under way at once (each takes `delay` at least).
     #[derive(Default)]
     struct FakeHub {
         owners: HashMap<&'static str, Value>,
         full_models: HashMap<&'static str, Value>,
         whoami_calls: AtomicUsize,
         user_calls: AtomicUsize,
+        delay: Duration,
+        in_flight: AtomicUsize,
+        most_in_flight: AtomicUsize,
     }
 
     fn presented_token(headers: &HeaderMap) -> String {
@@ -357,6 +397,10 @@ mod tests {
 
     async fn whoami(State(hub): State<Arc<FakeHub>>, headers: HeaderMap) -> Result<Json<Value>, StatusCode> {
         hub.whoami_calls.fetch_add(1, Ordering::SeqCst);
+        let now = hub.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        hub.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(hub.delay).await;
+        hub.in_flight.fetch_sub(1, Ordering::SeqCst);
         hub.owners.get(presented_token(&headers).as_str()).cloned().map(Json).ok_or(StatusCode::FORBIDDEN)
     }
 
@@ -445,7 +489,7 @@ mod tests {
         verifier.verify("alice-token").await.unwrap();
         assert_eq!(verifier.verify("alice-token").await.unwrap(), user("alice", &["ml", "staff"]));
         assert_eq!(hub.whoami_calls.load(Ordering::SeqCst), 1);
-        let cache = verifier.cache.lock().unwrap();
+        let cache = verifier.verified.lock().unwrap();
         assert_eq!(cache.len(), 1);
         assert!(!cache.holds_in_clear("alice-token"), "the cache keys tokens by digest");
     }
@@ -493,8 +537,76 @@ mod tests {
         let verifier = verifier(&serve(Arc::new(fake_hub())).await);
         assert_eq!(
             refusal(verifier.verify("eve-token").await),
-            JupyterHubRefusal::UnsafeName { name: "Eve@example.com".into() }
+            JupyterHubRefusal::UnsafeName(UserNameError::NotAnAccountName { name: "Eve@example.com".into() })
         );
+    }
+
+    #[tokio::test]
+    async fn a_hub_user_named_like_the_daemons_own_callers_is_refused() {
+        let mut hub = fake_hub();
+        let names = ["node-1", "operator", "anonymous", "unknown", "other"];
+        let tokens = ["t-node", "t-operator", "t-anonymous", "t-unknown", "t-other"];
+        for (token, name) in tokens.into_iter().zip(names) {
+            hub.owners.insert(token, json!({"kind": "user", "name": name, "groups": [], "scopes": ["access:servers"]}));
+        }
+        let verifier = verifier(&serve(Arc::new(hub)).await);
+        for (token, name) in tokens.into_iter().zip(names) {
+            let refused = refusal(verifier.verify(token).await);
+            assert_eq!(refused, JupyterHubRefusal::UnsafeName(UserNameError::Reserved { name: name.into() }));
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_flood_of_new_tokens_asks_the_hub_a_bounded_number_at_once() {
+        let hub = Arc::new(FakeHub { delay: Duration::from_secs(2), ..fake_hub() });
+        let verifier = Arc::new(verifier(&serve(hub.clone()).await));
+        let excess = 8;
+        let asks: Vec<_> = (0..HUB_LOOKUPS + excess)
+            .map(|i| {
+                let verifier = Arc::clone(&verifier);
+                tokio::spawn(async move {
+                    let started = std::time::Instant::now();
+                    let answer = verifier.verify(&format!("forged-{i}")).await;
+                    (answer, started.elapsed())
+                })
+            })
+            .collect();
+        let mut unavailable = 0;
+        for ask in asks {
+            let (answer, took) = ask.await.unwrap();
+            match answer {
+                Err(JupyterHubError::Unavailable(why)) => {
+                    unavailable += 1;
+                    assert!(took < Duration::from_secs(1), "answered at once, not after the Hub: {took:?}");
+                    assert!(why.contains("retry"), "{why}");
+                }
+                other => assert_eq!(refusal(other), JupyterHubRefusal::UnknownToken),
+            }
+        }
+        assert_eq!(unavailable, excess, "the tokens past the bound are unavailable");
+        assert!(hub.most_in_flight.load(Ordering::SeqCst) <= HUB_LOOKUPS, "the Hub saw at most the bound at once");
+        assert_eq!(hub.whoami_calls.load(Ordering::SeqCst), HUB_LOOKUPS);
+        assert!(verifier.verified.lock().unwrap().is_empty(), "a busy answer is not cached");
+        assert_eq!(verifier.refused.lock().unwrap().len(), HUB_LOOKUPS);
+
+        // The permits come back: the next token is asked about.
+        assert_eq!(verifier.verify("alice-token").await.unwrap(), user("alice", &["ml", "staff"]));
+    }
+
+    #[tokio::test]
+    async fn refused_tokens_never_push_a_verified_user_out() {
+        let hub = Arc::new(fake_hub());
+        let verifier = verifier(&serve(hub.clone()).await);
+        verifier.verify("alice-token").await.unwrap();
+        let flood = REFUSAL_CACHE_CAPACITY + 16;
+        for i in 0..flood {
+            assert_eq!(refusal(verifier.verify(&format!("forged-{i}")).await), JupyterHubRefusal::UnknownToken);
+        }
+        // At most: on a slow machine the first refusals may have expired (and been dropped) already.
+        assert!(verifier.refused.lock().unwrap().len() <= REFUSAL_CACHE_CAPACITY, "the refusals are bounded");
+        assert_eq!(hub.whoami_calls.load(Ordering::SeqCst), 1 + flood);
+        assert_eq!(verifier.verify("alice-token").await.unwrap(), user("alice", &["ml", "staff"]));
+        assert_eq!(hub.whoami_calls.load(Ordering::SeqCst), 1 + flood, "alice's answer came from the cache");
     }
 
     #[tokio::test]
@@ -515,7 +627,8 @@ mod tests {
         let error = verifier.verify("alice-token").await.unwrap_err();
         assert!(matches!(error, JupyterHubError::Unavailable(_)), "{error}");
         assert_eq!(error.reason(), "hub_unavailable");
-        assert!(verifier.cache.lock().unwrap().is_empty());
+        assert!(verifier.verified.lock().unwrap().is_empty());
+        assert!(verifier.refused.lock().unwrap().is_empty());
     }
 
     #[tokio::test]
@@ -525,7 +638,8 @@ mod tests {
         let verifier = verifier(&url);
         let error = verifier.verify("alice-token").await.unwrap_err();
         assert!(matches!(error, JupyterHubError::Unavailable(ref why) if why.contains("502")), "{error}");
-        assert!(verifier.cache.lock().unwrap().is_empty());
+        assert!(verifier.verified.lock().unwrap().is_empty());
+        assert!(verifier.refused.lock().unwrap().is_empty());
     }
 
     #[test]

@@ -19,7 +19,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::account_name::is_safe_account_name;
+use super::account_name::{check_user_name, UserNameError};
 use super::User;
 use crate::config::AuthConfig;
 
@@ -122,11 +122,8 @@ pub enum OidcRefusal {
         expected: &'static str,
     },
     /// The user-name claim cannot be a system account name.
-    #[error("the JWT's user name {name:?} is not a safe account name (lower-case letters, digits, _ - .)")]
-    UnsafeName {
-        /// The claimed name.
-        name: String,
-    },
+    #[error("the JWT's user name is refused: {0}")]
+    UnsafeName(UserNameError),
 }
 
 /// Why a bearer JWT gave no [`User`].
@@ -157,7 +154,7 @@ impl OidcError {
                 OidcRefusal::WrongAudience => "wrong_audience",
                 OidcRefusal::MissingClaim { .. } => "missing_claim",
                 OidcRefusal::InvalidClaim { .. } => "invalid_claim",
-                OidcRefusal::UnsafeName { .. } => "unsafe_name",
+                OidcRefusal::UnsafeName(_) => "unsafe_name",
             },
             Self::Unavailable(_) => "jwks_unavailable",
         }
@@ -308,9 +305,7 @@ impl OidcVerifier {
             Some(Value::String(name)) => name.clone(),
             Some(_) => return Err(OidcRefusal::InvalidClaim { claim: name_claim.clone(), expected: "a string" }),
         };
-        if !is_safe_account_name(&name) {
-            return Err(OidcRefusal::UnsafeName { name });
-        }
+        check_user_name(&name).map_err(OidcRefusal::UnsafeName)?;
         let groups_claim = &self.settings.groups_claim;
         let invalid_groups =
             || OidcRefusal::InvalidClaim { claim: groups_claim.clone(), expected: "a list of strings" };
@@ -714,7 +709,14 @@ mod tests {
     async fn a_user_name_missing_or_unsafe_as_an_account_is_refused() {
         let (_, verifier, key) = issuer_with_key(JWKS_MIN_REFETCH).await;
         let refused = refusal(verifier.verify(&key.sign(&claims("alice@example.com"))).await);
-        assert_eq!(refused, OidcRefusal::UnsafeName { name: "alice@example.com".into() });
+        assert!(
+            matches!(refused, OidcRefusal::UnsafeName(UserNameError::NotAnAccountName { ref name }) if name == "alice@example.com"),
+            "{refused}"
+        );
+        for name in ["node-1", "operator", "anonymous", "unknown", "other"] {
+            let refused = refusal(verifier.verify(&key.sign(&claims(name))).await);
+            assert_eq!(refused, OidcRefusal::UnsafeName(UserNameError::Reserved { name: name.into() }));
+        }
         let mut claims = claims("alice");
         claims.as_object_mut().unwrap().remove("preferred_username");
         let refused = refusal(verifier.verify(&key.sign(&claims)).await);

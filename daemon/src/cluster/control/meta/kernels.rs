@@ -44,11 +44,17 @@ const PLACEMENT_NO_MEMORY: &str = "placement_no_memory";
 /// `notebookos_refused_total` reason of a cluster API kernel whose environment is not a client's to set.
 const KERNEL_ENV_NOT_ALLOWED: &str = "kernel_env_not_allowed";
 
-/// What any host checks of a [`KernelSpec`] before it is placed: a kernelspec name, and an
-/// environment a client may set ([`crate::kernel::client_env`], the gateway's allow-list).
+/// What any host checks of a [`KernelSpec`] before it is placed: a kernelspec name, an owner
+/// any identity source could vouch for (the operator may name anyone, but the owner may become
+/// the kernel's system account and is matched against callers' names), and an environment a
+/// client may set ([`crate::kernel::client_env`], the gateway's allow-list).
 fn check_spec(spec: &KernelSpec) -> Result<()> {
     if spec.name.is_empty() {
         return Err(ClusterError::BadRequest("a kernel needs a kernelspec name".into()));
+    }
+    if let Some(owner) = &spec.owner {
+        crate::users::account_name::check_user_name(owner)
+            .map_err(|why| ClusterError::BadRequest(format!("a kernel's owner must be a user's name: {why}")))?;
     }
     let refused = crate::kernel::client_env::refused_names(spec.env.keys());
     if !refused.is_empty() {
@@ -311,5 +317,28 @@ mod tests {
         assert!(is_placement_refusal(&forwarded));
         let other = ClusterError::Conflict("kernel k already exists".into());
         assert!(!is_placement_refusal(&other));
+    }
+
+    #[test]
+    fn an_owner_must_be_a_users_name() {
+        let spec =
+            |owner: &str| KernelSpec { name: "python3".into(), owner: Some(owner.into()), ..KernelSpec::default() };
+        assert!(check_spec(&spec("alice")).is_ok());
+        assert!(check_spec(&spec("j.doe")).is_ok());
+        assert!(check_spec(&KernelSpec { name: "python3".into(), ..KernelSpec::default() }).is_ok(), "no owner");
+        for (owner, want) in [
+            ("../root", "POSIX account name"),
+            ("Alice", "POSIX account name"),
+            ("", "POSIX"),
+            ("node-2", "hosts"),
+            ("operator", "reserved"),
+        ] {
+            match check_spec(&spec(owner)) {
+                Err(ClusterError::BadRequest(why)) => {
+                    assert!(why.contains("owner") && why.contains(want), "{owner:?}: {why}");
+                }
+                other => panic!("{owner:?}: expected a bad request, got {other:?}"),
+            }
+        }
     }
 }
