@@ -118,7 +118,7 @@ mod tests {
         let open = tmp.path().join("site-packages");
         std::fs::create_dir(&open).expect("mkdir");
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-        let e = check_dirs(&[open.clone()]).expect_err("0777");
+        let e = check_dirs(std::slice::from_ref(&open)).expect_err("0777");
         // The directory itself, or one above it that is not root's (a test's temp dir).
         assert!(open.starts_with(&e.path), "{e}");
         assert!(e.to_string().contains(&*e.path.to_string_lossy()), "names the path: {e}");
