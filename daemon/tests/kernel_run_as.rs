@@ -59,7 +59,8 @@ fn skip(test: &str) -> bool {
 }
 
 /// Makes the test accounts unless they exist: A (with a supplementary group) and B, each
-/// with a home of its own.
+/// with a home of its own, regular accounts (uid >= 1000, kernel.owner_uid_min's default):
+/// one an older version made below it is made again.
 fn ensure_accounts() -> Result<(), String> {
     static ONCE: Mutex<bool> = Mutex::new(false);
     let mut done = ONCE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -80,6 +81,9 @@ fn ensure_accounts() -> Result<(), String> {
         run(Command::new("groupadd").arg("--system").arg(GROUP_A))?;
     }
     for (name, groups) in [(OWNER_A, Some(GROUP_A)), (OWNER_B, None)] {
+        if exists("passwd", name) && account(name).0 < 1000 {
+            run(Command::new("userdel").args(["--remove", name]))?;
+        }
         if !exists("passwd", name) {
             let mut cmd = Command::new("useradd");
             cmd.args(["--create-home", "--shell", "/usr/sbin/nologin"]);
@@ -128,6 +132,11 @@ struct Host {
 }
 
 fn host(prewarm_max: u32) -> Host {
+    host_with(prewarm_max, KernelConfig { run_as: RunAs::Owner, ..KernelConfig::default() }, Vec::new())
+}
+
+/// [`host`] with `cfg`'s accounts (`cfg.run_as` is "owner") and the kernels' extra `env`.
+fn host_with(prewarm_max: u32, cfg: KernelConfig, env: Vec<(String, String)>) -> Host {
     configure_sandbox();
     let dir = tempfile::tempdir().expect("tmp");
     // The kernels' uids pass through it to their own directories (as node/kernels_dir.rs).
@@ -135,11 +144,10 @@ fn host(prewarm_max: u32) -> Host {
     let kernels_dir = dir.path().join("kernels");
     std::fs::create_dir(&kernels_dir).expect("kernels dir");
     set_mode(&kernels_dir, 0o711);
-    let cfg = KernelConfig { run_as: RunAs::Owner, ..KernelConfig::default() };
     let users = KernelUsers::from_config(&cfg, true).expect("run_as = owner with notebookos-kernel");
     let metrics = Arc::new(Metrics::new());
     let binder = Binder::new(0, Duration::from_secs(60), 1.0, Arc::new(LogOnlyLeases), metrics.clone());
-    let kernels = Kernels::new(nbos_test_support::bins::python(), kernels_dir, Vec::new(), metrics.clone(), binder, 0)
+    let kernels = Kernels::new(nbos_test_support::bins::python(), kernels_dir, env, metrics.clone(), binder, 0)
         .with_accounts(users, None, 0)
         .with_prewarm(prewarm_max.min(1), prewarm_max)
         .expect("pool");
@@ -333,6 +341,52 @@ async fn root_a_missing_account_and_no_owner_are_refused_with_the_reason() {
         }
         assert!(h.kernels.check_owner(owner).is_err());
     }
+    assert!(h.kernels.list().await.is_empty(), "no kernel was started");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_path_a_non_root_account_can_write_leaves_owner_kernels_without_the_pool() {
+    if skip("an_import_path_a_non_root_account_can_write_leaves_owner_kernels_without_the_pool") {
+        return;
+    }
+    // A PYTHONPATH directory anyone can write: a pool process holding CAP_SETUID would
+    // import from it, so the daemon starts no pool, and the kernel is a new Python.
+    let open = tempfile::tempdir().expect("tmp");
+    set_mode(open.path(), 0o777);
+    let env = vec![("PYTHONPATH".to_owned(), open.path().display().to_string())];
+    let h = host_with(1, KernelConfig { run_as: RunAs::Owner, ..KernelConfig::default() }, env);
+    assert!(h.kernels.prewarm().is_none(), "no pool with a writable import path");
+    let kernel = h.kernels.create(None, None, &claims(OWNER_A), Some(&user(OWNER_A))).await.expect("a new Python");
+    assert_eq!(h.takes("hit") + h.takes("warming"), 0, "no pool");
+    let pid = kernel.pids()[0];
+    assert_runs_as(&kernel, pid, OWNER_A, Some(gid_of(GROUP_A))).await;
+    h.kernels.shutdown_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_system_account_and_a_member_of_a_denied_group_are_refused_naming_the_key() {
+    if skip("a_system_account_and_a_member_of_a_denied_group_are_refused_naming_the_key") {
+        return;
+    }
+    // `daemon` (uid 1) exists on every host we run on: what a login named `daemon` claims.
+    let h = host(0);
+    let err = h.kernels.create(None, None, &claims("daemon"), Some(&user("daemon"))).await.expect_err("refused");
+    assert!(matches!(err, CreateError::Owner(_)), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("kernel.owner_uid_min = 1000") && text.contains("\"daemon\""), "{text}");
+    assert!(h.kernels.check_owner(Some("daemon")).is_err());
+    // A's supplementary group, denied: A is refused, B (not a member) is not.
+    let cfg = KernelConfig {
+        run_as: RunAs::Owner,
+        owner_denied_groups: vec!["sudo".to_owned(), GROUP_A.to_owned()],
+        ..KernelConfig::default()
+    };
+    let h = host_with(0, cfg, Vec::new());
+    let err = h.kernels.create(None, None, &claims(OWNER_A), Some(&user(OWNER_A))).await.expect_err("refused");
+    assert!(matches!(err, CreateError::Owner(_)), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("kernel.owner_denied_groups") && text.contains(&format!("{GROUP_A:?}")), "{text}");
+    assert!(h.kernels.check_owner(Some(OWNER_B)).is_ok(), "B is in no denied group");
     assert!(h.kernels.list().await.is_empty(), "no kernel was started");
 }
 

@@ -39,6 +39,8 @@ ALICE, BOB, ADMIN = "nbos-alice", "nbos-bob", "nbos-admin"
 PASSWORD = "nbos-hub-test-password"
 # Where the test accounts' homes are (they outlive a test run: created once, reused).
 HOMES = Path("/var/lib/nbos-test-users")
+# kernel.owner_uid_min's default: the test accounts must be regular accounts above it.
+UID_MIN = 1000
 
 
 def setup_blocks() -> tuple[dict, str]:
@@ -51,19 +53,30 @@ def setup_blocks() -> tuple[dict, str]:
 
 
 def ensure_account(name: str) -> int:
-    """The system account `name` (root only: created once, with a home); its uid."""
+    """The regular account `name` (root only: created once, with a home); its uid.
+
+    Regular, not a system account: `kernel.run_as = "owner"` refuses uids below
+    `kernel.owner_uid_min` (1000 by default). An account an older harness made as a system
+    account (`useradd --system`, uid below 1000) is removed and made again.
+    """
     try:
-        return pwd.getpwnam(name).pw_uid
+        uid = pwd.getpwnam(name).pw_uid
     except KeyError:
-        pass
+        uid = None
+    if uid is not None and uid >= UID_MIN:
+        return uid
+    if uid is not None:
+        subprocess.run(["userdel", "--remove", name], check=True, capture_output=True)
     HOMES.mkdir(parents=True, exist_ok=True)
     HOMES.chmod(0o755)
     subprocess.run(
-        ["useradd", "--system", "--create-home", "--home-dir", str(HOMES / name), "--shell", "/usr/sbin/nologin", name],
+        ["useradd", "--create-home", "--home-dir", str(HOMES / name), "--shell", "/usr/sbin/nologin", name],
         check=True,
         capture_output=True,
     )
-    return pwd.getpwnam(name).pw_uid
+    uid = pwd.getpwnam(name).pw_uid
+    assert uid >= UID_MIN, f"useradd gave {name} uid {uid}, below {UID_MIN} (this host's login.defs UID_MIN?)"
+    return uid
 
 
 def http(method: str, url: str, token: str | None = None, body=None, timeout: float = 60) -> tuple[int, object]:

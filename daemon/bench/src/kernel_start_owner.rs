@@ -163,11 +163,28 @@ async fn measure(
     Ok((times, hits))
 }
 
-/// Makes [`BENCH_OWNER`] unless it exists.
+/// Makes [`BENCH_OWNER`] unless it exists, a regular account (uid >= 1000,
+/// `kernel.owner_uid_min`'s default: a system account is refused); one made below it is
+/// made again.
 fn ensure_account() -> anyhow::Result<()> {
-    let known = std::process::Command::new("getent").args(["passwd", BENCH_OWNER]).output();
-    if known.context("running getent")?.status.success() {
-        return Ok(());
+    let known =
+        std::process::Command::new("getent").args(["passwd", BENCH_OWNER]).output().context("running getent")?;
+    if known.status.success() {
+        // name:x:uid:gid:...
+        let line = String::from_utf8_lossy(&known.stdout);
+        let uid: u32 = line
+            .split(':')
+            .nth(2)
+            .and_then(|u| u.trim().parse().ok())
+            .with_context(|| format!("getent passwd {BENCH_OWNER} gave no uid: {line:?}"))?;
+        if uid >= 1000 {
+            return Ok(());
+        }
+        let status = std::process::Command::new("userdel")
+            .args(["--remove", BENCH_OWNER])
+            .status()
+            .context("running userdel")?;
+        anyhow::ensure!(status.success(), "userdel {BENCH_OWNER} (uid {uid} < 1000) failed: {status}");
     }
     let status = std::process::Command::new("useradd")
         .args(["--create-home", "--shell", "/usr/sbin/nologin", BENCH_OWNER])

@@ -36,6 +36,14 @@ pub struct KernelConfig {
     /// Whose account a kernel runs as (root daemons): `kernel_user` (`user` or
     /// `uid_range`) or `owner` (the system account named as the kernel's owner).
     pub run_as: RunAs,
+    /// With `run_as = "owner"`: the lowest uid (and primary gid) an owner's account may
+    /// have. Below it are the host's system accounts (`daemon`, `www-data`, `syslog`), which
+    /// a login name must never reach. Default 1000, the UID_MIN of most distributions.
+    pub owner_uid_min: u32,
+    /// With `run_as = "owner"`: an owner's account that is a member (primary or
+    /// supplementary) of one of these groups is refused: they give root or the host's
+    /// disks, logs or container runtime. Default [`DEFAULT_OWNER_DENIED_GROUPS`].
+    pub owner_denied_groups: Vec<String>,
     /// The kernel's working directory; unset means its private per-kernel directory.
     pub notebook_dir: Option<PathBuf>,
     /// Most processes (threads included) in one kernel's pids cgroup; 0 means no limit.
@@ -99,6 +107,14 @@ pub const DEFAULT_KERNEL_OPEN_FILES_MAX: u64 = 65_536;
 /// the host together (a fork bomb in one kernel is stopped by `pids_max` first).
 pub const DEFAULT_KERNEL_NPROC_MAX: u64 = 32_768;
 
+/// `kernel.owner_uid_min`'s default: the UID_MIN of most distributions (login.defs).
+pub const DEFAULT_OWNER_UID_MIN: u32 = 1000;
+/// `kernel.owner_denied_groups`'s default: groups that give root (`root`, `sudo`, `wheel`),
+/// the host's logs (`adm`), disks (`disk`), password hashes (`shadow`), or a container or
+/// VM runtime, which is root by another name (`docker`, `lxd`, `libvirt`, `kvm`).
+pub const DEFAULT_OWNER_DENIED_GROUPS: [&str; 10] =
+    ["root", "sudo", "wheel", "adm", "disk", "shadow", "docker", "lxd", "libvirt", "kvm"];
+
 /// `kernel.user`'s default: a system account made by `scripts/install-deps.sh` and
 /// `packaging/notebookos.sysusers`.
 pub const DEFAULT_KERNEL_USER: &str = "notebookos-kernel";
@@ -114,6 +130,8 @@ impl Default for KernelConfig {
             group: None,
             uid_range: None,
             run_as: RunAs::KernelUser,
+            owner_uid_min: DEFAULT_OWNER_UID_MIN,
+            owner_denied_groups: DEFAULT_OWNER_DENIED_GROUPS.iter().map(|g| (*g).to_owned()).collect(),
             notebook_dir: None,
             pids_max: 4096,
             prewarm_min: PolicyConfig::default().prewarm_min,
@@ -158,6 +176,13 @@ impl KernelConfig {
                  set one of them (unset kernel.uid_range for run_as = \"owner\")"
                     .into(),
             ));
+        }
+        // 0 would let uid 0 through this rule (root is refused anyway, but the key says what it allows).
+        if k.owner_uid_min == 0 {
+            return Err(invalid("kernel.owner_uid_min", "must be at least 1 (uid 0 is root)".into()));
+        }
+        if k.owner_denied_groups.iter().any(|g| g.is_empty()) {
+            return Err(invalid("kernel.owner_denied_groups", "an empty name is no group".into()));
         }
         if k.prewarm_max > 0 && k.prewarm_min > k.prewarm_max {
             return Err(invalid(
@@ -221,6 +246,8 @@ mod tests {
             ("[kernel]\nopen_files_max = 2000000\n", "kernel.open_files_max"),
             ("[kernel]\nnproc_max = 10\n", "kernel.nproc_max"),
             ("[kernel]\nrun_as = \"owner\"\nuid_range = [200000, 200999]\n", "kernel.run_as"),
+            ("[kernel]\nowner_uid_min = 0\n", "kernel.owner_uid_min"),
+            ("[kernel]\nowner_denied_groups = [\"\"]\n", "kernel.owner_denied_groups"),
         ] {
             let err = Config::parse(text, "t.toml").expect_err(text);
             assert!(err.to_string().contains(field), "{text}: {err}");
@@ -234,6 +261,10 @@ mod tests {
         assert_eq!(c.kernel.run_as, RunAs::Owner);
         let c = Config::parse("", "t.toml").expect("default");
         assert_eq!(c.kernel.run_as, RunAs::KernelUser, "today's behaviour by default");
+        assert_eq!(c.kernel.owner_uid_min, 1000);
+        assert!(["sudo", "adm", "disk", "docker"].iter().all(|g| c.kernel.owner_denied_groups.iter().any(|d| d == g)));
+        let c = Config::parse("[kernel]\nowner_uid_min = 500\nowner_denied_groups = []\n", "t.toml").expect("set");
+        assert_eq!((c.kernel.owner_uid_min, c.kernel.owner_denied_groups.len()), (500, 0));
         let err = Config::parse("[kernel]\nrun_as = \"root\"\n", "t.toml").expect_err("unknown");
         assert!(err.to_string().contains("run_as"), "{err}");
     }

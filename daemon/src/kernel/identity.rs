@@ -117,7 +117,7 @@ enum Mode {
     Range { first: u32, last: u32 },
     /// Each kernel as its owner's account; `pool` (`kernel.user`) is the account the
     /// pre-warm pool's processes start as, before they switch to their kernel's owner.
-    Owner { pool: KernelIdentity },
+    Owner { pool: KernelIdentity, rules: super::owner_account::OwnerRules },
 }
 
 /// The kernel accounts of this host and the per-kernel uids handed out.
@@ -165,7 +165,7 @@ impl KernelUsers {
             Mode::Range { first, last } => {
                 tracing::info!(first, last, "kernels run as a uid of their own from kernel.uid_range");
             }
-            Mode::Owner { pool } => {
+            Mode::Owner { pool, .. } => {
                 tracing::info!(pool_user = %pool.user, "kernels run as their owner's account (kernel.run_as = \"owner\")");
             }
         }
@@ -177,7 +177,15 @@ impl KernelUsers {
         let mode = match (is_root, cfg.uid_range, cfg.run_as) {
             (false, _, RunAs::Owner) => return Err(IdentityError::OwnerNeedsRoot),
             (false, _, RunAs::KernelUser) => Mode::Daemon,
-            (true, _, RunAs::Owner) => Mode::Owner { pool: shared_identity(&cfg.user, cfg.group.as_deref())? },
+            (true, _, RunAs::Owner) => {
+                let pool = shared_identity(&cfg.user, cfg.group.as_deref())?;
+                let rules = super::owner_account::OwnerRules {
+                    pool_uid: pool.uid,
+                    uid_min: cfg.owner_uid_min,
+                    denied_groups: cfg.owner_denied_groups.clone(),
+                };
+                Mode::Owner { pool, rules }
+            }
             (true, Some([first, last]), RunAs::KernelUser) => Mode::Range { first, last },
             (true, None, RunAs::KernelUser) => Mode::Shared(shared_identity(&cfg.user, cfg.group.as_deref())?),
         };
@@ -227,8 +235,8 @@ impl KernelUsers {
         match &self.mode {
             Mode::Daemon => Ok(None),
             Mode::Shared(id) => Ok(Some(id.clone())),
-            Mode::Owner { pool } => {
-                let a = super::owner_account::lookup(owner, pool.uid)?;
+            Mode::Owner { rules, .. } => {
+                let a = super::owner_account::lookup(owner, rules)?;
                 Ok(Some(KernelIdentity { uid: a.uid, gid: a.gid, groups: a.groups, user: a.name, home: a.home }))
             }
             Mode::Range { first, last } => {
@@ -260,7 +268,7 @@ impl KernelUsers {
     /// with the other modes): [`Self::acquire`] without handing anything out.
     pub fn acquire_for_check(&self, owner: Option<&str>) -> Result<(), super::owner_account::OwnerError> {
         match &self.mode {
-            Mode::Owner { pool } => super::owner_account::lookup(owner, pool.uid).map(drop),
+            Mode::Owner { rules, .. } => super::owner_account::lookup(owner, rules).map(drop),
             _ => Ok(()),
         }
     }
@@ -317,7 +325,7 @@ impl KernelUsers {
     /// which switch to their kernel's owner when taken (`docs/prewarm.md`).
     pub fn switching_pool_identity(&self) -> Option<KernelIdentity> {
         match &self.mode {
-            Mode::Owner { pool } => Some(pool.clone()),
+            Mode::Owner { pool, .. } => Some(pool.clone()),
             _ => None,
         }
     }

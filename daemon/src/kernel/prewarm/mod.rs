@@ -18,6 +18,7 @@
 
 mod check;
 mod guard;
+mod import_path;
 mod warm;
 
 use std::collections::VecDeque;
@@ -148,11 +149,46 @@ impl TakeResult {
     }
 }
 
+/// With `run_as = "owner"`: whether only root can write the interpreter's import path
+/// (`import_path`); if not, a warning says which directory, and owner kernels start as
+/// new Pythons (no capability is ever held by a process that imports from it). An
+/// interpreter that cannot say its path is taken as failing: the kernels' own start says why.
+fn import_path_is_roots(s: &PoolSettings) -> bool {
+    // The environment pool processes start with (PYTHONPATH included), but HOME's: `-s`.
+    let mut env: Vec<(std::ffi::OsString, std::ffi::OsString)> =
+        std::env::vars_os().filter(|(k, _)| k.to_str().is_some_and(process::inherited)).collect();
+    env.extend(s.env.iter().map(|(k, v)| (k.into(), v.into())));
+    match import_path::check_interpreter(&s.python, &env) {
+        Ok(Ok(())) => true,
+        Err(e) => {
+            tracing::warn!(
+                python = %s.python.display(),
+                "kernel.run_as = \"owner\": no pre-warm pool: the kernel Python's import path could not be \
+                 checked ({e:#}); owner kernels start as new Pythons (docs/prewarm.md)"
+            );
+            false
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(
+                path = %e.path.display(),
+                why = %e.why,
+                "kernel.run_as = \"owner\": no pre-warm pool: the kernel Python's import path {e}, so a non-root \
+                 account could run code in a pool process while it holds CAP_SETUID and CAP_SETGID; owner \
+                 kernels start as new Pythons (docs/prewarm.md)"
+            );
+            false
+        }
+    }
+}
+
 impl PrewarmPool {
     /// Writes the launcher and the pool's directory, and starts the refill task (which
     /// ends with the pool). `settings.max == 0` means no pool: `None`.
     pub fn start(settings: PoolSettings, metrics: Arc<Metrics>) -> anyhow::Result<Option<Arc<Self>>> {
         if settings.max == 0 {
+            return Ok(None);
+        }
+        if settings.switch_to_owner && !import_path_is_roots(&settings) {
             return Ok(None);
         }
         let guard = guard::LsmGuard::load(GUARD_PIDS).map(|g| Arc::new(g) as Arc<dyn Guard>);
