@@ -95,6 +95,12 @@ fn a_trace_slice_replayed_on_an_autoscaled_cluster_agrees_with_the_simulator() {
             fig["tolerance"].as_f64().is_some() && fig["why"].as_str().is_some_and(|w| !w.is_empty()),
             "{f}: {fig}"
         );
+        // A figure the comparison does not hold (`replay::compare::NOT_HELD`: a gap not yet
+        // explained) is shown with the reason; every other one must agree.
+        if fig["held"] == false {
+            assert!(fig["not_held_because"].as_str().is_some_and(|w| !w.is_empty()), "{f}: {fig}");
+            continue;
+        }
         assert_eq!(
             fig["agree"], true,
             "{f}: replay {} vs sim {}, tolerance {}",
