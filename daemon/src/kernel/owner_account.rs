@@ -212,15 +212,10 @@ mod tests {
     #[test]
     fn the_pools_account_is_refused_and_another_account_is_found_with_its_home() {
         // `nobody` exists on every Linux host we run on (uid 65534, not root).
-        let Ok(Some(nobody)) = nix::unistd::User::from_name("nobody") else {
-            eprintln!("skipping: no `nobody` account on this host");
-            return;
-        };
+        let nobody = nix::unistd::User::from_name("nobody").ok().flatten().expect("a `nobody` account");
         let e = lookup(Some("nobody"), &rules(nobody.uid.as_raw(), 1, &[])).expect_err("the pool's uid").to_string();
         assert!(e.contains("kernel.user"), "{e}");
-        if nobody.gid.as_raw() == 0 {
-            return;
-        }
+        assert_ne!(nobody.gid.as_raw(), 0, "nobody's group is not root's");
         let id = lookup(Some("nobody"), &rules(1, 1, &[])).expect("nobody");
         assert_eq!((id.uid, id.gid, id.name.as_str()), (nobody.uid.as_raw(), nobody.gid.as_raw(), "nobody"));
         assert!(id.groups.contains(&id.gid), "the primary group is among the groups: {:?}", id.groups);
@@ -230,16 +225,11 @@ mod tests {
     #[test]
     fn a_system_account_and_a_member_of_a_denied_group_are_refused_naming_the_key() {
         // `daemon` (uid 1 on Debian, Ubuntu, Fedora) is a system account on every host we run on.
-        let Ok(Some(daemon)) = nix::unistd::User::from_name("daemon") else {
-            eprintln!("skipping: no `daemon` account on this host");
-            return;
-        };
-        if daemon.uid.is_root() || daemon.gid.as_raw() == 0 {
-            return;
-        }
+        let daemon = nix::unistd::User::from_name("daemon").ok().flatten().expect("a `daemon` account");
+        assert!(!daemon.uid.is_root() && daemon.gid.as_raw() != 0, "daemon is not root's");
         let e = lookup(Some("daemon"), &rules(u32::MAX - 1, 1000, &[])).expect_err("system").to_string();
         assert!(e.contains("kernel.owner_uid_min = 1000") && e.contains("\"daemon\""), "{e}");
-        let Ok(Some(group)) = nix::unistd::Group::from_gid(daemon.gid) else { return };
+        let group = nix::unistd::Group::from_gid(daemon.gid).ok().flatten().expect("daemon's group");
         let e = lookup(Some("daemon"), &rules(u32::MAX - 1, 1, &["nbos-no-such-group", &group.name]))
             .expect_err("denied group")
             .to_string();

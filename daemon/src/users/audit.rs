@@ -119,11 +119,9 @@ mod tests {
 
     #[test]
     fn a_full_disk_is_counted_and_the_caller_goes_on() {
+        // Every Linux host has /dev/full: a test that found none would check nothing.
         let full = Path::new("/dev/full");
-        if !full.exists() {
-            eprintln!("skipped: no /dev/full here");
-            return;
-        }
+        assert!(full.exists(), "no /dev/full on this host");
         let log = AuditLog::open(full).expect("open /dev/full");
         let before = user_metrics().audit_write_errors();
         log.record(event("alice", "create", Some("k1"), "ok"));
