@@ -258,19 +258,7 @@ fn https(
 ) -> (u16, String) {
     let tls = notebookosd::link::tls::client_config(ca, identity).expect("client config");
     let agent = ureq::AgentBuilder::new().tls_config(tls).timeout(std::time::Duration::from_secs(120)).build();
-    let mut req = agent.request(method, url);
-    if let Some(t) = token {
-        req = req.set("Authorization", &format!("token {t}"));
-    }
-    let res = match body {
-        Some(b) => req.set("Content-Type", "application/json").send_string(b),
-        None => req.call(),
-    };
-    match res {
-        Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
-        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
-        Err(e) => panic!("{method} {url}: {e}"),
-    }
+    http::http_via(&agent, method, url, token, body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

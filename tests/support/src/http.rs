@@ -4,7 +4,18 @@ use std::time::Duration;
 
 /// One HTTP request; returns the status code and body whatever the status.
 pub fn http(method: &str, url: &str, token: Option<&str>, body: Option<&str>) -> (u16, String) {
-    let mut req = ureq::request(method, url);
+    http_via(&ureq::agent(), method, url, token, body)
+}
+
+/// [`http`] through `agent` (e.g. one with TLS and a client certificate).
+pub fn http_via(
+    agent: &ureq::Agent,
+    method: &str,
+    url: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> (u16, String) {
+    let mut req = agent.request(method, url);
     if let Some(t) = token {
         req = req.set("Authorization", &format!("token {t}"));
     }
