@@ -408,8 +408,12 @@ async fn a_pool_process_that_keeps_its_capabilities_is_killed_and_the_kernel_sta
     let pool = h.wait_for_ready_pool().await;
     let kernel = h.kernels.create(None, None, &[], Some(&user(OWNER_A))).await.expect("A's kernel, started afresh");
     let pid = kernel.pids()[0];
-    assert_eq!(h.takes("failed"), 1, "the hand-over failed");
-    assert_eq!(h.rejected("not_switched"), 1);
+    // A start that loses a port race to a parallel test is tried again (local_kernel.rs),
+    // and the retry may take the refilled pool's next process: broken the same way.
+    let failed = h.takes("failed");
+    assert!(failed >= 1, "the hand-over failed");
+    assert_eq!(h.rejected("not_switched"), failed, "every failed hand-over was this check's");
+    assert_eq!(h.takes("hit") + h.takes("warming"), failed, "no hand-over succeeded");
     assert!(!pool.contains(&pid), "a new Python, not the pool process");
     for p in &pool {
         assert!(
