@@ -106,7 +106,8 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
     });
     let endpoint_path = announce::announce(&config, &state, token_file.as_deref())?;
 
-    let watchdog = systemd::systemd_ready();
+    let status = format!("serving {url}, {} GPU(s)", state.inventory.gpus.len());
+    let watchdog = systemd::systemd_ready(&status);
 
     let app = api::router(&state, cluster.as_ref());
     let (stop, store_failure) = shutdown::stop_signal(cluster.as_ref().map(|c| c.cluster.store().clone()));
@@ -117,7 +118,7 @@ pub async fn run(config: Config, opts: RunOptions) -> anyhow::Result<()> {
     if let Some(w) = watchdog {
         w.abort();
     }
-    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    systemd::systemd_stopping();
     tracing::info!("shutting down");
     // Leave the heartbeat first: the other hosts see this one down at once.
     if let Some(c) = &cluster {
