@@ -1,27 +1,28 @@
 //! The shipped systemd unit (`packaging/notebookosd.service`) sandboxes the daemon and,
 //! through it, every kernel: its exposure score stays low, and the daemon still does its
-//! whole job (eBPF observer, per-kernel memory cgroups, kernels that start and answer)
-//! with only the unit's capability bounding set, `NoNewPrivileges` and `UMask`.
+//! whole job (eBPF observer, per-kernel memory cgroups, a kernel that starts and runs a
+//! cell) inside every sandbox directive the unit ships.
 //!
-//! systemd cannot run here (no systemd as PID 1), so the second test applies what of the
-//! unit the kernel enforces on its own: the bounding set and no_new_privs with `setpriv`,
-//! the umask with the shell. Mount and device restrictions need systemd itself.
+//! systemd cannot run here (no systemd as PID 1), so the second test applies the unit the
+//! way systemd does (`nbos_test_support::unit_sandbox`: mount namespace, devices cgroup,
+//! capabilities, seccomp filters from `systemd-analyze syscall-filter`), and fails if the
+//! unit gains a directive that module neither applies nor lists as not applicable here.
 
 mod required;
 
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use nbos_test_support::{http, start_daemon, TOKEN};
+use nbos_test_support::unit_sandbox::{self, Directories, Service, UnitSandbox};
+use nbos_test_support::{http, start_daemon_in, wait_for, Daemon, TOKEN};
 use notebookosd::config::ObserverMode;
 
 const UNIT: &str = include_str!("../../packaging/notebookosd.service");
 /// `systemd-analyze security` exposure (0 safest, 10 least safe) the unit must stay under.
 const MAX_EXPOSURE: f64 = 5.0;
-
-fn setting(key: &str) -> Option<&'static str> {
-    UNIT.lines().find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
-}
 
 #[test]
 fn the_units_exposure_is_at_most_5() {
@@ -48,84 +49,187 @@ fn the_units_exposure_is_at_most_5() {
     assert!(score <= MAX_EXPOSURE, "exposure {score} > {MAX_EXPOSURE}:\n{out}");
 }
 
-/// `CapabilityBoundingSet=CAP_BPF CAP_X …` as setpriv's `-all,+bpf,+x,…`.
-fn setpriv_bounding_set() -> String {
-    let caps = setting("CapabilityBoundingSet").expect("the unit sets CapabilityBoundingSet");
-    let mut arg = "-all".to_owned();
-    for cap in caps.split_whitespace() {
-        arg.push_str(",+");
-        arg.push_str(&cap.trim_start_matches("CAP_").to_lowercase());
-    }
-    arg
-}
-
-/// The unit's bounding set as a mask (bit numbers from `setpriv --list-caps`, which lists
-/// the capabilities in their kernel order).
-fn unit_capability_mask() -> u64 {
-    let o = Command::new("setpriv").arg("--list-caps").output().expect("setpriv --list-caps");
-    let names: Vec<String> = String::from_utf8_lossy(&o.stdout).lines().map(str::to_owned).collect();
-    let caps = setting("CapabilityBoundingSet").expect("the unit sets CapabilityBoundingSet");
-    caps.split_whitespace().fold(0, |mask, cap| {
-        let name = cap.trim_start_matches("CAP_").to_lowercase();
-        let bit = names.iter().position(|n| *n == name).unwrap_or_else(|| panic!("unknown capability {cap}"));
-        mask | 1 << bit
-    })
-}
-
 /// The capability bounding set of `pid` (`CapBnd` in /proc/PID/status).
 fn bounding_set_of(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let hex = status.lines().find_map(|l| l.strip_prefix("CapBnd:")).expect("CapBnd").trim();
-    u64::from_str_radix(hex, 16).expect("hex")
+    u64::from_str_radix(&status(pid, "CapBnd"), 16).expect("hex")
+}
+
+/// One `/proc/PID/status` value.
+fn status(pid: u32, key: &str) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let prefix = format!("{key}:");
+    text.lines().find_map(|l| l.strip_prefix(&prefix)).unwrap_or_else(|| panic!("no {key}: in {text}")).trim().to_owned()
+}
+
+/// The mount options (`rw`/`ro`, …) of the mount at `point` as process `pid` sees it.
+fn mount_options(pid: u32, point: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).expect("mountinfo");
+    // Field 5 is the mount point, 6 its options; the last mount at a point is the visible one.
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(4) == Some(&point.to_str()?)).then(|| f.get(5).map(|o| (*o).to_owned())).flatten()
+        })
+        .last()
 }
 
 #[test]
-fn the_daemon_does_its_job_with_only_the_units_capabilities() {
+fn every_key_of_the_unit_is_applied_or_named_as_not_applicable() {
+    let unknown = unit_sandbox::unknown_keys(&Service::parse(UNIT));
+    assert!(unknown.is_empty(), "teach tests/support/src/unit_sandbox these directives: {unknown:?}");
+    // The filter the unit means: a deny list, mount(2) taken out of @mount again.
+    if Command::new("systemd-analyze").arg("--version").output().is_ok() {
+        let service = Service::parse(UNIT);
+        let (deny, set) = unit_sandbox::syscall_filter_set(service.all("SystemCallFilter")).expect("the unit's groups");
+        assert!(deny, "a deny list");
+        for denied in ["umount2", "pivot_root", "init_module", "reboot", "settimeofday", "swapon"] {
+            assert!(set.contains(denied), "{denied} is denied: {set:?}");
+        }
+        assert!(!set.contains("mount"), "mount(2) stays allowed for kernels' namespaces");
+    }
+}
+
+/// Why this host cannot run the sandboxed daemon, if it cannot.
+fn cannot_run_sandboxed() -> Option<&'static str> {
     // SAFETY: geteuid(2) has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        required::cannot_run("the_daemon_does_its_job_with_only_the_units_capabilities", "needs root (eBPF, cgroups)");
+        return Some("needs root (mount namespace, devices cgroup, eBPF)");
+    }
+    if Command::new("systemd-analyze").arg("--version").output().is_err() {
+        return Some("systemd-analyze is not installed (Debian package systemd)");
+    }
+    if !Path::new("/sys/fs/cgroup/devices/devices.allow").exists() {
+        return Some("no cgroup v1 devices controller at /sys/fs/cgroup/devices (DevicePolicy=)");
+    }
+    if Command::new("id").arg("notebookos-kernel").output().map(|o| !o.status.success()).unwrap_or(true) {
+        return Some("no notebookos-kernel account: run scripts/install-deps.sh");
+    }
+    None
+}
+
+/// A cell that looks at its own sandbox: what a notebook user would try.
+const PROBE: &str = r#"
+import ctypes, errno, json, os, socket
+def err(f):
+    try:
+        f()
+        return "ok"
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+libc = ctypes.CDLL(None, use_errno=True)
+def unshare_user():
+    if libc.unshare(0x10000000) != 0:
+        raise OSError(ctypes.get_errno(), "unshare")
+root = [l.split()[5] for l in open("/proc/self/mountinfo") if l.split()[4] == "/"][-1]
+print(json.dumps({
+    "packet_socket": err(lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW)),
+    "unix_socket": err(lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()),
+    "user_namespace": err(unshare_user),
+    "root_mount": root,
+    "home": sorted(os.listdir("/home")) if os.access("/home", os.R_OK) else "unreadable",
+    "tmp_writable": err(lambda: open("/tmp/nbos-probe", "w").close()),
+    "seccomp": [l.split()[1] for l in open("/proc/self/status") if l.startswith("Seccomp:")][0],
+    "sum": sum(range(10)),
+}))
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_runs_a_kernel_and_a_cell_under_every_directive_of_the_unit() {
+    if let Some(why) = cannot_run_sandboxed() {
+        required::cannot_run("the_daemon_runs_a_kernel_and_a_cell_under_every_directive_of_the_unit", why);
         return;
     }
-    if Command::new("setpriv").arg("--version").output().is_err() {
-        required::cannot_run(
-            "the_daemon_does_its_job_with_only_the_units_capabilities",
-            "setpriv is missing (util-linux)",
-        );
-        return;
-    }
-    assert_eq!(setting("NoNewPrivileges"), Some("yes"));
-    let umask = setting("UMask").expect("the unit sets UMask");
-    let bounding = setpriv_bounding_set();
-    let shell = format!("umask {umask} && exec \"$0\" \"$@\"");
-    let wrapper =
-        ["setpriv", "--no-new-privs", "--inh-caps=-all", "--bounding-set", &bounding, "--", "sh", "-c", &shell];
-    // The eBPF observer is required (the daemon refuses to start without it) and kernels
-    // get memory cgroups: the privileged parts of the daemon's job.
-    let d = start_daemon(&wrapper, Stdio::inherit(), |c| {
-        c.fake_gpus(1).observer(ObserverMode::Ebpf).config.kernel.memory_limit_mib = 2048;
+    // Not under /tmp (PrivateTmp= hides it); 0711 so kernels reach their directories.
+    let dir = tempfile::Builder::new().prefix("unit-sandbox").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tmp");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod");
+    let dirs = Directories { state: dir.path().join("state"), runtime: dir.path().join("run") };
+    let scratch = dir.path().join("systemd");
+    std::fs::create_dir(&scratch).expect("scratch");
+    let name = format!("nbos-unit-sandbox-{}", std::process::id());
+    let sandbox = Arc::new(UnitSandbox::plan(UNIT, &dirs, &scratch, &name).expect("the unit's sandbox"));
+    eprintln!("devices allowed: {:?}; absent on this host: {:?}", sandbox.device_rules(), sandbox.absent);
+    eprintln!("where this host differs: {:?}", sandbox.notes);
+    assert!(sandbox.device_rules().iter().any(|r| r.starts_with("b 7:*")), "block-loop is allowed");
+
+    // The daemon's log, for what it says it could not do inside the sandbox.
+    let log_path = scratch.join("daemon.log");
+    let log = std::fs::File::create(&log_path).expect("log");
+    let d: Daemon = tokio::task::block_in_place(|| {
+        start_daemon_in(
+            dir,
+            &[],
+            Stdio::from(log),
+            |c| {
+                c.fake_gpus(1).observer(ObserverMode::Ebpf).config.kernel.memory_limit_mib = 2048;
+            },
+            |cmd| sandbox.wrap(cmd),
+        )
     });
-    // What the unit grants, less what this machine withholds from its own processes.
-    let expected = unit_capability_mask() & bounding_set_of(std::process::id());
-    assert_eq!(bounding_set_of(d.child.id()), expected, "the daemon runs with the unit's bounding set");
-    let (status, body) =
-        http("POST", &format!("{}/api/kernels", d.url), Some(TOKEN), Some(r#"{"name":"notebookos-python-1gpu"}"#));
-    assert_eq!(status, 201, "{body}");
+    let pid = d.child.id();
+
+    // What an operator sees of the daemon: the unit's bounding set, no_new_privs, one
+    // seccomp filter per system-call directive, the devices cgroup, its own namespaces,
+    // a read-only root with its state directory writable, the unit's limits.
+    let expected = sandbox.bounding_set & bounding_set_of(std::process::id());
+    assert_eq!(bounding_set_of(pid), expected, "the daemon runs with the unit's bounding set");
+    assert_eq!(status(pid, "NoNewPrivs"), "1");
+    assert_eq!(status(pid, "Seccomp"), "2", "seccomp filter mode");
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+    assert!(cgroups.lines().any(|l| l.contains(":devices:/") && l.ends_with(&name)), "{cgroups}");
+    for ns in ["mnt", "uts"] {
+        let theirs = std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).expect("ns");
+        let ours = std::fs::read_link(format!("/proc/self/ns/{ns}")).expect("ns");
+        assert_ne!(theirs, ours, "the daemon has a {ns} namespace of its own");
+    }
+    let ro = |p: &Path| mount_options(pid, p).unwrap_or_default();
+    assert!(ro(Path::new("/")).starts_with("ro"), "ProtectSystem=strict: / is {}", ro(Path::new("/")));
+    assert!(ro(&dirs.state).starts_with("rw"), "the state directory is {}", ro(&dirs.state));
+    assert!(ro(Path::new("/sys/fs/cgroup")).starts_with("rw"), "ReadWritePaths=/sys/fs/cgroup");
+    assert!(ro(Path::new("/proc/sys")).starts_with("ro"), "ProtectKernelTunables=");
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let nofile = sandbox.nofile.expect("the unit sets LimitNOFILE").to_string();
+    assert!(limits.lines().any(|l| l.starts_with("Max open files") && l.contains(&nofile)), "{limits}");
+
+    // A kernel and a cell, inside the same sandbox.
+    let (code, body) = tokio::task::block_in_place(|| {
+        http("POST", &format!("{}/api/kernels", d.url), Some(TOKEN), Some(r#"{"name":"notebookos-python-1gpu"}"#))
+    });
+    assert_eq!(code, 201, "{body}");
     let kernel: serde_json::Value = serde_json::from_str(&body).expect("model");
     let id = kernel["id"].as_str().expect("id").to_owned();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let pid = loop {
-        let (_, body) = http("GET", &format!("{}/api/kernels/{id}", d.url), Some(TOKEN), None);
-        let m: serde_json::Value = serde_json::from_str(&body).expect("model");
-        if m["execution_state"] == "idle" {
-            break m["pids"][0].as_u64().and_then(|p| u32::try_from(p).ok()).expect("pid");
-        }
-        assert!(Instant::now() < deadline, "the kernel did not become idle: {m}");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    // Kernels run inside the same sandbox: never more capabilities than the unit allows.
-    assert_eq!(bounding_set_of(pid), expected);
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    assert!(status.lines().any(|l| l.starts_with("NoNewPrivs:") && l.ends_with('1')), "{status}");
-    let (status, _) = http("DELETE", &format!("{}/api/kernels/{id}", d.url), Some(TOKEN), None);
-    assert_eq!(status, 204);
+    let kernel_pid = tokio::task::block_in_place(|| {
+        wait_for(Duration::from_secs(60), "the kernel to become idle", || {
+            let (_, body) = http("GET", &format!("{}/api/kernels/{id}", d.url), Some(TOKEN), None);
+            let m: serde_json::Value = serde_json::from_str(&body).ok()?;
+            (m["execution_state"] == "idle").then(|| m["pids"][0].as_u64().and_then(|p| u32::try_from(p).ok()))?
+        })
+    });
+    assert_eq!(bounding_set_of(kernel_pid), expected, "the kernel inherits the bounding set");
+    let out = nbos_test_support::run_cell(&d.url, TOKEN, &id, PROBE).await;
+    assert_eq!(out.status, "ok", "{out:?}");
+    let probe: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    eprintln!("inside the kernel: {probe}");
+    assert_eq!(probe["sum"], 45, "the cell ran: {probe}");
+    assert_eq!(probe["packet_socket"], "EAFNOSUPPORT", "RestrictAddressFamilies=: {probe}");
+    assert_eq!(probe["unix_socket"], "ok", "{probe}");
+    assert_eq!(probe["user_namespace"], "EPERM", "RestrictNamespaces=~user: {probe}");
+    assert!(probe["root_mount"].as_str().is_some_and(|o| o.starts_with("ro")), "ProtectSystem=strict: {probe}");
+    assert!(probe["home"] == serde_json::json!([]) || probe["home"] == "unreadable", "ProtectHome=yes: {probe}");
+    assert_eq!(probe["tmp_writable"], "ok", "PrivateTmp= gives a writable /tmp: {probe}");
+    assert_eq!(probe["seccomp"], "2", "{probe}");
+    // PrivateTmp=: the kernel's /tmp file is in the service's private /tmp, not the host's.
+    assert!(!Path::new("/tmp/nbos-probe").exists(), "the cell's /tmp file is on the host's /tmp");
+
+    // A kernel start that fell back from the pre-warm pool is a directive the daemon
+    // cannot live with (CAP_SYS_CHROOT, which setns(2) into the pool process's mount
+    // namespace needs, was missing from the bounding set).
+    let log = std::fs::read_to_string(&log_path).expect("log");
+    let fallbacks: Vec<&str> = log.lines().filter(|l| l.contains("could not hand the kernel")).collect();
+    assert!(fallbacks.is_empty(), "the pre-warm hand-over failed in the sandbox: {fallbacks:?}");
+
+    let (code, _) = tokio::task::block_in_place(|| http("DELETE", &format!("{}/api/kernels/{id}", d.url), Some(TOKEN), None));
+    assert_eq!(code, 204);
+    // The daemon stops (SIGTERM, reaped) before its devices cgroup is removed.
+    tokio::task::block_in_place(|| drop(d));
+    drop(sandbox);
 }

@@ -53,7 +53,18 @@ pub fn base_config(dir: &Path) -> DaemonConfig {
 /// `wrapper` (a program and its arguments, e.g. `setpriv …`, which must exec the command
 /// it is given; empty: none). Returns once its endpoint file names its URL.
 pub fn start_daemon(wrapper: &[&str], stderr: Stdio, edit: impl FnOnce(&mut DaemonConfig)) -> Daemon {
-    let dir = kernel_traversable_tempdir();
+    start_daemon_in(kernel_traversable_tempdir(), wrapper, stderr, edit, |_| {})
+}
+
+/// [`start_daemon`] in `dir` (which holds its token, config, `state/` and `run/`), with
+/// `prepare` changing the command before it is spawned (e.g. a sandbox its child enters).
+pub fn start_daemon_in(
+    dir: tempfile::TempDir,
+    wrapper: &[&str],
+    stderr: Stdio,
+    edit: impl FnOnce(&mut DaemonConfig),
+    prepare: impl FnOnce(&mut Command),
+) -> Daemon {
     let mut config = base_config(dir.path());
     edit(&mut config);
     let path = config.write(&dir.path().join("c.toml")).expect("config");
@@ -66,7 +77,9 @@ pub fn start_daemon(wrapper: &[&str], stderr: Stdio, edit: impl FnOnce(&mut Daem
         }
         None => Command::new(&daemon),
     };
-    let child = command.arg("--config").arg(&path).stdout(Stdio::null()).stderr(stderr).spawn().expect("spawn");
+    command.arg("--config").arg(&path).stdout(Stdio::null()).stderr(stderr);
+    prepare(&mut command);
+    let child = command.spawn().expect("spawn");
     // Owned from here on, so a failed start still stops and reaps the child.
     let mut daemon = Daemon { child, url: String::new(), dir };
     daemon.url = wait_for_endpoint(&daemon.dir.path().join("run"));

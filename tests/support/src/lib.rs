@@ -18,12 +18,13 @@ pub mod daemon;
 pub mod http;
 pub mod layout;
 pub mod signal;
+pub mod unit_sandbox;
 pub mod wait;
 
 pub use cell::{run_cell, run_cell_on, CellOutcome};
 pub use cluster::{Host, TestCluster};
 pub use config::DaemonConfig;
-pub use daemon::{start_daemon, Daemon};
+pub use daemon::{start_daemon, start_daemon_in, Daemon};
 pub use http::http;
 pub use layout::{Layout, Options};
 pub use wait::{wait_for, wait_until};
