@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use nbos_test_support::{http, start_daemon, signal, Daemon};
+use nbos_test_support::{http, signal, start_daemon, Daemon};
 
 /// One notification: its sender's pid (SCM_CREDENTIALS) and its `KEY=value` lines.
 #[derive(Debug)]

@@ -58,19 +58,21 @@ fn bounding_set_of(pid: u32) -> u64 {
 fn status(pid: u32, key: &str) -> String {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
     let prefix = format!("{key}:");
-    text.lines().find_map(|l| l.strip_prefix(&prefix)).unwrap_or_else(|| panic!("no {key}: in {text}")).trim().to_owned()
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {key}: in {text}"))
+        .trim()
+        .to_owned()
 }
 
 /// The mount options (`rw`/`ro`, …) of the mount at `point` as process `pid` sees it.
 fn mount_options(pid: u32, point: &Path) -> Option<String> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).expect("mountinfo");
     // Field 5 is the mount point, 6 its options; the last mount at a point is the visible one.
-    text.lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.get(4) == Some(&point.to_str()?)).then(|| f.get(5).map(|o| (*o).to_owned())).flatten()
-        })
-        .last()
+    text.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.get(4) == Some(&point.to_str()?)).then(|| f.get(5).map(|o| (*o).to_owned())).flatten()
+    })
 }
 
 #[test]
@@ -227,7 +229,8 @@ async fn the_daemon_runs_a_kernel_and_a_cell_under_every_directive_of_the_unit()
     let fallbacks: Vec<&str> = log.lines().filter(|l| l.contains("could not hand the kernel")).collect();
     assert!(fallbacks.is_empty(), "the pre-warm hand-over failed in the sandbox: {fallbacks:?}");
 
-    let (code, _) = tokio::task::block_in_place(|| http("DELETE", &format!("{}/api/kernels/{id}", d.url), Some(TOKEN), None));
+    let (code, _) =
+        tokio::task::block_in_place(|| http("DELETE", &format!("{}/api/kernels/{id}", d.url), Some(TOKEN), None));
     assert_eq!(code, 204);
     // The daemon stops (SIGTERM, reaped) before its devices cgroup is removed.
     tokio::task::block_in_place(|| drop(d));

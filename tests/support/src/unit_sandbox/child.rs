@@ -106,46 +106,8 @@ impl UnitSandbox {
     }
 
     fn mounts(&self) -> io::Result<()> {
-        use super::mounts::Step;
         for (step, msg) in &self.mounts.steps {
-            // SAFETY (every arm): the system call's documented arguments, with paths that
-            // are live NUL-terminated strings.
-            let rc: libc::c_long = match step {
-                Step::Unshare(flags) => unsafe { libc::unshare(*flags) }.into(),
-                Step::Slave => unsafe {
-                    libc::mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_SLAVE, std::ptr::null())
-                }
-                .into(),
-                Step::Bind(from, to) => unsafe {
-                    libc::mount(from.as_ptr(), to.as_ptr(), std::ptr::null(), libc::MS_BIND | libc::MS_REC, std::ptr::null())
-                }
-                .into(),
-                Step::ReadOnly(path, on) => {
-                    let ro = u64::from(libc::MOUNT_ATTR_RDONLY);
-                    let attr = MountAttr { set: if *on { ro } else { 0 }, clr: if *on { 0 } else { ro }, propagation: 0, userns_fd: 0 };
-                    unsafe {
-                        libc::syscall(
-                            libc::SYS_mount_setattr,
-                            libc::AT_FDCWD,
-                            path.as_ptr(),
-                            libc::AT_RECURSIVE,
-                            &raw const attr,
-                            std::mem::size_of::<MountAttr>(),
-                        )
-                    }
-                }
-                Step::Proc(options) => unsafe {
-                    libc::mount(
-                        c"proc".as_ptr(),
-                        c"/proc".as_ptr(),
-                        c"proc".as_ptr(),
-                        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                        options.as_ptr().cast(),
-                    )
-                }
-                .into(),
-            };
-            check(rc, msg)?;
+            check(run_step(step), msg)?;
         }
         Ok(())
     }
@@ -176,5 +138,50 @@ impl UnitSandbox {
             check(rc.into(), c"unit sandbox: AmbientCapabilities failed\n")?;
         }
         Ok(())
+    }
+}
+
+/// One mount step's system call; its return value.
+fn run_step(step: &super::mounts::Step) -> libc::c_long {
+    use super::mounts::Step;
+    let null = std::ptr::null::<libc::c_char>();
+    match step {
+        // SAFETY: unshare(2) with flags only.
+        Step::Unshare(flags) => unsafe { libc::unshare(*flags) }.into(),
+        Step::Slave => {
+            let flags = libc::MS_REC | libc::MS_SLAVE;
+            // SAFETY: mount(2) changing propagation; "/" is a static C string.
+            unsafe { libc::mount(null, c"/".as_ptr(), null, flags, std::ptr::null()) }.into()
+        }
+        Step::Bind(from, to) => {
+            let flags = libc::MS_BIND | libc::MS_REC;
+            // SAFETY: mount(2) with two live NUL-terminated paths.
+            unsafe { libc::mount(from.as_ptr(), to.as_ptr(), null, flags, std::ptr::null()) }.into()
+        }
+        Step::ReadOnly(path, on) => {
+            let ro = libc::MOUNT_ATTR_RDONLY;
+            let (set, clr) = if *on { (ro, 0) } else { (0, ro) };
+            let attr = MountAttr { set, clr, propagation: 0, userns_fd: 0 };
+            let size = std::mem::size_of::<MountAttr>();
+            // SAFETY: mount_setattr(2) with a live path and a live mount_attr of `size` bytes.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_mount_setattr,
+                    libc::AT_FDCWD,
+                    path.as_ptr(),
+                    libc::AT_RECURSIVE,
+                    &raw const attr,
+                    size,
+                )
+            }
+        }
+        Step::Proc(options) => {
+            let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+            // SAFETY: mount(2) of a new procfs with static strings and live options.
+            unsafe {
+                libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), flags, options.as_ptr().cast())
+            }
+            .into()
+        }
     }
 }

@@ -166,7 +166,9 @@ pub struct UnitSandbox {
 /// `[Service]` keys in none of [`APPLIED`], [`NOT_APPLIED`] and [`SERVICE_MANAGEMENT`].
 pub fn unknown_keys(service: &Service) -> Vec<String> {
     let known = |k: &str| {
-        APPLIED.contains(&k) || NOT_APPLIED.iter().any(|(n, _)| *n == k) || SERVICE_MANAGEMENT.iter().any(|(n, _)| *n == k)
+        APPLIED.contains(&k)
+            || NOT_APPLIED.iter().any(|(n, _)| *n == k)
+            || SERVICE_MANAGEMENT.iter().any(|(n, _)| *n == k)
     };
     service.keys().filter(|k| !known(k)).map(str::to_owned).collect()
 }
@@ -245,7 +247,8 @@ impl UnitSandbox {
             }
         }
         let bounding_drop = (0..=last_cap).filter(|c| bounding_set & (1 << c) == 0).collect();
-        let ambient = service.words("AmbientCapabilities").into_iter().map(capability).collect::<anyhow::Result<_>>()?;
+        let ambient =
+            service.words("AmbientCapabilities").into_iter().map(capability).collect::<anyhow::Result<_>>()?;
         let mut securebits = None;
         for bit in service.words("SecureBits") {
             let mask = match bit {

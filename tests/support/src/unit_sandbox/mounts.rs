@@ -79,9 +79,10 @@ impl MountPlan {
         plan.push(Step::Unshare(unshare), "unshare (mount and UTS namespaces)")?;
         plan.push(Step::Slave, "mount --make-rslave /")?;
 
-        for (key, mode_key, dir) in
-            [("StateDirectory", "StateDirectoryMode", &dirs.state), ("RuntimeDirectory", "RuntimeDirectoryMode", &dirs.runtime)]
-        {
+        for (key, mode_key, dir) in [
+            ("StateDirectory", "StateDirectoryMode", &dirs.state),
+            ("RuntimeDirectory", "RuntimeDirectoryMode", &dirs.runtime),
+        ] {
             if service.one(key).is_none() {
                 bail!("the unit has no {key}= (the test puts the daemon's directory there)");
             }
@@ -195,7 +196,7 @@ fn inaccessible_nodes(scratch: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
     std::fs::create_dir_all(&dir)?;
     std::fs::write(&file, b"")?;
     for p in [&dir, &file] {
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0))?;
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o000))?;
     }
     Ok((dir, file))
 }

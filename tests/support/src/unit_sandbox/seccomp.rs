@@ -21,7 +21,11 @@ fn expand_group(group: &str, out: &mut BTreeSet<String>) -> anyhow::Result<()> {
         .args(["syscall-filter", group])
         .output()
         .context("running systemd-analyze syscall-filter (Debian package systemd)")?;
-    anyhow::ensure!(o.status.success(), "systemd-analyze syscall-filter {group}: {}", String::from_utf8_lossy(&o.stderr));
+    anyhow::ensure!(
+        o.status.success(),
+        "systemd-analyze syscall-filter {group}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let text = String::from_utf8_lossy(&o.stdout);
     let mut any = false;
     for name in text.lines().skip(1).map(str::trim) {
