@@ -109,6 +109,59 @@ fn cannot_run_sandboxed() -> Option<&'static str> {
     None
 }
 
+/// A root process's look at the sandbox (argv: a twin of /dev/null, one of /dev/kmsg, the
+/// state directory): each directive a root process would otherwise get past.
+const ROOT_PROBE: &str = r#"
+import ctypes, errno, json, os, socket, sys
+null_twin, kmsg_twin, state = sys.argv[1:4]
+libc = ctypes.CDLL(None, use_errno=True)
+def err(f):
+    try:
+        f()
+        return "ok"
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+def call(name, *args):
+    def f():
+        if getattr(libc, name)(*args) == -1:
+            raise OSError(ctypes.get_errno(), name)
+    return f
+def setuid_file():
+    p = os.path.join(state, "setuid-probe")
+    open(p, "w").close()
+    try:
+        os.chmod(p, 0o4755)
+    finally:
+        os.unlink(p)
+# Harmless should a directive not hold: the same host name, a file removed at once, the
+# state directory (no mount point) to unmount.
+def write_usr():
+    open("/usr/nbos-unit-probe", "w").close()
+    os.unlink("/usr/nbos-unit-probe")
+def kmsg_bytes():
+    try:
+        with open("/dev/kmsg", "rb", buffering=0) as f:
+            os.set_blocking(f.fileno(), False)
+            return len(f.read(8192) or b"")
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+print(json.dumps({
+    "allowed_device": err(lambda: os.close(os.open(null_twin, os.O_WRONLY))),
+    "other_device": err(lambda: os.close(os.open(kmsg_twin, os.O_WRONLY))),
+    "write_usr": err(write_usr),
+    "write_state": err(lambda: (open(os.path.join(state, "probe"), "w").close(), os.unlink(os.path.join(state, "probe")))),
+    "setuid_file": err(setuid_file),
+    "net_namespace": err(call("unshare", 0x40000000)),
+    "mount_namespace": err(call("unshare", 0x00020000)),
+    "sethostname": err(lambda: socket.sethostname(socket.gethostname())),
+    "chroot": err(lambda: os.chroot("/")),
+    "umount": err(call("umount2", state.encode(), 0)),
+    "personality": err(call("personality", 0x0008)),
+    "home": sorted(os.listdir("/root")),
+    "kmsg_bytes": kmsg_bytes(),
+}))
+"#;
+
 /// A cell that looks at its own sandbox: what a notebook user would try.
 const PROBE: &str = r#"
 import ctypes, errno, json, os, socket
@@ -135,20 +188,75 @@ print(json.dumps({
 }))
 "#;
 
+/// A sandbox for a probe or the daemon in a fresh directory (not under /tmp, which
+/// PrivateTmp= hides; 0711 so kernels reach their directories).
+fn sandbox_in(tag: &str) -> (tempfile::TempDir, Directories, std::path::PathBuf, Arc<UnitSandbox>, String) {
+    let dir = tempfile::Builder::new().prefix("unit-sandbox").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tmp");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod");
+    let dirs = Directories { state: dir.path().join("state"), runtime: dir.path().join("run") };
+    let scratch = dir.path().join("systemd");
+    std::fs::create_dir(&scratch).expect("scratch");
+    let name = format!("nbos-unit-sandbox-{}-{tag}", std::process::id());
+    let sandbox = Arc::new(UnitSandbox::plan(UNIT, &dirs, &scratch, &name).expect("the unit's sandbox"));
+    (dir, dirs, scratch, sandbox, name)
+}
+
+/// `mknod path c major:minor`.
+fn char_device(path: &Path, major: u32, minor: u32) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: mknod(2) with a live NUL-terminated path.
+    let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o600, libc::makedev(major, minor)) };
+    assert_eq!(rc, 0, "mknod {}: {}", path.display(), std::io::Error::last_os_error());
+}
+
+#[test]
+fn a_root_process_inside_the_units_sandbox_is_held_by_each_directive() {
+    if let Some(why) = cannot_run_sandboxed() {
+        required::cannot_run("a_root_process_inside_the_units_sandbox_is_held_by_each_directive", why);
+        return;
+    }
+    let (_dir, dirs, scratch, sandbox, _) = sandbox_in("probe");
+    // Twins of /dev/null (allowed) and /dev/kmsg (not; opened write-only it asks for no
+    // capability), outside /dev: only the devices cgroup tells them apart.
+    let (null_twin, kmsg_twin) = (scratch.join("null-twin"), scratch.join("kmsg-twin"));
+    char_device(&null_twin, 1, 3);
+    char_device(&kmsg_twin, 1, 11);
+    let mut command = Command::new(nbos_test_support::bins::python());
+    command.arg("-c").arg(ROOT_PROBE).arg(&null_twin).arg(&kmsg_twin).arg(&dirs.state);
+    sandbox.wrap(&mut command);
+    let out = command.output().expect("the probe");
+    assert!(out.status.success(), "probe: {}", String::from_utf8_lossy(&out.stderr));
+    let probe: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    eprintln!("a root process inside: {probe}");
+    let expect = [
+        ("allowed_device", "ok", "DeviceAllow=/DevicePolicy=closed lets /dev/null's numbers through"),
+        ("other_device", "EPERM", "DevicePolicy=closed"),
+        ("write_usr", "EROFS", "ProtectSystem=strict"),
+        ("write_state", "ok", "StateDirectory= is writable"),
+        ("setuid_file", "EPERM", "RestrictSUIDSGID=yes"),
+        ("net_namespace", "EPERM", "RestrictNamespaces=~net"),
+        ("mount_namespace", "ok", "mount namespaces stay allowed (one per kernel)"),
+        ("sethostname", "EPERM", "ProtectHostname=yes"),
+        ("chroot", "EPERM", "SystemCallFilter=~@mount"),
+        ("umount", "EPERM", "SystemCallFilter=~@mount"),
+        ("personality", "EPERM", "LockPersonality=yes"),
+    ];
+    for (key, want, why) in expect {
+        assert_eq!(probe[key], want, "{why}: {probe}");
+    }
+    assert_eq!(probe["home"], serde_json::json!([]), "ProtectHome=yes: /root is empty: {probe}");
+    // An inaccessible node over it: no kernel log record comes out (0 bytes or an error).
+    assert!(probe["kmsg_bytes"] == 0 || probe["kmsg_bytes"].is_string(), "ProtectKernelLogs=yes: {probe}");
+    drop(sandbox);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_runs_a_kernel_and_a_cell_under_every_directive_of_the_unit() {
     if let Some(why) = cannot_run_sandboxed() {
         required::cannot_run("the_daemon_runs_a_kernel_and_a_cell_under_every_directive_of_the_unit", why);
         return;
     }
-    // Not under /tmp (PrivateTmp= hides it); 0711 so kernels reach their directories.
-    let dir = tempfile::Builder::new().prefix("unit-sandbox").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tmp");
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod");
-    let dirs = Directories { state: dir.path().join("state"), runtime: dir.path().join("run") };
-    let scratch = dir.path().join("systemd");
-    std::fs::create_dir(&scratch).expect("scratch");
-    let name = format!("nbos-unit-sandbox-{}", std::process::id());
-    let sandbox = Arc::new(UnitSandbox::plan(UNIT, &dirs, &scratch, &name).expect("the unit's sandbox"));
+    let (dir, dirs, scratch, sandbox, name) = sandbox_in("daemon");
     eprintln!("devices allowed: {:?}; absent on this host: {:?}", sandbox.device_rules(), sandbox.absent);
     eprintln!("where this host differs: {:?}", sandbox.notes);
     assert!(sandbox.device_rules().iter().any(|r| r.starts_with("b 7:*")), "block-loop is allowed");
