@@ -10,8 +10,8 @@ cd "$(dirname "$0")/.."
 # gcc/libc6-dev: C test programs and crates with C parts. python3-venv: the venv.
 # pkg-config: -sys crates. procps: `ps`/`pkill` used by tests and the demo.
 # strace: the test that the leased hot path makes no syscalls. systemd: systemd-analyze
-# (unit verification; `syscall-filter` expands the unit's groups). libseccomp-dev: the test
-# support crate links libseccomp to build the unit's seccomp filters as systemd does.
+# (unit verification; `syscall-filter` expands the unit's groups); libseccomp2: the test
+# support crate loads it to build the unit's seccomp filters as systemd does.
 # Tests needing them fail, not skip, in CI (NBOS_REQUIRE_PRIVILEGED=1).
 # protobuf-compiler + libprotobuf-dev: the etcd-client crate's build (protoc, well-known types).
 # etcd-server: `nbos bench raft --etcd` and its test.
@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 # nodejs (with npm): configurable-http-proxy, the JupyterHub proxy of the users tests (below).
 # binutils (objcopy, readelf), debootstrap, lintian, rpm: `make package` and `make test-packaging`.
 # nftables, e2fsprogs (mkfs.ext4), iproute2: the fault campaign (`make chaos`, tests/chaos/).
-packages=(clang llvm libbpf-dev bpftool gcc libc6-dev pkg-config python3-venv procps curl strace systemd libseccomp-dev
+packages=(clang llvm libbpf-dev bpftool gcc libc6-dev pkg-config python3-venv procps curl strace systemd libseccomp2
   protobuf-compiler libprotobuf-dev etcd-server chromium chromium-driver haproxy prometheus
   binutils debootstrap lintian rpm nftables e2fsprogs iproute2 nodejs)
 

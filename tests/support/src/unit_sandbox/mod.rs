@@ -5,11 +5,12 @@
 //! unit that gains one fails the test until the sandbox learns it.
 //!
 //! Before the fork: the plan (mount steps, the devices cgroup, seccomp programs exported as
-//! BPF through libseccomp, system-call groups expanded by `systemd-analyze syscall-filter`).
+//! BPF through libseccomp (loaded at run time), system-call groups expanded by `systemd-analyze syscall-filter`).
 //! In the child, before exec ([`child`]): only system calls on that plan.
 
 mod child;
 mod devices;
+mod libseccomp;
 mod mounts;
 mod seccomp;
 mod unit;

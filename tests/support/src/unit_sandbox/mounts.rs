@@ -115,7 +115,9 @@ impl MountPlan {
                 plan.read_only(Path::new("/"), true)?;
                 // /dev, /proc and /sys are other settings' business (PrivateDevices=,
                 // ProtectKernelTunables=, ProtectProc=).
-                plan.read_only(Path::new("/dev"), false)?;
+                for other in ["/dev", "/proc", "/sys"] {
+                    plan.read_only(Path::new(other), false)?;
+                }
                 if service.yes("PrivateTmp")? {
                     plan.read_only(Path::new("/tmp"), false)?;
                     plan.read_only(Path::new("/var/tmp"), false)?;

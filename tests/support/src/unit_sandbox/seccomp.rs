@@ -4,12 +4,11 @@
 //! only: `SystemCallArchitectures=native` kills every other one.
 
 use std::collections::BTreeSet;
-use std::io::{Read, Seek};
 use std::process::Command;
 
 use anyhow::{bail, Context};
-use libseccomp::{ScmpAction, ScmpArgCompare as Arg, ScmpCompareOp as Op, ScmpFilterContext, ScmpSyscall};
 
+use super::libseccomp::{errno, Arg, Filter, Op, ALLOW, KILL_PROCESS};
 use super::unit::Service;
 
 /// One filter program, ready for `seccomp(SECCOMP_SET_MODE_FILTER)`.
@@ -76,49 +75,26 @@ pub fn syscall_filter_set(lines: &[String]) -> anyhow::Result<(bool, BTreeSet<St
     Ok((deny.unwrap_or(false), set))
 }
 
-/// A filter that allows everything but what `rules` add; a rule for a system call this
-/// architecture lacks is skipped, as systemd skips it.
-fn filter(rules: impl FnOnce(&mut ScmpFilterContext) -> anyhow::Result<()>) -> anyhow::Result<Program> {
-    let mut ctx = ScmpFilterContext::new(ScmpAction::Allow).context("seccomp_init")?;
-    // no_new_privs is the unit's own directive, set (or not) before the filters go in.
-    ctx.set_ctl_nnp(false).context("SCMP_FLTATR_CTL_NNP")?;
+/// A filter that allows everything but what `rules` add.
+fn filter(rules: impl FnOnce(&mut Filter) -> anyhow::Result<()>) -> anyhow::Result<Program> {
+    let mut ctx = Filter::new(ALLOW)?;
     rules(&mut ctx)?;
-    export(&ctx)
-}
-
-fn export(ctx: &ScmpFilterContext) -> anyhow::Result<Program> {
-    let mut file = tempfile::tempfile().context("a file for the BPF export")?;
-    ctx.export_bpf(&file).context("seccomp_export_bpf")?;
-    let mut bytes = Vec::new();
-    file.rewind().context("rewind")?;
-    file.read_to_end(&mut bytes).context("reading the BPF export")?;
-    let size = std::mem::size_of::<libc::sock_filter>();
-    anyhow::ensure!(!bytes.is_empty() && bytes.len() % size == 0, "a BPF export of {} bytes", bytes.len());
-    Ok(bytes
-        .chunks_exact(size)
-        .map(|c| libc::sock_filter {
-            code: u16::from_ne_bytes([c[0], c[1]]),
-            jt: c[2],
-            jf: c[3],
-            k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
-        })
-        .collect())
+    ctx.export()
 }
 
 /// Adds `action` for `name` (with `args`), skipping a call this architecture lacks.
-fn rule(ctx: &mut ScmpFilterContext, action: ScmpAction, name: &str, args: &[Arg]) {
-    let Ok(sys) = ScmpSyscall::from_name(name) else { return };
-    // An error here is a system call libseccomp knows but this architecture has not.
-    let _ = ctx.add_rule_conditional_exact(action, sys, args);
+fn rule(ctx: &mut Filter, action: u32, name: &str, args: &[Arg]) -> anyhow::Result<()> {
+    ctx.rule(action, name, args)?;
+    Ok(())
 }
 
 /// The errno of `SystemCallErrorNumber=` (unset: systemd kills the process instead).
-fn error_action(service: &Service) -> anyhow::Result<ScmpAction> {
+fn error_action(service: &Service) -> anyhow::Result<u32> {
     Ok(match service.one("SystemCallErrorNumber") {
-        None | Some("kill") => ScmpAction::KillProcess,
-        Some("EPERM") => ScmpAction::Errno(libc::EPERM),
-        Some("EACCES") => ScmpAction::Errno(libc::EACCES),
-        Some("ENOSYS") => ScmpAction::Errno(libc::ENOSYS),
+        None | Some("kill") => KILL_PROCESS,
+        Some("EPERM") => errno(libc::EPERM),
+        Some("EACCES") => errno(libc::EACCES),
+        Some("ENOSYS") => errno(libc::ENOSYS),
         Some(other) => bail!("SystemCallErrorNumber={other}: not an errno the sandbox knows"),
     })
 }
@@ -145,7 +121,7 @@ pub fn syscall_filter(service: &Service) -> anyhow::Result<Option<Program>> {
     }
     filter(|ctx| {
         for name in &set {
-            rule(ctx, action, name, &[]);
+            rule(ctx, action, name, &[])?;
         }
         Ok(())
     })
@@ -153,13 +129,13 @@ pub fn syscall_filter(service: &Service) -> anyhow::Result<Option<Program>> {
 }
 
 /// Names in `~@group` of the `Protect*=` settings systemd turns into system-call denials.
-fn deny_groups(ctx: &mut ScmpFilterContext, groups: &[&str]) -> anyhow::Result<()> {
+fn deny_groups(ctx: &mut Filter, groups: &[&str]) -> anyhow::Result<()> {
     let mut set = BTreeSet::new();
     for g in groups {
         names(g, &mut set)?;
     }
     for name in &set {
-        rule(ctx, ScmpAction::Errno(libc::EPERM), name, &[]);
+        rule(ctx, errno(libc::EPERM), name, &[])?;
     }
     Ok(())
 }
@@ -210,16 +186,16 @@ pub fn address_families(service: &Service) -> anyhow::Result<Option<Program>> {
         bail!("a deny-list RestrictAddressFamilies=: not known here");
     }
     let allowed = words.iter().map(|w| family(w)).collect::<anyhow::Result<BTreeSet<i32>>>()?;
-    let deny = ScmpAction::Errno(libc::EAFNOSUPPORT);
+    let deny = errno(libc::EAFNOSUPPORT);
     filter(|ctx| {
         let (first, last) = (*allowed.first().expect("non-empty"), *allowed.last().expect("non-empty"));
         let below = u64::try_from(first)?;
         let above = u64::try_from(last)?;
-        rule(ctx, deny, "socket", &[Arg::new(0, Op::Less, below)]);
-        rule(ctx, deny, "socket", &[Arg::new(0, Op::Greater, above)]);
+        rule(ctx, deny, "socket", &[Arg::new(0, Op::Less, below)])?;
+        rule(ctx, deny, "socket", &[Arg::new(0, Op::Greater, above)])?;
         for af in 1..AF_MAX {
             if !allowed.contains(&af) {
-                rule(ctx, deny, "socket", &[Arg::new(0, Op::Equal, u64::try_from(af)?)]);
+                rule(ctx, deny, "socket", &[Arg::new(0, Op::Equal, u64::try_from(af)?)])?;
             }
         }
         Ok(())
@@ -253,15 +229,15 @@ pub fn namespaces(service: &Service) -> anyhow::Result<Option<Program>> {
             .with_context(|| format!("RestrictNamespaces: unknown kind {kind}"))?;
         blocked.push(u64::try_from(*flag)?);
     }
-    let eperm = ScmpAction::Errno(libc::EPERM);
+    let eperm = errno(libc::EPERM);
     filter(|ctx| {
-        rule(ctx, eperm, "setns", &[Arg::new(1, Op::Equal, 0)]);
+        rule(ctx, eperm, "setns", &[Arg::new(1, Op::Equal, 0)])?;
         for f in &blocked {
-            rule(ctx, eperm, "unshare", &[Arg::new(0, Op::MaskedEqual(*f), *f)]);
-            rule(ctx, eperm, "clone", &[Arg::new(0, Op::MaskedEqual(*f), *f)]);
-            rule(ctx, eperm, "setns", &[Arg::new(1, Op::MaskedEqual(*f), *f)]);
+            rule(ctx, eperm, "unshare", &[Arg::masked(0, *f, *f)])?;
+            rule(ctx, eperm, "clone", &[Arg::masked(0, *f, *f)])?;
+            rule(ctx, eperm, "setns", &[Arg::masked(1, *f, *f)])?;
         }
-        rule(ctx, ScmpAction::Errno(libc::ENOSYS), "clone3", &[]);
+        rule(ctx, errno(libc::ENOSYS), "clone3", &[])?;
         Ok(())
     })
     .map(Some)
@@ -275,13 +251,13 @@ pub fn realtime(service: &Service) -> anyhow::Result<Option<Program>> {
     let permitted = [libc::SCHED_OTHER, libc::SCHED_BATCH, libc::SCHED_IDLE];
     let max = u64::try_from(libc::SCHED_IDLE)?;
     filter(|ctx| {
-        let eperm = ScmpAction::Errno(libc::EPERM);
+        let eperm = errno(libc::EPERM);
         for p in 0..libc::SCHED_IDLE {
             if !permitted.contains(&p) {
-                rule(ctx, eperm, "sched_setscheduler", &[Arg::new(1, Op::Equal, u64::try_from(p)?)]);
+                rule(ctx, eperm, "sched_setscheduler", &[Arg::new(1, Op::Equal, u64::try_from(p)?)])?;
             }
         }
-        rule(ctx, eperm, "sched_setscheduler", &[Arg::new(1, Op::Greater, max)]);
+        rule(ctx, eperm, "sched_setscheduler", &[Arg::new(1, Op::Greater, max)])?;
         Ok(())
     })
     .map(Some)
@@ -293,21 +269,21 @@ pub fn suid_sgid(service: &Service) -> anyhow::Result<Option<Program>> {
     if !service.yes("RestrictSUIDSGID")? {
         return Ok(None);
     }
-    let eperm = ScmpAction::Errno(libc::EPERM);
+    let eperm = errno(libc::EPERM);
     let creat = u64::try_from(libc::O_CREAT)?;
     filter(|ctx| {
         for m in [u64::from(libc::S_ISUID), u64::from(libc::S_ISGID)] {
-            let mode = |i| Arg::new(i, Op::MaskedEqual(m), m);
+            let mode = |i| Arg::masked(i, m, m);
             for (name, i) in [("chmod", 1), ("fchmod", 1), ("fchmodat", 2), ("mkdir", 1), ("mkdirat", 2)] {
-                rule(ctx, eperm, name, &[mode(i)]);
+                rule(ctx, eperm, name, &[mode(i)])?;
             }
             for (name, i) in [("mknod", 1), ("mknodat", 2), ("creat", 1)] {
-                rule(ctx, eperm, name, &[mode(i)]);
+                rule(ctx, eperm, name, &[mode(i)])?;
             }
-            rule(ctx, eperm, "open", &[Arg::new(1, Op::MaskedEqual(creat), creat), mode(2)]);
-            rule(ctx, eperm, "openat", &[Arg::new(2, Op::MaskedEqual(creat), creat), mode(3)]);
+            rule(ctx, eperm, "open", &[Arg::masked(1, creat, creat), mode(2)])?;
+            rule(ctx, eperm, "openat", &[Arg::masked(2, creat, creat), mode(3)])?;
         }
-        rule(ctx, eperm, "openat2", &[]);
+        rule(ctx, eperm, "openat2", &[])?;
         Ok(())
     })
     .map(Some)
@@ -322,7 +298,7 @@ pub fn personality(service: &Service) -> anyhow::Result<Option<Program>> {
     let current = unsafe { libc::personality(0xffff_ffff) };
     let current = u64::try_from(current).context("personality(2)")?;
     filter(|ctx| {
-        rule(ctx, ScmpAction::Errno(libc::EPERM), "personality", &[Arg::new(0, Op::NotEqual, current)]);
+        rule(ctx, errno(libc::EPERM), "personality", &[Arg::new(0, Op::NotEqual, current)])?;
         Ok(())
     })
     .map(Some)
