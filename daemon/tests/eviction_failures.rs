@@ -23,7 +23,8 @@ use serde_json::Value;
 const WAIT: Duration = Duration::from_secs(30);
 
 /// Puts 64 Ki floats of 2.0 on the GPU and keeps them in the kernel's namespace.
-const ALLOCATE: &str = "from nbos_kernel import gpu\ndev = gpu.open_device()\nbuf = dev.buffer(1 << 16, 2.0)\ndev.sum(buf)";
+const ALLOCATE: &str =
+    "from nbos_kernel import gpu\ndev = gpu.open_device()\nbuf = dev.buffer(1 << 16, 2.0)\ndev.sum(buf)";
 /// Sums them again on the device: needs the kernel's memory back on a GPU.
 const SUM_AGAIN: &str = "dev.sum(buf)";
 /// What both print.
@@ -84,7 +85,8 @@ fn metric(d: &Daemon, series: &str) -> f64 {
 }
 
 fn nbos_status(d: &Daemon) -> String {
-    let out = Command::new(bins::nbos()).args(["--url", &d.url, "status"]).env("NBOS_TOKEN", TOKEN).output().expect("nbos");
+    let out =
+        Command::new(bins::nbos()).args(["--url", &d.url, "status"]).env("NBOS_TOKEN", TOKEN).output().expect("nbos");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -214,9 +216,11 @@ async fn a_failed_restore_keeps_the_cell_waiting_until_its_memory_is_back() {
     tokio::task::block_in_place(|| {
         wait_until("A's restore failing (and retried)", WAIT, || {
             let leases = get_json(&d, "/api/v1/leases");
-            leases.as_array().into_iter().flatten().any(|l| {
-                l["pid"] == a_pid && l["state"] == "requested" && l["restore_failures"].as_u64() >= Some(2)
-            })
+            leases
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|l| l["pid"] == a_pid && l["state"] == "requested" && l["restore_failures"].as_u64() >= Some(2))
         });
         assert!(metric(&d, "notebookos_gpu_restore_failures_total") >= 2.0);
         assert_eq!(metric(&d, "notebookos_gpus_fenced"), 0.0, "B's memory was checkpointed: nothing fenced");

@@ -159,7 +159,11 @@ impl GpuControl {
         // A driver that reports success but frees nothing would hand the next kernel a GPU
         // whose memory is taken: believe NVML, where it can say.
         if let Some(left) = self.bytes_of(pid).filter(|b| *b > 0) {
-            tracing::error!(pid, bytes = left, "checkpoint reported success but the process's memory is still on the GPU");
+            tracing::error!(
+                pid,
+                bytes = left,
+                "checkpoint reported success but the process's memory is still on the GPU"
+            );
             return self.failed(EvictionFailure::MemoryLeft);
         }
         self.count("checkpoint");

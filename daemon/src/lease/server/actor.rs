@@ -408,7 +408,8 @@ impl Actor {
                             from.iter().zip(&gpus).map(|(f, t)| (self.uuid(*f), self.uuid(*t))).collect();
                         if let Err(e) = self.control.restore(pid, &pairs) {
                             // Still checkpointed: wait and retry (maybe on other GPUs).
-                            let kernel = self.by_pid.get(&pid).and_then(|c| self.conns.get(c)).map(|c| c.kernel_id.clone());
+                            let kernel =
+                                self.by_pid.get(&pid).and_then(|c| self.conns.get(c)).map(|c| c.kernel_id.clone());
                             tracing::warn!(
                                 pid, kernel = kernel.as_deref().unwrap_or_default(), error = %e,
                                 "restore failed: the kernel's call waits (it does not run without its GPU memory) \
