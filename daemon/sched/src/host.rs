@@ -579,6 +579,14 @@ mod tests {
     }
 
     #[test]
+    fn the_kernel_whose_memory_fenced_a_gpu_gets_that_gpu_first() {
+        let mut s = HostScheduler::new(2, 1_000, 3.0);
+        s.add_kernel("a", 1, 0).expect("admit");
+        assert!(s.set_fences(&[(1, "a".into())], 0).is_empty());
+        assert_eq!(starts(&s.submit("a", "a1", 1, 1).expect("a1")), vec![("a".into(), vec![1])]);
+    }
+
+    #[test]
     fn observed_activity_postpones_idle_release() {
         let mut s = HostScheduler::new(1, 1_000, 1.0);
         s.add_kernel("a", 1, 0).expect("admit");
