@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::gpu::Inventory;
+use crate::lease::FencedGpu;
 
 /// The state of one host, as served to operators.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -23,6 +24,9 @@ pub struct NodeStatus {
     pub auth: bool,
     /// GPU inventory.
     pub inventory: Inventory,
-    /// Number of kernels hosted (0 until kernel hosting lands).
+    /// Number of kernels hosted.
     pub kernels: u64,
+    /// GPUs not granted because an eviction left a kernel's memory on them (until it is gone).
+    #[serde(default)]
+    pub fenced_gpus: Vec<FencedGpu>,
 }

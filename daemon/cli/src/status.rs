@@ -40,8 +40,22 @@ pub fn render(s: &NodeStatus) -> String {
     if !s.inventory.gpus.is_empty() {
         let _ = writeln!(out, "  {:<5} {:<42} {:>10}  name", "index", "uuid", "memory");
         for g in &s.inventory.gpus {
-            let _ = writeln!(out, "  {:<5} {:<42} {:>7} MiB  {}", g.index, g.uuid, g.memory_mib, g.name);
+            let fence = match s.fenced_gpus.iter().find(|f| f.index == g.index as usize) {
+                Some(f) => format!(
+                    "  FENCED ({}: memory of kernel {} pid {} still on it, {}s)",
+                    f.reason, f.kernel_id, f.holder_pid, f.fenced_for_s
+                ),
+                None => String::new(),
+            };
+            let _ = writeln!(out, "  {:<5} {:<42} {:>7} MiB  {}{fence}", g.index, g.uuid, g.memory_mib, g.name);
         }
+    }
+    if !s.fenced_gpus.is_empty() {
+        let _ = writeln!(
+            out,
+            "fenced    {} GPU(s) not granted until the memory on them is gone (the daemon's log says why)",
+            s.fenced_gpus.len()
+        );
     }
     out
 }
@@ -74,8 +88,20 @@ mod tests {
                     .collect(),
             },
             kernels: 0,
+            fenced_gpus: vec![notebookosd::lease::FencedGpu {
+                index: 1,
+                uuid: "GPU-1".into(),
+                holder_pid: 42,
+                kernel_id: "k-1".into(),
+                reason: "checkpoint_failed".into(),
+                fenced_for_s: 3,
+            }],
         };
         let t = render(&s);
+        let gpu1 = t.lines().find(|l| l.contains("GPU-1")).unwrap_or_default();
+        assert!(gpu1.contains("FENCED (checkpoint_failed: memory of kernel k-1 pid 42"), "{t}");
+        assert!(!t.lines().any(|l| l.contains("GPU-0") && l.contains("FENCED")), "{t}");
+        assert!(t.contains("fenced    1 GPU(s)"), "{t}");
         assert!(t.contains("gpus      2 (fake, SIMULATED"), "{t}");
         assert!(t.contains("GPU-0") && t.contains("GPU-1"), "{t}");
         assert!(t.contains("h1 (dev)"), "{t}");

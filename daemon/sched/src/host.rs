@@ -6,6 +6,10 @@
 //! waiting cell of another kernel needs it (the caller then revokes: evicts the
 //! kernel's GPU memory). Cells that cannot get GPUs wait in one FIFO queue; the
 //! head is served first so a large request is never starved by small ones.
+//!
+//! A GPU the lease server fenced (an eviction left a kernel's memory on it) is given to
+//! no cell but that kernel's until the fence is lifted ([`HostScheduler::set_fences`]):
+//! waiting cells take other GPUs or wait.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -101,6 +105,8 @@ struct Kernel {
 #[derive(Debug, Clone)]
 pub struct HostScheduler {
     gpus: Vec<Gpu>,
+    /// Per GPU: the kernel whose memory an eviction left on it (only its cells may use it).
+    fenced: Vec<Option<KernelId>>,
     kernels: BTreeMap<KernelId, Kernel>,
     queue: VecDeque<KernelId>,
     idle_release: Millis,
@@ -143,6 +149,7 @@ impl HostScheduler {
     pub fn new(gpus: u32, idle_release: Millis, ratio: f64) -> Self {
         Self {
             gpus: vec![Gpu::Free; gpus as usize],
+            fenced: vec![None; gpus as usize],
             kernels: BTreeMap::new(),
             queue: VecDeque::new(),
             idle_release,
@@ -321,6 +328,28 @@ impl HostScheduler {
         actions
     }
 
+    /// The GPUs fenced now, each with the kernel whose memory is on it (all others are
+    /// unfenced); a GPU index past the host's is ignored. Serves the queue if that changed.
+    pub fn set_fences(&mut self, fences: &[(u32, KernelId)], now: Millis) -> Vec<Action> {
+        self.advance(now);
+        let mut next: Vec<Option<KernelId>> = vec![None; self.gpus.len()];
+        for (g, k) in fences {
+            if let Some(slot) = next.get_mut(*g as usize) {
+                *slot = Some(k.clone());
+            }
+        }
+        if next == self.fenced {
+            return Vec::new();
+        }
+        self.fenced = next;
+        self.serve_queue(now)
+    }
+
+    /// Whether GPU `i` is fenced with memory of a kernel other than `kernel`.
+    fn fenced_from(&self, i: usize, kernel: &str) -> bool {
+        self.fenced.get(i).and_then(Option::as_deref).is_some_and(|holder| holder != kernel)
+    }
+
     /// The kernels whose cells wait, in queue order, with when each cell was submitted.
     pub fn queued(&self) -> Vec<(KernelId, Millis)> {
         self.queue
@@ -361,6 +390,14 @@ impl HostScheduler {
             let mut free: Vec<usize> = Vec::new();
             let mut others: Vec<(Millis, usize)> = Vec::new();
             for (i, g) in self.gpus.iter().enumerate() {
+                if self.fenced_from(i, &kernel) {
+                    continue;
+                }
+                // Its own memory is still on a GPU it was fenced on: that one first.
+                if matches!(g, Gpu::Free) && self.fenced.get(i).is_some_and(Option::is_some) {
+                    own.push(i);
+                    continue;
+                }
                 match g {
                     Gpu::IdleHeld { kernel: owner, .. } if *owner == kernel => own.push(i),
                     Gpu::Free => free.push(i),
@@ -408,9 +445,12 @@ impl HostScheduler {
     /// A view of the host.
     pub fn snapshot(&self) -> Snapshot {
         let mut s = Snapshot { total: self.total(), ..Snapshot::default() };
-        for g in &self.gpus {
+        for (i, g) in self.gpus.iter().enumerate() {
             s.holders.push(match g {
-                Gpu::Free => "free".to_owned(),
+                Gpu::Free => match self.fenced.get(i).and_then(Option::as_deref) {
+                    Some(holder) => format!("fenced:{holder}"),
+                    None => "free".to_owned(),
+                },
                 Gpu::Committed { kernel } => {
                     s.committed += 1;
                     format!("committed:{kernel}")
@@ -440,9 +480,15 @@ impl HostScheduler {
 /// cheap, no allocation.
 impl HostScheduler {
     /// GPUs a new cell of `kernel` could commit now: free ones plus idle-held ones
-    /// (its own, or another kernel's, which would be revoked).
+    /// (its own, or another kernel's, which would be revoked). Fenced GPUs do not count (another kernel's memory is on them).
     pub fn available(&self) -> u32 {
-        index(self.gpus.iter().filter(|g| !matches!(g, Gpu::Committed { .. })).count())
+        index(
+            self.gpus
+                .iter()
+                .zip(&self.fenced)
+                .filter(|(g, f)| !matches!(g, Gpu::Committed { .. }) && f.is_none())
+                .count(),
+        )
     }
 
     /// GPUs committed to running cells now.
@@ -510,6 +556,34 @@ mod tests {
             ]
         );
         assert_eq!(s.snapshot().waiting, vec![("c".to_owned(), "c1".to_owned())]);
+    }
+
+    #[test]
+    fn a_fenced_gpu_goes_to_its_holder_only_and_waiters_take_another_or_wait_until_unfenced() {
+        let mut s = HostScheduler::new(2, 1_000, 3.0);
+        for k in ["a", "b", "c"] {
+            s.add_kernel(k, 1, 0).expect("admit");
+        }
+        assert_eq!(starts(&s.submit("a", "a1", 1, 0).expect("a1")), vec![("a".into(), vec![0])]);
+        s.finish("a", "a1", 1).expect("finish");
+        // Idle release: a's eviction fails and the lease server fences GPU 0.
+        s.tick(2_000);
+        assert!(s.set_fences(&[(0, "a".into()), (9, "x".into())], 2_000).is_empty());
+        assert_eq!(s.snapshot().holders, vec!["fenced:a".to_owned(), "free".to_owned()]);
+        assert_eq!(s.available(), 1);
+        assert_eq!(starts(&s.submit("b", "b1", 1, 2_001).expect("b1")), vec![("b".into(), vec![1])]);
+        let q = s.submit("c", "c1", 1, 2_002).expect("c1");
+        assert_eq!(q, vec![Action::Queued { cell: "c1".into(), position: 1 }], "only GPU 0 free, and fenced");
+        // a's own memory is on GPU 0: a may still use it (it is ahead of nobody: c waits first).
+        assert_eq!(starts(&s.set_fences(&[], 3_000)), vec![("c".into(), vec![0])]);
+    }
+
+    #[test]
+    fn the_kernel_whose_memory_fenced_a_gpu_gets_that_gpu_first() {
+        let mut s = HostScheduler::new(2, 1_000, 3.0);
+        s.add_kernel("a", 1, 0).expect("admit");
+        assert!(s.set_fences(&[(1, "a".into())], 0).is_empty());
+        assert_eq!(starts(&s.submit("a", "a1", 1, 1).expect("a1")), vec![("a".into(), vec![1])]);
     }
 
     #[test]

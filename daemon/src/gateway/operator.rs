@@ -68,6 +68,7 @@ pub async fn status(State(st): State<Arc<AppState>>) -> Json<NodeStatus> {
         auth: !st.credentials.open_api(),
         inventory: st.inventory.clone(),
         kernels: u64::try_from(st.kernels.len().await).unwrap_or(u64::MAX),
+        fenced_gpus: st.leases.as_ref().map(|l| l.fenced()).unwrap_or_default(),
     })
 }
 

@@ -1,17 +1,22 @@
 //! Eviction and restore of a kernel process's GPU memory, on top of the driver's
 //! checkpoint API. Where the API is missing or fails, memory stays resident on the GPU
-//! (logged, and counted as `notebookos_gpu_evictions_total{mode="resident"}`).
+//! (logged, and counted as `notebookos_gpu_evictions_total{mode="resident"}`); a failure
+//! says why ([`EvictionFailure`], `notebookos_gpu_eviction_failures_total{reason}`), so the
+//! lease table can fence the GPU until the memory is gone.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::gpu::checkpoint::{CheckpointApi, DriverError, ProcessState, ILLEGAL_STATE, NOT_INITIALIZED};
-use crate::gpu::metrics::{EvictionLabels, EvictionMetrics};
+use crate::gpu::metrics::{EvictionFailureLabels, EvictionLabels, EvictionMetrics};
 use crate::gpu::process_memory::ProcessGpuMemory;
 
 /// How long to wait for a process's in-flight CUDA calls when locking it.
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `CUDA_ERROR_TIMEOUT`: the lock's wait for the process's CUDA calls ran out.
+pub const TIMEOUT: u32 = 909;
 
 /// What an eviction did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,8 +25,36 @@ pub enum Eviction {
     Checkpointed,
     /// The process had no CUDA state; nothing to move.
     Nothing,
-    /// Memory left on the GPU (no checkpoint API, or it failed).
+    /// Memory left on the GPU by configuration (no checkpoint API, or checkpointing off).
     Resident,
+    /// The eviction was tried and did not free the GPU: memory is still on it.
+    Failed(EvictionFailure),
+}
+
+/// Why an eviction did not free the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EvictionFailure {
+    /// `cuCheckpointProcessLock` timed out (a CUDA call of the process did not end in time).
+    LockTimeout,
+    /// `cuCheckpointProcessLock` failed otherwise.
+    LockFailed,
+    /// `cuCheckpointProcessCheckpoint` failed (the process was unlocked and runs on).
+    CheckpointFailed,
+    /// The checkpoint said it succeeded, but NVML still shows the process's memory on a GPU.
+    MemoryLeft,
+}
+
+impl EvictionFailure {
+    /// The metric label and status word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::LockTimeout => "lock_timeout",
+            Self::LockFailed => "lock_failed",
+            Self::CheckpointFailed => "checkpoint_failed",
+            Self::MemoryLeft => "memory_left",
+        }
+    }
 }
 
 /// GPU control: evicts and restores processes by pid.
@@ -76,8 +109,26 @@ impl GpuControl {
         }
     }
 
+    /// Bytes `pid` holds on GPU `gpu` (the NVML index) now; `None` when NVML cannot say.
+    pub fn bytes_on(&self, pid: u32, gpu: usize) -> Option<u64> {
+        let m = self.memory.as_ref()?;
+        match m.bytes_on(pid, gpu) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                tracing::debug!(pid, gpu, reason = %e, "GPU bytes of the process unknown");
+                None
+            }
+        }
+    }
+
     fn count(&self, mode: &str) {
         self.metrics.evictions.get_or_create(&EvictionLabels { mode: mode.to_owned() }).inc();
+    }
+
+    fn failed(&self, why: EvictionFailure) -> Eviction {
+        self.count("resident");
+        self.metrics.failures.get_or_create(&EvictionFailureLabels { reason: why.as_str().to_owned() }).inc();
+        Eviction::Failed(why)
     }
 
     /// Locks `pid` and checkpoints its GPU memory.
@@ -92,8 +143,8 @@ impl GpuControl {
             Err(DriverError { code: NOT_INITIALIZED, .. }) => return Eviction::Nothing,
             Err(e) => {
                 tracing::warn!(pid, error = %e, "cannot lock process for checkpoint; GPU memory stays resident");
-                self.count("resident");
-                return Eviction::Resident;
+                let why = if e.code == TIMEOUT { EvictionFailure::LockTimeout } else { EvictionFailure::LockFailed };
+                return self.failed(why);
             }
         }
         // Locked: the process cannot allocate or free until the checkpoint, so this is what moves.
@@ -103,8 +154,17 @@ impl GpuControl {
             if let Err(e) = api.unlock(pid) {
                 tracing::error!(pid, error = %e, "unlock after a failed checkpoint failed");
             }
-            self.count("resident");
-            return Eviction::Resident;
+            return self.failed(EvictionFailure::CheckpointFailed);
+        }
+        // A driver that reports success but frees nothing would hand the next kernel a GPU
+        // whose memory is taken: believe NVML, where it can say.
+        if let Some(left) = self.bytes_of(pid).filter(|b| *b > 0) {
+            tracing::error!(
+                pid,
+                bytes = left,
+                "checkpoint reported success but the process's memory is still on the GPU"
+            );
+            return self.failed(EvictionFailure::MemoryLeft);
         }
         self.count("checkpoint");
         if let Some(b) = bytes {

@@ -13,11 +13,21 @@ pub struct EvictionLabels {
     pub mode: String,
 }
 
+/// Labels of `notebookos_gpu_eviction_failures_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EvictionFailureLabels {
+    /// `lock_timeout`, `lock_failed`, `checkpoint_failed` or `memory_left`
+    /// ([`crate::gpu::control::EvictionFailure`]).
+    pub reason: String,
+}
+
 /// Eviction and restore counters (cheap to clone; clones share the values).
 #[derive(Clone, Debug, Default)]
 pub struct EvictionMetrics {
     /// Evictions, by mode.
     pub evictions: Family<EvictionLabels, Counter>,
+    /// Evictions tried that left memory on the GPU, by reason (each fences the GPU).
+    pub failures: Family<EvictionFailureLabels, Counter>,
     /// Restores that failed (the process is left without a lease).
     pub restore_failures: Counter,
     /// GPU memory moved to host memory by checkpoints (NVML per-process bytes before each).
@@ -30,6 +40,11 @@ impl EvictionMetrics {
     /// Registers every metric in `r`.
     pub fn register(&self, r: &mut Registry) {
         r.register("notebookos_gpu_evictions", "Evictions of a process's GPU memory, by mode", self.evictions.clone());
+        r.register(
+            "notebookos_gpu_eviction_failures",
+            "Evictions that left a process's memory on its GPU (the GPU is fenced), by reason",
+            self.failures.clone(),
+        );
         r.register(
             "notebookos_gpu_restore_failures",
             "Restores of a process's GPU memory that failed",

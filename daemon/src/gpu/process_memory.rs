@@ -30,6 +30,23 @@ impl ProcessGpuMemory {
         Ok(Self { nvml })
     }
 
+    /// Bytes `pid` holds on GPU `index`.
+    pub fn bytes_on(&self, pid: u32, index: usize) -> Result<u64, String> {
+        let i = u32::try_from(index).map_err(|_| format!("NVML device {index}: no such index"))?;
+        let d = self.nvml.device_by_index(i).map_err(|e| format!("NVML device {index}: {e}"))?;
+        let procs = d.running_compute_processes().map_err(|e| format!("NVML device {index} processes: {e}"))?;
+        let mut total = 0u64;
+        for p in procs.iter().filter(|p| p.pid == pid) {
+            match p.used_gpu_memory {
+                UsedGpuMemory::Used(b) => total = total.saturating_add(b),
+                UsedGpuMemory::Unavailable => {
+                    return Err(format!("NVML device {index}: per-process memory not available"))
+                }
+            }
+        }
+        Ok(total)
+    }
+
     /// Bytes `pid` holds, summed over every GPU of the host.
     pub fn bytes_of(&self, pid: u32) -> Result<u64, String> {
         let n = self.nvml.device_count().map_err(|e| format!("NVML device count: {e}"))?;

@@ -546,6 +546,19 @@ impl Binder {
         }
     }
 
+    /// The GPUs the lease server fenced now, with the kernel whose memory is on each:
+    /// no other kernel's cell is given them until they are unfenced.
+    pub fn set_fences(self: &Arc<Self>, fences: &[(u32, String)]) {
+        let actions = {
+            let mut st = self.lock();
+            let now = self.now();
+            st.sched.set_fences(fences, now)
+        };
+        if !actions.is_empty() {
+            self.apply(actions);
+        }
+    }
+
     /// The scheduler's view (for `GET /api/v1/gpus` and `nbos kernels`).
     pub fn snapshot(&self) -> nbos_sched::host::Snapshot {
         let mut st = self.lock();

@@ -42,6 +42,8 @@ pub struct LeaseMetrics {
     pub eviction: EvictionMetrics,
     /// Request-to-grant time.
     pub acquire_seconds: Histogram,
+    /// GPUs fenced now: an eviction left a process's memory on them.
+    pub gpus_fenced: Gauge,
     /// Granted GPUs a shim reported its driver does not list (calls on them failed).
     pub gpus_not_visible: Counter,
 }
@@ -59,6 +61,7 @@ impl Default for LeaseMetrics {
                 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0,
             ]),
             gpus_not_visible: Counter::default(),
+            gpus_fenced: Gauge::default(),
         }
     }
 }
@@ -76,6 +79,11 @@ impl LeaseMetrics {
         );
         r.register("notebookos_lease_connections", "Lease socket connections open", self.connections.clone());
         self.eviction.register(r);
+        r.register(
+            "notebookos_gpus_fenced",
+            "GPUs not granted because an eviction left a kernel process's memory on them (until it is gone), GPUs",
+            self.gpus_fenced.clone(),
+        );
         r.register(
             "notebookos_lease_gpus_not_visible",
             "Granted GPUs that a kernel process's driver did not list (its calls on them failed with \

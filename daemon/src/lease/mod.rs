@@ -9,7 +9,7 @@ pub mod server;
 pub mod table;
 
 pub use server::{
-    ConnectionLimits, LeaseServer, LeaseServerConfig, LeaseServerError, ProcessStatus, RegisteredProcess,
+    ConnectionLimits, FencedGpu, LeaseServer, LeaseServerConfig, LeaseServerError, ProcessStatus, RegisteredProcess,
 };
 
 pub use table::LeaseState;

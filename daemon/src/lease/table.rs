@@ -9,6 +9,12 @@
 //! gated call for `idle_grace` becomes idle-held; an idle-held lease is revoked when a
 //! waiting request needs its GPUs, or once it has been idle for `idle_release`.
 //!
+//! Fences: an eviction that was tried and left the process's memory on its GPUs (lock
+//! timed out, checkpoint failed, or memory still there after a "successful" checkpoint)
+//! fences those GPUs. A fenced GPU is granted to no process but its holder (whose memory
+//! it is), until the server sees the memory gone and calls [`Table::unfence`]. So a grant
+//! never hands a process a GPU with another process's memory on it.
+//!
 //! The scheduler core decides which GPUs a kernel's cell gets; the server passes that
 //! decision in with [`Table::assign`]. A process with an assignment is granted exactly
 //! those GPUs and waits while any of them is held (no fallback to other free GPUs), so
@@ -16,6 +22,21 @@
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+
+use crate::gpu::control::EvictionFailure;
+
+/// Why a GPU is not granted: whose memory is still on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// The process whose memory is on the GPU.
+    pub holder: u32,
+    /// Its kernel's id (for status: the process may be gone before its memory is).
+    pub kernel_id: String,
+    /// Why its eviction failed.
+    pub reason: EvictionFailure,
+    /// When the GPU was fenced.
+    pub since: Instant,
+}
 
 /// A lease's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -80,6 +101,8 @@ pub struct Entry {
     pub requested_at: Option<Instant>,
     /// A failed restore is retried no earlier than this.
     pub retry_after: Option<Instant>,
+    /// Restores that failed in a row (0 after a grant that restored or needed no restore).
+    pub restore_failures: u32,
     /// A request arrived while the revocation was still in flight (the shim unbinds,
     /// then reports `Released`; a call in between may already ask again).
     pub request_pending: bool,
@@ -106,6 +129,8 @@ pub struct Table {
     gpus: usize,
     /// GPUs an operator (or a test) cordoned: never granted.
     cordoned: Vec<bool>,
+    /// GPUs holding memory an eviction could not move off: granted to their holder only.
+    fences: Vec<Option<Fence>>,
     /// Hold all grants (drain).
     paused: bool,
     procs: BTreeMap<u32, Entry>,
@@ -115,7 +140,15 @@ pub struct Table {
 impl Table {
     /// A table for a host with `gpus` GPUs.
     pub fn new(gpus: usize, policy: Policy) -> Self {
-        Self { policy, gpus, cordoned: vec![false; gpus], paused: false, procs: BTreeMap::new(), next_lease: 1 }
+        Self {
+            policy,
+            gpus,
+            cordoned: vec![false; gpus],
+            fences: vec![None; gpus],
+            paused: false,
+            procs: BTreeMap::new(),
+            next_lease: 1,
+        }
     }
 
     /// Adds a registered process (Unbound). Wanting more GPUs than the host has is capped.
@@ -132,13 +165,15 @@ impl Table {
             calls: 0,
             requested_at: None,
             retry_after: None,
+            restore_failures: 0,
             request_pending: false,
             assigned: None,
         });
         want
     }
 
-    /// Forgets a process (exited or disconnected); its GPUs become free.
+    /// Forgets a process (exited or disconnected); its GPUs become free, except those it
+    /// fenced: its memory may outlive its connection, so only [`Table::unfence`] frees them.
     pub fn remove(&mut self, pid: u32, now: Instant) -> Vec<Action> {
         self.procs.remove(&pid);
         self.schedule(now)
@@ -217,6 +252,43 @@ impl Table {
         self.schedule(now)
     }
 
+    /// The shim released lease `lease` but the eviction left `pid`'s memory on its GPUs
+    /// (`why`): they are fenced, granted to `pid` alone until [`Table::unfence`]. A
+    /// process whose checkpoint "succeeded" (`MemoryLeft`) is still restored at its next grant.
+    pub fn eviction_failed(
+        &mut self,
+        pid: u32,
+        lease: u64,
+        why: EvictionFailure,
+        kernel_id: &str,
+        now: Instant,
+    ) -> Vec<Action> {
+        if let Some(e) = self.procs.get(&pid) {
+            if e.lease == lease && matches!(e.state, LeaseState::Revoking | LeaseState::Bound | LeaseState::IdleHeld) {
+                for &g in &e.gpus {
+                    if let Some(f) = self.fences.get_mut(g) {
+                        *f = Some(Fence { holder: pid, kernel_id: kernel_id.to_owned(), reason: why, since: now });
+                    }
+                }
+            }
+        }
+        self.released(pid, lease, why == EvictionFailure::MemoryLeft, now)
+    }
+
+    /// The memory that fenced `gpu` is gone (its process exited, or freed it): the GPU
+    /// may be granted again.
+    pub fn unfence(&mut self, gpu: usize, now: Instant) -> Vec<Action> {
+        if let Some(f) = self.fences.get_mut(gpu) {
+            *f = None;
+        }
+        self.schedule(now)
+    }
+
+    /// The fenced GPUs, by index.
+    pub fn fences(&self) -> impl Iterator<Item = (usize, &Fence)> {
+        self.fences.iter().enumerate().filter_map(|(g, f)| f.as_ref().map(|f| (g, f)))
+    }
+
     /// Restoring `pid`'s memory onto the GPUs just granted failed (e.g. not enough free
     /// memory there): it waits again, still checkpointed, and is retried after `RETRY`.
     pub fn restore_failed(&mut self, pid: u32, now: Instant) -> Vec<Action> {
@@ -226,9 +298,17 @@ impl Table {
                 e.gpus.clear();
                 e.checkpointed = true;
                 e.retry_after = Some(now + RETRY);
+                e.restore_failures = e.restore_failures.saturating_add(1);
             }
         }
         self.schedule(now)
+    }
+
+    /// `pid`'s grant went through (its memory restored, or nothing to restore).
+    pub fn granted(&mut self, pid: u32) {
+        if let Some(e) = self.procs.get_mut(&pid) {
+            e.restore_failures = 0;
+        }
     }
 
     /// The host wants `pid`'s GPUs back now (operator, shutdown, migration).
@@ -266,7 +346,8 @@ impl Table {
         self.schedule(now)
     }
 
-    fn free_gpus(&self) -> Vec<usize> {
+    /// GPUs `pid` may be granted now: unbound, not cordoned, not fenced by another's memory.
+    fn free_gpus(&self, pid: u32) -> Vec<usize> {
         let mut used = vec![false; self.gpus];
         for e in self.procs.values() {
             for &g in &e.gpus {
@@ -275,7 +356,8 @@ impl Table {
                 }
             }
         }
-        (0..self.gpus).filter(|&g| !used[g] && !self.cordoned[g]).collect()
+        let fenced = |g: usize| self.fences[g].as_ref().is_some_and(|f| f.holder != pid);
+        (0..self.gpus).filter(|&g| !used[g] && !self.cordoned[g] && !fenced(g)).collect()
     }
 
     /// Grants what can be granted (oldest request first), revokes what must be revoked.
@@ -291,7 +373,7 @@ impl Table {
         let mut blocked = false;
         if !self.paused {
             for (_, pid) in &waiting {
-                let free = self.free_gpus();
+                let free = self.free_gpus(*pid);
                 let Some(e) = self.procs.get(pid) else { continue };
                 if e.retry_after.is_some_and(|t| now < t) {
                     continue;
@@ -326,6 +408,13 @@ impl Table {
                 let restore_from = e.checkpointed.then(|| e.last_gpus.clone());
                 let lease = self.next_lease;
                 self.next_lease += 1;
+                // The holder takes its own fenced GPUs back under a lease: a fence again
+                // only if its next eviction fails too.
+                for &g in &pick {
+                    if self.fences[g].as_ref().is_some_and(|f| f.holder == *pid) {
+                        self.fences[g] = None;
+                    }
+                }
                 if let Some(e) = self.procs.get_mut(pid) {
                     e.state = LeaseState::Bound;
                     e.lease = lease;
@@ -563,5 +652,71 @@ mod tests {
         let a = t.assign(2, None, t0);
         assert_eq!(a, vec![Action::Grant { pid: 2, lease: 2, gpus: vec![1], restore_from: None }]);
         assert_eq!(holders(&t), vec![0, 1]);
+    }
+
+    #[test]
+    fn a_failed_eviction_fences_the_gpu_for_everyone_but_its_holder_until_unfenced() {
+        let t0 = Instant::now();
+        let mut t = Table::new(1, POLICY);
+        t.add(1, 1, t0);
+        t.add(2, 1, t0);
+        t.request(1, t0);
+        t.request(2, t0);
+        assert_eq!(t.revoke(1), vec![Action::Revoke { pid: 1, lease: 1 }]);
+        let a = t.eviction_failed(1, 1, EvictionFailure::CheckpointFailed, "k1", t0);
+        assert!(a.is_empty(), "process 1's memory is on GPU 0: no grant to 2, got {a:?}");
+        assert_eq!(t.get(2).map(|e| e.state), Some(LeaseState::Requested));
+        let fences: Vec<_> = t.fences().map(|(g, f)| (g, f.holder, f.reason)).collect();
+        assert_eq!(fences, vec![(0, 1, EvictionFailure::CheckpointFailed)]);
+        // The holder going away does not free the GPU: its memory may outlive it.
+        assert!(t.remove(1, t0).is_empty());
+        assert_eq!(t.fences().count(), 1);
+        assert_eq!(t.unfence(0, t0), vec![Action::Grant { pid: 2, lease: 2, gpus: vec![0], restore_from: None }]);
+        assert_eq!(t.fences().count(), 0);
+    }
+
+    #[test]
+    fn the_holder_of_a_fenced_gpu_gets_it_back_without_a_restore_and_others_get_another_gpu() {
+        let t0 = Instant::now();
+        let mut t = Table::new(2, POLICY);
+        t.add(1, 1, t0);
+        t.add(2, 1, t0);
+        t.add(3, 1, t0);
+        t.request(1, t0);
+        t.revoke(1);
+        assert!(t.eviction_failed(1, 1, EvictionFailure::LockTimeout, "k1", t0).is_empty());
+        assert_eq!(t.request(2, t0), vec![Action::Grant { pid: 2, lease: 2, gpus: vec![1], restore_from: None }]);
+        assert!(t.request(3, t0).is_empty(), "GPU 0 fenced, GPU 1 held: 3 waits");
+        // Memory resident (not checkpointed): the holder is granted its GPU, no restore.
+        assert_eq!(t.request(1, t0), vec![Action::Grant { pid: 1, lease: 3, gpus: vec![0], restore_from: None }]);
+        assert_eq!(t.fences().count(), 0, "held under a lease again, not fenced");
+        assert_eq!(holders(&t), vec![0, 1]);
+    }
+
+    #[test]
+    fn memory_left_after_a_checkpoint_fences_and_the_holder_is_still_restored() {
+        let t0 = Instant::now();
+        let mut t = Table::new(1, POLICY);
+        t.add(1, 1, t0);
+        t.request(1, t0);
+        t.revoke(1);
+        assert!(t.eviction_failed(1, 1, EvictionFailure::MemoryLeft, "k1", t0).is_empty());
+        assert_eq!(t.fences().map(|(g, _)| g).collect::<Vec<_>>(), vec![0]);
+        let a = t.request(1, t0);
+        assert_eq!(a, vec![Action::Grant { pid: 1, lease: 2, gpus: vec![0], restore_from: Some(vec![0]) }]);
+    }
+
+    #[test]
+    fn an_assigned_process_waits_for_a_fenced_gpu() {
+        let t0 = Instant::now();
+        let mut t = Table::new(2, POLICY);
+        t.add(1, 1, t0);
+        t.add(2, 1, t0);
+        t.request(1, t0);
+        t.revoke(1);
+        t.eviction_failed(1, 1, EvictionFailure::LockFailed, "k1", t0);
+        t.assign(2, Some(vec![0]), t0);
+        assert!(t.request(2, t0).is_empty(), "assigned the fenced GPU: waits");
+        assert_eq!(t.unfence(0, t0), vec![Action::Grant { pid: 2, lease: 2, gpus: vec![0], restore_from: None }]);
     }
 }

@@ -77,10 +77,20 @@ pub(super) fn start_kernels(
     });
     let ticker = {
         let (binder, observer, device_cgroups) = (binder.clone(), observer.clone(), device_cgroups.clone());
+        let lease_server = leasing.as_ref().map(|(server, _)| server.clone());
         tokio::spawn(async move {
             let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
             loop {
                 every.tick().await;
+                // GPUs a failed eviction fenced are given to no other kernel's cell.
+                if let Some(server) = &lease_server {
+                    let fences: Vec<(u32, String)> = server
+                        .fenced()
+                        .into_iter()
+                        .filter_map(|f| u32::try_from(f.index).ok().map(|g| (g, f.kernel_id)))
+                        .collect();
+                    binder.set_fences(&fences);
+                }
                 if let Some(dc) = &device_cgroups {
                     dc.refresh_metrics();
                 }

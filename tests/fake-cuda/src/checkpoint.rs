@@ -20,6 +20,7 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLockWriteGuard};
 
 use crate::config::config;
+use crate::faults::{self, Fault, Op};
 use crate::ledger::{self, LedgerError};
 use crate::memory;
 use crate::result::{self, CUresult};
@@ -154,6 +155,11 @@ fn handle(line: &str, held: &mut Option<RwLockWriteGuard<'static, ()>>) -> (CUre
             if with_driver(|d| (0, d.process_state as i64)).1 != ProcessState::Running as i64 {
                 return (result::ILLEGAL_STATE, 0);
             }
+            match faults::injected(Op::Lock) {
+                Some(Fault::Timeout) => return (result::TIMEOUT, 0),
+                Some(_) => return (result::UNKNOWN, 0),
+                None => {}
+            }
             let guard = if ms == 0 { Some(GATE.write()) } else { GATE.try_write_for(Duration::from_millis(ms)) };
             let Some(guard) = guard else { return (result::TIMEOUT, 0) };
             *held = Some(guard);
@@ -166,18 +172,30 @@ fn handle(line: &str, held: &mut Option<RwLockWriteGuard<'static, ()>>) -> (CUre
             if d.process_state != ProcessState::Locked {
                 return (result::ILLEGAL_STATE, 0);
             }
+            let fault = faults::injected(Op::Checkpoint);
+            match fault {
+                Some(Fault::Timeout) => return (result::TIMEOUT, 0),
+                Some(Fault::Fail) => return (result::UNKNOWN, 0),
+                Some(Fault::Leave) | None => {}
+            }
             let pid = state::pid();
             let devices: Vec<u32> = d.allocs.values().map(|a| a.device).collect();
             for (base, a) in d.allocs.iter_mut() {
                 memory::checkpoint(*base, a);
             }
-            for dev in devices {
+            // Under `leave` the capacity stays charged: the memory is still on the GPU.
+            for dev in devices.into_iter().filter(|_| fault.is_none()) {
                 let _ = ledger::set(&config().gpus[dev as usize], pid, 0);
             }
             d.process_state = ProcessState::Checkpointed;
             (result::SUCCESS, 0)
         }),
         Some("RESTORE") => {
+            match faults::injected(Op::Restore) {
+                Some(Fault::Timeout) => return (result::TIMEOUT, 0),
+                Some(_) => return (result::UNKNOWN, 0),
+                None => {}
+            }
             let mut map: HashMap<u32, u32> = HashMap::new();
             for pair in words {
                 let Some((old, new)) = pair.split_once('=') else { return (result::INVALID_VALUE, 0) };

@@ -18,12 +18,14 @@
 //!   GPU's capacity, restore (optionally onto other GPUs) brings the contents back
 //!   at the same device pointers. The target process serves these requests on an
 //!   abstract Unix socket ([`checkpoint`]).
+//! - Faults injected at runtime into lock, checkpoint and restore ([`faults`]).
 //! - A small NVML subset ([`nvml`]) for the daemon's inventory.
 
 pub mod alloc_variants;
 pub mod api;
 pub mod checkpoint;
 pub mod config;
+pub mod faults;
 pub mod kernels;
 pub mod ledger;
 pub mod memory;

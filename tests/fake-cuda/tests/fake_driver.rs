@@ -243,3 +243,69 @@ fn nvml_lists_this_process_with_the_bytes_it_allocated_and_answers_size_queries(
     assert_eq!(cuMemFree_v2(p), result::SUCCESS);
     assert_eq!(mine(&query()), before);
 }
+
+#[test]
+fn injected_faults_make_lock_checkpoint_and_restore_time_out_fail_or_leave_memory_behind() {
+    use fake_cuda::config::config;
+    use fake_cuda::faults::{self, Op};
+    let _serial = GPU_BYTES.lock().unwrap_or_else(|e| e.into_inner());
+    setup();
+    ctx_on(0);
+    let (rc, p) = alloc(1 << 20);
+    assert_eq!(rc, result::SUCCESS);
+    let pid = std::process::id() as i32;
+    let gpu0 = &config().gpus[0];
+    let mine = || {
+        fake_cuda::ledger::processes(gpu0)
+            .expect("ledger")
+            .iter()
+            .filter(|(q, _)| *q == pid as u32)
+            .map(|(_, b)| *b)
+            .sum::<u64>()
+    };
+    let charged = mine();
+    assert!(charged >= 1 << 20);
+    let inject = |op: Op, word: &str| {
+        let path = faults::path(&config().state_dir, op);
+        std::fs::create_dir_all(path.parent().expect("dir")).expect("faults dir");
+        std::fs::write(path, word).expect("write fault");
+    };
+    let clear = |op: Op| std::fs::remove_file(faults::path(&config().state_dir, op)).expect("clear fault");
+    let lock = || {
+        // SAFETY: valid args.
+        unsafe { cuCheckpointProcessLock(pid, &LockArgs { timeout_ms: 5000, ..Default::default() }) }
+    };
+    let state = || {
+        let mut st = -1;
+        // SAFETY: valid output pointer.
+        assert_eq!(unsafe { cuCheckpointProcessGetState(pid, &mut st) }, 0);
+        st
+    };
+
+    inject(Op::Lock, "timeout");
+    assert_eq!(lock(), result::TIMEOUT);
+    assert_eq!(state(), 0, "still RUNNING");
+    clear(Op::Lock);
+    assert_eq!(lock(), 0);
+
+    inject(Op::Checkpoint, "fail");
+    assert_eq!(cuCheckpointProcessCheckpoint(pid, std::ptr::null()), result::UNKNOWN);
+    assert_eq!((state(), mine()), (1, charged), "still LOCKED, memory still charged");
+    inject(Op::Checkpoint, "leave");
+    assert_eq!(cuCheckpointProcessCheckpoint(pid, std::ptr::null()), 0);
+    assert_eq!((state(), mine()), (2, charged), "CHECKPOINTED, yet the memory stays charged");
+    clear(Op::Checkpoint);
+
+    inject(Op::Restore, "fail");
+    // SAFETY: null args: restore onto the same GPUs.
+    assert_eq!(unsafe { cuCheckpointProcessRestore(pid, std::ptr::null()) }, result::UNKNOWN);
+    assert_eq!(state(), 2, "still CHECKPOINTED");
+    inject(Op::Restore, "timeout");
+    // SAFETY: as above.
+    assert_eq!(unsafe { cuCheckpointProcessRestore(pid, std::ptr::null()) }, result::TIMEOUT);
+    clear(Op::Restore);
+    // SAFETY: as above.
+    assert_eq!(unsafe { cuCheckpointProcessRestore(pid, std::ptr::null()) }, 0);
+    assert_eq!(cuCheckpointProcessUnlock(pid, std::ptr::null()), 0);
+    assert_eq!(cuMemFree_v2(p), result::SUCCESS);
+}

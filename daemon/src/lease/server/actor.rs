@@ -14,7 +14,7 @@ use nbos_lease_proto::{write_message, Message};
 
 use super::config::LeaseServerConfig;
 use super::gpu_uuid::{uuid_bytes, uuid_string};
-use crate::gpu::control::{Eviction, GpuControl};
+use crate::gpu::control::{Eviction, EvictionFailure, GpuControl};
 use crate::gpu::GpuInfo;
 use crate::lease::metrics::LeaseMetrics;
 use crate::lease::table::{Action, LeaseState, Table};
@@ -47,7 +47,31 @@ pub struct ProcessStatus {
     pub lease: u64,
     /// Indices of the GPUs bound.
     pub gpus: Vec<usize>,
+    /// Restores of its memory that failed in a row: while above 0 it waits, its call
+    /// blocked, and the restore is retried (it never runs without its memory).
+    pub restore_failures: u32,
 }
+
+/// A GPU not granted because an eviction left a process's memory on it (until the
+/// memory is gone), as `/api/v1/status` and `nbos status` show it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FencedGpu {
+    /// Host index.
+    pub index: usize,
+    /// The GPU's UUID.
+    pub uuid: String,
+    /// The process whose memory is on it.
+    pub holder_pid: u32,
+    /// Its kernel.
+    pub kernel_id: String,
+    /// Why its eviction failed: `lock_timeout`, `lock_failed`, `checkpoint_failed`, `memory_left`.
+    pub reason: String,
+    /// Seconds since the GPU was fenced.
+    pub fenced_for_s: u64,
+}
+
+/// How often a fenced GPU's memory is looked at again (NVML per-process memory).
+pub const FENCE_RECHECK: Duration = Duration::from_millis(500);
 
 pub(super) enum Event {
     Connected { conn: u64, pid: u32, kernel_id: String, gpus: u32, writer: UnixStream },
@@ -83,6 +107,8 @@ pub(super) struct Shared {
     pub(super) activity_hook: Mutex<Option<ActivityHook>>,
     pub(super) device_hook: Mutex<Option<DeviceHook>>,
     pub(super) status: Mutex<Vec<ProcessStatus>>,
+    /// The fenced GPUs, as last published.
+    pub(super) fenced: Mutex<Vec<FencedGpu>>,
     pub(super) changed: Condvar,
     pub(super) stop: AtomicBool,
 }
@@ -115,6 +141,7 @@ impl Shared {
                 return false;
             }
             let mut actions = actor.handle(e, Instant::now(), self);
+            actions.extend(actor.recheck_fences(Instant::now()));
             actions.extend(actor.table.tick(Instant::now()));
             actor.perform(actions, self);
             actor.sync_devices(self);
@@ -126,7 +153,8 @@ impl Shared {
         }
         if !any {
             // A timer wake-up with nothing queued.
-            let actions = actor.table.tick(Instant::now());
+            let mut actions = actor.recheck_fences(Instant::now());
+            actions.extend(actor.table.tick(Instant::now()));
             actor.perform(actions, self);
             actor.sync_devices(self);
             actor.publish(self);
@@ -177,6 +205,8 @@ pub(super) struct Actor {
     pub(super) devices_told: HashMap<String, Vec<usize>>,
     /// `Stop` was handled: nothing more is applied.
     pub(super) stopped: bool,
+    /// When fenced GPUs' memory was last looked at.
+    pub(super) fences_checked: Instant,
 }
 
 impl Actor {
@@ -222,7 +252,10 @@ impl Actor {
                     Message::Released { lease } => {
                         let evicted = if self.checkpointing { self.control.evict(pid) } else { Eviction::Resident };
                         tracing::info!(pid, lease, ?evicted, "lease released");
-                        self.table.released(pid, lease, evicted == Eviction::Checkpointed, Instant::now())
+                        match evicted {
+                            Eviction::Failed(why) => self.fence(conn, pid, lease, why),
+                            other => self.table.released(pid, lease, other == Eviction::Checkpointed, Instant::now()),
+                        }
                     }
                     Message::GpusNotVisible { lease, gpus } => {
                         // The shim failed the calls (CUDA_ERROR_INVALID_DEVICE) rather than run
@@ -284,6 +317,44 @@ impl Actor {
         }
     }
 
+    /// `pid`'s eviction failed: its GPUs are fenced, and its kernel's log says so (the
+    /// kernel keeps its memory and its GPUs back at its next cell; others wait or go elsewhere).
+    fn fence(&mut self, conn: u64, pid: u32, lease: u64, why: EvictionFailure) -> Vec<Action> {
+        let kernel = self.conns.get(&conn).map(|c| c.kernel_id.clone()).unwrap_or_default();
+        let gpus = self.table.get(pid).map(|e| e.gpus.clone()).unwrap_or_default();
+        let uuids: Vec<&str> = gpus.iter().filter_map(|g| self.gpus.get(*g)).map(|g| g.uuid.as_str()).collect();
+        tracing::warn!(
+            pid, kernel = %kernel, gpus = ?uuids, reason = why.as_str(),
+            "eviction failed: the kernel's GPU memory stays on its GPUs, which are fenced (granted to no other \
+             kernel) until that memory is gone; the kernel gets them back at its next cell"
+        );
+        self.table.eviction_failed(pid, lease, why, &kernel, Instant::now())
+    }
+
+    /// Unfences each fenced GPU whose memory is gone: NVML shows none of its holder's
+    /// bytes there, or (without NVML) the holder has disconnected. At most every [`FENCE_RECHECK`].
+    pub(super) fn recheck_fences(&mut self, now: Instant) -> Vec<Action> {
+        if now.saturating_duration_since(self.fences_checked) < FENCE_RECHECK {
+            return Vec::new();
+        }
+        self.fences_checked = now;
+        let gone: Vec<usize> = self
+            .table
+            .fences()
+            .filter(|(g, f)| match self.control.bytes_on(f.holder, *g) {
+                Some(bytes) => bytes == 0,
+                None => self.table.get(f.holder).is_none(),
+            })
+            .map(|(g, _)| g)
+            .collect();
+        let mut actions = Vec::new();
+        for g in gone {
+            tracing::info!(gpu = g, "the memory that fenced the GPU is gone; it may be granted again");
+            actions.extend(self.table.unfence(g, now));
+        }
+        actions
+    }
+
     pub(super) fn send(&mut self, pid: u32, m: &Message) -> bool {
         let Some(conn) = self.by_pid.get(&pid).and_then(|c| self.conns.get_mut(c)) else { return false };
         write_message(&mut conn.writer, m).is_ok()
@@ -337,11 +408,18 @@ impl Actor {
                             from.iter().zip(&gpus).map(|(f, t)| (self.uuid(*f), self.uuid(*t))).collect();
                         if let Err(e) = self.control.restore(pid, &pairs) {
                             // Still checkpointed: wait and retry (maybe on other GPUs).
-                            tracing::warn!(pid, error = %e, "restore failed; the process waits for a retry");
+                            let kernel =
+                                self.by_pid.get(&pid).and_then(|c| self.conns.get(c)).map(|c| c.kernel_id.clone());
+                            tracing::warn!(
+                                pid, kernel = kernel.as_deref().unwrap_or_default(), error = %e,
+                                "restore failed: the kernel's call waits (it does not run without its GPU memory) \
+                                 and the restore is retried"
+                            );
                             actions.extend(self.table.restore_failed(pid, Instant::now()));
                             continue;
                         }
                     }
+                    self.table.granted(pid);
                     if let Some(t) = self.table.get(pid).and_then(|e| e.requested_at) {
                         self.metrics.acquire_seconds.observe(t.elapsed().as_secs_f64());
                     }
@@ -376,8 +454,24 @@ impl Actor {
                 state: e.state,
                 lease: e.lease,
                 gpus: e.gpus.clone(),
+                restore_failures: e.restore_failures,
             })
             .collect();
+        let now = Instant::now();
+        let fenced: Vec<FencedGpu> = self
+            .table
+            .fences()
+            .map(|(g, f)| FencedGpu {
+                index: g,
+                uuid: self.gpus.get(g).map(|i| i.uuid.clone()).unwrap_or_default(),
+                holder_pid: f.holder,
+                kernel_id: f.kernel_id.clone(),
+                reason: f.reason.as_str().to_owned(),
+                fenced_for_s: now.saturating_duration_since(f.since).as_secs(),
+            })
+            .collect();
+        self.metrics.gpus_fenced.set(i64::try_from(fenced.len()).unwrap_or(i64::MAX));
+        *lock(&shared.fenced) = fenced;
         let mut s = lock(&shared.status);
         if *s != status {
             *s = status;

@@ -35,7 +35,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-pub use self::actor::{ActivityHook, DeviceHook, ProcessStatus, RegisteredProcess};
+pub use self::actor::{ActivityHook, DeviceHook, FencedGpu, ProcessStatus, RegisteredProcess, FENCE_RECHECK};
 pub use self::config::{
     ConnectionLimits, LeaseServerConfig, LeaseServerError, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_UID,
 };
@@ -108,6 +108,7 @@ impl LeaseServer {
             assigned: HashMap::new(),
             devices_told: HashMap::new(),
             stopped: false,
+            fences_checked: Instant::now(),
         };
         let shared = Arc::new(Shared {
             actor: Mutex::new(actor),
@@ -117,6 +118,7 @@ impl LeaseServer {
             activity_hook: Mutex::new(None),
             device_hook: Mutex::new(None),
             status: Mutex::new(Vec::new()),
+            fenced: Mutex::new(Vec::new()),
             changed: Condvar::new(),
             stop: AtomicBool::new(false),
         });
@@ -207,6 +209,11 @@ impl LeaseServer {
     /// The connected processes and their leases.
     pub fn status(&self) -> Vec<ProcessStatus> {
         lock(&self.shared.status).clone()
+    }
+
+    /// The GPUs fenced because an eviction left a process's memory on them.
+    pub fn fenced(&self) -> Vec<FencedGpu> {
+        lock(&self.shared.fenced).clone()
     }
 
     /// Waits until `pred` holds for the status, or `timeout` passes; returns whether it held.
