@@ -375,7 +375,10 @@ impl HostScheduler {
         self.queue = queue;
     }
 
-    /// Starts queued cells, in order, while the head can get its GPUs.
+    /// Starts queued cells, in order, while the head can get its GPUs. When the head cannot,
+    /// a waiting kernel whose own memory fences enough free GPUs still starts on them: no
+    /// other cell may use those, so it delays nobody, and without it a holder queued behind
+    /// a cell waiting for its fenced GPU would wait for ever.
     fn serve_queue(&mut self, now: Millis) -> Vec<Action> {
         let mut actions = Vec::new();
         while let Some(kernel) = self.queue.front().cloned() {
@@ -383,63 +386,117 @@ impl HostScheduler {
                 self.queue.pop_front();
                 continue;
             };
-            let need = need as usize;
-            // Prefer the kernel's own idle-held GPUs (no eviction, no restore), then
-            // free ones, then other kernels' idle-held GPUs, oldest first.
-            let mut own: Vec<usize> = Vec::new();
-            let mut free: Vec<usize> = Vec::new();
-            let mut others: Vec<(Millis, usize)> = Vec::new();
-            for (i, g) in self.gpus.iter().enumerate() {
-                if self.fenced_from(i, &kernel) {
-                    continue;
-                }
-                // Its own memory is still on a GPU it was fenced on: that one first.
-                if matches!(g, Gpu::Free) && self.fenced.get(i).is_some_and(Option::is_some) {
-                    own.push(i);
-                    continue;
-                }
-                match g {
-                    Gpu::IdleHeld { kernel: owner, .. } if *owner == kernel => own.push(i),
-                    Gpu::Free => free.push(i),
-                    Gpu::IdleHeld { since, .. } => others.push((*since, i)),
-                    Gpu::Committed { .. } => {}
-                }
-            }
-            if own.len() + free.len() + others.len() < need {
+            let Some((chosen, stolen)) = self.choose(&kernel, need as usize) else {
+                self.serve_fence_holders(now, &mut actions);
                 break;
-            }
-            others.sort_unstable();
-            let mut chosen: Vec<usize> = own.iter().chain(free.iter()).copied().take(need).collect();
-            let mut stolen: BTreeMap<KernelId, Vec<u32>> = BTreeMap::new();
-            for (_, i) in others.iter().take(need - chosen.len()) {
-                if let Gpu::IdleHeld { kernel: owner, .. } = &self.gpus[*i] {
-                    stolen.entry(owner.clone()).or_default().push(index(*i));
-                }
-                chosen.push(*i);
-            }
-            // The kernel's own idle-held GPUs that it does not need now go back to free.
-            for i in own.iter().skip(need) {
-                self.gpus[*i] = Gpu::Free;
-            }
-            for (owner, gpus) in stolen {
-                actions.push(Action::Revoke { kernel: owner, gpus, preempted: true });
-            }
-            chosen.sort_unstable();
-            for i in &chosen {
-                self.gpus[*i] = Gpu::Committed { kernel: kernel.clone() };
-            }
+            };
             self.queue.pop_front();
-            let Some(k) = self.kernels.get_mut(&kernel) else { continue };
-            let Some((cell, submitted, _)) = k.queued.take() else { continue };
-            k.running = Some(cell.clone());
-            actions.push(Action::Start {
-                cell,
-                kernel,
-                gpus: chosen.into_iter().map(index).collect(),
-                waited: now.saturating_sub(submitted),
-            });
+            self.commit(kernel, chosen, stolen, now, &mut actions);
         }
         actions
+    }
+
+    /// GPUs for `need` of `kernel`'s cell, if it can have them now, and the other kernels'
+    /// idle-held ones among them (to revoke). Prefers the kernel's own idle-held GPUs and
+    /// those its memory fences (no eviction, no restore), then free ones, then other
+    /// kernels' idle-held GPUs, oldest first.
+    fn choose(&self, kernel: &str, need: usize) -> Option<(Vec<usize>, BTreeMap<KernelId, Vec<u32>>)> {
+        let mut own: Vec<usize> = Vec::new();
+        let mut free: Vec<usize> = Vec::new();
+        let mut others: Vec<(Millis, usize)> = Vec::new();
+        for (i, g) in self.gpus.iter().enumerate() {
+            if self.fenced_from(i, kernel) {
+                continue;
+            }
+            // Its own memory is still on a GPU it was fenced on: that one first.
+            if matches!(g, Gpu::Free) && self.fenced.get(i).is_some_and(Option::is_some) {
+                own.push(i);
+                continue;
+            }
+            match g {
+                Gpu::IdleHeld { kernel: owner, .. } if owner == kernel => own.push(i),
+                Gpu::Free => free.push(i),
+                Gpu::IdleHeld { since, .. } => others.push((*since, i)),
+                Gpu::Committed { .. } => {}
+            }
+        }
+        if own.len() + free.len() + others.len() < need {
+            return None;
+        }
+        others.sort_unstable();
+        let mut chosen: Vec<usize> = own.iter().chain(free.iter()).copied().take(need).collect();
+        let mut stolen: BTreeMap<KernelId, Vec<u32>> = BTreeMap::new();
+        for (_, i) in others.iter().take(need - chosen.len()) {
+            if let Gpu::IdleHeld { kernel: owner, .. } = &self.gpus[*i] {
+                stolen.entry(owner.clone()).or_default().push(index(*i));
+            }
+            chosen.push(*i);
+        }
+        Some((chosen, stolen))
+    }
+
+    /// Starts, out of queue order, each waiting cell whose kernel's own memory fences as
+    /// many free GPUs as it needs, on those GPUs only.
+    fn serve_fence_holders(&mut self, now: Millis, actions: &mut Vec<Action>) {
+        let holders: Vec<KernelId> = self
+            .queue
+            .iter()
+            .filter(|k| {
+                let need = self.kernels.get(*k).and_then(|x| x.queued.as_ref()).map_or(usize::MAX, |q| q.2 as usize);
+                let fenced_free = self
+                    .gpus
+                    .iter()
+                    .zip(&self.fenced)
+                    .filter(|(g, f)| matches!(g, Gpu::Free) && f.as_deref() == Some(k.as_str()))
+                    .count();
+                need <= fenced_free
+            })
+            .cloned()
+            .collect();
+        for kernel in holders {
+            let Some(need) = self.kernels.get(&kernel).and_then(|k| k.queued.as_ref()).map(|q| q.2 as usize) else {
+                continue;
+            };
+            let chosen: Vec<usize> = (0..self.gpus.len())
+                .filter(|&i| matches!(self.gpus[i], Gpu::Free) && self.fenced[i].as_deref() == Some(kernel.as_str()))
+                .take(need)
+                .collect();
+            self.queue.retain(|q| *q != kernel);
+            self.commit(kernel, chosen, BTreeMap::new(), now, actions);
+        }
+    }
+
+    /// Commits `chosen` to `kernel`'s queued cell (already out of the queue) and starts it;
+    /// the kernel's own idle-held GPUs it does not need go back to free.
+    fn commit(
+        &mut self,
+        kernel: KernelId,
+        mut chosen: Vec<usize>,
+        stolen: BTreeMap<KernelId, Vec<u32>>,
+        now: Millis,
+        actions: &mut Vec<Action>,
+    ) {
+        for g in &mut self.gpus {
+            if matches!(g, Gpu::IdleHeld { kernel: owner, .. } if *owner == kernel) {
+                *g = Gpu::Free;
+            }
+        }
+        for (owner, gpus) in stolen {
+            actions.push(Action::Revoke { kernel: owner, gpus, preempted: true });
+        }
+        chosen.sort_unstable();
+        for i in &chosen {
+            self.gpus[*i] = Gpu::Committed { kernel: kernel.clone() };
+        }
+        let Some(k) = self.kernels.get_mut(&kernel) else { return };
+        let Some((cell, submitted, _)) = k.queued.take() else { return };
+        k.running = Some(cell.clone());
+        actions.push(Action::Start {
+            cell,
+            kernel,
+            gpus: chosen.into_iter().map(index).collect(),
+            waited: now.saturating_sub(submitted),
+        });
     }
 
     /// A view of the host.
@@ -576,6 +633,24 @@ mod tests {
         assert_eq!(q, vec![Action::Queued { cell: "c1".into(), position: 1 }], "only GPU 0 free, and fenced");
         // a's own memory is on GPU 0: a may still use it (it is ahead of nobody: c waits first).
         assert_eq!(starts(&s.set_fences(&[], 3_000)), vec![("c".into(), vec![0])]);
+    }
+
+    #[test]
+    fn a_holder_queued_behind_a_cell_waiting_for_its_fenced_gpu_goes_ahead_on_it() {
+        let mut s = HostScheduler::new(1, 1_000, 3.0);
+        for k in ["a", "c"] {
+            s.add_kernel(k, 1, 0).expect("admit");
+        }
+        assert!(s.set_fences(&[(0, "a".into())], 0).is_empty());
+        let q = s.submit("c", "c1", 1, 1).expect("c1");
+        assert_eq!(q, vec![Action::Queued { cell: "c1".into(), position: 1 }], "GPU 0 holds a's memory");
+        // a's cell is behind c's, and only a may use GPU 0: without going ahead both would wait.
+        assert_eq!(starts(&s.submit("a", "a1", 1, 2).expect("a1")), vec![("a".into(), vec![0])]);
+        assert_eq!(s.queued(), vec![("c".to_owned(), 1)], "c still waits, first in line");
+        s.finish("a", "a1", 3).expect("finish");
+        // The eviction worked this time: the fence is lifted and c gets the GPU.
+        s.tick(1_003);
+        assert_eq!(starts(&s.set_fences(&[], 1_004)), vec![("c".into(), vec![0])]);
     }
 
     #[test]
