@@ -70,7 +70,10 @@ fn bench_migration_moves_a_replica_per_sample_and_writes_the_state_transfer_cost
     // The simulator's section, from this run; the rest of the file as it was.
     let after = read_json(&costs);
     let st = &after["state_transfer"];
-    assert_eq!((st["move_base_ms"].clone(), st["per_mib_ms"].clone()), (v["fit_base_ms"].clone(), v["fit_per_mib_ms"].clone()));
+    assert_eq!(
+        (st["move_base_ms"].clone(), st["per_mib_ms"].clone()),
+        (v["fit_base_ms"].clone(), v["fit_per_mib_ms"].clone())
+    );
     assert_eq!(st["points"].as_array().map(Vec::len), Some(2), "{st}");
     assert!(st["bench_start"] == "prewarmed" || st["bench_start"] == "cold", "{st}");
     assert_eq!(after["replica_start"], before["replica_start"], "another section was touched");
@@ -93,7 +96,10 @@ fn bench_kernel_start_reports_both_setups_with_and_without_the_pool() {
         assert!(t["pool_hits"].as_f64().is_some_and(|h| h >= 1.0), "{setup}: the pool served no start: {t}");
     }
     let rs = &read_json(&costs)["replica_start"];
-    assert_eq!((rs["cold_ms"].clone(), rs["prewarmed_ms"].clone()), (v["replica"]["cold_p50_ms"].clone(), v["replica"]["pool_p50_ms"].clone()));
+    assert_eq!(
+        (rs["cold_ms"].clone(), rs["prewarmed_ms"].clone()),
+        (v["replica"]["cold_p50_ms"].clone(), v["replica"]["pool_p50_ms"].clone())
+    );
 }
 
 #[test]

@@ -776,7 +776,10 @@ fn leased_launches_make_no_syscalls() {
 fn a_kernel_is_granted_the_gpu_the_scheduler_assigned_not_the_first_free_one() {
     let host = Host::start(2, 64, Duration::from_secs(600));
     if host.gpus < 2 {
-        required::cannot_run("a_kernel_is_granted_the_gpu_the_scheduler_assigned_not_the_first_free_one", &format!("needs 2 GPUs, the host has {}", host.gpus));
+        required::cannot_run(
+            "a_kernel_is_granted_the_gpu_the_scheduler_assigned_not_the_first_free_one",
+            &format!("needs 2 GPUs, the host has {}", host.gpus),
+        );
         return;
     }
     let reports = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(u32, u64)>::new()));
@@ -805,7 +808,10 @@ fn a_kernel_is_granted_the_gpu_the_scheduler_assigned_not_the_first_free_one() {
 fn a_kernel_waits_for_its_assigned_gpu_while_another_gpu_is_free() {
     let host = Host::start(2, 64, Duration::from_secs(600));
     if host.gpus < 2 {
-        required::cannot_run("a_kernel_waits_for_its_assigned_gpu_while_another_gpu_is_free", &format!("needs 2 GPUs, the host has {}", host.gpus));
+        required::cannot_run(
+            "a_kernel_waits_for_its_assigned_gpu_while_another_gpu_is_free",
+            &format!("needs 2 GPUs, the host has {}", host.gpus),
+        );
         return;
     }
     host.server.assign("k-a", vec![1]);

@@ -499,7 +499,11 @@ fn print_table(r: &serde_json::Value) {
         f("concurrent_p99_ms")
     );
     println!("  leader failover            {} ms", f("failover_ms"));
-    println!("  the same, idle group       {} ms (hibernating: {})", f("failover_idle_group_ms"), f("idle_groups_all_hibernating"));
+    println!(
+        "  the same, idle group       {} ms (hibernating: {})",
+        f("failover_idle_group_ms"),
+        f("idle_groups_all_hibernating")
+    );
     println!(
         "  RSS with {} idle groups  {} MiB (before: {} MiB; all hibernating: {})",
         f("idle_groups"),
