@@ -4,7 +4,9 @@
 //!
 //! With `NBOS_TEST_CUDA_DRIVER=/path/to/libcuda.so.1` (tests/gpu/run.sh on a GPU host)
 //! the same tests run against the real driver and the host's GPUs (NVML inventory);
-//! checks only the test double can answer (its capacity ledger, fork) are skipped there.
+//! checks only the test double can answer (its capacity ledger, fork) are skipped there, and so
+//! are the checks that need two GPUs on a 1-GPU host: each skip goes through
+//! `required::cannot_run`, which prints why, or fails under `NBOS_REQUIRE_PRIVILEGED=1`.
 
 mod required;
 
@@ -641,7 +643,10 @@ fn a_forked_child_registers_as_a_descendant_and_computes_on_its_own_lease() {
     let host = Host::start(2, 64, Duration::from_secs(60));
     if host.real || host.gpus < 2 {
         // CUDA does not survive fork on a real driver; the child would get CUDA errors.
-        eprintln!("skipped: fork semantics are checked with the fake-cuda test double only");
+        required::cannot_run(
+            "a_forked_child_registers_as_a_descendant_and_computes_on_its_own_lease",
+            "fork semantics are checked with the fake-cuda test double (2 GPUs) only",
+        );
         return;
     }
     let p = host.spawn(&["fork"], "k-fork", 1);
@@ -748,7 +753,7 @@ fn leased_launches_make_no_syscalls() {
     let host = Host::start(1, 64, Duration::from_secs(60));
     if host.real {
         // A real driver may itself enter the kernel (queue full); this checks the shim only.
-        eprintln!("skipped: measured with the fake-cuda test double only");
+        required::cannot_run("leased_launches_make_no_syscalls", "measured with the fake-cuda test double only");
         return;
     }
     let Some(few) = syscalls_for_launches(&host, 100, "k-few") else {
@@ -771,7 +776,10 @@ fn leased_launches_make_no_syscalls() {
 fn a_kernel_is_granted_the_gpu_the_scheduler_assigned_not_the_first_free_one() {
     let host = Host::start(2, 64, Duration::from_secs(600));
     if host.gpus < 2 {
-        eprintln!("skipped: needs 2 GPUs, the host has {}", host.gpus);
+        required::cannot_run(
+            "a_kernel_is_granted_the_gpu_the_scheduler_assigned_not_the_first_free_one",
+            &format!("needs 2 GPUs, the host has {}", host.gpus),
+        );
         return;
     }
     let reports = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(u32, u64)>::new()));
@@ -800,7 +808,10 @@ fn a_kernel_is_granted_the_gpu_the_scheduler_assigned_not_the_first_free_one() {
 fn a_kernel_waits_for_its_assigned_gpu_while_another_gpu_is_free() {
     let host = Host::start(2, 64, Duration::from_secs(600));
     if host.gpus < 2 {
-        eprintln!("skipped: needs 2 GPUs, the host has {}", host.gpus);
+        required::cannot_run(
+            "a_kernel_waits_for_its_assigned_gpu_while_another_gpu_is_free",
+            &format!("needs 2 GPUs, the host has {}", host.gpus),
+        );
         return;
     }
     host.server.assign("k-a", vec![1]);

@@ -19,7 +19,7 @@ use std::ffi::{c_void, CStr, CString, OsString};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -91,6 +91,10 @@ pub struct BenchReport {
     /// Launches the observer reported for the child over the last observed loop (from the
     /// shim's counters file; must equal `launches`).
     pub counted_launches: u64,
+    /// The child's exit (the kernel's timestamp in eBPF mode; the sweep that found it gone in
+    /// procfs mode) → its exit event received by a subscriber, ms: how late the node learns
+    /// that a kernel process died.
+    pub exit_event_ms: f64,
 }
 
 /// Errors of the benchmark.
@@ -400,6 +404,18 @@ impl LoopChild {
         self.line()
     }
 
+    /// Asks the child to exit and reaps it.
+    fn exit(&mut self) -> Result<(), BenchError> {
+        writeln!(self.stdin, "exit")?;
+        self.stdin.flush()?;
+        let status = self.child.wait()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(BenchError::Child { program: self.program.clone(), reason: format!("exited with {status}") })
+        }
+    }
+
     fn timed_loop(&mut self, launches: u64, sync_every: u64) -> Result<u64, BenchError> {
         let answer = self.ask(&format!("loop {launches} {sync_every}"))?;
         answer.parse().map_err(|_| BenchError::Child {
@@ -474,6 +490,7 @@ pub fn run(
         observed.push(pair[1]);
         added.push(pair[1] - pair[0]);
     }
+    let exit_event_ms = exit_event_ms(opts, mode_request, &mut child)?;
     drop(child);
     let unobserved_ns = median(unobserved);
     let added_ns = median(added);
@@ -494,7 +511,46 @@ pub fn run(
         added_pct: added_ns / unobserved_ns * 100.0,
         uprobe_cost_ns: (mode == Mode::Ebpf && probed_per_launch > 0.0).then(|| added_ns / probed_per_launch),
         counted_launches: counted,
+        exit_event_ms,
     })
+}
+
+/// How long an exit event may take before the bench gives up: far beyond any delay seen, so a
+/// lost event is an error, not a figure.
+const EXIT_EVENT_WAIT: Duration = Duration::from_secs(30);
+
+/// The child's exit → its exit event received, ms, with the observer started as the daemon
+/// starts it and the child watched (as the node watches its kernel processes).
+fn exit_event_ms(opts: &BenchOptions, mode: ModeRequest, child: &mut LoopChild) -> Result<f64, BenchError> {
+    let cfg = ObserverConfig {
+        mode,
+        libraries: vec![opts.library.clone()],
+        launch_probes: false,
+        counters_dir: Some(opts.counters_dir.clone()),
+        ..ObserverConfig::default()
+    };
+    let observer = Observer::start(cfg)?;
+    let pid = child.child.id();
+    observer.watch(pid)?;
+    let mut exits = observer.exit_events();
+    child.exit()?;
+    let deadline = Instant::now() + EXIT_EVENT_WAIT;
+    loop {
+        match exits.try_recv() {
+            Ok(e) if e.pid == pid => {
+                let received = crate::clock::monotonic_ns();
+                return Ok(received.saturating_sub(e.exited_at_ns) as f64 / 1e6);
+            }
+            Ok(_) => continue,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
+            Err(_) => {
+                return Err(BenchError::Child {
+                    program: opts.child.program.clone(),
+                    reason: format!("no exit event for pid {pid} within {EXIT_EVENT_WAIT:?} of its exit"),
+                })
+            }
+        }
+    }
 }
 
 /// The shim environment of a kernel process without a lease server (the shim then passes

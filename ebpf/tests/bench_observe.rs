@@ -41,6 +41,8 @@ fn bench_counts_every_observed_launch_and_reports_the_added_cost() {
     assert_eq!(report.counted_launches, 2_000, "launches come from the shim's counters file in both modes");
     assert!(report.unobserved_ns_per_launch > 0.0 && report.observed_ns_per_launch > 0.0);
     assert!(report.added_ns_per_launch.is_finite());
+    // The child's exit reached the observer's subscriber (a figure, never a limit).
+    assert!(report.exit_event_ms.is_finite() && report.exit_event_ms >= 0.0, "{}", report.exit_event_ms);
     match report.mode {
         Mode::Ebpf => assert!(report.probes > 0 && report.uprobe_cost_ns.is_some()),
         Mode::Procfs => {

@@ -19,6 +19,13 @@ if ! git rev-parse -q --verify "$OLD_REF^{commit}" >/dev/null; then
   git fetch -q --unshallow 2>/dev/null || git fetch -q origin "$OLD_REF" 2>/dev/null || true
 fi
 if ! old_rev=$(git rev-parse -q --verify --short=12 "$OLD_REF^{commit}"); then
+  # CI (NBOS_REQUIRE_PRIVILEGED=1) clones the whole history: a missing commit there is a
+  # broken setup, not a reason to pass without testing.
+  if [ "${NBOS_REQUIRE_PRIVILEGED:-}" = 1 ]; then
+    echo "test-upgrade: FAILED: commit $OLD_REF is not in this clone (shallow?) and could not be fetched," \
+      "and NBOS_REQUIRE_PRIVILEGED=1 asks for every test to run (clone the full history)" >&2
+    exit 1
+  fi
   echo "test-upgrade: SKIPPED: commit $OLD_REF is not in this clone (shallow?) and could not be fetched" >&2
   exit 0
 fi

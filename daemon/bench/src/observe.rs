@@ -181,7 +181,8 @@ fn human(r: &BenchReport) -> String {
          observed (daemon's design): {ob:.1} ns/launch\n\
          added by observation:       {add:+.1} ns/launch ({pct:+.2} %)\n\
          per probed call (uprobe):   {cost}\n\
-         launches counted:           {counted}\n",
+         launches counted:           {counted}\n\
+         exit -> exit event:         {exit_ms:.2} ms\n",
         mode = r.mode,
         probes = r.probes,
         launches = r.launches,
@@ -196,5 +197,6 @@ fn human(r: &BenchReport) -> String {
         pct = r.added_pct,
         cost = r.uprobe_cost_ns.map_or_else(|| "n/a".to_owned(), |c| format!("{c:.0} ns")),
         counted = r.counted_launches,
+        exit_ms = r.exit_event_ms,
     )
 }

@@ -20,7 +20,9 @@ fn bench_observe_counts_the_childs_launches_and_reports_the_added_cost() {
     assert_eq!(v["counted_launches"], 2000, "{v}");
     assert_eq!(v["managed"], true, "the child's shim held a lease: {v}");
     assert_eq!(v["syncs"], 20, "{v}");
-    for key in ["unobserved_ns_per_launch", "observed_ns_per_launch", "added_ns_per_launch", "added_pct"] {
+    for key in
+        ["unobserved_ns_per_launch", "observed_ns_per_launch", "added_ns_per_launch", "added_pct", "exit_event_ms"]
+    {
         assert!(v[key].as_f64().is_some(), "`{key}` is not a number in {v}");
     }
     if std::env::var("NBOS_REQUIRE_PRIVILEGED").as_deref() == Ok("1") {

@@ -16,8 +16,10 @@
 //! - GPU-seconds bound: the same plus `TICK` per cell: the daemon releases idle-held GPUs on
 //!   a 1 s tick (`node/kernels.rs`), so they are held up to 1 s longer than `gpu.idle_release`;
 //! - delays: `DELAY` × K per cell: the election and GPU commit the simulator counts as 2 ms
-//!   take 2–20 ms on a busy 2-core VM (docs/cluster.md), plus the client's timer wake-up;
-//!   100 ms of real time covers that with room;
+//!   take 2–20 ms on a busy 2-core VM (docs/cluster.md), plus the client's timer wake-up; the
+//!   budget is 1 s of real time, far above that, because a test holds no speed (a stalled
+//!   machine must not fail it): how long the real delay is, `nbos replay` reports
+//!   (`"replay".delay_real_median_s`) and `nbos bench election` measures;
 //! - provisioned: hosts × GPUs × `DELETE` × K: the replay ends when the last kernel's
 //!   deletion is answered, the simulator at the session's stop;
 //! - JSON rounding: GPU-hours have 3 decimals (± 1.8 GPU-s each side).
@@ -38,8 +40,8 @@ const SAMPLE: f64 = 0.05;
 const CELL: f64 = 0.25;
 /// The daemon's idle-release tick, seconds.
 const TICK: f64 = 1.0;
-/// Real delay budget per cell, seconds.
-const DELAY: f64 = 0.1;
+/// Real delay budget per cell, seconds: generous (see above).
+const DELAY: f64 = 1.0;
 /// Deleting the last kernel, seconds.
 const DELETE: f64 = 1.0;
 /// 3-decimal GPU-hours, both sides, in GPU-seconds.
@@ -122,7 +124,9 @@ fn a_template_replayed_on_a_cluster_agrees_with_the_simulator() {
     for k in ["delay_p50_s", "delay_p95_s", "delay_max_s", "delay_mean_s"] {
         close(k, f(r, k), f(s, k), DELAY * SPEEDUP);
     }
-    // What the daemon does not do yet is reported as nothing, on both sides.
+    // One session on a fixed cluster of 3 hosts with 8 GPUs each: never every replica's host
+    // busy, and no autoscaler, so no move and no host event on either side (the trace test,
+    // replay_trace.rs, holds migrations and scale-outs where they happen).
     for k in ["migrations", "scale_outs", "scale_ins"] {
         assert_eq!((r[k].as_u64(), s[k].as_u64()), (Some(0), Some(0)), "{k}");
     }

@@ -64,6 +64,8 @@ pub struct Args {
 }
 
 const GROUP: u64 = 1;
+/// The idle groups' ids start here.
+const IDLE_FIRST: u64 = 1000;
 /// How the etcd clients reach etcd (its default, plaintext; ours use mutual TLS).
 const ETCD_TRANSPORT: &str = "plaintext gRPC (HTTP/2) over loopback TCP, one connection per client";
 
@@ -183,8 +185,8 @@ impl Cluster {
         self.nodes[i].3.as_ref().map(Child::id)
     }
 
-    async fn status(&self, client: &mut ClusterClient, id: u64) -> Option<GroupStatus> {
-        let r = client.call_node(id, &Request::Status { group: GROUP }).await.ok()?;
+    async fn status(&self, client: &mut ClusterClient, id: u64, group: u64) -> Option<GroupStatus> {
+        let r = client.call_node(id, &Request::Status { group }).await.ok()?;
         serde_json::from_value(r.result).ok()
     }
 
@@ -194,7 +196,7 @@ impl Cluster {
         let deadline = Instant::now() + within;
         loop {
             for (id, _, _, child) in &self.nodes {
-                if child.is_some() && self.status(&mut client, *id).await.is_some_and(|s| s.role == "leader") {
+                if child.is_some() && self.status(&mut client, *id, GROUP).await.is_some_and(|s| s.role == "leader") {
                     return Ok(*id);
                 }
             }
@@ -236,14 +238,25 @@ fn raft_load(
     })
 }
 
-async fn measure_failover(cluster: &mut Cluster) -> anyhow::Result<f64> {
+/// `kill -9` of group 1's leader → the first write acknowledged on group 1 (busy until then),
+/// ms; and, at the same time, → a new leader of an idle group the killed node also led
+/// (hibernating when hibernation is on), ms, `None` when it led none of the first 64.
+async fn measure_failover(cluster: &mut Cluster, idle_groups: u64) -> anyhow::Result<(f64, Option<f64>)> {
     let leader = cluster.leader(Duration::from_secs(20)).await?;
     let mut client = cluster.client();
     client.call_timeout = Duration::from_millis(300);
-    let put = |i: u64| Request::Put { group: GROUP, key: format!("failover/{i}"), value: "x".into() };
-    let r = client.call_leader(&put(0), Instant::now() + Duration::from_secs(10)).await?;
+    let put = |group: u64, i: u64| Request::Put { group, key: format!("failover/{i}"), value: "x".into() };
+    let r = client.call_leader(&put(GROUP, 0), Instant::now() + Duration::from_secs(10)).await?;
     if !r.ok {
         bail!("write before failover failed: {r:?}");
+    }
+    // An idle group led by the node about to die (read without waking it: a status request).
+    let mut idle = None;
+    for g in IDLE_FIRST..IDLE_FIRST + idle_groups.min(64) {
+        if cluster.status(&mut client, leader, g).await.is_some_and(|s| s.role == "leader") {
+            idle = Some(g);
+            break;
+        }
     }
     let idx = cluster.nodes.iter().position(|n| n.0 == leader).context("leader index")?;
     let killed = Instant::now();
@@ -251,21 +264,55 @@ async fn measure_failover(cluster: &mut Cluster) -> anyhow::Result<f64> {
         c.kill()?;
         c.wait()?;
     }
-    let mut i = 0;
-    loop {
-        i += 1;
-        if let Ok(r) = client.call_leader(&put(i), Instant::now() + Duration::from_millis(300)).await {
-            if r.ok {
-                break;
+    let shared: &Cluster = cluster;
+    let first_write = |group: u64| {
+        let mut client = shared.client();
+        client.call_timeout = Duration::from_millis(300);
+        async move {
+            let mut i = 0;
+            loop {
+                i += 1;
+                if let Ok(r) = client.call_leader(&put(group, i), Instant::now() + Duration::from_millis(300)).await {
+                    if r.ok {
+                        return Ok(killed.elapsed().as_secs_f64() * 1e3);
+                    }
+                }
+                if killed.elapsed() > Duration::from_secs(30) {
+                    bail!("no write on group {group} succeeded within 30 s of killing the leader");
+                }
             }
         }
-        if killed.elapsed() > Duration::from_secs(30) {
-            bail!("no write succeeded within 30 s of killing the leader");
+    };
+    // The idle group is only watched (status requests do not wake a group): its followers must
+    // notice the silence themselves, as after a host's death with no cell running.
+    let survivors: Vec<u64> = shared.nodes.iter().filter(|n| n.3.is_some()).map(|n| n.0).collect();
+    let new_leader = |group: u64| {
+        let mut client = shared.client();
+        client.call_timeout = Duration::from_millis(300);
+        let survivors = survivors.clone();
+        async move {
+            loop {
+                for id in &survivors {
+                    if shared.status(&mut client, *id, group).await.is_some_and(|s| s.role == "leader") {
+                        return Ok(killed.elapsed().as_secs_f64() * 1e3);
+                    }
+                }
+                if killed.elapsed() > Duration::from_secs(30) {
+                    bail!("idle group {group} elected no leader within 30 s of killing its leader");
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
         }
-    }
-    let ms = killed.elapsed().as_secs_f64() * 1e3;
+    };
+    let (busy, idle) = tokio::join!(first_write(GROUP), async {
+        match idle {
+            Some(g) => new_leader(g).await.map(Some),
+            None => Ok(None),
+        }
+    });
+    let (busy, idle) = (busy?, idle?);
     cluster.spawn(idx)?;
-    Ok(ms)
+    Ok((busy, idle))
 }
 
 fn rss_mib(pid: u32) -> Option<f64> {
@@ -293,7 +340,7 @@ async fn measure_idle_groups(cluster: &Cluster, n: u64, hibernate: bool) -> anyh
     for (id, _, _, _) in &cluster.nodes {
         let mut client = cluster.client();
         client.call_timeout = Duration::from_secs(300);
-        let req = Request::CreateGroups { first: 1000, count: n, voters: voters.clone() };
+        let req = Request::CreateGroups { first: IDLE_FIRST, count: n, voters: voters.clone() };
         let id = *id;
         creates.push(tokio::spawn(async move { client.call_node(id, &req).await }));
     }
@@ -378,7 +425,12 @@ async fn bench(args: &Args) -> anyhow::Result<serde_json::Value> {
     progress.set_message(format!("{} clients", args.clients));
     let mut conc = raft_load(&cluster, args.clients, half, &value).await;
     progress.set_message("leader failover");
-    let failover_ms = if args.nodes >= 3 { Some(measure_failover(&mut cluster).await?) } else { None };
+    let (failover_ms, failover_idle_ms) = if args.nodes >= 3 {
+        let (busy, idle) = measure_failover(&mut cluster, args.idle_groups).await?;
+        (Some(busy), idle)
+    } else {
+        (None, None)
+    };
     drop(cluster);
 
     let mut etcd_seq = None;
@@ -419,6 +471,7 @@ async fn bench(args: &Args) -> anyhow::Result<serde_json::Value> {
         "throughput_ratio_vs_etcd": round(etcd_tp.filter(|t| *t > 0.0).map(|t| conc.throughput() / t)),
         "sequential_ratio_vs_etcd": round(etcd_seq_tp.filter(|t| *t > 0.0).map(|t| seq.throughput() / t)),
         "failover_ms": round(failover_ms),
+        "failover_idle_group_ms": round(failover_idle_ms),
         "rss_1000_groups_mib": round(Some(idle.rss)),
         "rss_baseline_mib": round(Some(idle.baseline)),
         "idle_groups": args.idle_groups,
@@ -446,6 +499,11 @@ fn print_table(r: &serde_json::Value) {
         f("concurrent_p99_ms")
     );
     println!("  leader failover            {} ms", f("failover_ms"));
+    println!(
+        "  the same, idle group       {} ms (hibernating: {})",
+        f("failover_idle_group_ms"),
+        f("idle_groups_all_hibernating")
+    );
     println!(
         "  RSS with {} idle groups  {} MiB (before: {} MiB; all hibernating: {})",
         f("idle_groups"),
