@@ -10,7 +10,7 @@
 //!   busy and replicas move (5 measured against the simulator's 7) while the autoscaler adds
 //!   hosts (4 against 5). Migrations and scale-outs are held within 2 + a quarter of the larger
 //!   count; the GPU-hours bound and the delays are shown with the reason they are not held
-//!   (`MOVED_BECAUSE`: a move costs its real seconds × K on the replay). About 150 s.
+//!   (`MOVED_BECAUSE`: a move costs its real seconds × K on the replay, and so does its variance). About 150 s.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -400,7 +400,7 @@ impl HostScheduler {
     /// idle-held ones among them (to revoke). Prefers the kernel's own idle-held GPUs and
     /// those its memory fences (no eviction, no restore), then free ones, then other
     /// kernels' idle-held GPUs, oldest first.
-    fn choose(&self, kernel: &str, need: usize) -> Option<(Vec<usize>, BTreeMap<KernelId, Vec<u32>>)> {
+    fn choose(&self, kernel: &str, need: usize) -> Option<(Vec<usize>, Revokes)> {
         let mut own: Vec<usize> = Vec::new();
         let mut free: Vec<usize> = Vec::new();
         let mut others: Vec<(Millis, usize)> = Vec::new();
@@ -472,7 +472,7 @@ impl HostScheduler {
         &mut self,
         kernel: KernelId,
         mut chosen: Vec<usize>,
-        stolen: BTreeMap<KernelId, Vec<u32>>,
+        stolen: Revokes,
         now: Millis,
         actions: &mut Vec<Action>,
     ) {
@@ -573,6 +573,9 @@ impl HostScheduler {
         self.gpus.iter().any(|g| matches!(g, Gpu::IdleHeld { .. }))
     }
 }
+
+/// Other kernels' idle-held GPUs a start takes, by kernel (each revoked).
+type Revokes = BTreeMap<KernelId, Vec<u32>>;
 
 fn index(i: usize) -> u32 {
     u32::try_from(i).unwrap_or(u32::MAX)

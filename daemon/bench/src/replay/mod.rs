@@ -286,11 +286,14 @@ pub fn run(t: &crate::client::ConnectArgs, a: Args) -> anyhow::Result<()> {
             };
             let p = dir.join("sim.toml");
             std::fs::write(&p, sim_toml).with_context(|| format!("writing {}", p.display()))?;
-            Some(p)
+            let costs = dir.join("costs.json");
+            std::fs::write(&costs, compare::costs_in_trace_time(a.speedup)?)
+                .with_context(|| format!("writing {}", costs.display()))?;
+            Some((p, costs))
         }
         None => None,
     };
-    let sim_argv = compare::sim_argv(&workload, &cm, sim_config.as_deref());
+    let sim_argv = compare::sim_argv(&workload, &cm, sim_config.as_ref().map(|(c, k)| (c.as_path(), k.as_path())));
     if let Some(obj) = details.as_object_mut() {
         obj.insert("sim_command".into(), serde_json::json!(sim_argv));
     }
@@ -325,7 +328,12 @@ pub fn run(t: &crate::client::ConnectArgs, a: Args) -> anyhow::Result<()> {
             std::fs::write(dir.join(file), text).with_context(|| format!("writing {file}"))?;
         }
         if let Some(obj) = details.as_object_mut() {
-            let with_config = format!("nbos sim --config {} {}", dir.join("sim.toml").display(), workload.join(" "));
+            let with_config = format!(
+                "nbos sim --config {} --costs {} {}",
+                dir.join("sim.toml").display(),
+                dir.join("costs.json").display(),
+                workload.join(" ")
+            );
             obj.insert("sim_command_with_config".into(), with_config.into());
         }
     }

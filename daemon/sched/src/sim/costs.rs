@@ -155,6 +155,25 @@ impl Costs {
         ms((t.move_base_ms - bench_start).max(0.0) + per)
     }
 
+    /// These costs with every state transfer `k` times as long (a replica's start kept):
+    /// a trace replay compressed `k` times pays a real transfer's seconds × `k` in trace
+    /// time, so its simulation does too.
+    #[must_use]
+    pub fn with_transfers_times(&self, k: f64) -> Self {
+        let mut c = self.clone();
+        let start = match c.state_transfer.bench_start {
+            StartKind::Prewarmed => c.replica_start.prewarmed_ms,
+            StartKind::Cold => c.replica_start.cold_ms,
+        };
+        let t = &mut c.state_transfer;
+        t.move_base_ms = start + (t.move_base_ms - start).max(0.0) * k;
+        t.per_mib_ms *= k;
+        for p in &mut t.points {
+            p.move_p50_ms = start + (p.move_p50_ms - start).max(0.0) * k;
+        }
+        c
+    }
+
     /// A whole move: a replica start on the target plus the transfer.
     pub fn move_ms(&self, prewarmed: bool, mib: u64) -> Millis {
         self.start_ms(prewarmed) + self.transfer_ms(mib)
@@ -164,6 +183,16 @@ impl Costs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transfers_times_k_scale_the_transfer_and_keep_the_start() {
+        let c = costs(700.0, 600.0, 2_600.0, 4.0, StartKind::Prewarmed);
+        let k = c.with_transfers_times(60.0);
+        assert_eq!(k.start_ms(true), c.start_ms(true));
+        assert_eq!(k.start_ms(false), c.start_ms(false));
+        assert_eq!(k.transfer_ms(10), 60 * c.transfer_ms(10));
+        assert_eq!(k.move_ms(true, 10), 600 + 60 * 2_040);
+    }
 
     fn costs(cold: f64, warm: f64, base: f64, per: f64, kind: StartKind) -> Costs {
         let m = Measured { command: "test".into(), profile: "debug".into(), date: "2026-01-01T00:00:00Z".into() };
