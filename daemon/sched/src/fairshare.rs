@@ -12,6 +12,14 @@
 //! `half_life × log2(usage ÷ band)`, and there the oldest cell goes first. With one user
 //! (a cluster without users: everyone is the anonymous user) the order is plain FIFO.
 //!
+//! A fair order alone cannot help a light user whose cell arrives when every GPU is held by
+//! long running cells of a heavy one: nothing is preempted. So a host may keep **headroom**
+//! ([`headroom`], `gpu.fair_share_headroom`, off by default: it costs the light users' p99
+//! without a flood, docs/simulator.md): a cell of a user *over their share* (normalised usage above the mean of
+//! the users with kernels on the host) may not take the GPUs that would leave fewer free than
+//! the largest idle kernel of a user within their share there asks. Whoever is within their
+//! share is never held back by it; a heavy user gets what the light ones cannot use.
+//!
 //! Pure: time is an argument, and the same inputs give the same order.
 
 use std::collections::BTreeMap;
@@ -155,6 +163,44 @@ pub fn band(ledger: &Ledger, user: &str, weight: f64, now: Millis, params: &Para
     #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a non-negative band number")]
     let b = normalised.floor().clamp(0.0, 1e18) as u64;
     b
+}
+
+/// A kernel on a host, as the headroom sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OnHost<'a> {
+    /// Its owner.
+    pub user: &'a str,
+    /// The owner's weight (as [`Waiting::weight`]).
+    pub weight: f64,
+    /// The GPUs it declared: what its next cell asks.
+    pub gpus: u32,
+    /// A cell of it holds GPUs now (it asks for none until that cell ends).
+    pub running: bool,
+}
+
+/// GPUs a cell of `user` (of `weight`) must leave free on a host whose kernels are
+/// `kernels`: 0 when the user is within their share (normalised usage at most the mean of
+/// the users with kernels there, the user included, weighted; or within one band of it);
+/// else the most GPUs a kernel of another user within their share asks, one without a
+/// running cell (it may ask any moment, or waits already).
+pub fn headroom(user: &str, weight: f64, kernels: &[OnHost<'_>], ledger: &Ledger, now: Millis, params: &Params) -> u32 {
+    let w = |x: f64| if x.is_finite() && x > 0.0 { x } else { 1.0 };
+    let mut users: BTreeMap<&str, f64> = kernels.iter().map(|k| (k.user, w(k.weight))).collect();
+    users.insert(user, w(weight));
+    let (used, weights) =
+        users.iter().fold((0.0, 0.0), |(u, ws), (name, wt)| (u + ledger.usage_gpu_ms(name, now), ws + wt));
+    let mean = used / weights;
+    let width = if params.band_gpu_ms.is_finite() && params.band_gpu_ms > 0.0 { params.band_gpu_ms } else { 1.0 };
+    let within = |name: &str, wt: f64| ledger.usage_gpu_ms(name, now) / wt <= mean + width;
+    if within(user, w(weight)) {
+        return 0;
+    }
+    kernels
+        .iter()
+        .filter(|k| k.user != user && !k.running && within(k.user, w(k.weight)))
+        .map(|k| k.gpus)
+        .max()
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

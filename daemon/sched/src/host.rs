@@ -103,6 +103,8 @@ pub struct HostScheduler {
     gpus: Vec<Gpu>,
     kernels: BTreeMap<KernelId, Kernel>,
     queue: VecDeque<KernelId>,
+    /// GPUs a waiting cell of the kernel must leave free ([`Self::set_headroom`]).
+    headroom: BTreeMap<KernelId, u32>,
     idle_release: Millis,
     ratio: f64,
     /// Time up to which the integrals below are accounted.
@@ -145,6 +147,7 @@ impl HostScheduler {
             gpus: vec![Gpu::Free; gpus as usize],
             kernels: BTreeMap::new(),
             queue: VecDeque::new(),
+            headroom: BTreeMap::new(),
             idle_release,
             ratio,
             accounted_to: 0,
@@ -222,6 +225,7 @@ impl HostScheduler {
             return Vec::new();
         }
         self.queue.retain(|k| k != kernel);
+        self.headroom.remove(kernel);
         for g in &mut self.gpus {
             let mine = match g {
                 Gpu::Committed { kernel: k } | Gpu::IdleHeld { kernel: k, .. } => k == kernel,
@@ -346,7 +350,23 @@ impl HostScheduler {
         self.queue = queue;
     }
 
-    /// Starts queued cells, in order, while the head can get its GPUs.
+    /// The GPUs a cell of `kernel` must leave free when it starts (a fair share's headroom,
+    /// [`crate::fairshare::headroom`]); 0 clears it. Serves nothing.
+    pub fn set_headroom(&mut self, kernel: &str, gpus: u32) {
+        if gpus == 0 {
+            self.headroom.remove(kernel);
+        } else {
+            self.headroom.insert(kernel.to_owned(), gpus);
+        }
+    }
+
+    /// The kernels here: each with the GPUs it declared and whether a cell of it runs.
+    pub fn kernels(&self) -> Vec<(KernelId, u32, bool)> {
+        self.kernels.iter().map(|(id, k)| (id.clone(), k.gpus, k.running.is_some())).collect()
+    }
+
+    /// Starts queued cells, in order, while the head can get its GPUs (and leave its
+    /// headroom free).
     fn serve_queue(&mut self, now: Millis) -> Vec<Action> {
         let mut actions = Vec::new();
         while let Some(kernel) = self.queue.front().cloned() {
@@ -368,7 +388,8 @@ impl HostScheduler {
                     Gpu::Committed { .. } => {}
                 }
             }
-            if own.len() + free.len() + others.len() < need {
+            let keep = self.headroom.get(&kernel).copied().unwrap_or(0) as usize;
+            if own.len() + free.len() + others.len() < need + keep {
                 break;
             }
             others.sort_unstable();

@@ -142,6 +142,16 @@ impl State {
         if let Some(order) = self.fair.order(&queued, now) {
             self.sched.reorder_queue(&order);
         }
+        self.keep_headroom(now);
+    }
+
+    /// Sets each waiting cell's headroom (`gpu.fair_share_headroom`; 0 when off).
+    fn keep_headroom(&mut self, now: Millis) {
+        let kernels = self.sched.kernels();
+        for (k, _) in self.sched.queued() {
+            let keep = self.fair.headroom(&k, &kernels, now);
+            self.sched.set_headroom(&k, keep);
+        }
     }
 
     /// `cell` of `kernel` was committed `gpus` GPUs: its owner's GPU time counts from now.
@@ -234,6 +244,11 @@ impl Binder {
         st.owners = owners;
     }
 
+    /// Keeps the fair share's headroom (`gpu.fair_share_headroom`) or not.
+    pub fn set_fair_share_headroom(&self, on: bool) {
+        self.lock().fair.set_headroom(on);
+    }
+
     /// Sets the `gpu_hours_per_day` limits (none when `limits` sets none).
     pub fn set_gpu_hours(&self, limits: GpuHoursLimits) {
         self.lock().gpu_hours = Some(limits).filter(|l| !l.is_empty());
@@ -311,14 +326,19 @@ impl Binder {
             return true;
         }
         const PROBE: &str = "\u{0}probe";
+        let now = self.now();
         let mut probe = {
-            let st = self.lock();
+            let mut st = self.lock();
             if st.running.values().any(|k| k == kernel_id) || st.waiting.values().any(|w| w.kernel.id == kernel_id) {
                 return false;
             }
-            st.sched.clone()
+            // A user over their share may not take the GPUs kept for the others' kernels.
+            let kernels = st.sched.kernels();
+            let keep = st.fair.headroom(kernel_id, &kernels, now);
+            let mut probe = st.sched.clone();
+            probe.set_headroom(kernel_id, keep);
+            probe
         };
-        let now = self.now();
         match probe.submit(kernel_id, PROBE, gpus, now) {
             Ok(actions) => actions.iter().any(|a| matches!(a, Action::Start { cell, .. } if cell == PROBE)),
             Err(_) => false,
@@ -459,6 +479,8 @@ impl Binder {
         }
         st.waiting.insert(cell.to_owned(), w);
         st.order_fairly(now);
+        let keep = st.fair.headroom(&kernel_id, &st.sched.kernels(), now);
+        st.sched.set_headroom(&kernel_id, keep);
         match st.sched.submit(&kernel_id, cell, gpus, now) {
             Ok(mut actions) => {
                 // The new cell joined at the back; if it goes first by fair share, it may
