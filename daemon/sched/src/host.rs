@@ -655,4 +655,30 @@ mod tests {
             .collect();
         assert_eq!(started, ["c1"]);
     }
+
+    #[test]
+    fn a_cell_with_headroom_waits_until_it_can_leave_that_many_free() {
+        let mut s = HostScheduler::new(8, 1_000, 10.0);
+        for k in ["heavy1", "heavy2", "light"] {
+            s.add_kernel(k, 4, 0).expect("fits");
+        }
+        s.set_headroom("heavy1", 2);
+        let a = s.submit("heavy1", "h1", 4, 0).expect("submits");
+        assert_eq!(starts(&a).len(), 1, "8 free: 4 for it and 2 kept");
+        s.set_headroom("heavy2", 2);
+        let a = s.submit("heavy2", "h2", 4, 1).expect("submits");
+        assert!(starts(&a).is_empty(), "4 free: taking them would leave none of the 2 kept");
+        // The light kernel has no headroom: put first (as the binder's fair order does), it
+        // takes the GPUs kept.
+        let a = s.submit("light", "l1", 4, 2).expect("submits");
+        assert!(starts(&a).is_empty(), "behind heavy2, which waits");
+        s.reorder_queue(&["light".to_owned()]);
+        let a = s.tick(2);
+        assert_eq!(starts(&a), vec![("light".to_owned(), vec![4, 5, 6, 7])], "the kept GPUs are the light one's");
+        // Headroom cleared: heavy2 runs once GPUs free up.
+        s.set_headroom("heavy2", 0);
+        let a = s.finish("heavy1", "h1", 3).expect("running");
+        assert_eq!(starts(&a).len(), 1, "heavy2 took heavy1's GPUs: {a:?}");
+        assert_eq!(s.kernels().iter().filter(|k| k.2).count(), 2, "light and heavy2 run");
+    }
 }

@@ -138,16 +138,25 @@ impl State {
     /// Puts the waiting cells in fair-share order (none when it is off), so the next call
     /// that serves the queue serves the furthest below their share first.
     fn order_fairly(&mut self, now: Millis) {
+        self.order_fairly_as(now, None);
+    }
+
+    /// As [`Self::order_fairly`], with the cell of kernel `ending` (when one) about to end:
+    /// the headroom kept counts that kernel as idle, as it is once the queue is served.
+    fn order_fairly_as(&mut self, now: Millis, ending: Option<&str>) {
         let queued = self.sched.queued();
         if let Some(order) = self.fair.order(&queued, now) {
             self.sched.reorder_queue(&order);
         }
-        self.keep_headroom(now);
+        self.keep_headroom(now, ending);
     }
 
     /// Sets each waiting cell's headroom (`gpu.fair_share_headroom`; 0 when off).
-    fn keep_headroom(&mut self, now: Millis) {
-        let kernels = self.sched.kernels();
+    fn keep_headroom(&mut self, now: Millis, ending: Option<&str>) {
+        let mut kernels = self.sched.kernels();
+        for k in &mut kernels {
+            k.2 &= ending != Some(k.0.as_str());
+        }
         for (k, _) in self.sched.queued() {
             let keep = self.fair.headroom(&k, &kernels, now);
             self.sched.set_headroom(&k, keep);
@@ -524,7 +533,7 @@ impl Binder {
             st.running.remove(parent_msg_id);
             let now = self.now();
             st.cell_ended(parent_msg_id, now, wall_ms());
-            st.order_fairly(now);
+            st.order_fairly_as(now, Some(kernel_id));
             let mut actions = st.sched.finish(kernel_id, parent_msg_id, now).unwrap_or_default();
             let next = st.backlog.get_mut(kernel_id).and_then(VecDeque::pop_front);
             if let Some(w) = next {

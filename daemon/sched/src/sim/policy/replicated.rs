@@ -108,6 +108,11 @@ pub struct Replicated {
     arrivals: u64,
     /// Per session: a cell of it holds GPUs now.
     running: Vec<bool>,
+    /// Headroom by (user, host), valid while nothing it depends on changed: the time and
+    /// `changes` it was computed at (a flood retries hundreds of cells on every host).
+    headroom_cache: std::cell::RefCell<(Millis, u64, std::collections::HashMap<(u32, u32), u32>)>,
+    /// Bumped whenever usage, running cells or a host's kernels change.
+    changes: u64,
 }
 
 fn kernel(s: u32) -> String {
@@ -139,6 +144,8 @@ impl Replicated {
             arrival: vec![0; n],
             arrivals: 0,
             running: vec![false; n],
+            headroom_cache: std::cell::RefCell::new((0, 0, std::collections::HashMap::new())),
+            changes: 0,
         }
     }
 
@@ -163,14 +170,24 @@ impl Replicated {
         self.ledger.take(&user, g, cx.now);
         self.submitted[s as usize] = false;
         self.running[s as usize] = true;
+        self.changes += 1;
     }
 
     /// GPUs of host `h` a cell of session `s` may take now: those available, less the
     /// headroom ([`fairshare::headroom`]) its owner must leave there when over their share.
+    /// (Where fewer are available than the cell needs, the headroom changes nothing.)
     fn usable(&self, cx: &Ctx<'_>, s: u32, h: u32) -> u32 {
         let available = cx.c.host(h).sched.available();
-        if !self.fair(cx) || !cx.m.notebookos.fair_share_headroom || available == 0 {
+        if !self.fair(cx) || !cx.m.notebookos.fair_share_headroom || available < cx.training(s).gpus.max(1) {
             return available;
+        }
+        let user = cx.w.user(s);
+        let mut cache = self.headroom_cache.borrow_mut();
+        if (cache.0, cache.1) != (cx.now, self.changes) {
+            *cache = (cx.now, self.changes, std::collections::HashMap::new());
+        }
+        if let Some(&reserve) = cache.2.get(&(user, h)) {
+            return available.saturating_sub(reserve);
         }
         let kernels: Vec<fairshare::OnHost<'_>> = self
             .members
@@ -188,6 +205,7 @@ impl Replicated {
             .unwrap_or_default();
         let p = fairshare::Params { half_life_ms: cx.m.notebookos.fair_share_half_life_ms, ..Default::default() };
         let reserve = fairshare::headroom(self.user_name(cx, s), 1.0, &kernels, &self.ledger, cx.now, &p);
+        cache.2.insert((user, h), reserve);
         available.saturating_sub(reserve)
     }
 
@@ -224,6 +242,7 @@ impl Replicated {
     }
 
     fn member_add(&mut self, h: u32, s: u32) {
+        self.changes += 1;
         let i = h as usize;
         if self.members.len() <= i {
             self.members.resize(i + 1, Vec::new());
@@ -232,6 +251,7 @@ impl Replicated {
     }
 
     fn member_remove(&mut self, h: u32, s: u32) {
+        self.changes += 1;
         if let Some(v) = self.members.get_mut(h as usize) {
             v.retain(|&x| x != s);
         }
@@ -695,6 +715,7 @@ impl Policy for Replicated {
         let (user, g) = (self.user_name(cx, s).to_owned(), cx.training(s).gpus);
         self.ledger.give_back(&user, g, cx.now);
         self.running[s as usize] = false;
+        self.changes += 1;
         match self.variant {
             Variant::Paper => {
                 cx.c.tick(host, cx.now);
