@@ -12,7 +12,10 @@
 //!
 //! Waiting cells go in fair-share order ([`super::fair_share`], `gpu.fair_share`): before
 //! the queue is served, it is put in [`nbos_sched::fairshare::order`] of the cells' owners'
-//! recent GPU time, which counts the GPUs committed to each owner's cells.
+//! recent GPU time, which counts the GPUs committed to each owner's cells. With
+//! `gpu.fair_share_headroom`, each waiting cell (and the LEAD/YIELD probe,
+//! [`Binder::can_commit_now`]) must leave free the GPUs [`nbos_sched::fairshare::headroom`]
+//! keeps for the idle kernels of users within their share.
 //!
 //! A cell whose owner used their `gpu_hours_per_day` today (UTC; [`super::gpu_hours`]) is
 //! refused with an error reply when it asks for GPUs: the binder counts each user's GPU time

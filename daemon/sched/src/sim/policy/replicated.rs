@@ -110,9 +110,17 @@ pub struct Replicated {
     running: Vec<bool>,
     /// Headroom by (user, host), valid while nothing it depends on changed: the time and
     /// `changes` it was computed at (a flood retries hundreds of cells on every host).
-    headroom_cache: std::cell::RefCell<(Millis, u64, std::collections::HashMap<(u32, u32), u32>)>,
+    headroom_cache: std::cell::RefCell<HeadroomCache>,
     /// Bumped whenever usage, running cells or a host's kernels change.
     changes: u64,
+}
+
+/// Headroom by (user, host), computed at `at` after `changes` changes.
+#[derive(Debug, Default)]
+struct HeadroomCache {
+    at: Millis,
+    changes: u64,
+    by: std::collections::HashMap<(u32, u32), u32>,
 }
 
 fn kernel(s: u32) -> String {
@@ -144,7 +152,7 @@ impl Replicated {
             arrival: vec![0; n],
             arrivals: 0,
             running: vec![false; n],
-            headroom_cache: std::cell::RefCell::new((0, 0, std::collections::HashMap::new())),
+            headroom_cache: std::cell::RefCell::new(HeadroomCache::default()),
             changes: 0,
         }
     }
@@ -183,10 +191,10 @@ impl Replicated {
         }
         let user = cx.w.user(s);
         let mut cache = self.headroom_cache.borrow_mut();
-        if (cache.0, cache.1) != (cx.now, self.changes) {
-            *cache = (cx.now, self.changes, std::collections::HashMap::new());
+        if (cache.at, cache.changes) != (cx.now, self.changes) {
+            *cache = HeadroomCache { at: cx.now, changes: self.changes, by: std::collections::HashMap::new() };
         }
-        if let Some(&reserve) = cache.2.get(&(user, h)) {
+        if let Some(&reserve) = cache.by.get(&(user, h)) {
             return available.saturating_sub(reserve);
         }
         let kernels: Vec<fairshare::OnHost<'_>> = self
@@ -205,7 +213,7 @@ impl Replicated {
             .unwrap_or_default();
         let p = fairshare::Params { half_life_ms: cx.m.notebookos.fair_share_half_life_ms, ..Default::default() };
         let reserve = fairshare::headroom(self.user_name(cx, s), 1.0, &kernels, &self.ledger, cx.now, &p);
-        cache.2.insert((user, h), reserve);
+        cache.by.insert((user, h), reserve);
         available.saturating_sub(reserve)
     }
 
