@@ -104,6 +104,19 @@ fn every_decision_of_the_simulated_notebookos_is_one_the_daemon_calls() {
 }
 
 #[test]
+fn the_fair_shares_headroom_is_one_the_daemon_calls_too() {
+    // Off by default (so not in EVERY_PATH); on, the simulator keeps it as the daemon does.
+    let mut w = synthetic::generate(&SyntheticParams { sessions: 100, hours: 2.0, ..SyntheticParams::default() }, 7);
+    nbos_sched::sim::users::assign(&mut w, 5, 7);
+    let mut model = Model::default();
+    model.notebookos.fair_share_headroom = true;
+    let r = nbos_sched::sim::run(&w, PolicyKind::Notebookos, &model).expect("the simulation runs");
+    assert!(r.decisions.contains(&"fairshare::headroom"), "{:?}", r.decisions);
+    let files = daemon_sources();
+    assert!(!daemon_callers(&files, "fairshare::headroom").is_empty(), "notebookosd keeps no headroom");
+}
+
+#[test]
 fn the_scan_finds_calls_and_only_calls() {
     let files = vec![
         (PathBuf::from("a.rs"), "use nbos_sched::drain;\nlet x = drain::choose(&c, 2);\n".to_owned()),

@@ -12,6 +12,14 @@
 //! `half_life × log2(usage ÷ band)`, and there the oldest cell goes first. With one user
 //! (a cluster without users: everyone is the anonymous user) the order is plain FIFO.
 //!
+//! A fair order alone cannot help a light user whose cell arrives when every GPU is held by
+//! long running cells of a heavy one: nothing is preempted. So a host may keep **headroom**
+//! ([`headroom`], `gpu.fair_share_headroom`, off by default: it costs the light users' p99
+//! without a flood, docs/simulator.md): a cell of a user *over their share* (normalised usage above the mean of
+//! the users with kernels on the host) may not take the GPUs that would leave fewer free than
+//! the largest idle kernel of a user within their share there asks. Whoever is within their
+//! share is never held back by it; a heavy user gets what the light ones cannot use.
+//!
 //! Pure: time is an argument, and the same inputs give the same order.
 
 use std::collections::BTreeMap;
@@ -155,6 +163,48 @@ pub fn band(ledger: &Ledger, user: &str, weight: f64, now: Millis, params: &Para
     #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a non-negative band number")]
     let b = normalised.floor().clamp(0.0, 1e18) as u64;
     b
+}
+
+/// A kernel on a host, as the headroom sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OnHost<'a> {
+    /// Its owner.
+    pub user: &'a str,
+    /// The owner's weight (as [`Waiting::weight`]).
+    pub weight: f64,
+    /// The GPUs it declared: what its next cell asks.
+    pub gpus: u32,
+    /// A cell of it holds GPUs now (it asks for none until that cell ends).
+    pub running: bool,
+}
+
+/// GPUs a cell of `user` (of `weight`) must leave free on a host whose kernels are
+/// `kernels`: 0 when the user is within their share (normalised usage at most the mean of
+/// the users with kernels there, the user included, weighted; or within one band of it);
+/// else the most GPUs a kernel of another user within their share asks, one without a
+/// running cell (it may ask any moment, or waits already).
+pub fn headroom(user: &str, weight: f64, kernels: &[OnHost<'_>], ledger: &Ledger, now: Millis, params: &Params) -> u32 {
+    // Nothing to keep (the common case, cheap): no idle kernel of another user asks for GPUs.
+    if !kernels.iter().any(|k| k.user != user && !k.running && k.gpus > 0) {
+        return 0;
+    }
+    let w = |x: f64| if x.is_finite() && x > 0.0 { x } else { 1.0 };
+    let mut users: BTreeMap<&str, f64> = kernels.iter().map(|k| (k.user, w(k.weight))).collect();
+    users.insert(user, w(weight));
+    let (used, weights) =
+        users.iter().fold((0.0, 0.0), |(u, ws), (name, wt)| (u + ledger.usage_gpu_ms(name, now), ws + wt));
+    let mean = used / weights;
+    let width = if params.band_gpu_ms.is_finite() && params.band_gpu_ms > 0.0 { params.band_gpu_ms } else { 1.0 };
+    let within = |name: &str, wt: f64| ledger.usage_gpu_ms(name, now) / wt <= mean + width;
+    if within(user, w(weight)) {
+        return 0;
+    }
+    kernels
+        .iter()
+        .filter(|k| k.user != user && !k.running && within(k.user, w(k.weight)))
+        .map(|k| k.gpus)
+        .max()
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -333,5 +383,70 @@ mod tests {
         let waiting =
             [Waiting { user: "new", weight: 1.0, arrival: 9 }, Waiting { user: "heavy", weight: 1.0, arrival: 1 }];
         assert_eq!(order(&waiting, &l, by, &p), vec![1, 0]);
+    }
+
+    fn on_host<'a>(user: &'a str, gpus: u32, running: bool) -> OnHost<'a> {
+        OnHost { user, weight: 1.0, gpus, running }
+    }
+
+    #[test]
+    fn a_heavy_user_leaves_free_what_an_idle_light_kernel_asks() {
+        // "heavy" held 4 GPUs for an hour; "light" and "mid" held little.
+        let mut l = Ledger::new(H);
+        l.take("heavy", 4, 0);
+        l.take("mid", 1, 0);
+        l.give_back("mid", 1, 60_000);
+        let now = H;
+        let p = Params::default();
+        let kernels = [
+            on_host("heavy", 4, true),
+            on_host("heavy", 4, false),
+            on_host("light", 8, false),
+            on_host("mid", 2, false),
+            on_host("busy", 6, true),
+        ];
+        assert_eq!(headroom("heavy", 1.0, &kernels, &l, now, &p), 8, "the largest idle kernel of another user");
+        assert_eq!(headroom("light", 1.0, &kernels, &l, now, &p), 0, "within their share: no headroom");
+        assert_eq!(headroom("mid", 1.0, &kernels, &l, now, &p), 0, "below the mean: none either");
+        // Alone on the host, or with only running kernels of others: nothing to keep.
+        assert_eq!(headroom("heavy", 1.0, &kernels[..2], &l, now, &p), 0);
+        assert_eq!(headroom("heavy", 1.0, &[kernels[0], kernels[4]], &l, now, &p), 0);
+    }
+
+    #[test]
+    fn a_weight_scales_the_share_headroom_is_kept_above() {
+        // "a" used twice what "b" did: over the mean at weight 1, within it at weight 3.
+        let mut l = Ledger::new(H);
+        l.take("a", 2, 0);
+        l.take("b", 1, 0);
+        let kernels = [on_host("a", 2, true), on_host("b", 4, false)];
+        let p = Params::default();
+        assert_eq!(headroom("a", 1.0, &kernels, &l, 600_000, &p), 4, "weight 1: over its share");
+        let weighted = [OnHost { weight: 3.0, ..kernels[0] }, kernels[1]];
+        assert_eq!(headroom("a", 3.0, &weighted, &l, 600_000, &p), 0, "weight 3: within its share");
+    }
+
+    #[test]
+    fn prop_headroom_spares_the_lightest_and_never_exceeds_an_idle_kernels_ask() {
+        cases(300, |g| {
+            let users = names(g.range(1, 5) as usize);
+            let ledger = random_ledger(g, &users);
+            let now = g.range(3_000_000, 6_000_000);
+            let n = g.range(1, 10) as usize;
+            let kernels: Vec<OnHost<'_>> = (0..n)
+                .map(|_| on_host(&users[g.range(0, users.len() as u64 - 1) as usize], g.u32(0, 8), g.bool()))
+                .collect();
+            let p = Params::default();
+            let lightest = users
+                .iter()
+                .min_by(|a, b| ledger.usage_gpu_ms(a, now).total_cmp(&ledger.usage_gpu_ms(b, now)))
+                .expect("a user");
+            assert_eq!(headroom(lightest, 1.0, &kernels, &ledger, now, &p), 0, "the lightest user is never held back");
+            for u in &users {
+                let keep = headroom(u, 1.0, &kernels, &ledger, now, &p);
+                let most = kernels.iter().filter(|k| k.user != u && !k.running).map(|k| k.gpus).max().unwrap_or(0);
+                assert!(keep <= most, "{u}: keeps {keep}, the others' idle kernels ask at most {most}");
+            }
+        });
     }
 }

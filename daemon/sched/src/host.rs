@@ -109,6 +109,8 @@ pub struct HostScheduler {
     fenced: Vec<Option<KernelId>>,
     kernels: BTreeMap<KernelId, Kernel>,
     queue: VecDeque<KernelId>,
+    /// GPUs a waiting cell of the kernel must leave free ([`Self::set_headroom`]).
+    headroom: BTreeMap<KernelId, u32>,
     idle_release: Millis,
     ratio: f64,
     /// Time up to which the integrals below are accounted.
@@ -152,6 +154,7 @@ impl HostScheduler {
             fenced: vec![None; gpus as usize],
             kernels: BTreeMap::new(),
             queue: VecDeque::new(),
+            headroom: BTreeMap::new(),
             idle_release,
             ratio,
             accounted_to: 0,
@@ -229,6 +232,7 @@ impl HostScheduler {
             return Vec::new();
         }
         self.queue.retain(|k| k != kernel);
+        self.headroom.remove(kernel);
         for g in &mut self.gpus {
             let mine = match g {
                 Gpu::Committed { kernel: k } | Gpu::IdleHeld { kernel: k, .. } => k == kernel,
@@ -375,10 +379,26 @@ impl HostScheduler {
         self.queue = queue;
     }
 
-    /// Starts queued cells, in order, while the head can get its GPUs. When the head cannot,
-    /// a waiting kernel whose own memory fences enough free GPUs still starts on them: no
-    /// other cell may use those, so it delays nobody, and without it a holder queued behind
-    /// a cell waiting for its fenced GPU would wait for ever.
+    /// The GPUs a cell of `kernel` must leave free when it starts (a fair share's headroom,
+    /// [`crate::fairshare::headroom`]); 0 clears it. Serves nothing.
+    pub fn set_headroom(&mut self, kernel: &str, gpus: u32) {
+        if gpus == 0 {
+            self.headroom.remove(kernel);
+        } else {
+            self.headroom.insert(kernel.to_owned(), gpus);
+        }
+    }
+
+    /// The kernels here: each with the GPUs it declared and whether a cell of it runs.
+    pub fn kernels(&self) -> Vec<(KernelId, u32, bool)> {
+        self.kernels.iter().map(|(id, k)| (id.clone(), k.gpus, k.running.is_some())).collect()
+    }
+
+    /// Starts queued cells, in order, while the head can get its GPUs (and leave its
+    /// headroom free). When the head cannot, a waiting kernel whose own memory fences
+    /// enough free GPUs still starts on them: no other cell may use those, so it delays
+    /// nobody, and without it a holder queued behind a cell waiting for its fenced GPU
+    /// would wait for ever.
     fn serve_queue(&mut self, now: Millis) -> Vec<Action> {
         let mut actions = Vec::new();
         while let Some(kernel) = self.queue.front().cloned() {
@@ -420,7 +440,8 @@ impl HostScheduler {
                 Gpu::Committed { .. } => {}
             }
         }
-        if own.len() + free.len() + others.len() < need {
+        let keep = self.headroom.get(kernel).copied().unwrap_or(0) as usize;
+        if own.len() + free.len() + others.len() < need + keep {
             return None;
         }
         others.sort_unstable();
@@ -785,5 +806,31 @@ mod tests {
             })
             .collect();
         assert_eq!(started, ["c1"]);
+    }
+
+    #[test]
+    fn a_cell_with_headroom_waits_until_it_can_leave_that_many_free() {
+        let mut s = HostScheduler::new(8, 1_000, 10.0);
+        for k in ["heavy1", "heavy2", "light"] {
+            s.add_kernel(k, 4, 0).expect("fits");
+        }
+        s.set_headroom("heavy1", 2);
+        let a = s.submit("heavy1", "h1", 4, 0).expect("submits");
+        assert_eq!(starts(&a).len(), 1, "8 free: 4 for it and 2 kept");
+        s.set_headroom("heavy2", 2);
+        let a = s.submit("heavy2", "h2", 4, 1).expect("submits");
+        assert!(starts(&a).is_empty(), "4 free: taking them would leave none of the 2 kept");
+        // The light kernel has no headroom: put first (as the binder's fair order does), it
+        // takes the GPUs kept.
+        let a = s.submit("light", "l1", 4, 2).expect("submits");
+        assert!(starts(&a).is_empty(), "behind heavy2, which waits");
+        s.reorder_queue(&["light".to_owned()]);
+        let a = s.tick(2);
+        assert_eq!(starts(&a), vec![("light".to_owned(), vec![4, 5, 6, 7])], "the kept GPUs are the light one's");
+        // Headroom cleared: heavy2 runs once GPUs free up.
+        s.set_headroom("heavy2", 0);
+        let a = s.finish("heavy1", "h1", 3).expect("running");
+        assert_eq!(starts(&a).len(), 1, "heavy2 took heavy1's GPUs: {a:?}");
+        assert_eq!(s.kernels().iter().filter(|k| k.2).count(), 2, "light and heavy2 run");
     }
 }

@@ -82,6 +82,9 @@ pub struct PolicyConfig {
     pub fair_share: bool,
     /// Users' recent GPU time halves every this long (`gpu.fair_share_half_life`).
     pub fair_share_half_life_ms: Millis,
+    /// With fair share, a user over their share leaves free the GPUs an idle kernel of a
+    /// user within theirs asks ([`crate::fairshare::headroom`], `gpu.fair_share_headroom`).
+    pub fair_share_headroom: bool,
 }
 
 impl Default for PolicyConfig {
@@ -99,6 +102,8 @@ impl Default for PolicyConfig {
             autoscale: AutoscaleParams::default(),
             fair_share: true,
             fair_share_half_life_ms: crate::fairshare::DEFAULT_HALF_LIFE_MS,
+            // Off: without a flood it costs the light users' p99 (docs/simulator.md).
+            fair_share_headroom: false,
         }
     }
 }

@@ -50,6 +50,12 @@ pub struct GpuConfig {
     /// Users' recent GPU time halves every this long (the memory of the fair share).
     #[serde(with = "humantime_serde")]
     pub fair_share_half_life: Duration,
+    /// With `fair_share`: a user over their share of recent GPU time (above the mean of the
+    /// users with kernels on the host) may not take the GPUs that would leave fewer free than
+    /// an idle kernel of a user within their share asks (`nbos_sched::fairshare::headroom`),
+    /// so a light user's cell starts at once under a flood. Off by default: it holds GPUs
+    /// idle, and without a flood light users wait longer (docs/simulator.md).
+    pub fair_share_headroom: bool,
     /// Whether kernel processes may open only the GPU device files of GPUs they hold a lease
     /// on, enforced in the kernel by eBPF (`kernel::device_cgroup`). Unset: `off` (see
     /// docs/configuration.md for why it is not yet the default on NVIDIA hosts).
@@ -78,6 +84,7 @@ impl Default for GpuConfig {
             subscription_ratio: PolicyConfig::default().subscription_ratio,
             fair_share: PolicyConfig::default().fair_share,
             fair_share_half_life: Duration::from_millis(PolicyConfig::default().fair_share_half_life_ms),
+            fair_share_headroom: PolicyConfig::default().fair_share_headroom,
             device_guard: None,
         }
     }

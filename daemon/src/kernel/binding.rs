@@ -12,7 +12,10 @@
 //!
 //! Waiting cells go in fair-share order ([`super::fair_share`], `gpu.fair_share`): before
 //! the queue is served, it is put in [`nbos_sched::fairshare::order`] of the cells' owners'
-//! recent GPU time, which counts the GPUs committed to each owner's cells.
+//! recent GPU time, which counts the GPUs committed to each owner's cells. With
+//! `gpu.fair_share_headroom`, each waiting cell (and the LEAD/YIELD probe,
+//! [`Binder::can_commit_now`]) must leave free the GPUs [`nbos_sched::fairshare::headroom`]
+//! keeps for the idle kernels of users within their share.
 //!
 //! A cell whose owner used their `gpu_hours_per_day` today (UTC; [`super::gpu_hours`]) is
 //! refused with an error reply when it asks for GPUs: the binder counts each user's GPU time
@@ -138,9 +141,28 @@ impl State {
     /// Puts the waiting cells in fair-share order (none when it is off), so the next call
     /// that serves the queue serves the furthest below their share first.
     fn order_fairly(&mut self, now: Millis) {
+        self.order_fairly_as(now, None);
+    }
+
+    /// As [`Self::order_fairly`], with the cell of kernel `ending` (when one) about to end:
+    /// the headroom kept counts that kernel as idle, as it is once the queue is served.
+    fn order_fairly_as(&mut self, now: Millis, ending: Option<&str>) {
         let queued = self.sched.queued();
         if let Some(order) = self.fair.order(&queued, now) {
             self.sched.reorder_queue(&order);
+        }
+        self.keep_headroom(now, ending);
+    }
+
+    /// Sets each waiting cell's headroom (`gpu.fair_share_headroom`; 0 when off).
+    fn keep_headroom(&mut self, now: Millis, ending: Option<&str>) {
+        let mut kernels = self.sched.kernels();
+        for k in &mut kernels {
+            k.2 &= ending != Some(k.0.as_str());
+        }
+        for (k, _) in self.sched.queued() {
+            let keep = self.fair.headroom(&k, &kernels, now);
+            self.sched.set_headroom(&k, keep);
         }
     }
 
@@ -234,6 +256,11 @@ impl Binder {
         st.owners = owners;
     }
 
+    /// Keeps the fair share's headroom (`gpu.fair_share_headroom`) or not.
+    pub fn set_fair_share_headroom(&self, on: bool) {
+        self.lock().fair.set_headroom(on);
+    }
+
     /// Sets the `gpu_hours_per_day` limits (none when `limits` sets none).
     pub fn set_gpu_hours(&self, limits: GpuHoursLimits) {
         self.lock().gpu_hours = Some(limits).filter(|l| !l.is_empty());
@@ -311,14 +338,19 @@ impl Binder {
             return true;
         }
         const PROBE: &str = "\u{0}probe";
+        let now = self.now();
         let mut probe = {
-            let st = self.lock();
+            let mut st = self.lock();
             if st.running.values().any(|k| k == kernel_id) || st.waiting.values().any(|w| w.kernel.id == kernel_id) {
                 return false;
             }
-            st.sched.clone()
+            // A user over their share may not take the GPUs kept for the others' kernels.
+            let kernels = st.sched.kernels();
+            let keep = st.fair.headroom(kernel_id, &kernels, now);
+            let mut probe = st.sched.clone();
+            probe.set_headroom(kernel_id, keep);
+            probe
         };
-        let now = self.now();
         match probe.submit(kernel_id, PROBE, gpus, now) {
             Ok(actions) => actions.iter().any(|a| matches!(a, Action::Start { cell, .. } if cell == PROBE)),
             Err(_) => false,
@@ -459,6 +491,8 @@ impl Binder {
         }
         st.waiting.insert(cell.to_owned(), w);
         st.order_fairly(now);
+        let keep = st.fair.headroom(&kernel_id, &st.sched.kernels(), now);
+        st.sched.set_headroom(&kernel_id, keep);
         match st.sched.submit(&kernel_id, cell, gpus, now) {
             Ok(mut actions) => {
                 // The new cell joined at the back; if it goes first by fair share, it may
@@ -502,7 +536,7 @@ impl Binder {
             st.running.remove(parent_msg_id);
             let now = self.now();
             st.cell_ended(parent_msg_id, now, wall_ms());
-            st.order_fairly(now);
+            st.order_fairly_as(now, Some(kernel_id));
             let mut actions = st.sched.finish(kernel_id, parent_msg_id, now).unwrap_or_default();
             let next = st.backlog.get_mut(kernel_id).and_then(VecDeque::pop_front);
             if let Some(w) = next {

@@ -118,6 +118,8 @@ pub fn weight_of(groups: &[String], weights: &BTreeMap<String, GroupLimits>) -> 
 /// The fair-share state of one host's binder.
 pub(crate) struct FairShare {
     enabled: bool,
+    /// `gpu.fair_share_headroom`.
+    headroom: bool,
     params: Params,
     lookup: Arc<dyn OwnerLookup>,
     ledger: Ledger,
@@ -137,6 +139,7 @@ impl FairShare {
         let half_life_ms = Millis::try_from(half_life.as_millis()).unwrap_or(Millis::MAX).max(1);
         Self {
             enabled,
+            headroom: false,
             params: Params { half_life_ms, ..Params::default() },
             lookup,
             ledger: Ledger::new(half_life_ms),
@@ -173,6 +176,33 @@ impl FairShare {
         self.owners.remove(kernel);
         // Users idle for about 20 half-lives have under a GPU-second left: forgotten.
         self.ledger.forget_idle(now, fairshare::DEFAULT_BAND_GPU_MS);
+    }
+
+    /// Keep headroom (`gpu.fair_share_headroom`) or not.
+    pub(crate) fn set_headroom(&mut self, on: bool) {
+        self.headroom = on;
+    }
+
+    /// The GPUs a cell of `kernel` must leave free on this host, whose kernels are `kernels`
+    /// (id, GPUs declared, a cell running): [`fairshare::headroom`] of their owners; 0 when
+    /// fair share or its headroom is off.
+    pub(crate) fn headroom(&mut self, kernel: &str, kernels: &[(KernelId, u32, bool)], now: Millis) -> u32 {
+        if !self.enabled || !self.headroom {
+            return 0;
+        }
+        let me = self.owner(kernel);
+        let owners: Vec<(Owner, u32, bool)> =
+            kernels.iter().map(|(k, gpus, running)| (self.owner(k), *gpus, *running)).collect();
+        let on_host: Vec<fairshare::OnHost<'_>> = owners
+            .iter()
+            .map(|(o, gpus, running)| fairshare::OnHost {
+                user: &o.user,
+                weight: o.weight,
+                gpus: *gpus,
+                running: *running,
+            })
+            .collect();
+        fairshare::headroom(&me.user, me.weight, &on_host, &self.ledger, now, &self.params)
     }
 
     /// The fair-share order of `queued` (kernels with when their cell was submitted), or

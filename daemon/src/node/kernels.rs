@@ -58,6 +58,7 @@ pub(super) fn start_kernels(
     // registry keeps; a kernel without an owner is the anonymous user.
     let owners = Arc::new(crate::kernel::fair_share::KernelOwners::new(&config.limits));
     binder.set_fair_share(config.gpu.fair_share, config.gpu.fair_share_half_life, owners.clone());
+    binder.set_fair_share_headroom(config.gpu.fair_share_headroom);
     // gpu_hours_per_day: a users-file entry's own limit, else [limits.user]'s; groups' too.
     let own: crate::kernel::gpu_hours::OwnLimit =
         Arc::new(move |name| authenticator.as_ref().and_then(|a| a.quota_of(name).gpu_hours_per_day));

@@ -184,6 +184,11 @@ pub struct Args {
     /// default) or first come first served (`off`); overrides the config's gpu.fair_share.
     #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
     pub fair_share: Option<String>,
+    /// notebookos with fair share: a user over their share leaves free the GPUs an idle
+    /// kernel of a user within theirs asks (`on`) or not (`off`, the daemon's default);
+    /// overrides the config's gpu.fair_share_headroom.
+    #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+    pub fair_share_headroom: Option<String>,
     /// Memory of an idle replica before its namespace, MiB (an ipykernel with the user's imports).
     #[arg(long, default_value_t = Model::default().replica_base_mib, value_name = "MIB", allow_negative_numbers = true, value_parser = flags::count)]
     pub replica_base_mib: u64,
@@ -438,6 +443,9 @@ fn policy(a: &Args, config: Option<&notebookosd::config::Config>) -> anyhow::Res
     }
     if let Some(f) = &a.fair_share {
         p.fair_share = f == "on";
+    }
+    if let Some(f) = &a.fair_share_headroom {
+        p.fair_share_headroom = f == "on";
     }
     Ok(p)
 }

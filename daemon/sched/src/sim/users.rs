@@ -168,4 +168,34 @@ mod tests {
             "the flood waits, not the others: {fair:?} vs {fifo:?}"
         );
     }
+
+    #[test]
+    fn with_headroom_the_others_do_not_wait_for_the_floods_running_cells() {
+        use crate::sim::{run, Model, PolicyKind};
+        let mut w = synthetic::generate(&SyntheticParams { sessions: 20, hours: 4.0, ..SyntheticParams::default() }, 5)
+            .ending_at(4 * 3_600_000);
+        assign(&mut w, 10, 5);
+        add_flood(&mut w, &Flood::saturating(0, 4, 600_000, 8, 8, 2));
+        let others = |headroom: bool| {
+            let mut m = Model { fixed_hosts: 8, ..Model::default() };
+            m.notebookos.fair_share_headroom = headroom;
+            let r = run(&w, PolicyKind::Notebookos, &m).expect("runs");
+            assert_eq!(r.violations, 0);
+            r.users.expect("the workload has users")
+        };
+        let (kept, plain) = (others(true), others(false));
+        assert!(
+            kept.others_delay_p95_s < plain.others_delay_p95_s / 2.0,
+            "others' p95 with headroom: {} s, without: {} s",
+            kept.others_delay_p95_s,
+            plain.others_delay_p95_s
+        );
+        assert!(
+            kept.others_delay_p99_s <= plain.others_delay_p99_s,
+            "p99 with headroom: {} s, without: {} s",
+            kept.others_delay_p99_s,
+            plain.others_delay_p99_s
+        );
+        assert!(kept.flood_delay_p99_s > kept.others_delay_p99_s.into(), "the flood waits: {kept:?}");
+    }
 }

@@ -106,6 +106,21 @@ pub struct Replicated {
     /// Per session: its waiting cell's place in arrival order.
     arrival: Vec<u64>,
     arrivals: u64,
+    /// Per session: a cell of it holds GPUs now.
+    running: Vec<bool>,
+    /// Headroom by (user, host), valid while nothing it depends on changed: the time and
+    /// `changes` it was computed at (a flood retries hundreds of cells on every host).
+    headroom_cache: std::cell::RefCell<HeadroomCache>,
+    /// Bumped whenever usage, running cells or a host's kernels change.
+    changes: u64,
+}
+
+/// Headroom by (user, host), computed at `at` after `changes` changes.
+#[derive(Debug, Default)]
+struct HeadroomCache {
+    at: Millis,
+    changes: u64,
+    by: std::collections::HashMap<(u32, u32), u32>,
 }
 
 fn kernel(s: u32) -> String {
@@ -136,6 +151,9 @@ impl Replicated {
             user_names: Vec::new(),
             arrival: vec![0; n],
             arrivals: 0,
+            running: vec![false; n],
+            headroom_cache: std::cell::RefCell::new(HeadroomCache::default()),
+            changes: 0,
         }
     }
 
@@ -159,6 +177,44 @@ impl Replicated {
         let user = self.user_name(cx, s).to_owned();
         self.ledger.take(&user, g, cx.now);
         self.submitted[s as usize] = false;
+        self.running[s as usize] = true;
+        self.changes += 1;
+    }
+
+    /// GPUs of host `h` a cell of session `s` may take now: those available, less the
+    /// headroom ([`fairshare::headroom`]) its owner must leave there when over their share.
+    /// (Where fewer are available than the cell needs, the headroom changes nothing.)
+    fn usable(&self, cx: &Ctx<'_>, s: u32, h: u32) -> u32 {
+        let available = cx.c.host(h).sched.available();
+        if !self.fair(cx) || !cx.m.notebookos.fair_share_headroom || available < cx.training(s).gpus.max(1) {
+            return available;
+        }
+        let user = cx.w.user(s);
+        let mut cache = self.headroom_cache.borrow_mut();
+        if (cache.at, cache.changes) != (cx.now, self.changes) {
+            *cache = HeadroomCache { at: cx.now, changes: self.changes, by: std::collections::HashMap::new() };
+        }
+        if let Some(&reserve) = cache.by.get(&(user, h)) {
+            return available.saturating_sub(reserve);
+        }
+        let kernels: Vec<fairshare::OnHost<'_>> = self
+            .members
+            .get(h as usize)
+            .map(|m| {
+                m.iter()
+                    .map(|&o| fairshare::OnHost {
+                        user: self.user_name(cx, o),
+                        weight: 1.0,
+                        gpus: cx.session_gpus(o),
+                        running: self.running[o as usize],
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let p = fairshare::Params { half_life_ms: cx.m.notebookos.fair_share_half_life_ms, ..Default::default() };
+        let reserve = fairshare::headroom(self.user_name(cx, s), 1.0, &kernels, &self.ledger, cx.now, &p);
+        cache.by.insert((user, h), reserve);
+        available.saturating_sub(reserve)
     }
 
     /// The subscription ratio placement and migration keep, in subscribed GPUs per host GPU.
@@ -194,6 +250,7 @@ impl Replicated {
     }
 
     fn member_add(&mut self, h: u32, s: u32) {
+        self.changes += 1;
         let i = h as usize;
         if self.members.len() <= i {
             self.members.resize(i + 1, Vec::new());
@@ -202,6 +259,7 @@ impl Replicated {
     }
 
     fn member_remove(&mut self, h: u32, s: u32) {
+        self.changes += 1;
         if let Some(v) = self.members.get_mut(h as usize) {
             v.retain(|&x| x != s);
         }
@@ -304,12 +362,15 @@ impl Replicated {
         let k = kernel(s);
         let cell = format!("s{s}c{}", cx.training_index(s));
         let reps = self.reps[s as usize];
+        if self.fair(cx) && cx.m.notebookos.fair_share_headroom {
+            cx.decided("fairshare::headroom");
+        }
         let cands = self.candidates(cx, s);
         cx.decided("preselect::preselect");
         let lead = preselect(&cands, g, self.prev[s as usize], &[]).map(|round| round.lead);
         if let Some(lead) = lead {
             let h = reps[lead as usize - 1];
-            if cx.c.host(h).sched.available() >= g {
+            if self.usable(cx, s, h) >= g {
                 cx.c.commit(h, &k, &cell, g, cx.now);
                 cx.start_training(s, h, cx.m.election_ms);
                 self.prev[s as usize] = Some(lead);
@@ -408,32 +469,28 @@ impl Replicated {
     /// A replica of `s` still moving onto a host that can commit `g` GPUs now: the one
     /// ready first, with when.
     fn moving_replica_for(&self, cx: &Ctx<'_>, s: u32, g: u32) -> Option<(usize, Millis)> {
-        self.reps[s as usize]
-            .iter()
+        let reps = self.reps[s as usize];
+        reps.iter()
             .zip(self.ready_at[s as usize])
             .enumerate()
-            .filter(|&(_, (&h, at))| {
-                at > cx.now && cx.c.host(h).state == HostState::Up && cx.c.host(h).sched.available() >= g
-            })
+            .filter(|&(_, (&h, at))| at > cx.now && cx.c.host(h).state == HostState::Up)
+            .filter(|&(_, (&h, _))| self.usable(cx, s, h) >= g)
             .map(|(r, (_, at))| (r, at))
             .min_by_key(|&(r, at)| (at, r))
     }
 
     /// The executor candidates; a replica still moving is not live.
     fn candidates(&self, cx: &Ctx<'_>, s: u32) -> Vec<Candidate> {
-        self.reps[s as usize]
-            .iter()
+        let reps = self.reps[s as usize];
+        reps.iter()
             .zip(self.ready_at[s as usize])
             .enumerate()
-            .map(|(r, (&h, at))| {
-                let host = cx.c.host(h);
-                Candidate {
-                    replica: u32::try_from(r + 1).unwrap_or(NONE),
-                    node_id: u64::from(h),
-                    live: host.state == HostState::Up && at <= cx.now,
-                    gpus_idle: host.sched.available(),
-                    local: false,
-                }
+            .map(|(r, (&h, at))| Candidate {
+                replica: u32::try_from(r + 1).unwrap_or(NONE),
+                node_id: u64::from(h),
+                live: cx.c.host(h).state == HostState::Up && at <= cx.now,
+                gpus_idle: self.usable(cx, s, h),
+                local: false,
             })
             .collect()
     }
@@ -452,11 +509,12 @@ impl Replicated {
             cx.c.up_hosts()
                 .iter()
                 .map(|&h| {
+                    let usable = self.usable(cx, s, h);
                     let host = cx.c.host(h);
                     migrate::CandidateHost {
                         node_id: u64::from(h),
                         gpus_total: cx.c.gpus_per_host(),
-                        gpus_available: host.sched.available(),
+                        gpus_available: usable,
                         subscribed_gpus: host.subscribed,
                         memory_capacity_mib: cx.m.host_memory_mib,
                         memory_used_mib: host.memory_mib,
@@ -664,6 +722,8 @@ impl Policy for Replicated {
         cx.c.finish(host, &kernel(s), &cell, cx.now);
         let (user, g) = (self.user_name(cx, s).to_owned(), cx.training(s).gpus);
         self.ledger.give_back(&user, g, cx.now);
+        self.running[s as usize] = false;
+        self.changes += 1;
         match self.variant {
             Variant::Paper => {
                 cx.c.tick(host, cx.now);
