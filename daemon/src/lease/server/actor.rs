@@ -18,6 +18,7 @@ use crate::gpu::control::{Eviction, EvictionFailure, GpuControl};
 use crate::gpu::GpuInfo;
 use crate::lease::metrics::LeaseMetrics;
 use crate::lease::table::{Action, LeaseState, Table};
+pub use crate::status::FencedGpu;
 
 /// A kernel process the daemon started (the root of a process tree allowed to lease).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,24 +51,6 @@ pub struct ProcessStatus {
     /// Restores of its memory that failed in a row: while above 0 it waits, its call
     /// blocked, and the restore is retried (it never runs without its memory).
     pub restore_failures: u32,
-}
-
-/// A GPU not granted because an eviction left a process's memory on it (until the
-/// memory is gone), as `/api/v1/status` and `nbos status` show it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct FencedGpu {
-    /// Host index.
-    pub index: usize,
-    /// The GPU's UUID.
-    pub uuid: String,
-    /// The process whose memory is on it.
-    pub holder_pid: u32,
-    /// Its kernel.
-    pub kernel_id: String,
-    /// Why its eviction failed: `lock_timeout`, `lock_failed`, `checkpoint_failed`, `memory_left`.
-    pub reason: String,
-    /// Seconds since the GPU was fenced.
-    pub fenced_for_s: u64,
 }
 
 /// How often a fenced GPU's memory is looked at again (NVML per-process memory).
