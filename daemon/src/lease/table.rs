@@ -304,10 +304,19 @@ impl Table {
         self.schedule(now)
     }
 
-    /// `pid`'s grant went through (its memory restored, or nothing to restore).
+    /// `pid`'s grant went through (its memory restored, or nothing to restore): it holds
+    /// its own fenced GPUs under a lease again, a fence again only if its next eviction
+    /// fails too.
     pub fn granted(&mut self, pid: u32) {
         if let Some(e) = self.procs.get_mut(&pid) {
             e.restore_failures = 0;
+            for &g in &e.gpus {
+                if let Some(f) = self.fences.get_mut(g) {
+                    if f.as_ref().is_some_and(|f| f.holder == pid) {
+                        *f = None;
+                    }
+                }
+            }
         }
     }
 
@@ -408,13 +417,8 @@ impl Table {
                 let restore_from = e.checkpointed.then(|| e.last_gpus.clone());
                 let lease = self.next_lease;
                 self.next_lease += 1;
-                // The holder takes its own fenced GPUs back under a lease: a fence again
-                // only if its next eviction fails too.
-                for &g in &pick {
-                    if self.fences[g].as_ref().is_some_and(|f| f.holder == *pid) {
-                        self.fences[g] = None;
-                    }
-                }
+                // The holder's own fenced GPUs stay fenced until the grant goes through
+                // ([`Table::granted`]): a restore that fails leaves its memory there.
                 if let Some(e) = self.procs.get_mut(pid) {
                     e.state = LeaseState::Bound;
                     e.lease = lease;
@@ -689,6 +693,7 @@ mod tests {
         assert!(t.request(3, t0).is_empty(), "GPU 0 fenced, GPU 1 held: 3 waits");
         // Memory resident (not checkpointed): the holder is granted its GPU, no restore.
         assert_eq!(t.request(1, t0), vec![Action::Grant { pid: 1, lease: 3, gpus: vec![0], restore_from: None }]);
+        t.granted(1);
         assert_eq!(t.fences().count(), 0, "held under a lease again, not fenced");
         assert_eq!(holders(&t), vec![0, 1]);
     }
@@ -704,6 +709,24 @@ mod tests {
         assert_eq!(t.fences().map(|(g, _)| g).collect::<Vec<_>>(), vec![0]);
         let a = t.request(1, t0);
         assert_eq!(a, vec![Action::Grant { pid: 1, lease: 2, gpus: vec![0], restore_from: Some(vec![0]) }]);
+    }
+
+    #[test]
+    fn a_failed_restore_after_memory_left_keeps_the_gpu_fenced_from_the_next_waiter() {
+        let t0 = Instant::now();
+        let mut t = Table::new(1, POLICY);
+        t.add(1, 1, t0);
+        t.add(2, 1, t0);
+        t.request(1, t0);
+        t.revoke(1);
+        t.eviction_failed(1, 1, EvictionFailure::MemoryLeft, "k1", t0);
+        let a = t.request(1, t0);
+        assert_eq!(a, vec![Action::Grant { pid: 1, lease: 2, gpus: vec![0], restore_from: Some(vec![0]) }]);
+        assert!(t.request(2, t0).is_empty(), "GPU 0 is bound to 1");
+        // The restore fails: 1 waits again, and its memory is still on GPU 0.
+        let a = t.restore_failed(1, t0);
+        assert!(!a.iter().any(|x| matches!(x, Action::Grant { pid: 2, .. })), "{a:?}");
+        assert_eq!(t.fences().map(|(g, f)| (g, f.holder)).collect::<Vec<_>>(), vec![(0, 1)]);
     }
 
     #[test]
