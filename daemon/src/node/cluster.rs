@@ -144,8 +144,9 @@ pub(super) async fn start_cluster(
                 node_id,
                 gpus_total: snap.total,
                 gpus_committed: snap.committed.saturating_add(snap.idle_held),
-                // Idle-held GPUs are taken back for a cell that needs them: a cell could take them now.
-                gpus_idle: snap.total.saturating_sub(snap.committed),
+                // Idle-held GPUs are taken back for a cell that needs them: a cell could take them
+                // now. Fenced ones hold another kernel's memory: no new cell may.
+                gpus_idle: snap.total.saturating_sub(snap.committed).saturating_sub(snap.fenced),
                 replicas: u32::try_from(kernels.len().await).unwrap_or(u32::MAX),
                 subscribed_gpus: snap.requested,
                 memory_capacity_mib,
