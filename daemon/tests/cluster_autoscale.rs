@@ -96,8 +96,7 @@ fn autoscaled(wrapper: &[&str], extra: &str, seed_overlay: &str) -> (TestCluster
     let template_path = dir.join("provider-template.toml");
     std::fs::write(&template_path, template).expect("template");
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/autoscale/local-dev-provider.py");
-    let mut command: Vec<String> =
-        wrapper.iter().map(|a| a.replace("{dir}", &dir.display().to_string())).collect();
+    let mut command: Vec<String> = wrapper.iter().map(|a| a.replace("{dir}", &dir.display().to_string())).collect();
     command.extend([
         python.display().to_string(),
         script.display().to_string(),
@@ -297,11 +296,8 @@ fn a_release_whose_replica_cannot_move_in_time_is_given_up_the_host_kept_and_pla
     let gate = bin.path().join("hold-kernel-starts");
     let wrapper = bin.path().join("python");
     let python = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
-    std::fs::write(
-        &wrapper,
-        format!("#!/bin/sh\nwhile [ -e {gate:?} ]; do sleep 0.1; done\nexec {python:?} \"$@\"\n"),
-    )
-    .expect("python wrapper");
+    std::fs::write(&wrapper, format!("#!/bin/sh\nwhile [ -e {gate:?} ]; do sleep 0.1; done\nexec {python:?} \"$@\"\n"))
+        .expect("python wrapper");
     std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
     let seeds = format!("[kernel]\npython = {wrapper:?}\nprewarm_max = 0\n");
     let (c, provided) = autoscaled(&[], "max_release = 3\ndrain_timeout = \"15s\"\n", &seeds);
@@ -340,7 +336,8 @@ fn a_release_whose_replica_cannot_move_in_time_is_given_up_the_host_kept_and_pla
     let (code, k3) =
         c.post_as_operator(leader, "/api/v1/cluster/kernels", serde_json::json!({ "name": "python3", "gpus": 0 }));
     assert!((200..300).contains(&code), "{k3}");
-    let placed: Vec<u64> = k3["replicas"].as_array().expect("replicas").iter().filter_map(|r| r["node_id"].as_u64()).collect();
+    let placed: Vec<u64> =
+        k3["replicas"].as_array().expect("replicas").iter().filter_map(|r| r["node_id"].as_u64()).collect();
     assert!(!placed.contains(&last), "placed on host {last}, which is being released: {placed:?}");
     let up = members_up_via(&c, leader);
     assert!(placed.iter().all(|h| up.contains(h)), "placed on {placed:?}, members {up:?}");

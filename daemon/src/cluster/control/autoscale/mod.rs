@@ -91,8 +91,7 @@ async fn run(cluster: Arc<Cluster>, config: AutoscaleConfig, provider: Arc<dyn P
             subscribed_gpus: kernels
                 .iter()
                 .map(|k| {
-                    let staying =
-                        k.hosts().iter().filter(|h| !draining.contains(h) && !gone.contains(h)).count();
+                    let staying = k.hosts().iter().filter(|h| !draining.contains(h) && !gone.contains(h)).count();
                     k.gpus.saturating_mul(u32::try_from(staying).unwrap_or(u32::MAX))
                 })
                 .sum(),
@@ -198,13 +197,10 @@ fn cluster_clock() -> &'static Instant {
 async fn drain_and_leave(cluster: &Cluster, host: &ProviderHost, timeout: Duration) -> anyhow::Result<()> {
     let id = host.node_id;
     cluster.host_leave_phase(&host.gateway_url, "drain").await.with_context(|| format!("draining host {id}"))?;
-    let result = wait_drained(cluster, host, timeout).await;
-    let result = match result {
-        Ok(()) => {
-            cluster.host_leave_phase(&host.gateway_url, "remove").await.map(|_| ()).context("removing it from the cluster")
-        }
-        Err(e) => Err(e),
-    };
+    let mut result = wait_drained(cluster, host, timeout).await;
+    if result.is_ok() {
+        result = cluster.host_leave_phase(&host.gateway_url, "remove").await.map(|_| ()).context("removing it");
+    }
     if let Err(e) = &result {
         if let Err(w) = cluster.withdraw_draining(id).await {
             tracing::warn!(node = id, error = %w, "autoscaler: could not withdraw the draining mark of a host kept");
@@ -274,5 +270,34 @@ async fn release(provider: Arc<dyn Provider>, host: ProviderHost, metrics: &Elas
     }
     if unreleased {
         metrics.hosts_unreleased.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::provider::ExecProvider;
+    use super::*;
+
+    /// A provider whose first release call hangs past its timeout (it is killed) and whose
+    /// second exits non-zero: the release is tried again until the third call succeeds,
+    /// every failed call counted, the host unreleased meanwhile and not after.
+    #[tokio::test]
+    async fn a_release_the_provider_hangs_on_or_fails_is_retried_until_it_succeeds() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let calls = dir.path().join("calls");
+        let script = format!(
+            "n=$(cat {c} 2>/dev/null || echo 0); n=$((n + 1)); echo $n > {c}; case $n in \
+             1) exec sleep 30;; 2) echo refused >&2; exit 3;; *) echo '{{\"ok\": true, \"message\": \"gone\"}}';; esac",
+            c = calls.display()
+        );
+        let provider: Arc<dyn Provider> =
+            Arc::new(ExecProvider::new(vec!["/bin/sh".into(), "-c".into(), script], Duration::from_millis(500)));
+        let metrics = ElasticMetrics::default();
+        let host = ProviderHost { node_id: 7, name: "h7".into(), gateway_url: "https://h7:8888".into() };
+        release(provider, host, &metrics, Duration::from_millis(10)).await;
+        let count = |result| metrics.scaled_hosts.get_or_create(&scale_labels("in", result)).get();
+        assert_eq!((count("failed"), count("ok")), (2, 1));
+        assert_eq!(metrics.hosts_unreleased.get(), 0);
+        assert_eq!(std::fs::read_to_string(&calls).expect("calls").trim(), "3");
     }
 }
