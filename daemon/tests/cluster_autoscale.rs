@@ -253,7 +253,6 @@ fn a_host_with_a_replica_is_released_only_after_it_moves_and_failed_releases_are
     let leader = meta_leader(&c);
     let theirs = replica_hosts(&c, leader, &k2);
     assert!(theirs.iter().all(|h| *h > 3), "the second kernel went to the provider's hosts: {theirs:?}");
-    let (stay, last) = (&theirs[..2], theirs[2]);
     let mut client = rt.block_on(CellClient::connect(&gateway(leader), &k2)).expect("connect");
     let run = rt.block_on(client.run("v = 6 * 7\nprint(v)", CELL_TIMEOUT)).expect("cell");
     assert_eq!(run.reply["status"], "ok", "{run:?}");
@@ -261,24 +260,34 @@ fn a_host_with_a_replica_is_released_only_after_it_moves_and_failed_releases_are
 
     let (code, v) = c.delete(leader, &format!("/api/kernels/{k1}"));
     assert_eq!(code, 204, "{v}");
-    wait_for(Duration::from_secs(150), "three hosts released, each after two failed provider calls", || {
-        (released("ok") == 3.0 && members_up_via(&c, leader).len() == 3).then_some(())
+    let up = wait_for(Duration::from_secs(150), "three hosts released, each after two failed provider calls", || {
+        scaled_in(&c, leader, &provided, &theirs).filter(|_| released("ok") == 3.0)
     });
-    assert_eq!(released("failed"), 6.0, "every failed provider call counted");
+    // Each host's two failed provider calls count (and a release given up, e.g. a remove the
+    // meta group refused while another host left, counts as failed too).
+    let log = std::fs::read_to_string(c.dir().join("flaky/requests.log")).expect("the flaky provider's log");
+    assert_eq!(log.lines().filter(|l| l.ends_with(": failed")).count(), 6, "{log}");
+    assert!(released("failed") >= 6.0, "every failed provider call counted: {}", released("failed"));
     assert_eq!(metric(&c, "notebookos_autoscale_hosts_unreleased "), 0.0);
-    let up = members_up_via(&c, leader);
-    let mut want = vec![leader, stay[0], stay[1]];
-    want.sort_unstable();
-    assert_eq!(up, want, "host {last} and two of ours went");
-    // Host `last` was stopped by the provider only once its replica had moved: the kernel's
-    // replicas are all on the hosts that stay, and it kept its state.
-    let pids = live_provider_pids(&provided);
-    assert_eq!(pids.len(), 2, "hosts {stay:?} run, {last} was stopped: {pids:?}");
-    assert_eq!(replica_hosts(&c, leader, &k2), up, "the replica on host {last} moved to the meta leader");
+    // At least one of the provider's hosts, each holding a replica, went (which: the drain
+    // choice's tie-break on GPUs held idle by the cell above), stopped only once its replica
+    // had moved: the kernel's replicas are all on the hosts that stay, and it kept its state.
+    assert!(up.contains(&leader), "the meta leader stays: {up:?}");
+    let gone: Vec<u64> = theirs.iter().copied().filter(|h| !up.contains(h)).collect();
+    assert!(!gone.is_empty(), "a host with a replica went: members {up:?}, provider's hosts {theirs:?}");
+    assert_eq!(replica_hosts(&c, leader, &k2), up, "the replicas on hosts {gone:?} moved");
     let mut client = rt.block_on(CellClient::connect(&gateway(leader), &k2)).expect("connect");
     let run = rt.block_on(client.run("print(v + 1)", CELL_TIMEOUT)).expect("cell after scale-in");
     assert_eq!(run.reply["status"], "ok", "{run:?}");
     assert_eq!(run.stdout.trim(), "43");
+}
+
+/// Once the scale-in is over: three members left, and each of the provider's hosts `theirs`
+/// that is no longer one was stopped by the provider. The members then.
+fn scaled_in(c: &TestCluster, leader: u64, provided: &Path, theirs: &[u64]) -> Option<Vec<u64>> {
+    let up = members_up_via(c, leader);
+    let stopped = |h: &u64| !provided.join(format!("host{h}/pid")).exists();
+    (up.len() == 3 && theirs.iter().filter(|h| !up.contains(h)).all(stopped)).then_some(up)
 }
 
 /// Host `node`'s entry in the cluster status as `via` sees it.
@@ -291,7 +300,8 @@ fn member(c: &TestCluster, via: u64, node: u64) -> Option<serde_json::Value> {
 fn a_release_whose_replica_cannot_move_in_time_is_given_up_the_host_kept_and_placement_avoids_it() {
     // Kernel starts on the test's own hosts wait while a gate file exists: the replica moving
     // off a released host to the meta leader cannot become ready, so the release's drain
-    // (15 s here) runs out.
+    // (20 s here: longer than a move takes on a loaded machine, shorter than the 30 s a
+    // kernel has to open its ports, and a start that failed is tried again) runs out.
     let bin = nbos_test_support::daemon::kernel_traversable_tempdir();
     let gate = bin.path().join("hold-kernel-starts");
     let wrapper = bin.path().join("python");
@@ -300,7 +310,7 @@ fn a_release_whose_replica_cannot_move_in_time_is_given_up_the_host_kept_and_pla
         .expect("python wrapper");
     std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
     let seeds = format!("[kernel]\npython = {wrapper:?}\nprewarm_max = 0\n");
-    let (c, provided) = autoscaled(&[], "max_release = 3\ndrain_timeout = \"15s\"\n", &seeds);
+    let (c, provided) = autoscaled(&[], "max_release = 3\ndrain_timeout = \"20s\"\n", &seeds);
     let _guard = ProviderHosts(provided.clone());
     let ca = c.dir().join("pki/ca.pem");
     let gateway = |h: u64| {
@@ -319,8 +329,6 @@ fn a_release_whose_replica_cannot_move_in_time_is_given_up_the_host_kept_and_pla
     let k2 = create();
     let leader = meta_leader(&c);
     let theirs = replica_hosts(&c, leader, &k2);
-    let last = theirs[2];
-    let pid_file = provided.join(format!("host{last}/pid"));
     let mut client = rt.block_on(CellClient::connect(&gateway(leader), &k2)).expect("connect");
     let run = rt.block_on(client.run("v = 6 * 7\nprint(v)", CELL_TIMEOUT)).expect("cell");
     assert_eq!(run.reply["status"], "ok", "{run:?}");
@@ -329,9 +337,11 @@ fn a_release_whose_replica_cannot_move_in_time_is_given_up_the_host_kept_and_pla
     std::fs::write(&gate, "").expect("gate");
     let (code, v) = c.delete(leader, &format!("/api/kernels/{k1}"));
     assert_eq!(code, 204, "{v}");
-    wait_for(Duration::from_secs(60), "the host with a replica to be draining", || {
-        (member(&c, leader, last)?["draining"] == true).then_some(())
+    // Which of the provider's hosts goes: drain::choose's tie-break on GPUs held idle.
+    let last = wait_for(Duration::from_secs(60), "a host with a replica to be draining", || {
+        theirs.iter().copied().find(|h| member(&c, leader, *h).is_some_and(|m| m["draining"] == true))
     });
+    let pid_file = provided.join(format!("host{last}/pid"));
     // A kernel placed while hosts are being released lands on none of them.
     let (code, k3) =
         c.post_as_operator(leader, "/api/v1/cluster/kernels", serde_json::json!({ "name": "python3", "gpus": 0 }));
@@ -351,13 +361,11 @@ fn a_release_whose_replica_cannot_move_in_time_is_given_up_the_host_kept_and_pla
     assert!(pid_file.exists(), "the provider was not asked to release host {last}");
     assert!(replica_hosts(&c, leader, &k2).contains(&last), "host {last} still holds its replica");
 
-    // Once kernels start again, the move finishes and a later decision releases the host.
+    // Once kernels start again, the moves finish and later decisions take the cluster down to
+    // three hosts (the one kept, or another whose replicas moved, perhaps to it).
     std::fs::remove_file(&gate).expect("open the gate");
-    wait_for(Duration::from_secs(150), "the host released after its replica moved", || {
-        (!members_up_via(&c, leader).contains(&last) && !pid_file.exists()).then_some(())
-    });
-    let hosts = replica_hosts(&c, leader, &k2);
-    assert!(hosts.len() == 3 && !hosts.contains(&last), "{hosts:?}");
+    let up = wait_for(Duration::from_secs(150), "the scale-in to finish", || scaled_in(&c, leader, &provided, &theirs));
+    assert_eq!(replica_hosts(&c, leader, &k2), up, "every replica on a host that stays");
     let mut client = rt.block_on(CellClient::connect(&gateway(leader), &k2)).expect("connect");
     let run = rt.block_on(client.run("print(v + 1)", CELL_TIMEOUT)).expect("cell after scale-in");
     assert_eq!(run.reply["status"], "ok", "{run:?}");

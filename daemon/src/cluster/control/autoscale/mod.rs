@@ -30,6 +30,8 @@ use nbos_sched::scale::Scale;
 
 /// How often a release waiting for its host's replicas checks for one that no move takes off.
 const REDRAIN_EVERY: Duration = Duration::from_secs(5);
+/// Intervals a host whose release was given up is not chosen again.
+const HOLD_BACK_INTERVALS: u32 = 10;
 /// The longest wait between two tries of a provider release that failed.
 const RELEASE_RETRY_MAX: Duration = Duration::from_secs(60);
 
@@ -53,6 +55,9 @@ async fn run(cluster: Arc<Cluster>, config: AutoscaleConfig, provider: Arc<dyn P
     let mut decider = Decider::new(&config.params());
     let mut booting: Vec<Booting> = Vec::new();
     let releasing: Arc<Mutex<BTreeSet<u64>>> = Arc::default();
+    // Hosts whose release was given up, and until when they are not chosen again: one that
+    // cannot be drained now would otherwise be chosen every interval, ahead of any other.
+    let held_back: Arc<Mutex<HashMap<u64, Instant>>> = Arc::default();
     let metrics = cluster.elastic_metrics().clone();
     loop {
         tokio::time::sleep(config.interval).await;
@@ -134,9 +139,16 @@ async fn run(cluster: Arc<Cluster>, config: AutoscaleConfig, provider: Arc<dyn P
                 }
             }
             Scale::In(n) => {
+                let held: BTreeSet<u64> = held_back
+                    .lock()
+                    .map(|mut m| {
+                        m.retain(|_, until| Instant::now() < *until);
+                        m.keys().copied().collect()
+                    })
+                    .unwrap_or_default();
                 let candidates: Vec<Candidate> = live
                     .iter()
-                    .filter(|h| h.node_id != me)
+                    .filter(|h| h.node_id != me && !held.contains(&h.node_id))
                     .map(|h| Candidate {
                         node_id: h.node_id,
                         committed_gpus: busy(h.node_id),
@@ -153,15 +165,22 @@ async fn run(cluster: Arc<Cluster>, config: AutoscaleConfig, provider: Arc<dyn P
                         r.insert(id);
                     }
                     tracing::info!(node = id, ?now, "autoscaler: releasing an idle host");
-                    let (cluster, provider, releasing, metrics) =
-                        (cluster.clone(), provider.clone(), releasing.clone(), metrics.clone());
+                    let (cluster, provider, releasing, metrics, held_back) =
+                        (cluster.clone(), provider.clone(), releasing.clone(), metrics.clone(), held_back.clone());
                     let (drain_timeout, retry) = (config.drain_timeout, config.interval);
                     tokio::spawn(async move {
                         match drain_and_leave(&cluster, &host, drain_timeout).await {
                             Ok(()) => release(provider, host, &metrics, retry).await,
                             Err(e) => {
-                                tracing::warn!(node = id, error = %e, "autoscaler: releasing the host failed; it stays");
+                                tracing::warn!(
+                                    node = id,
+                                    error = format!("{e:#}"),
+                                    "autoscaler: releasing the host failed; it stays"
+                                );
                                 metrics.scaled_hosts.get_or_create(&scale_labels("in", "failed")).inc();
+                                if let Ok(mut m) = held_back.lock() {
+                                    m.insert(id, Instant::now() + retry.saturating_mul(HOLD_BACK_INTERVALS));
+                                }
                             }
                         }
                         if let Ok(mut r) = releasing.lock() {
