@@ -255,6 +255,16 @@ fn a_replica_moved_straight_back_to_the_host_it_left_runs_the_next_cell_with_the
     assert!(ok(&run), "{run:?}");
     assert_eq!(executor(&run), back, "only its host is free: {run:?}");
 
+    // Should a round of that cell have found every replica busy (a load record not yet
+    // showing `back` free), the meta leader began a move of its own: let it finish first.
+    let hosts = wait_for(Duration::from_secs(120), "no move of the kernel under way", || {
+        let (_, record) = c.get(1, &format!("/api/v1/cluster/kernels/{k}"));
+        record.get("moving").is_none_or(serde_json::Value::is_null).then(|| replica_hosts(&c, 1, &k))
+    });
+    assert!(hosts.contains(&back), "{hosts:?}");
+    // Only `back` can run the last cell (the regression of the socket fix) while the kernel's
+    // other hosts are busy; a move of the leader's own may have put a replica on a free host.
+    let only_back = hosts.difference(&busy).count() == 1;
     let spare = (1..=4).find(|h| !hosts.contains(h)).expect("a host without a replica");
     let moved = move_off(&c, &k, back);
     assert!(moved.contains(&spare), "{moved:?}");
@@ -268,7 +278,9 @@ fn a_replica_moved_straight_back_to_the_host_it_left_runs_the_next_cell_with_the
     let run = rt.block_on(client.run("x += 1\nprint(x)", CELL_TIMEOUT)).expect("a cell after the move back");
     assert!(ok(&run), "{run:?}\n{}", c.logs());
     assert_eq!(run.stdout.trim(), "42", "the namespace came back too");
-    assert_eq!(executor(&run), back, "it ran on the host the replica came back to: {run:?}");
+    if only_back {
+        assert_eq!(executor(&run), back, "it ran on the host the replica came back to: {run:?}");
+    }
     for (mut bc, id, t, gate) in held {
         std::fs::write(&gate, "go").expect("gate");
         let run = rt.block_on(bc.wait(&id, t, CELL_TIMEOUT)).expect("blocker ends");
