@@ -18,14 +18,26 @@ const NOTEBOOKOSD: &str = env!("CARGO_BIN_EXE_notebookosd");
 
 const CELL_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Stops whatever daemons the provider started, however the test ends.
+/// Stops whatever daemons the provider started, however the test ends. Declared before the
+/// cluster, so that it runs after the cluster's hosts (and a provider call in flight with
+/// them) were stopped: it finds the daemons by their config path under the provider's
+/// directory (`/proc/*/cmdline`), as their pid files may be gone with the cluster's directory.
 struct ProviderHosts(PathBuf);
 
 impl Drop for ProviderHosts {
     fn drop(&mut self) {
-        for pid in live_provider_pids(&self.0) {
-            // SAFETY: kill(2) of a daemon the provider started for this test (its pid file).
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+        if self.0.as_os_str().is_empty() {
+            return;
+        }
+        let needle = format!("{}/", self.0.display());
+        let Ok(entries) = std::fs::read_dir("/proc") else { return };
+        for pid in entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok()) {
+            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+            if String::from_utf8_lossy(&cmdline).contains(&needle) {
+                // SAFETY: kill(2) of a process whose command line names this test's provider
+                // directory (a daemon the provider started, or its kernels).
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
         }
     }
 }
@@ -139,9 +151,10 @@ fn autoscaled(wrapper: &[&str], extra: &str, seed_overlay: &str) -> (TestCluster
 
 #[test]
 fn the_example_provider_scales_out_for_kernels_and_back_in_when_they_go() {
+    let mut guard = ProviderHosts(PathBuf::new());
     let (c, provided) = autoscaled(&[], "", "");
+    guard.0 = provided.clone();
     let dir = c.dir().to_owned();
-    let _guard = ProviderHosts(provided.clone());
     let ca = dir.join("pki/ca.pem");
     let gateway = |h: u64| {
         GatewayClient::new(&c.host(h).url, Some(TOKEN.to_owned()))
@@ -232,8 +245,9 @@ fn a_host_with_a_replica_is_released_only_after_it_moves_and_failed_releases_are
     // first (to the meta leader, the only host left without one). The provider fails each
     // host's first two release calls (an exit status of 3, then {"ok": false}).
     let wrapper = flaky_provider(2);
+    let mut guard = ProviderHosts(PathBuf::new());
     let (c, provided) = autoscaled(&wrapper.iter().map(String::as_str).collect::<Vec<_>>(), "max_release = 3\n", "");
-    let _guard = ProviderHosts(provided.clone());
+    guard.0 = provided.clone();
     let ca = c.dir().join("pki/ca.pem");
     let gateway = |h: u64| {
         GatewayClient::new(&c.host(h).url, Some(TOKEN.to_owned()))
@@ -310,8 +324,9 @@ fn a_release_whose_replica_cannot_move_in_time_is_given_up_the_host_kept_and_pla
         .expect("python wrapper");
     std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
     let seeds = format!("[kernel]\npython = {wrapper:?}\nprewarm_max = 0\n");
+    let mut guard = ProviderHosts(PathBuf::new());
     let (c, provided) = autoscaled(&[], "max_release = 3\ndrain_timeout = \"20s\"\n", &seeds);
-    let _guard = ProviderHosts(provided.clone());
+    guard.0 = provided.clone();
     let ca = c.dir().join("pki/ca.pem");
     let gateway = |h: u64| {
         GatewayClient::new(&c.host(h).url, Some(TOKEN.to_owned()))

@@ -30,6 +30,8 @@ use nbos_sched::scale::Scale;
 
 /// How often a release waiting for its host's replicas checks for one that no move takes off.
 const REDRAIN_EVERY: Duration = Duration::from_secs(5);
+/// Tries of removing a drained host from the meta group (a second apart) before giving up.
+const REMOVE_TRIES: u32 = 15;
 /// Intervals a host whose release was given up is not chosen again.
 const HOLD_BACK_INTERVALS: u32 = 10;
 /// The longest wait between two tries of a provider release that failed.
@@ -218,7 +220,7 @@ async fn drain_and_leave(cluster: &Cluster, host: &ProviderHost, timeout: Durati
     cluster.host_leave_phase(&host.gateway_url, "drain").await.with_context(|| format!("draining host {id}"))?;
     let mut result = wait_drained(cluster, host, timeout).await;
     if result.is_ok() {
-        result = cluster.host_leave_phase(&host.gateway_url, "remove").await.map(|_| ()).context("removing it");
+        result = remove(cluster, host).await;
     }
     if let Err(e) = &result {
         if let Err(w) = cluster.withdraw_draining(id).await {
@@ -227,6 +229,23 @@ async fn drain_and_leave(cluster: &Cluster, host: &ProviderHost, timeout: Durati
         return Err(anyhow::anyhow!("host {id}: {e:#}"));
     }
     Ok(())
+}
+
+/// Removes the drained `host` from the meta group, trying again for a while: the group takes
+/// one membership change at a time, so a host released beside another is often refused once.
+async fn remove(cluster: &Cluster, host: &ProviderHost) -> anyhow::Result<()> {
+    let mut tries = 0;
+    loop {
+        match cluster.host_leave_phase(&host.gateway_url, "remove").await {
+            Ok(_) => return Ok(()),
+            Err(e) if tries < REMOVE_TRIES => {
+                tries += 1;
+                tracing::debug!(node = host.node_id, error = %e, "autoscaler: removing a drained host; trying again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(anyhow::Error::new(e).context("removing it")),
+        }
+    }
 }
 
 /// Waits until no kernel record places a replica on `host`.
