@@ -43,7 +43,9 @@ pub fn request(
     let send = || -> Result<ureq::Response, Box<ureq::Error>> {
         let req = agent
             .request(method, &format!("{base}{path}"))
-            .timeout(Duration::from_secs(15))
+            // A cluster create waits for its three replicas to start (the daemon's own
+            // deadline is longer): 15 s timed out on a loaded 2-core CI machine.
+            .timeout(Duration::from_secs(60))
             .set("Authorization", &format!("token {token}"));
         match &body {
             Some(b) => req.set("Content-Type", "application/json").send_string(&b.to_string()),
