@@ -80,7 +80,7 @@ async fn run_cell(k: &Arc<FrontendKernel>, cell: &Cell, events: &mut mpsc::Unbou
     // The rounds so far and what they decided (pure: [`CellLoop`]); another cell of the
     // kernel may hold its lock (sent through another gateway): this one waits its turn, and
     // takes the lock over once the holder's host is gone.
-    let mut cl = CellLoop::new(Instant::now());
+    let mut cl = CellLoop::new();
     let failure = 'cell: loop {
         // Who is live now; links follow the record (a new or incoming replica gets one, a
         // host that no longer holds one loses its link).

@@ -72,20 +72,30 @@ pub(super) struct Round {
 pub(super) struct CellLoop {
     /// The rounds so far and what they decided.
     pub(super) election: Election,
-    started: Instant,
+    /// Since when no replica was reachable, without a look in between that found one: a cell
+    /// that waited minutes for GPUs must not fail at a replica's first blink (a move's switch).
+    unreachable_since: Option<Instant>,
     told_waiting: bool,
     told_moving: Option<u32>,
     asked_to_move: Option<Instant>,
 }
 
 impl CellLoop {
-    /// A cell that starts at `now`.
-    pub(super) fn new(now: Instant) -> Self {
-        Self { election: Election::new(), started: now, told_waiting: false, told_moving: None, asked_to_move: None }
+    /// A cell that has not looked yet.
+    pub(super) fn new() -> Self {
+        Self { election: Election::new(), unreachable_since: None, told_waiting: false, told_moving: None, asked_to_move: None }
     }
 
     /// The next step, from what the driver looked up (`None`: the kernel's record is gone).
     pub(super) fn on_snapshot(&mut self, snapshot: Option<Snapshot>, now: Instant) -> Step {
+        let step = self.next_step(snapshot, now);
+        if !matches!(step, Step::WaitForReplica { .. } | Step::Fail(_)) {
+            self.unreachable_since = None;
+        }
+        step
+    }
+
+    fn next_step(&mut self, snapshot: Option<Snapshot>, now: Instant) -> Step {
         let Some(Snapshot { mut cands, gpus, moving, last }) = snapshot else { return Step::Fail(Failure::Deleted) };
         let previous = last.map(|(r, _)| r);
         // The kernel's own last cell is over (cells are serialised): GPUs its executor still
@@ -127,7 +137,8 @@ impl CellLoop {
             return Step::WaitForGpus { tell_waiting, tell_moving, ask_move, until: now + YIELD_RETRY };
         }
         let Some(plan) = preselect(&cands, gpus, previous, &election.yielded) else {
-            if now.saturating_duration_since(self.started) > NO_REPLICA_TIMEOUT {
+            let since = *self.unreachable_since.get_or_insert(now);
+            if now.saturating_duration_since(since) > NO_REPLICA_TIMEOUT {
                 return Step::Fail(Failure::NoReplica);
             }
             // Wait for a link or host to come back.
@@ -195,13 +206,13 @@ mod tests {
     #[test]
     fn a_deleted_kernel_fails_the_cell() {
         let t0 = Instant::now();
-        assert_eq!(CellLoop::new(t0).on_snapshot(None, t0), Step::Fail(Failure::Deleted));
+        assert_eq!(CellLoop::new().on_snapshot(None, t0), Step::Fail(Failure::Deleted));
     }
 
     #[test]
     fn without_a_live_replica_it_waits_until_the_no_replica_timeout_then_fails() {
         let t0 = Instant::now();
-        let mut cl = CellLoop::new(t0);
+        let mut cl = CellLoop::new();
         let none_live = || snap(vec![cand(1, false, 1), cand(2, false, 1)], 1, None, None);
         assert_eq!(cl.on_snapshot(none_live(), t0), Step::WaitForReplica { until: t0 + YIELD_RETRY });
         let at_timeout = t0 + NO_REPLICA_TIMEOUT;
@@ -210,10 +221,37 @@ mod tests {
         assert_eq!(cl.on_snapshot(none_live(), after), Step::Fail(Failure::NoReplica));
     }
 
+    /// The timeout counts from the first look without a live replica, not from the cell's
+    /// start: a cell that waited a minute for GPUs survives a replica's blink during a move
+    /// (a trace replay under contention failed that way).
+    #[test]
+    fn a_cell_that_waited_for_gpus_does_not_fail_at_the_first_look_without_a_replica() {
+        let t0 = Instant::now();
+        let mut cl = CellLoop::new();
+        let busy = || snap(vec![cand(1, true, 0), cand(2, false, 0)], 1, None, None);
+        let none_live = || snap(vec![cand(1, false, 0), cand(2, false, 0)], 1, None, None);
+        // A round; the live replica yields; the cell waits for GPUs for a minute.
+        let r = round(cl.on_snapshot(busy(), t0));
+        assert!(matches!(cl.on(yielded(r.lead_node, "busy")), Next::NewRound { .. }));
+        let later = t0 + Duration::from_secs(60);
+        assert!(matches!(cl.on_snapshot(busy(), later), Step::WaitForGpus { .. }));
+        // Then neither replica is reachable: it waits, for NO_REPLICA_TIMEOUT from there.
+        let blink = later + Duration::from_secs(1);
+        assert_eq!(cl.on_snapshot(none_live(), blink), Step::WaitForReplica { until: blink + YIELD_RETRY });
+        let edge = blink + NO_REPLICA_TIMEOUT;
+        assert_eq!(cl.on_snapshot(none_live(), edge), Step::WaitForReplica { until: edge + YIELD_RETRY });
+        // A replica back ends the stretch; the next stretch starts its own count.
+        assert!(matches!(cl.on_snapshot(busy(), edge), Step::Round(_)));
+        let again = edge + Duration::from_secs(1);
+        assert_eq!(cl.on_snapshot(none_live(), again), Step::WaitForReplica { until: again + YIELD_RETRY });
+        let past = again + NO_REPLICA_TIMEOUT + Duration::from_millis(1);
+        assert_eq!(cl.on_snapshot(none_live(), past), Step::Fail(Failure::NoReplica));
+    }
+
     #[test]
     fn a_round_goes_to_every_live_replica_designee_first() {
         let t0 = Instant::now();
-        let mut cl = CellLoop::new(t0);
+        let mut cl = CellLoop::new();
         let cands = vec![cand(1, true, 0), cand(2, false, 4), cand(3, true, 2)];
         let r = round(cl.on_snapshot(snap(cands, 1, None, None), t0));
         assert_eq!((r.round, r.lead, r.lead_node), (0, 3, 30));
@@ -225,7 +263,7 @@ mod tests {
     #[test]
     fn the_previous_executor_counts_the_gpus_it_still_holds_for_the_kernel() {
         let t0 = Instant::now();
-        let mut cl = CellLoop::new(t0);
+        let mut cl = CellLoop::new();
         // Replica 2 ran the last cell and still holds its 2 GPUs (its load says 0 idle).
         let cands = vec![cand(1, true, 1), cand(2, true, 0)];
         let r = round(cl.on_snapshot(snap(cands, 2, None, Some((2, 20))), t0));
@@ -235,7 +273,7 @@ mod tests {
     #[test]
     fn a_gone_last_executor_fails_over_in_the_first_round_only() {
         let t0 = Instant::now();
-        let mut cl = CellLoop::new(t0);
+        let mut cl = CellLoop::new();
         let cands = || vec![cand(1, true, 1), cand(2, false, 1), cand(3, true, 1)];
         let r = round(cl.on_snapshot(snap(cands(), 1, None, Some((2, 20))), t0));
         assert_eq!(r.failed_over, Some((20, r.lead_node)));
@@ -247,7 +285,7 @@ mod tests {
     #[test]
     fn when_every_live_replica_yielded_it_tells_once_and_asks_for_a_move_every_second() {
         let t0 = Instant::now();
-        let mut cl = CellLoop::new(t0);
+        let mut cl = CellLoop::new();
         let cands = || vec![cand(1, true, 0), cand(2, false, 0)];
         let r = round(cl.on_snapshot(snap(cands(), 2, None, None), t0));
         assert!(matches!(cl.on(yielded(r.lead_node, "2 GPUs busy")), Next::NewRound { .. }));
@@ -336,14 +374,20 @@ mod tests {
             looks in proptest::collection::vec(look(), 1..80),
         ) {
             let t0 = Instant::now();
-            let mut cl = CellLoop::new(t0);
+            let mut cl = CellLoop::new();
             let mut now = t0;
             let (mut rounds, mut told_waiting, mut told_moving, mut last_ask) = (Vec::new(), 0, None, None::<Instant>);
+            // The first look of the current stretch without a reachable replica.
+            let mut stretch = None::<Instant>;
             for (cands, moving, dt, heard) in looks {
                 now += dt;
                 let live: Vec<u64> = cands.iter().filter(|c| c.live).map(|c| c.node_id).collect();
                 let last = last.map(|r| (r, u64::from(r) * 10));
-                match cl.on_snapshot(snap(cands.clone(), gpus, moving, last), now) {
+                let step = cl.on_snapshot(snap(cands.clone(), gpus, moving, last), now);
+                if !matches!(step, Step::WaitForReplica { .. } | Step::Fail(_)) {
+                    stretch = None;
+                }
+                match step {
                     Step::Round(r) => {
                         let mut sent: Vec<u64> = r.sends.iter().map(|&(n, _)| n).collect();
                         prop_assert_eq!(r.sends.first(), Some(&(r.lead_node, true)));
@@ -376,12 +420,12 @@ mod tests {
                     }
                     Step::WaitForReplica { until } => {
                         prop_assert!(live.is_empty());
-                        prop_assert!(now - t0 <= NO_REPLICA_TIMEOUT);
+                        prop_assert!(now - *stretch.get_or_insert(now) <= NO_REPLICA_TIMEOUT);
                         prop_assert_eq!(until, now + YIELD_RETRY);
                     }
                     Step::Fail(f) => {
                         prop_assert_eq!(f, Failure::NoReplica);
-                        prop_assert!(live.is_empty() && now - t0 > NO_REPLICA_TIMEOUT);
+                        prop_assert!(live.is_empty() && now - stretch.unwrap_or(now) > NO_REPLICA_TIMEOUT);
                         break;
                     }
                 }
@@ -396,7 +440,7 @@ mod tests {
             gpus in 0u32..3,
         ) {
             let t0 = Instant::now();
-            let mut cl = CellLoop::new(t0);
+            let mut cl = CellLoop::new();
             let cands: Vec<Candidate> = (1..=replicas).map(|r| cand(r, false, 2)).collect();
             let mut now = t0;
             let mut looks = 0u32;
