@@ -195,3 +195,95 @@ fn a_host_drained_under_load_loses_no_cell() {
     assert!(ok(&run), "{run:?}");
     assert_eq!(run.stdout.trim(), "11");
 }
+
+/// Begins moving `kernel`'s replica on host `from` (reason `drain`: to the least subscribed
+/// host without one) and waits until the move is done; returns the replica hosts then.
+fn move_off(c: &TestCluster, kernel: &str, from: u64) -> BTreeSet<u64> {
+    let path = format!("/api/v1/cluster/kernels/{kernel}/migrate");
+    let (code, answer) = c.post_as_operator(1, &path, serde_json::json!({ "reason": "drain", "from": from }));
+    assert_eq!((code, answer["outcome"].as_str()), (200, Some("moving")), "{answer}");
+    wait_for(Duration::from_secs(120), "the move to finish", || {
+        let (_, record) = c.get(1, &format!("/api/v1/cluster/kernels/{kernel}"));
+        let hosts = replica_hosts(c, 1, kernel);
+        (record.get("moving").is_none_or(serde_json::Value::is_null) && !hosts.contains(&from)).then_some(hosts)
+    })
+}
+
+/// Regressions of two fixes, in the scenario that found them (issue 32; the migration
+/// bench): a replica moves off a host and straight back to it.
+///
+/// - The kernel group's leader still counts the host as the member it was (raft ids are
+///   host ids) and sent the new, empty replica a commit index past its log: raft panicked and
+///   the move failed. The left-over member is now removed first (and the target joins again
+///   if its group failed anyway).
+/// - The front-end's link to that host stayed on the stopped replica's kernel, and the
+///   replica started there again yielded every cell as dead. A stopped kernel now closes its
+///   sockets, so the link reconnects.
+///
+/// The cell after the move back can run only on that host: the other replicas' hosts are
+/// busy with other kernels' long cells.
+#[test]
+fn a_replica_moved_straight_back_to_the_host_it_left_runs_the_next_cell_with_the_namespace() {
+    // One GPU per host; the kernel and three blockers on four hosts need a ratio of 4.
+    let c = TestCluster::start_tls(4, Options { fake_gpus: 1, subscription_ratio: Some(4.0), ..Options::default() });
+    c.wait_ready(&[1, 2, 3, 4], Duration::from_secs(60));
+    let k = create_kernel(&c, 1);
+    let blockers: Vec<String> = (1..=3).map(|h| create_kernel(&c, h)).collect();
+    let hosts = replica_hosts(&c, 1, &k);
+    let gates = kernel_tempdir();
+    let rt = runtime();
+    // Long cells of other kernels until two of the kernel's three hosts are busy.
+    let mut held = Vec::new();
+    let mut busy = BTreeSet::new();
+    for (i, b) in blockers.iter().enumerate() {
+        if busy.intersection(&hosts).count() == 2 {
+            break;
+        }
+        let mut bc = rt.block_on(CellClient::connect(&gateway(&c, 1), b)).expect("connect blocker");
+        let gate = gates.path().join(format!("b{i}"));
+        let (id, t) = rt.block_on(bc.send(&gated(&gate, "print('released')"))).expect("send");
+        busy.insert(current_executor(&c, 1, b));
+        held.push((bc, id, t, gate));
+    }
+    let back: Vec<u64> = hosts.difference(&busy).copied().collect();
+    assert_eq!(back.len(), 1, "one of the kernel's hosts is free: replicas {hosts:?}, busy {busy:?}");
+    let back = back[0];
+    // The client's front-end is another host, so its link to `back` is a socket.
+    let front = *hosts.iter().find(|h| **h != back).expect("a front-end");
+    let mut client = rt.block_on(CellClient::connect(&gateway(&c, front), &k)).expect("connect");
+    let run = rt.block_on(client.run("x = 41", CELL_TIMEOUT)).expect("first cell");
+    assert!(ok(&run), "{run:?}");
+    assert_eq!(executor(&run), back, "only its host is free: {run:?}");
+
+    // Should a round of that cell have found every replica busy (a load record not yet
+    // showing `back` free), the meta leader began a move of its own: let it finish first.
+    let hosts = wait_for(Duration::from_secs(120), "no move of the kernel under way", || {
+        let (_, record) = c.get(1, &format!("/api/v1/cluster/kernels/{k}"));
+        record.get("moving").is_none_or(serde_json::Value::is_null).then(|| replica_hosts(&c, 1, &k))
+    });
+    assert!(hosts.contains(&back), "{hosts:?}");
+    // Only `back` can run the last cell (the regression of the socket fix) while the kernel's
+    // other hosts are busy; a move of the leader's own may have put a replica on a free host.
+    let only_back = hosts.difference(&busy).count() == 1;
+    let spare = (1..=4).find(|h| !hosts.contains(h)).expect("a host without a replica");
+    let moved = move_off(&c, &k, back);
+    assert!(moved.contains(&spare), "{moved:?}");
+    let returned = move_off(&c, &k, spare);
+    assert_eq!(returned, hosts, "the replica went back to host {back}");
+    wait_for(Duration::from_secs(60), "the replica on the host it came back to to be ready", || {
+        let (_, ready) = c.get(1, &format!("/api/v1/cluster/kernels/{k}/ready"));
+        ready.as_array()?.iter().any(|h| h.as_u64() == Some(back)).then_some(())
+    });
+
+    let run = rt.block_on(client.run("x += 1\nprint(x)", CELL_TIMEOUT)).expect("a cell after the move back");
+    assert!(ok(&run), "{run:?}\n{}", c.logs());
+    assert_eq!(run.stdout.trim(), "42", "the namespace came back too");
+    if only_back {
+        assert_eq!(executor(&run), back, "it ran on the host the replica came back to: {run:?}");
+    }
+    for (mut bc, id, t, gate) in held {
+        std::fs::write(&gate, "go").expect("gate");
+        let run = rt.block_on(bc.wait(&id, t, CELL_TIMEOUT)).expect("blocker ends");
+        assert!(ok(&run), "{run:?}");
+    }
+}

@@ -49,6 +49,10 @@ pub struct AutoscaleConfig {
     /// How long one provider command may run.
     #[serde(with = "humantime_serde")]
     pub command_timeout: Duration,
+    /// How long a released host's replicas may take to move off it; past it the release is
+    /// given up (the host's draining mark is withdrawn: it stays in service, replicas and all).
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
     /// How long `POST /api/kernels` waits for a host when placement finds none (0: refuse at once).
     #[serde(with = "humantime_serde")]
     pub placement_wait: Duration,
@@ -86,6 +90,7 @@ impl Default for AutoscaleConfig {
             max_release: p.max_release,
             boot_timeout: Duration::from_secs(600),
             command_timeout: Duration::from_secs(600),
+            drain_timeout: Duration::from_secs(600),
             placement_wait: Duration::from_secs(300),
         }
     }
@@ -138,6 +143,9 @@ impl AutoscaleConfig {
                 format!("must be at least 1 and autoscale.min_hosts ({}), got {}", a.min_hosts, a.max_hosts),
             ));
         }
+        if a.drain_timeout.is_zero() {
+            return Err(invalid("autoscale.drain_timeout", "must be more than 0".into()));
+        }
         if a.interval < Duration::from_millis(100) {
             return Err(invalid("autoscale.interval", "must be at least 100ms".into()));
         }
@@ -171,6 +179,7 @@ mod tests {
             (format!("{cluster}{exec}command = [\"provider.sh\"]\n"), "autoscale.command"),
             (format!("{cluster}{exec}command = [\"/p\"]\nmin_hosts = 5\nmax_hosts = 4\n"), "autoscale.max_hosts"),
             (format!("{cluster}{exec}command = [\"/p\"]\ninterval = \"1ms\"\n"), "autoscale.interval"),
+            (format!("{cluster}{exec}command = [\"/p\"]\ndrain_timeout = \"0s\"\n"), "autoscale.drain_timeout"),
             (format!("{cluster}{exec}command = [\"/p\"]\nscale_out_factor = 0.0\n"), "autoscale.scale_out_factor"),
             (format!("{cluster}{exec}command = [\"/p\"]\nrule = \"greedy\"\n"), "autoscale.rule"),
         ] {

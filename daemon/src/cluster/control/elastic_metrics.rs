@@ -29,7 +29,7 @@ pub struct ReasonLabels {
 pub struct ScaleLabels {
     /// `out` (hosts requested) or `in` (hosts released).
     pub direction: &'static str,
-    /// `ok` or `failed` (the provider or the drain failed).
+    /// `ok` or `failed` (the drain gave up, or one provider call failed: each retry counts).
     pub result: &'static str,
 }
 
@@ -44,6 +44,8 @@ pub struct ElasticMetrics {
     pub scaled_hosts: Family<ScaleLabels, Counter>,
     /// Hosts requested from the provider that have not registered yet.
     pub hosts_booting: Gauge,
+    /// Hosts that left the cluster whose release the provider has not done yet (retried).
+    pub hosts_unreleased: Gauge,
 }
 
 impl Default for ElasticMetrics {
@@ -56,6 +58,7 @@ impl Default for ElasticMetrics {
             seconds: Family::new_with_constructor(buckets),
             scaled_hosts: Family::default(),
             hosts_booting: Gauge::default(),
+            hosts_unreleased: Gauge::default(),
         }
     }
 }
@@ -88,6 +91,11 @@ impl ElasticMetrics {
             "notebookos_autoscale_hosts_booting",
             "Hosts requested from the autoscaling provider that have not registered yet",
             self.hosts_booting.clone(),
+        );
+        r.register(
+            "notebookos_autoscale_hosts_unreleased",
+            "Hosts that left the cluster for a scale-in whose release the provider failed so far (retried)",
+            self.hosts_unreleased.clone(),
         );
         r
     }

@@ -72,6 +72,13 @@ impl Cluster {
         Ok(())
     }
 
+    /// Withdraws host `node_id`'s draining mark (the autoscaler giving a release up): placement
+    /// may choose it again. Moves already begun go on.
+    pub async fn withdraw_draining(&self, node_id: u64) -> Result<()> {
+        self.meta.delete(keys::draining(node_id)).await?;
+        Ok(())
+    }
+
     /// Begins moving a replica of `kernel` (on the meta leader, forwarded when needed).
     pub async fn move_replica(&self, kernel: &str, request: MoveRequest) -> Result<MoveAnswer> {
         let path = format!("/api/v1/cluster/kernels/{kernel}/migrate");
