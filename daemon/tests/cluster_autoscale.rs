@@ -77,6 +77,8 @@ fn metric(c: &TestCluster, line: &str) -> f64 {
 /// autoscaler (every second, `extra` lines added to `[autoscale]`) runs the example provider
 /// behind `wrapper` (argv put before it, possibly none; `{dir}` is the cluster's directory). Returns the cluster and the
 /// provider's directory. `seed_overlay` goes into the test's own hosts' configs only.
+/// Three seeds with the exec provider; `extra` ends the `[autoscale]` table (`min_hosts`
+/// is 3 unless it says otherwise).
 fn autoscaled(wrapper: &[&str], extra: &str, seed_overlay: &str) -> (TestCluster, PathBuf) {
     // One GPU per host at ratio 1: three hosts hold exactly one one-GPU kernel.
     let mut c =
@@ -130,8 +132,9 @@ fn autoscaled(wrapper: &[&str], extra: &str, seed_overlay: &str) -> (TestCluster
         dir.join("operator-token").display().to_string(),
     ]);
     let autoscale = format!(
-        "\n[autoscale]\nprovider = \"exec\"\ncommand = {command:?}\nrule = \"notebookos\"\nmin_hosts = 3\n\
-         max_hosts = 6\ninterval = \"1s\"\nspare_hosts = 0\npeak_window = \"2s\"\nplacement_wait = \"120s\"\n{extra}"
+        "\n[autoscale]\nprovider = \"exec\"\ncommand = {command:?}\nrule = \"notebookos\"\n{min}\
+         max_hosts = 6\ninterval = \"1s\"\nspare_hosts = 0\npeak_window = \"2s\"\nplacement_wait = \"120s\"\n{extra}",
+        min = if extra.contains("min_hosts") { "" } else { "min_hosts = 3\n" }
     );
     for id in 1..=3 {
         c.reconfigure(id, |config| {
@@ -152,7 +155,8 @@ fn autoscaled(wrapper: &[&str], extra: &str, seed_overlay: &str) -> (TestCluster
 #[test]
 fn the_example_provider_scales_out_for_kernels_and_back_in_when_they_go() {
     let mut guard = ProviderHosts(PathBuf::new());
-    let (c, provided) = autoscaled(&[], "", "");
+    // A minimum of one host: the scale-in would go below the three seeds, and must not.
+    let (c, provided) = autoscaled(&[], "min_hosts = 1\n", "");
     guard.0 = provided.clone();
     let dir = c.dir().to_owned();
     let ca = dir.join("pki/ca.pem");
@@ -192,6 +196,11 @@ fn the_example_provider_scales_out_for_kernels_and_back_in_when_they_go() {
             .then_some(())
     });
     assert_eq!(members_up(&c), vec![1, 2, 3], "the provider's hosts were the ones released");
+    // And only they: the seeds stay through more decisions (interval 1 s, peak window 2 s)
+    // although min_hosts would let the autoscaler release two of them.
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(members_up(&c), vec![1, 2, 3], "a seed was released");
+    assert_eq!(metric(&c, released), in0 + 3.0, "a seed was released");
     // No kernel lost: the first one still answers, with its state.
     let mut client = rt.block_on(CellClient::connect(&gateway(2), &k1)).expect("connect");
     let run = rt.block_on(client.run("print(v + 1)", CELL_TIMEOUT)).expect("cell after scale-in");

@@ -1,5 +1,5 @@
 //! Acceptance of `nbos replay --trace` (issue 34, part 5), on slices small enough for
-//! `make test`, each an hour of the Sensei trace replayed at K = 60 on 4 loopback hosts running
+//! `make test`, each an hour of the Sensei trace replayed at K = 60 on 3 loopback seed hosts running
 //! the daemon's defaults with the `exec` autoscale provider, and compared with `nbos sim` of
 //! the same cluster and slice, figure by figure, within the tolerances `nbos replay` states
 //! (daemon/bench/src/replay/compare.rs; docs/simulator.md, "Replay against a real cluster"):
@@ -50,7 +50,7 @@ fn replay(slice: &[&str], out: &Path) -> serde_json::Value {
         Command::new(NBOS)
             .args(["replay", "--trace", TRACE])
             .args(slice)
-            .args(["--speedup", SPEEDUP, "--hosts", "4", "--json", "--python"])
+            .args(["--speedup", SPEEDUP, "--hosts", "3", "--json", "--python"])
             .arg(&python)
             .arg("--out")
             .arg(out)

@@ -53,8 +53,10 @@ pub const DELETE_S: f64 = 1.0;
 /// workload flags (so the same sessions) and the cluster's model. With `config` (the file
 /// the hosts ran, in trace time) the simulator reads the policy from it as the daemons did
 /// (`nbos sim --config`), and only what a config does not say comes from flags: GPUs per
-/// host, a host's boot and an election, in trace time, and (`costs`, [`costs_in_trace_time`])
-/// the moves' state transfers.
+/// host, a host's boot and an election, in trace time, (`costs`, [`costs_in_trace_time`])
+/// the moves' state transfers, and the hosts up from the start: the replay's founding
+/// hosts are the cluster's seeds, which the autoscaler never releases, so the simulation
+/// starts with as many and keeps them (`--min-hosts`, at least the config's).
 pub fn sim_argv(workload: &[String], cm: &ClusterModel, config: Option<(&Path, &Path)>) -> Vec<String> {
     let mut argv = vec!["sim".to_owned()];
     argv.extend(workload.iter().cloned());
@@ -66,6 +68,8 @@ pub fn sim_argv(workload: &[String], cm: &ClusterModel, config: Option<(&Path, &
             path.display().to_string(),
             "--costs".to_owned(),
             costs.display().to_string(),
+            "--min-hosts".to_owned(),
+            a.floor(cm.hosts).to_string(),
             "--gpus-per-host".to_owned(),
             cm.gpus_per_host.to_string(),
             "--provision-s".to_owned(),

@@ -249,6 +249,7 @@ pub fn run(t: &crate::client::ConnectArgs, a: Args) -> anyhow::Result<()> {
         peak_window_min: defaults.autoscale.peak_window.as_secs().div_ceil(60),
         interval_s: defaults.autoscale.interval.as_secs(),
         provision_s: (autoscaled::BOOT_REAL_S * a.speedup).round() as u64,
+        min_hosts: defaults.autoscale.min_hosts,
     });
     let cm = ClusterModel {
         hosts: u32::try_from(target.hosts.len()).unwrap_or(u32::MAX),

@@ -40,6 +40,16 @@ pub struct AutoscaleModel {
     pub interval_s: u64,
     /// A host's boot (the provider starts a daemon that joins): its real time × K.
     pub provision_s: u64,
+    /// `autoscale.min_hosts`.
+    pub min_hosts: u32,
+}
+
+impl AutoscaleModel {
+    /// Hosts up from the start and never released: the founding hosts (the cluster's
+    /// seeds, which the autoscaler never releases), at least `min_hosts`.
+    pub fn floor(&self, hosts: u32) -> u32 {
+        hosts.max(self.min_hosts)
+    }
 }
 
 /// The cluster's description in the simulator's model: the flags of `nbos sim` that
@@ -84,6 +94,7 @@ impl ClusterModel {
                 notebookos: PolicyConfig {
                     autoscale: AutoscaleParams {
                         spare_hosts: a.spare_hosts,
+                        min_hosts: a.floor(self.hosts),
                         peak_window_ms: a.peak_window_min * 60_000,
                         interval_ms: a.interval_s * 1000,
                         ..fixed.notebookos.autoscale
@@ -102,6 +113,7 @@ impl ClusterModel {
             None => args.push(("--fixed-hosts", self.hosts.to_string())),
             Some(a) => args.extend([
                 ("--spare-hosts", a.spare_hosts.to_string()),
+                ("--min-hosts", a.floor(self.hosts).to_string()),
                 ("--peak-window-min", a.peak_window_min.to_string()),
                 ("--scaling-interval-s", a.interval_s.to_string()),
                 ("--provision-s", a.provision_s.to_string()),

@@ -61,6 +61,9 @@ pub struct SimCluster {
     pub hosts_added: u64,
     /// Hosts released.
     pub hosts_released: u64,
+    /// Hosts `0..seeds` are the founding ones, which NotebookOS's scale-in never releases
+    /// (the daemon's seeds: the meta group's voters).
+    pub seeds: u32,
     /// Broken promises (a GPU committed twice, a refused registration...): must stay empty.
     pub violations: Vec<String>,
 }
@@ -86,6 +89,7 @@ impl SimCluster {
             memory_peak_mib: 0,
             hosts_added: 0,
             hosts_released: 0,
+            seeds: 0,
             violations: Vec::new(),
         }
     }

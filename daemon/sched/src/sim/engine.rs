@@ -87,6 +87,7 @@ pub fn run(w: &Workload, policy: PolicyKind, m: &Model) -> Result<PolicyResult, 
         cx.c.up(h);
         p.host_up(&mut cx, h);
     }
+    cx.c.seeds = initial;
     if m.fixed_hosts == 0 {
         cx.q.push(t0, Ev::ScaleTick);
     }

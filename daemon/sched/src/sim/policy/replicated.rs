@@ -610,12 +610,18 @@ impl Replicated {
 
     /// Releases up to `n` idle hosts whose replicas can all move elsewhere. Ours drains
     /// the `n` hosts [`drain::choose`] picks, as the daemon does (one whose replicas find
-    /// no host stays: the daemon's release of it fails); the paper's tries further hosts.
+    /// no host stays: the daemon's release of it fails, and it never releases a seed);
+    /// the paper's tries further hosts, seeds too.
     fn drain(&mut self, cx: &mut Ctx<'_>, n: u32) {
         let n = n.min(cx.c.alive().saturating_sub(cx.m.min_hosts()));
+        let seeds = match self.variant {
+            Variant::Ours => cx.c.seeds,
+            Variant::Paper => 0,
+        };
         let cands: Vec<drain::Candidate> =
             cx.c.up_hosts()
                 .iter()
+                .filter(|&&h| h >= seeds)
                 .map(|&h| {
                     let host = cx.c.host(h);
                     drain::Candidate {

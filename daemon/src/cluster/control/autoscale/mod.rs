@@ -60,6 +60,12 @@ async fn run(cluster: Arc<Cluster>, config: AutoscaleConfig, provider: Arc<dyn P
     // Hosts whose release was given up, and until when they are not chosen again: one that
     // cannot be drained now would otherwise be chosen every interval, ahead of any other.
     let held_back: Arc<Mutex<HashMap<u64, Instant>>> = Arc::default();
+    // Hosts this autoscaler removed from the cluster: never live again to it, whatever a
+    // lingering record says (a host id joins once).
+    let removed: Arc<Mutex<BTreeSet<u64>>> = Arc::default();
+    // The seeds (the meta group's founding voters) are the operator's own hosts and hold
+    // the cluster's quorum: only hosts the provider added are released.
+    let seeds: BTreeSet<u64> = cluster.settings().seeds.keys().copied().collect();
     let metrics = cluster.elastic_metrics().clone();
     loop {
         tokio::time::sleep(config.interval).await;
@@ -73,7 +79,8 @@ async fn run(cluster: Arc<Cluster>, config: AutoscaleConfig, provider: Arc<dyn P
         else {
             continue;
         };
-        let gone: BTreeSet<u64> = releasing.lock().map(|r| r.clone()).unwrap_or_default();
+        let mut gone: BTreeSet<u64> = releasing.lock().map(|r| r.clone()).unwrap_or_default();
+        gone.extend(removed.lock().map(|r| r.clone()).unwrap_or_default());
         let live: Vec<_> =
             hosts.iter().filter(|h| !draining.contains(&h.node_id) && !gone.contains(&h.node_id)).collect();
         let live_ids: BTreeSet<u64> = live.iter().map(|h| h.node_id).collect();
@@ -150,7 +157,7 @@ async fn run(cluster: Arc<Cluster>, config: AutoscaleConfig, provider: Arc<dyn P
                     .unwrap_or_default();
                 let candidates: Vec<Candidate> = live
                     .iter()
-                    .filter(|h| h.node_id != me && !held.contains(&h.node_id))
+                    .filter(|h| h.node_id != me && !held.contains(&h.node_id) && !seeds.contains(&h.node_id))
                     .map(|h| Candidate {
                         node_id: h.node_id,
                         committed_gpus: busy(h.node_id),
@@ -167,12 +174,23 @@ async fn run(cluster: Arc<Cluster>, config: AutoscaleConfig, provider: Arc<dyn P
                         r.insert(id);
                     }
                     tracing::info!(node = id, ?now, "autoscaler: releasing an idle host");
-                    let (cluster, provider, releasing, metrics, held_back) =
-                        (cluster.clone(), provider.clone(), releasing.clone(), metrics.clone(), held_back.clone());
+                    let (cluster, provider, releasing, metrics, held_back, removed) = (
+                        cluster.clone(),
+                        provider.clone(),
+                        releasing.clone(),
+                        metrics.clone(),
+                        held_back.clone(),
+                        removed.clone(),
+                    );
                     let (drain_timeout, retry) = (config.drain_timeout, config.interval);
                     tokio::spawn(async move {
                         match drain_and_leave(&cluster, &host, drain_timeout).await {
-                            Ok(()) => release(provider, host, &metrics, retry).await,
+                            Ok(()) => {
+                                if let Ok(mut r) = removed.lock() {
+                                    r.insert(id);
+                                }
+                                release(provider, host, &metrics, retry).await;
+                            }
                             Err(e) => {
                                 tracing::warn!(
                                     node = id,

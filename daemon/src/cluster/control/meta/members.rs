@@ -139,8 +139,13 @@ impl Cluster {
             tracing::warn!(node = node_id, error = %e, "could not delete the draining mark of a leaving host");
         }
         let m = self.store.change_membership(META_GROUP, &[MembershipChange::Remove(node_id)]).await?;
-        if let Err(e) = self.meta.delete(peer_key(node_id)).await {
-            tracing::warn!(node = node_id, error = %e, "could not delete the peer record of a removed host");
+        // Its host and load records too: they live on its host lease, which a removed host
+        // can no longer revoke (it follows the group no more), and until it expired the
+        // host read as live to placement and to the autoscaler.
+        for key in [peer_key(node_id), keys::host(node_id), keys::load(node_id)] {
+            if let Err(e) = self.meta.delete(key.clone()).await {
+                tracing::warn!(node = node_id, key, error = %e, "could not delete a record of a removed host");
+            }
         }
         tracing::info!(node = node_id, voters = ?m.voters, "host removed from the meta group");
         Ok(m)
