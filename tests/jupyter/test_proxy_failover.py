@@ -137,7 +137,9 @@ def test_proxy_reconnects_to_the_next_gateway_and_keeps_the_kernel(tmp_path: Pat
     os.environ["JUPYTER_PATH"] = str(tmp_path / "jupyter") + os.pathsep + old_path
     before = {k["id"] for k in kernels(d)}
     km = KernelManager(kernel_name="nbos-failover")
-    km.start_kernel()
+    proxy_stderr = tmp_path / "proxy.stderr"
+    with proxy_stderr.open("wb") as err:
+        km.start_kernel(stderr=err)
     kc = km.client()
     kc.start_channels()
     try:
@@ -193,6 +195,12 @@ def test_proxy_reconnects_to_the_next_gateway_and_keeps_the_kernel(tmp_path: Pat
         a.stop()
         b.stop()
     wait_for(lambda: kernel_id not in {k["id"] for k in kernels(d)}, 30, "the proxy to delete its kernel")
+    # The proxy's stderr is the Jupyter server's terminal or log: plain text, and only what
+    # needs a person (the lost gateways), no JSON records of every connection.
+    lines = [line for line in proxy_stderr.read_text().splitlines() if line.strip()]
+    assert not [line for line in lines if line.lstrip().startswith("{")], lines
+    assert any("WARN" in line for line in lines), lines
+    assert not [line for line in lines if "interrupt failed" in line], "a normal shutdown is not a failure"
 
 
 def test_proxy_refuses_an_empty_gateway_list(tmp_path: Path) -> None:

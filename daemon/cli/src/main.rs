@@ -107,6 +107,18 @@ fn main() -> ExitCode {
         eprintln!("nbos: {e:#}");
         return ExitCode::from(2);
     }
+    if matches!(
+        args.cmd,
+        Cmd::Status(_)
+            | Cmd::Kernels(_)
+            | Cmd::Cluster(_)
+            | Cmd::Objects(_)
+            | Cmd::Sim(_)
+            | Cmd::Pki(_)
+            | Cmd::Completions { .. }
+    ) {
+        quiet_on_a_closed_pipe();
+    }
     let result = match args.cmd {
         Cmd::Status(a) => cli::status::run(&args.target, a),
         Cmd::Kernels(a) => cli::kernels::run(&args.target, a),
@@ -119,10 +131,12 @@ fn main() -> ExitCode {
         Cmd::Pki(c) => cli::pki::run(c),
         Cmd::Observe(a) => cli::observe::run(a),
         Cmd::KernelProxy(a) => {
-            // The proxy runs as a kernel: its logs go to stderr, which Jupyter clients show or keep.
+            // The proxy runs as a kernel: its stderr is the Jupyter server's terminal or log, so
+            // it says only what needs a person (a gateway lost, a failover), as plain text.
+            // `NBOS_LOG=info` (any filter) asks for more.
             notebookosd::logging::init(&notebookosd::config::LogConfig {
-                level: "info,zeromq=warn".to_owned(),
-                ..notebookosd::config::LogConfig::default()
+                level: "warn,zeromq=error".to_owned(),
+                format: notebookosd::config::LogFormat::Text,
             });
             cli::proxy::run(&args.target, a)
         }
@@ -143,6 +157,18 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         }
+    }
+}
+
+/// `nbos kernels | head`: a reader that stops early ends the command quietly, as it does
+/// `ls` (death by SIGPIPE), not with a panic and a backtrace from `println!`. Only for the
+/// commands that print a result and exit: the long-running ones (the kernel proxy, benches,
+/// replays) write to sockets and pipes whose peers may go, and must see EPIPE instead.
+fn quiet_on_a_closed_pipe() {
+    // SAFETY: called on the main thread before any other thread starts; SIG_DFL is a valid
+    // disposition for SIGPIPE and no handler of ours is replaced.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

@@ -124,6 +124,25 @@ fn both_binaries_answer_help_and_version() {
     }
 }
 
+/// `nbos … | head` (issue 33): a reader that stops early ends the command quietly, killed by
+/// SIGPIPE as `ls` is, never with a panic and a backtrace. The pipe's reader is gone before
+/// the first byte, so the first write meets it.
+#[test]
+fn a_reader_that_stops_early_ends_the_command_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = Command::new(NBOS)
+        .args(["completions", "bash"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    let err = stderr(&out);
+    assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{err}");
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}: {err}", out.status);
+}
+
 #[test]
 fn replay_refuses_a_trace_with_the_reason() {
     let o = run(NBOS, &["replay", "traces/sensei_june_60sec.csv", "--speedup", "100"]);

@@ -211,6 +211,12 @@ async fn proxy(conn: ConnectionInfo, gateways: Vec<GatewayClient>, args: Args) -
                 None
             }
             _ = sigint.recv() => {
+                if shutdown_requested.is_some() {
+                    // A client that shuts the kernel down may signal its process too: the
+                    // kernel is going or gone, nothing to interrupt (the gateway would say 502).
+                    tracing::debug!("SIGINT after the shutdown request; nothing to interrupt");
+                    continue;
+                }
                 let (g, id) = (gateways[current].clone(), kernel_id.clone());
                 match tokio::task::spawn_blocking(move || g.interrupt_kernel(&id)).await {
                     Ok(Ok(())) => tracing::info!("interrupted"),
