@@ -100,6 +100,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(e) = node::preflight::check(&config) {
+        eprintln!("notebookosd: {e:#}");
+        return ExitCode::from(2);
+    }
     if args.check_config {
         println!("notebookosd: configuration OK");
         return ExitCode::SUCCESS;

@@ -181,6 +181,97 @@ fn malformed_config_value_is_refused_and_named() {
     assert!(stderr(&o).contains("http.token_file"), "{}", stderr(&o));
 }
 
+/// `--check-config` checks the files the config names, and the start refuses the same with
+/// the same exit 2 (issue 33): the unit's `RestartPreventExitStatus=2` then stops restarting.
+#[test]
+fn check_config_checks_the_files_the_config_names_and_the_start_refuses_them_with_exit_2() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let pki = |args: &[&str]| {
+        let o = run(NBOS, args);
+        assert!(o.status.success(), "nbos {args:?}: {}", stderr(&o));
+    };
+    let (ours, theirs) = (d.join("ours"), d.join("theirs"));
+    for ca in [&ours, &theirs] {
+        let ca = ca.to_str().expect("utf8");
+        pki(&["pki", "init", "--dir", ca]);
+        for node in ["1", "2"] {
+            pki(&["pki", "issue", "--dir", ca, "node", node, "--ip", "127.0.0.1"]);
+        }
+    }
+    let token = d.join("token");
+    std::fs::write(&token, "0123456789abcdef0123456789abcdef\n").expect("token");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let refused = |name: &str, body: String, says: &[&str]| {
+        let cfg = d.join(format!("{name}.toml"));
+        std::fs::write(&cfg, body).expect("config");
+        let cfg = cfg.to_str().expect("utf8");
+        for args in [vec!["--config", cfg, "--check-config"], vec!["--config", cfg]] {
+            let o = run(&notebookosd(), &args);
+            let e = stderr(&o);
+            assert_eq!(o.status.code(), Some(2), "{name} {args:?}: {e}");
+            for s in says {
+                assert!(e.contains(s), "{name} {args:?}: {s:?} not in {e}");
+            }
+        }
+    };
+    let base = |http: &str, rest: &str| {
+        format!(
+            "[node]\nstate_dir = {state:?}\nruntime_dir = {run:?}\n[http]\nlisten = \"127.0.0.1:0\"\n{http}\n\
+             [gpu]\ndriver = \"none\"\n{rest}",
+            state = d.join("state"),
+            run = d.join("run"),
+        )
+    };
+    let tok = format!("token_file = {token:?}");
+
+    // A token file that is missing, or that others may change.
+    let missing = d.join("no-such-token");
+    refused("missing-token", base(&format!("token_file = {missing:?}"), ""), &["http.token_file", "no-such-token"]);
+    let shared = d.join("shared-token");
+    std::fs::write(&shared, "0123456789abcdef0123456789abcdef\n").expect("token");
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    refused("writable-token", base(&format!("token_file = {shared:?}"), ""), &["http.token_file", "0666"]);
+
+    // A TLS key that is not the certificate's.
+    let (cert1, key2) = (ours.join("node-1.pem"), ours.join("node-2.key"));
+    let mismatched = format!("{tok}\ntls = {{ cert = {cert1:?}, key = {key2:?} }}");
+    refused("mismatched-key", base(&mismatched, ""), &["http.tls"]);
+
+    // A node certificate another CA signed.
+    let cluster = |ca: &Path, cert: &Path, key: &Path| {
+        format!(
+            "[cluster]\nenabled = true\nnode_id = 1\nraft_listen = \"127.0.0.1:1\"\nseeds = [\"1=127.0.0.1:1\"]\n\
+             object_store = \"file://{objects}\"\ntls = {{ ca_cert = {ca:?}, cert = {cert:?}, key = {key:?} }}\n",
+            objects = d.join("objects").display()
+        )
+    };
+    let foreign = cluster(&ours.join("ca.pem"), &theirs.join("node-1.pem"), &theirs.join("node-1.key"));
+    refused("foreign-cert", base(&tok, &foreign), &["cluster.tls.cert", "not signed by"]);
+
+    // A driver library that is not one.
+    let not_a_library = d.join("libcuda.so.1");
+    std::fs::write(&not_a_library, "not ELF").expect("fake driver");
+    let gpu = base(&tok, "").replace(
+        "driver = \"none\"",
+        &format!("driver = \"fake\"\nfake_gpus = 1\ncuda_driver_path = {not_a_library:?}"),
+    );
+    refused("bad-driver", gpu, &["CUDA driver", "does not load"]);
+
+    // The same files, right, pass.
+    let good = base(&tok, &cluster(&ours.join("ca.pem"), &ours.join("node-1.pem"), &ours.join("node-1.key")));
+    let cfg = d.join("good.toml");
+    std::fs::write(&cfg, good).expect("config");
+    let o = run(&notebookosd(), &["--config", cfg.to_str().expect("utf8"), "--check-config"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    // The unit does not restart a refused configuration.
+    let unit = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../packaging/notebookosd.service"))
+        .expect("unit");
+    assert!(unit.lines().any(|l| l.trim() == "RestartPreventExitStatus=2"), "{unit}");
+}
+
 #[test]
 fn missing_config_file_is_named() {
     let o = run(&notebookosd(), &["--config", "/nonexistent/notebookosd.toml"]);

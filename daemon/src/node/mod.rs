@@ -28,6 +28,7 @@ mod kernels;
 mod kernels_dir;
 mod leasing;
 mod observer;
+pub mod preflight;
 mod shutdown;
 mod systemd;
 

@@ -83,7 +83,13 @@ pub(super) struct CellLoop {
 impl CellLoop {
     /// A cell that has not looked yet.
     pub(super) fn new() -> Self {
-        Self { election: Election::new(), unreachable_since: None, told_waiting: false, told_moving: None, asked_to_move: None }
+        Self {
+            election: Election::new(),
+            unreachable_since: None,
+            told_waiting: false,
+            told_moving: None,
+            asked_to_move: None,
+        }
     }
 
     /// The next step, from what the driver looked up (`None`: the kernel's record is gone).

@@ -1,0 +1,106 @@
+//! The files a configuration names, checked before anything starts: `notebookosd
+//! --check-config` runs this after parsing, and so does every start, so a refused file is
+//! exit 2 with its reason (the unit's `RestartPreventExitStatus=2` then stops the restart
+//! loop) instead of exit 1 from half-way through the start.
+//!
+//! What is checked: the token files exist, hold a token, and are not writable by others;
+//! TLS certificates and keys parse, each key matches its certificate, and the cluster's
+//! node certificate chains to its CA; the GPU driver library (`nvidia` or `fake`, or
+//! `auto` when one is found) and the CUDA shim are there and the driver loads.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use anyhow::Context;
+
+use crate::config::{Config, GpuDriver};
+use crate::kernel::shim_env;
+use crate::link::{tls, token};
+
+/// Every check above; the error names the config key and the file.
+pub fn check(config: &Config) -> anyhow::Result<()> {
+    for (key, path) in [
+        ("http.token_file", config.http.token_file.as_deref()),
+        ("http.operator_token_file", config.http.operator_token_file.as_deref()),
+        ("auth.jupyterhub_token_file", config.auth.jupyterhub_token_file.as_deref()),
+    ] {
+        if let Some(p) = path {
+            secret(p).with_context(|| format!("{key} = {}", p.display()))?;
+            token::read_token_file(p).with_context(|| format!("{key} = {}", p.display()))?;
+        }
+    }
+    if let Some(t) = &config.http.tls {
+        secret(&t.key).with_context(|| format!("http.tls.key = {}", t.key.display()))?;
+        tls::server_config(&t.cert, &t.key, t.client_ca.as_deref())
+            .context("http.tls: the certificate, its key (they must match) or the client CA")?;
+    }
+    if let Some(t) = config.cluster.tls.as_ref().filter(|_| config.cluster.enabled) {
+        secret(&t.key).with_context(|| format!("cluster.tls.key = {}", t.key.display()))?;
+        tls::server_config(&t.cert, &t.key, Some(&t.ca_cert))
+            .context("cluster.tls: the node certificate, its key (they must match) or the CA")?;
+        let files = tls::TlsFiles { ca_cert: t.ca_cert.clone(), cert: t.cert.clone(), key: t.key.clone() };
+        let cert = files.end_entity_cert()?;
+        anyhow::ensure!(
+            tls::chains_to(&cert, &t.ca_cert)?,
+            "cluster.tls.cert = {} is not signed by cluster.tls.ca_cert = {} (or has expired): \
+             the other hosts would refuse it",
+            t.cert.display(),
+            t.ca_cert.display()
+        );
+    }
+    gpu_libraries(config)
+}
+
+/// A secret (token, private key): a regular file nobody else may write.
+fn secret(path: &Path) -> anyhow::Result<()> {
+    let meta = std::fs::metadata(path).context("no such file, or not readable")?;
+    anyhow::ensure!(meta.is_file(), "not a regular file");
+    let mode = meta.permissions().mode() & 0o7777;
+    anyhow::ensure!(
+        mode & 0o022 == 0,
+        "mode {mode:04o} lets other accounts change it (chmod 600 and chown root, or 640 with the daemon's group)"
+    );
+    if mode & 0o004 != 0 {
+        // Before logging starts (this runs first): stderr, which the journal keeps.
+        eprintln!("notebookosd: warning: {} (mode {mode:04o}) is a secret every account can read", path.display());
+    }
+    Ok(())
+}
+
+/// The driver library and the shim kernels need, where GPUs are configured.
+fn gpu_libraries(config: &Config) -> anyhow::Result<()> {
+    let gpu = &config.gpu;
+    let driver = match gpu.driver {
+        GpuDriver::Nvidia | GpuDriver::Fake => shim_env::find_driver(gpu)?,
+        // Without a driver, `auto` runs with no GPUs: nothing to check.
+        GpuDriver::Auto => match shim_env::find_driver(gpu) {
+            Ok(p) => p,
+            Err(_) => return Ok(()),
+        },
+        GpuDriver::None => return Ok(()),
+    };
+    loads(&driver).with_context(|| format!("the CUDA driver {}", driver.display()))?;
+    shim_env::find_shim(gpu).map(|_| ())
+}
+
+/// `dlopen` of `lib` succeeds (lazily, locally: nothing is called, nothing stays loaded).
+fn loads(lib: &Path) -> anyhow::Result<()> {
+    let c = std::ffi::CString::new(lib.as_os_str().as_encoded_bytes()).context("a NUL in the path")?;
+    // SAFETY: `c` is a NUL-terminated path that outlives the call; RTLD_LAZY resolves no
+    // symbol now, so only the library's own initialisers run, as they do in every kernel.
+    let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        // SAFETY: dlerror returns a thread-local NUL-terminated string or null.
+        let err = unsafe { libc::dlerror() };
+        let why = if err.is_null() {
+            "unknown error".to_owned()
+        } else {
+            // SAFETY: non-null, NUL-terminated, valid until the next dl* call on this thread.
+            unsafe { std::ffi::CStr::from_ptr(err) }.to_string_lossy().into_owned()
+        };
+        anyhow::bail!("does not load: {why}");
+    }
+    // SAFETY: `handle` came from dlopen above and is closed once.
+    unsafe { libc::dlclose(handle) };
+    Ok(())
+}
