@@ -36,6 +36,7 @@ pub const SERVICE_MANAGEMENT: &[(&str, &str)] = &[
     ("ExecStart", "the test starts the daemon with a config of its own"),
     ("Restart", "systemd's restart policy: nothing in the process"),
     ("RestartSec", "systemd's restart policy: nothing in the process"),
+    ("RestartPreventExitStatus", "systemd's restart policy: nothing in the process"),
     ("KillMode", "how systemd stops the service: the test sends SIGTERM as systemd does first"),
     ("TimeoutStopSec", "how long systemd waits before SIGKILL"),
 ];
