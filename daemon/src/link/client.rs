@@ -128,6 +128,29 @@ impl GatewayClient {
         self.call(self.request("POST", "/api/kernels"), Some(body))?.into_json().context("decoding the kernel model")
     }
 
+    /// The same client (credential, TLS, identity) for the gateway at `url`.
+    pub fn at(&self, url: &str) -> Self {
+        Self { url: url.trim_end_matches('/').to_owned(), ..self.clone() }
+    }
+
+    /// The gateway URLs of the cluster's live hosts, from `GET /api/v1/cluster/status`
+    /// (blocking); none when the gateway is not a cluster host (404).
+    pub fn cluster_gateways(&self) -> anyhow::Result<Vec<String>> {
+        let status: serde_json::Value = match self.request("GET", "/api/v1/cluster/status").call() {
+            Ok(r) => r.into_json().context("decoding the cluster status")?,
+            Err(ureq::Error::Status(404, _)) => return Ok(Vec::new()),
+            Err(e) => return Err(Self::error("GET /api/v1/cluster/status", e)),
+        };
+        let members =
+            status.get("members").and_then(serde_json::Value::as_array).map(Vec::as_slice).unwrap_or_default();
+        Ok(members
+            .iter()
+            .filter(|m| m.get("up").and_then(serde_json::Value::as_bool) == Some(true))
+            .filter_map(|m| m.pointer("/host/gateway_url").and_then(serde_json::Value::as_str))
+            .map(|u| u.trim_end_matches('/').to_owned())
+            .collect())
+    }
+
     /// `GET /api/kernels` (blocking).
     pub fn list_kernels(&self) -> anyhow::Result<Vec<KernelModel>> {
         self.call(self.request("GET", "/api/kernels"), None)?.into_json().context("decoding the kernel list")

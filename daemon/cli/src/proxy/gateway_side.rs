@@ -1,6 +1,6 @@
 //! The gateway's side of `nbos kernel-proxy`: creating the kernel on the first gateway that
-//! answers, taking its channels back from any gateway after the WebSocket is lost, and
-//! deleting it when the proxy ends.
+//! answers, learning the cluster's other gateways, taking its channels back from any gateway
+//! after the WebSocket is lost, and deleting it when the proxy ends.
 
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,33 @@ pub(super) async fn create_on_first(
         }
     }
     anyhow::bail!("no gateway could create the kernel: {}", errors.join("; "))
+}
+
+/// Adds the gateways of the cluster's live hosts, as `gateways[from]` lists them, to the
+/// ones the proxy knows (the configured ones stay first): a kernelspec that names one
+/// gateway (the packaged one names the local daemon's) still follows its kernel when that
+/// host dies. Returns how many were new; a gateway that cannot say is logged and skipped.
+pub(super) async fn learn(gateways: &mut Vec<GatewayClient>, from: usize) -> usize {
+    let Some(g) = gateways.get(from).cloned() else { return 0 };
+    let urls = match tokio::task::spawn_blocking(move || g.cluster_gateways()).await {
+        Ok(Ok(urls)) => urls,
+        Ok(Err(e)) => {
+            tracing::debug!(gateway = %gateways[from].url, error = format!("{e:#}"), "could not list the cluster's gateways");
+            return 0;
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "listing the cluster's gateways failed");
+            return 0;
+        }
+    };
+    let before = gateways.len();
+    for url in urls {
+        if !gateways.iter().any(|g| g.url == url) {
+            let g = gateways[from].at(&url);
+            gateways.push(g);
+        }
+    }
+    gateways.len() - before
 }
 
 /// Finds a gateway (starting after `from`) whose channels socket for `id` opens.

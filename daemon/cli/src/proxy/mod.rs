@@ -19,6 +19,11 @@
 //! socket get an error reply (`GatewayConnectionLost`), so no client waits forever,
 //! and late messages for them are dropped.
 //!
+//! The gateways given are where it starts: once the kernel runs, the proxy learns every
+//! live host's gateway from the cluster's status, and again every [`LEARN_EVERY`], so a
+//! kernelspec naming one host (the local daemon's, as the packaged one does) still
+//! reconnects and deletes through the survivors when that host dies.
+//!
 //! This file runs the proxy (binds, connects, forwards both ways); [`client_side`] is the
 //! Jupyter client's side (routing replies to the ZMQ sockets, answering what a lost socket
 //! abandoned), [`gateway_side`] the gateway's (create, reconnect, delete); [`kernelspec`]
@@ -44,7 +49,7 @@ use notebookosd::link::client::GatewayClient;
 use notebookosd::link::endpoint::default_runtime_dir;
 
 use self::client_side::{Abandoned, Route, Routers};
-use self::gateway_side::{create_on_first, reconnect, DeleteOnDrop};
+use self::gateway_side::{create_on_first, learn, reconnect, DeleteOnDrop};
 pub use self::kernelspec::{install_kernelspec, InstallArgs};
 
 /// Options of `nbos kernel-proxy`.
@@ -112,10 +117,13 @@ pub fn run(target: &crate::client::ConnectArgs, args: Args) -> anyhow::Result<()
     runtime.block_on(proxy(conn, gateways, args))
 }
 
+/// How often the proxy asks the cluster for its hosts' gateways again (hosts join and leave).
+const LEARN_EVERY: Duration = Duration::from_secs(30);
+
 /// Messages from clients dropped for a bad HMAC or a malformed frame.
 static DROPPED: AtomicU64 = AtomicU64::new(0);
 
-async fn proxy(conn: ConnectionInfo, gateways: Vec<GatewayClient>, args: Args) -> anyhow::Result<()> {
+async fn proxy(conn: ConnectionInfo, mut gateways: Vec<GatewayClient>, args: Args) -> anyhow::Result<()> {
     let signer = Signer::new(conn.key.as_bytes());
     // Bind first: the client connects as soon as we are started.
     // Any local process can connect to these ports: each socket caps what it takes.
@@ -164,8 +172,11 @@ async fn proxy(conn: ConnectionInfo, gateways: Vec<GatewayClient>, args: Args) -
             (i, model.id, socket, true)
         }
     };
+    let learned = learn(&mut gateways, current).await;
+    tracing::debug!(learned, known = gateways.len(), "the cluster's gateways");
     // An attached kernel is not the proxy's to delete when it ends (unless the client shuts it down).
     let mut guard = DeleteOnDrop { gateways: gateways.clone(), current, id: kernel_id.clone(), armed: owned };
+    let mut relearn = tokio::time::interval_at(tokio::time::Instant::now() + LEARN_EVERY, LEARN_EVERY);
     let (mut ws_tx, mut ws_rx) = socket.split();
 
     let (shell_tx, mut shell_rx) = shell.split();
@@ -222,6 +233,12 @@ async fn proxy(conn: ConnectionInfo, gateways: Vec<GatewayClient>, args: Args) -
                     Ok(Ok(())) => tracing::info!("interrupted"),
                     Ok(Err(e)) => tracing::warn!(error = format!("{e:#}"), "interrupt failed"),
                     Err(e) => tracing::warn!(error = %e, "interrupt task failed"),
+                }
+                None
+            }
+            _ = relearn.tick() => {
+                if learn(&mut gateways, current).await > 0 {
+                    guard.gateways = gateways.clone();
                 }
                 None
             }
