@@ -551,3 +551,50 @@ fn the_meta_leader_leaves_after_handing_off_its_leadership() {
         (gone && new_leader != 0).then_some(())
     });
 }
+
+/// A kernel deleted while one of its hosts is down (issue 33): back, that host counts the
+/// kernel's group replica, which no record names any more, as unknown
+/// (`notebookos_sync_groups_unknown`), destroys it, and ends with the meta group alone, as
+/// the others do, and no kernel process. Before, it kept the group for ever, its peers
+/// logging every message of it as one for a group they do not host.
+#[test]
+fn a_kernel_deleted_while_a_host_is_down_is_removed_from_it_when_it_returns() {
+    let mut c = TestCluster::start(3, Options::default());
+    let (code, model) = c.post(1, "/api/kernels", serde_json::json!({ "name": "python3", "gpus": 0 }));
+    assert_eq!(code, 201, "create: {model}\n{}", c.logs());
+    let id = model["id"].as_str().expect("id").to_owned();
+    let groups = |c: &TestCluster, h: u64| c.metric(h, "notebookos_raft_groups");
+    wait_for(Duration::from_secs(60), "every host to hold the kernel's group", || {
+        (1..=3).all(|h| groups(&c, h) == Some(2.0)).then_some(())
+    });
+    let kernel_dir = c.host(3).dir.join("state/kernels").join(&id);
+    assert!(kernel_dir.exists(), "host 3 runs the kernel's replica in {}", kernel_dir.display());
+    c.kill(3);
+    let (code, body) = c.delete(1, &format!("/api/kernels/{id}"));
+    assert_eq!(code, 204, "delete with host 3 down: {body}");
+    wait_for(Duration::from_secs(60), "hosts 1 and 2 to drop the kernel's group", || {
+        (1..=2).all(|h| groups(&c, h) == Some(1.0)).then_some(())
+    });
+    c.restart(3);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(60));
+    let unknown = |c: &TestCluster| c.metric(3, "notebookos_sync_groups_unknown");
+    wait_for(Duration::from_secs(60), "host 3 to count the deleted kernel's group as unknown", || {
+        (unknown(&c) == Some(1.0)).then_some(())
+    });
+    wait_for(Duration::from_secs(60), "host 3 to destroy it", || {
+        (groups(&c, 3) == Some(1.0) && unknown(&c) == Some(0.0)).then_some(())
+    });
+    // The pre-warm pool's processes belong to no kernel; a process of the deleted kernel's
+    // would name it (its connection file lives in the kernel's directory).
+    let of_kernel: Vec<i32> = c
+        .kernel_pids(3)
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains(&id))
+        })
+        .collect();
+    assert!(of_kernel.is_empty(), "processes of the deleted kernel on host 3: {of_kernel:?}");
+    assert!(!kernel_dir.exists(), "the deleted kernel's directory on host 3");
+    let (_, kernels) = c.get(3, "/api/kernels");
+    assert_eq!(kernels, serde_json::json!([]), "host 3 lists no kernel");
+}

@@ -259,7 +259,8 @@ async fn proxy(conn: ConnectionInfo, mut gateways: Vec<GatewayClient>, args: Arg
             current = idx;
             guard.current = idx;
             (ws_tx, ws_rx) = socket.split();
-            tracing::info!(kernel = %kernel_id, gateway = %gateways[current].url, "reconnected");
+            // A warning's resolution, at the same level: whoever read "reconnecting" learns how it ended.
+            tracing::warn!(kernel = %kernel_id, gateway = %gateways[current].url, "reconnected");
             // Requests that reached the lost socket may or may not have run: answered as
             // abandoned. Those it refused never left: sent again on the new socket.
             let resend: HashMap<String, Route> = unsent

@@ -11,6 +11,11 @@
 //! destroyed. On daemon restart the watch replays every record, so the replicas placed
 //! here are re-created and catch up from the group (its log survived in the store).
 //!
+//! A kernel deleted while this host was down leaves its group replica here, which would
+//! talk to peers that no longer host it for ever: every [`UNKNOWN_EVERY`] the supervisor
+//! lists its kernel groups against the records (read through the meta leader) and destroys
+//! one no record names at two looks in a row (`notebookos_sync_groups_unknown` counts them).
+//!
 //! A local group replica the store stopped after a broken invariant (`GroupFailed`: its
 //! log was lost while the group still counted it) cannot be repaired in place; the
 //! supervisor asks the meta leader to re-place that replica on another host, and the
@@ -29,7 +34,7 @@ use tokio::task::JoinHandle;
 
 use super::replica_host::ReplicaHost;
 use crate::cluster::control::meta::{Cluster, KernelEvent};
-use crate::cluster::control::records::{KernelRecord, ReplicaRecord};
+use crate::cluster::control::records::{KernelRecord, ReplicaRecord, FIRST_KERNEL_GROUP};
 
 /// How often the supervisor re-checks the groups it leads (membership) and retries.
 const RECONCILE_EVERY: Duration = Duration::from_millis(500);
@@ -38,6 +43,8 @@ const RECONCILE_EVERY: Duration = Duration::from_millis(500);
 const MEMBERSHIP_GRACE: Duration = Duration::from_secs(1);
 /// Pause between re-placement requests for a replica whose group failed here.
 const REPAIR_EVERY: Duration = Duration::from_secs(5);
+/// How often the supervisor looks for kernel groups no record names.
+const UNKNOWN_EVERY: Duration = Duration::from_secs(5);
 /// How long a new replica may take to catch up before the attempt is retried.
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -70,6 +77,8 @@ pub struct Supervisor {
     repairing: HashMap<String, Instant>,
     /// Kernels whose replica here is quiesced for a move (this host put the mark).
     quiesced: BTreeSet<String>,
+    /// Kernel groups no record named at the last look, and when that look was.
+    unknown: (BTreeSet<u64>, Instant),
 }
 
 impl Supervisor {
@@ -85,6 +94,7 @@ impl Supervisor {
             retry: HashMap::new(),
             repairing: HashMap::new(),
             quiesced: BTreeSet::new(),
+            unknown: (BTreeSet::new(), Instant::now()),
         };
         tokio::spawn(async move { sup.run().await })
     }
@@ -111,7 +121,12 @@ impl Supervisor {
                         return;
                     }
                 },
-                _ = tick.tick() => self.reconcile_all().await,
+                _ = tick.tick() => {
+                    self.reconcile_all().await;
+                    if self.unknown.1.elapsed() >= UNKNOWN_EVERY {
+                        self.destroy_unknown_groups().await;
+                    }
+                }
             }
         }
     }
@@ -228,6 +243,38 @@ impl Supervisor {
             }
             self.reconcile_membership(&record).await;
         }
+    }
+
+    /// Destroys the kernel groups held here that no kernel record names, at two looks in a
+    /// row (a group is created from its record, so one missing from a linearizable read of
+    /// the records is a deleted kernel's; the second look rules out a race with a record
+    /// changing its group). Replicas this supervisor runs are left to their records.
+    async fn destroy_unknown_groups(&mut self) {
+        self.unknown.1 = Instant::now();
+        let store = self.cluster.store().clone();
+        let Ok(local) = store.groups().await else { return };
+        let known = match self.cluster.kernel_groups().await {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::debug!(error = %e, "supervisor: kernel records not readable through the meta leader; later");
+                return;
+            }
+        };
+        let running: BTreeSet<u64> = self.running.values().map(|r| r.group).collect();
+        let unknown: BTreeSet<u64> = local
+            .into_iter()
+            .filter(|g| *g >= FIRST_KERNEL_GROUP && !known.contains(g) && !running.contains(g))
+            .collect();
+        self.host.sync_metrics().groups_unknown.set(i64::try_from(unknown.len()).unwrap_or(i64::MAX));
+        for &group in unknown.intersection(&self.unknown.0) {
+            match store.destroy_group(group).await {
+                Ok(()) | Err(raft_store::Error::GroupNotFound(_)) => {
+                    tracing::info!(group, "destroyed a kernel group no kernel record names (the kernel was deleted while this host was away)");
+                }
+                Err(e) => tracing::warn!(group, error = %e, "could not destroy a kernel group no record names"),
+            }
+        }
+        self.unknown.0 = unknown;
     }
 
     /// The local replica's group failed here: asks the meta leader to place the replica

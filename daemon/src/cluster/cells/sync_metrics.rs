@@ -4,6 +4,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
@@ -46,6 +47,9 @@ pub struct SyncMetrics {
     pub apply_seconds: Histogram,
     /// Failed exports and apply attempts.
     pub failures: Family<SideLabels, Counter>,
+    /// Kernel groups (each a kernel's namespace log) this host holds that no kernel record
+    /// names: a kernel deleted while this host was away. The supervisor destroys them.
+    pub groups_unknown: Gauge,
 }
 
 impl Default for SyncMetrics {
@@ -58,6 +62,7 @@ impl Default for SyncMetrics {
             cells_applied: Family::default(),
             apply_seconds: Histogram::new(exponential_buckets(0.000_5, 2.0, 18)),
             failures: Family::default(),
+            groups_unknown: Gauge::default(),
         }
     }
 }
@@ -90,6 +95,11 @@ impl SyncMetrics {
         );
         s.register("apply_seconds", "A follower applying one cell in its kernel", self.apply_seconds.clone());
         s.register("failures", "Failed namespace exports and apply attempts", self.failures.clone());
+        s.register(
+            "groups_unknown",
+            "Kernel raft groups this host holds that no kernel record names (deleted while it was away; destroyed)",
+            self.groups_unknown.clone(),
+        );
         r
     }
 }

@@ -21,6 +21,8 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 /// process handed its kernel to have ipykernel's ports open. Past it the kernel starts a
 /// new Python, with its own full start deadline.
 const WARMING_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a rejected process is given to be gone after its SIGKILL.
+const REJECTED_EXIT_WAIT: Duration = Duration::from_secs(5);
 
 /// One pre-warmed process.
 pub(super) struct Warm {
@@ -138,6 +140,13 @@ impl Warm {
                         let _ = self.process.signal(crate::sys::signals::SIGKILL);
                         self.unguard();
                     }
+                }
+                // It may have opened the kernel's ports already (it said `up` before a
+                // check failed): the new Python the caller starts on the same connection
+                // file binds them only once this one is gone (CI: the new kernel found its
+                // ports held by the killed one, three takes in a row).
+                if tokio::time::timeout(REJECTED_EXIT_WAIT, self.process.wait()).await.is_err() {
+                    tracing::warn!(pid, "a rejected pre-warmed process did not exit after SIGKILL");
                 }
                 self.metrics.prewarm_takes_total.get_or_create(&PrewarmTakeLabels { result: "failed".into() }).inc();
                 Err(e)

@@ -166,7 +166,29 @@ async fn run(cluster: Arc<Cluster>, config: AutoscaleConfig, provider: Arc<dyn P
                             .unwrap_or(u32::MAX),
                     })
                     .collect();
-                for id in drain::choose(&candidates, n as usize) {
+                // Hosts released together share no kernel, and none shares one with a host
+                // being released or a replica on the move: a drain moves one replica of a
+                // kernel at a time and would wait out the other's move past its call's
+                // deadline, giving the release up. The rest wait for a later decision.
+                let kernels_of =
+                    |id: u64| kernels.iter().filter(move |k| k.hosts().contains(&id)).map(|k| k.id.as_str());
+                let mut taken: BTreeSet<&str> = kernels
+                    .iter()
+                    .filter(|k| k.moving.is_some() || k.hosts().iter().any(|h| gone.contains(h)))
+                    .map(|k| k.id.as_str())
+                    .collect();
+                let mut chosen = Vec::new();
+                for id in drain::choose(&candidates, candidates.len()) {
+                    if chosen.len() >= n as usize {
+                        break;
+                    }
+                    if kernels_of(id).any(|k| taken.contains(k)) {
+                        continue;
+                    }
+                    taken.extend(kernels_of(id));
+                    chosen.push(id);
+                }
+                for id in chosen {
                     let Some(host) = live.iter().find(|h| h.node_id == id) else { continue };
                     let host =
                         ProviderHost { node_id: id, name: host.name.clone(), gateway_url: host.gateway_url.clone() };

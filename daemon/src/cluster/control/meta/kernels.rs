@@ -82,6 +82,20 @@ fn now_ms() -> u64 {
 }
 
 impl Cluster {
+    /// The raft group of every kernel record, read linearizably (through the meta leader):
+    /// a group this host holds that is not here belongs to a deleted kernel, even right
+    /// after a restart, when this host's own replica of the meta group may still be behind.
+    pub async fn kernel_groups(&self) -> Result<BTreeSet<u64>> {
+        let kvs = self.meta.range(keys::KERNELS, 0).await?;
+        let mut groups = BTreeSet::new();
+        for kv in &kvs {
+            let record: KernelRecord =
+                records::decode(&kv.key, &kv.value).map_err(|e| ClusterError::Conflict(e.to_string()))?;
+            groups.insert(record.group);
+        }
+        Ok(groups)
+    }
+
     /// Hosts as placement sees them: live hosts that are not draining, with the
     /// subscriptions the kernel records place on them (a move's target included) and
     /// their memory for kernels ([`super::memory::host_memory_mib`]).
