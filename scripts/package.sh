@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `make package`: the Debian and RPM packages of notebookosd, into $TARGET_DIR/packages/:
 #   notebookosd_<v>-1_amd64.deb, notebookosd-dbgsym_<v>-1_amd64.ddeb (cargo-deb),
-#   notebookosd-<v>-1.x86_64.rpm, notebookosd-debuginfo-<v>-1.x86_64.rpm (cargo-generate-rpm).
+#   notebookosd-<v>-1.x86_64.rpm, notebookosd-debuginfo-<v>-1.x86_64.rpm (cargo-generate-rpm);
+#   and notebookosd-fake-gpu (.deb, .rpm): the fake-cuda test double, never installed by
+#   default, for trying NotebookOS on a machine without a GPU.
 # Binaries are stripped; their debug symbols go to the -dbgsym / -debuginfo packages.
 # PACKAGE_PROFILE=dev builds from the debug profile instead and PACKAGE_FAST=1 compresses
 # less (what `make test-packaging` does in CI, to reuse the test build; the layout and the
@@ -28,7 +30,7 @@ METADATA=$("$CARGO" metadata --format-version 1 --no-deps)
 TARGET_DIR=$(python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])' <<<"$METADATA")
 VERSION=$(python3 -c 'import json, sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "notebookosd"))' <<<"$METADATA")
 BUILT="$TARGET_DIR/$PROFILE_DIR"
-"$CARGO" build --profile "$PROFILE" -p notebookosd -p nbos-cli -p nbos-cuda-shim --bins --lib
+"$CARGO" build --profile "$PROFILE" -p notebookosd -p nbos-cli -p nbos-cuda-shim -p fake-cuda --bins --lib
 
 GEN=packaging/generated
 rm -rf "$GEN"
@@ -41,7 +43,7 @@ gzip -9n "$GEN"/man/*.1 "$GEN"/man/*.8
 "$BUILT/nbos" completions fish > "$GEN/completions/nbos.fish"
 # The RPM's binaries: stripped, each with a debuglink to its .debug file (the -debuginfo RPM).
 # cargo-deb does the same for the .deb from $BUILT itself.
-for f in notebookosd nbos libnbos_cuda_shim.so; do
+for f in notebookosd nbos libnbos_cuda_shim.so libfake_cuda.so; do
     objcopy --only-keep-debug --compress-debug-sections=zlib "$BUILT/$f" "$GEN/debug/$f.debug"
     objcopy --strip-debug --strip-unneeded --add-gnu-debuglink="$GEN/debug/$f.debug" "$BUILT/$f" "$GEN/bin/$f"
 done
@@ -55,6 +57,8 @@ fast=() rpm_compress=zstd
 [ "${PACKAGE_FAST:-0}" = 1 ] && fast=(--fast) rpm_compress=gzip
 "$CARGO" deb -p notebookosd --no-build --profile "$PROFILE" --compress-debug-symbols=zlib "${fast[@]}" --output "$OUT/"
 "$CARGO" generate-rpm -p daemon --payload-compress "$rpm_compress" --output "$OUT"
+"$CARGO" deb -p fake-cuda --no-build --profile "$PROFILE" "${fast[@]}" --output "$OUT/"
+"$CARGO" generate-rpm -p tests/fake-cuda --payload-compress "$rpm_compress" --output "$OUT"
 # Debug symbols fit one build only: the -debuginfo RPM requires exactly this version-release.
 "$CARGO" generate-rpm -p daemon --variant debuginfo --set-metadata "requires = { notebookosd = \"= $VERSION-1\" }" \
     --payload-compress "$rpm_compress" --output "$OUT"

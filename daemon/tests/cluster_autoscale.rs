@@ -77,6 +77,24 @@ fn metric(c: &TestCluster, line: &str) -> f64 {
 /// autoscaler (every second, `extra` lines added to `[autoscale]`) runs the example provider
 /// behind `wrapper` (argv put before it, possibly none; `{dir}` is the cluster's directory). Returns the cluster and the
 /// provider's directory. `seed_overlay` goes into the test's own hosts' configs only.
+/// A client of host `h`'s gateway (TLS with the test's CA).
+fn gateway_of(c: &TestCluster, h: u64) -> GatewayClient {
+    let ca = c.dir().join("pki/ca.pem");
+    GatewayClient::new(&c.host(h).url, Some(TOKEN.to_owned()))
+        .with_tls(notebookosd::link::tls::client_config(&ca, None).expect("tls"))
+}
+
+/// A one-GPU kernel created through host 1: its id.
+fn create_kernel(c: &TestCluster) -> String {
+    let (code, model) = c.post(1, "/api/kernels", serde_json::json!({ "name": "python3", "gpus": 1 }));
+    assert_eq!(code, 201, "create: {model}\n{}", c.logs());
+    model["id"].as_str().expect("id").to_owned()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+}
+
 /// Three seeds with the exec provider; `extra` ends the `[autoscale]` table (`min_hosts`
 /// is 3 unless it says otherwise).
 fn autoscaled(wrapper: &[&str], extra: &str, seed_overlay: &str) -> (TestCluster, PathBuf) {
@@ -158,18 +176,9 @@ fn the_example_provider_scales_out_for_kernels_and_back_in_when_they_go() {
     // A minimum of one host: the scale-in would go below the three seeds, and must not.
     let (c, provided) = autoscaled(&[], "min_hosts = 1\n", "");
     guard.0 = provided.clone();
-    let dir = c.dir().to_owned();
-    let ca = dir.join("pki/ca.pem");
-    let gateway = |h: u64| {
-        GatewayClient::new(&c.host(h).url, Some(TOKEN.to_owned()))
-            .with_tls(notebookosd::link::tls::client_config(&ca, None).expect("tls"))
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    let create = || {
-        let (code, model) = c.post(1, "/api/kernels", serde_json::json!({ "name": "python3", "gpus": 1 }));
-        assert_eq!(code, 201, "create: {model}\n{}", c.logs());
-        model["id"].as_str().expect("id").to_owned()
-    };
+    let gateway = |h: u64| gateway_of(&c, h);
+    let rt = runtime();
+    let create = || create_kernel(&c);
     let out_ok = "notebookos_autoscale_hosts_total{direction=\"out\",result=\"ok\"} ";
     let released = "notebookos_autoscale_hosts_total{direction=\"in\",result=\"ok\"} ";
     let (out0, in0) = (metric(&c, out_ok), metric(&c, released));
@@ -257,17 +266,9 @@ fn a_host_with_a_replica_is_released_only_after_it_moves_and_failed_releases_are
     let mut guard = ProviderHosts(PathBuf::new());
     let (c, provided) = autoscaled(&wrapper.iter().map(String::as_str).collect::<Vec<_>>(), "max_release = 3\n", "");
     guard.0 = provided.clone();
-    let ca = c.dir().join("pki/ca.pem");
-    let gateway = |h: u64| {
-        GatewayClient::new(&c.host(h).url, Some(TOKEN.to_owned()))
-            .with_tls(notebookosd::link::tls::client_config(&ca, None).expect("tls"))
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    let create = || {
-        let (code, model) = c.post(1, "/api/kernels", serde_json::json!({ "name": "python3", "gpus": 1 }));
-        assert_eq!(code, 201, "create: {model}\n{}", c.logs());
-        model["id"].as_str().expect("id").to_owned()
-    };
+    let gateway = |h: u64| gateway_of(&c, h);
+    let rt = runtime();
+    let create = || create_kernel(&c);
     let series = |result: &str| format!("notebookos_autoscale_hosts_total{{direction=\"in\",result=\"{result}\"}} ");
     let (ok_before, failed_before) = (metric(&c, &series("ok")), metric(&c, &series("failed")));
     let released = |result: &str| metric(&c, &series(result)) - if result == "ok" { ok_before } else { failed_before };
@@ -336,17 +337,9 @@ fn a_release_whose_replica_cannot_move_in_time_is_given_up_the_host_kept_and_pla
     let mut guard = ProviderHosts(PathBuf::new());
     let (c, provided) = autoscaled(&[], "max_release = 3\ndrain_timeout = \"20s\"\n", &seeds);
     guard.0 = provided.clone();
-    let ca = c.dir().join("pki/ca.pem");
-    let gateway = |h: u64| {
-        GatewayClient::new(&c.host(h).url, Some(TOKEN.to_owned()))
-            .with_tls(notebookosd::link::tls::client_config(&ca, None).expect("tls"))
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    let create = || {
-        let (code, model) = c.post(1, "/api/kernels", serde_json::json!({ "name": "python3", "gpus": 1 }));
-        assert_eq!(code, 201, "create: {model}\n{}", c.logs());
-        model["id"].as_str().expect("id").to_owned()
-    };
+    let gateway = |h: u64| gateway_of(&c, h);
+    let rt = runtime();
+    let create = || create_kernel(&c);
     let failed = "notebookos_autoscale_hosts_total{direction=\"in\",result=\"failed\"} ";
     let failed0 = metric(&c, failed);
     let k1 = create();

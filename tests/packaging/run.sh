@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # `make test-packaging`: the packages as an operator meets them.
 #
-#  1. builds them (scripts/package.sh) and reports their sizes;
-#  2. lintian on the .deb: no error;
+#  1. builds them (scripts/package.sh) and reports their sizes; the fake-cuda test double is
+#     in notebookosd-fake-gpu alone;
+#  2. lintian on the .debs: no error;
 #  3. installs the .deb with apt into a fresh Debian 12 root (debootstrap --variant=minbase,
 #     cached under $NBOS_PACKAGING_CACHE), and checks files, owners and modes, the kernels'
 #     account, `notebookosd --check-config` on the shipped config, that the installed daemon
-#     (simulated GPUs) serves a cell through its gateway to a kernel running as that account,
+#     (simulated GPUs, from notebookosd-fake-gpu, which it says in its log) serves a cell
+#     through its gateway to a kernel running as that account,
 #     and that `dpkg --purge` leaves nothing behind but the account (Debian policy);
 #  4. the .rpm as far as this machine allows: its file list, scripts and dependencies, and an
 #     `rpm --root` install into a scratch root.
@@ -54,8 +56,6 @@ cleanup() {
     [ -n "$X" ] && rm -rf "$X"
 }
 trap cleanup EXIT
-# The simulated GPUs the installed daemon runs with (a test double, not in the packages).
-cargo build -q -p fake-cuda
 
 # 1. The packages.
 TARGET_DIR=$(cargo metadata --format-version 1 --no-deps |
@@ -69,7 +69,10 @@ DEB=$(ls "$PKGS"/notebookosd_*.deb)
 DBGSYM=$(ls "$PKGS"/notebookosd-dbgsym_*.*deb)
 RPM=$(ls "$PKGS"/notebookosd-[0-9]*.rpm)
 DEBUGINFO=$(ls "$PKGS"/notebookosd-debuginfo-*.rpm)
-for p in "$DEB" "$DBGSYM" "$RPM" "$DEBUGINFO"; do
+# The simulated GPUs (the fake-cuda test double): a package of their own, never notebookosd's.
+FAKE_DEB=$(ls "$PKGS"/notebookosd-fake-gpu_*.deb)
+FAKE_RPM=$(ls "$PKGS"/notebookosd-fake-gpu-[0-9]*.rpm)
+for p in "$DEB" "$DBGSYM" "$RPM" "$DEBUGINFO" "$FAKE_DEB" "$FAKE_RPM"; do
     say "size $(basename "$p"): $(du -k "$p" | cut -f1) KiB"
 done
 say "installed size of $(basename "$DEB"): $(dpkg-deb -f "$DEB" Installed-Size) KiB"
@@ -88,9 +91,16 @@ for bin in usr/bin/notebookosd usr/bin/nbos usr/lib/notebookos/libnbos_cuda_shim
     [ -f "$X/dbg/usr/lib/debug/.build-id/${id:0:2}/${id:2}.debug" ] || fail "no debug symbols for $bin (build id $id) in -dbgsym"
 done
 say "binaries stripped; debug symbols in $(basename "$DBGSYM") by build id"
+[ -z "$(find "$X/deb" -name 'libfake_cuda*')" ] || fail "the test double is in $(basename "$DEB")"
+dpkg-deb -x "$FAKE_DEB" "$X/fake"
+[ -f "$X/fake/usr/lib/notebookos/libfake_cuda.so" ] || fail "libfake_cuda.so is not in $(basename "$FAKE_DEB")"
+grep -q notebookosd <<<"$(dpkg-deb -f "$FAKE_DEB" Depends)" || fail "$(basename "$FAKE_DEB") does not depend on notebookosd"
+grep -q 'TEST DOUBLE' <<<"$(dpkg-deb -f "$FAKE_DEB" Description)" || fail "$(basename "$FAKE_DEB") does not say it is a test double"
+say "the test double is in $(basename "$FAKE_DEB") only"
 
 # 2. lintian: errors fail, warnings are printed.
 lintian --fail-on error "$DEB" | sed 's/^/lintian: /' || fail "lintian reports errors on $(basename "$DEB")"
+lintian --fail-on error "$FAKE_DEB" | sed 's/^/lintian: /' || fail "lintian reports errors on $(basename "$FAKE_DEB")"
 say "lintian: no error"
 
 # 3. A fresh Debian 12 root, from a cached minbase tarball.
@@ -171,20 +181,17 @@ say "account: $acct"
 out=$(in_root notebookosd --check-config --config /etc/notebookos/notebookosd.toml) || fail "the shipped config is refused: $out"
 say "notebookosd --check-config: $out"
 
-# The installed daemon with simulated GPUs serves a cell through its gateway.
-FAKE=
-for f in "$TARGET_DIR"/debug/libfake_cuda.so "$TARGET_DIR"/release/libfake_cuda.so; do
-    [ -f "$f" ] && FAKE=$f && break
-done
-[ -n "$FAKE" ] || fail "libfake_cuda.so (the simulated GPUs) is not built (cargo build -p fake-cuda)"
-mkdir -p "$ROOT/opt/nbos-test"
-cp "$FAKE" "$ROOT/opt/nbos-test/libfake_cuda.so"
+# The installed daemon with simulated GPUs (notebookosd-fake-gpu, installed as the manual's
+# "Try it on a machine without a GPU" says) serves a cell through its gateway.
+cp "$FAKE_DEB" "$ROOT/tmp/notebookosd-fake-gpu.deb"
+apt_in_root install --no-install-recommends /tmp/notebookosd-fake-gpu.deb
+check_file /usr/lib/notebookos/libfake_cuda.so root:root 644
 PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 TOKEN=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
 ( umask 077 && echo "$TOKEN" > "$ROOT/etc/notebookos/token" )
 sed -e "s|^listen = .*|listen = \"127.0.0.1:$PORT\"|" \
     -e 's|^# token_file = .*|token_file = "/etc/notebookos/token"|' \
-    -e 's|^driver = "auto"|driver = "fake"\ncuda_driver_path = "/opt/nbos-test/libfake_cuda.so"|' \
+    -e 's|^driver = "auto"|driver = "fake"|' \
     -e 's|^fake_gpus = 0|fake_gpus = 1|' \
     "$ROOT/etc/notebookos/notebookosd.toml" > "$ROOT/etc/notebookos/test.toml"
 in_root notebookosd --check-config --config /etc/notebookos/test.toml >/dev/null || fail "the test config is refused"
@@ -235,14 +242,16 @@ got=$(in_root python3 /tmp/cell.py "http://127.0.0.1:$PORT" "$TOKEN") || { tail 
 # The cell ran as the kernels' account, bound to the host's one simulated GPU.
 case "$got" in "ok 42 notebookos-kernel held 1 of 1") ;; *) tail -30 "$X/daemon.log" >&2; fail "the cell answered: $got" ;; esac
 say "a 1-GPU cell ran through the installed daemon's gateway as notebookos-kernel: $got"
+grep -q 'SIMULATED by the fake-cuda test double' "$X/daemon.log" || fail "the daemon did not say its GPUs are simulated"
+say "the daemon's log says its GPUs are simulated"
 kill "$DAEMON_PID"
 timeout 30 tail --pid="$DAEMON_PID" -f /dev/null || fail "the installed daemon did not stop within 30 s of SIGTERM"
 DAEMON_PID=
-rm -f "$ROOT/etc/notebookos/test.toml" "$ROOT/etc/notebookos/token" "$ROOT/tmp/cell.py"
-rm -rf "$ROOT/opt/nbos-test"
+rm -f "$ROOT/etc/notebookos/test.toml" "$ROOT/etc/notebookos/token" "$ROOT/tmp/cell.py" \
+    "$ROOT/tmp/notebookosd.deb" "$ROOT/tmp/notebookosd-fake-gpu.deb"
 
 # Purge: nothing left but what policy keeps (the account, in /etc/passwd and /etc/group).
-in_root dpkg --purge notebookosd >/dev/null
+in_root dpkg --purge notebookosd-fake-gpu notebookosd >/dev/null
 snapshot > "$X/after"
 left=$(comm -13 "$X/before" "$X/after")
 [ -z "$left" ] || fail "dpkg --purge left: $left"
@@ -258,6 +267,9 @@ for f in /usr/bin/notebookosd /usr/bin/nbos /usr/lib/notebookos/libnbos_cuda_shi
     /usr/share/notebookosd/prometheus/notebookos.rules.yml /usr/share/notebookosd/grafana/notebookos.json; do
     grep -qx "$f" "$X/rpm.list" || fail "$f is not in $(basename "$RPM")"
 done
+if grep -q libfake_cuda "$X/rpm.list"; then fail "the test double is in $(basename "$RPM")"; fi
+grep -qx /usr/lib/notebookos/libfake_cuda.so <<<"$(rpm -qpl "$FAKE_RPM")" || fail "libfake_cuda.so is not in $(basename "$FAKE_RPM")"
+grep -q '^notebookosd' <<<"$(rpm -qpR "$FAKE_RPM")" || fail "$(basename "$FAKE_RPM") does not require notebookosd"
 rpm -qp --scripts "$RPM" > "$X/rpm.scripts"
 grep -q 'notebookos-kernel' "$X/rpm.scripts" || fail "the .rpm does not create the kernels' account"
 grep -q 'notebookos.pth' "$X/rpm.scripts" || fail "the .rpm does not put the helper on python3's path"

@@ -23,6 +23,8 @@ pub const SHIM_FILE: &str = "libnbos_cuda_shim.so";
 pub const FAKE_DRIVER_FILE: &str = "libfake_cuda.so";
 /// Where packages install the shim.
 pub const INSTALLED_SHIM: &str = "/usr/lib/notebookos/libnbos_cuda_shim.so";
+/// Where the `notebookosd-fake-gpu` package installs the test double.
+pub const INSTALLED_FAKE_DRIVER: &str = "/usr/lib/notebookos/libfake_cuda.so";
 /// How often a shim holding a lease reports its activity to the lease server (the host
 /// tells it in `Registered`): idle detection needs a few reports per `idle_grace` (1 s).
 pub const ACTIVITY_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
@@ -73,10 +75,12 @@ pub fn find_driver(cfg: &GpuConfig) -> anyhow::Result<PathBuf> {
             anyhow::ensure!(p.is_file(), "gpu.cuda_driver_path = {}: no such file", p.display());
             return Ok(p.clone());
         }
-        return next_to_exe(FAKE_DRIVER_FILE).with_context(|| {
+        let installed = PathBuf::from(INSTALLED_FAKE_DRIVER);
+        return next_to_exe(FAKE_DRIVER_FILE).or_else(|| installed.is_file().then_some(installed)).with_context(|| {
             format!(
-                "gpu.driver = \"fake\" needs the fake-cuda test double {FAKE_DRIVER_FILE} next to the daemon \
-                 binary (cargo build -p fake-cuda) or gpu.cuda_driver_path"
+                "gpu.driver = \"fake\" needs the fake-cuda test double: install the notebookosd-fake-gpu \
+                 package ({INSTALLED_FAKE_DRIVER}), or build {FAKE_DRIVER_FILE} next to the daemon binary \
+                 (cargo build -p fake-cuda), or set gpu.cuda_driver_path"
             )
         });
     }

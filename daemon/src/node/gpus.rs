@@ -32,6 +32,14 @@ pub(super) fn start_gpus(
     inventory: gpu::Inventory,
     registry: &mut prometheus_client::registry::Registry,
 ) -> anyhow::Result<Gpus> {
+    if inventory.gpus.iter().any(|g| g.simulated) {
+        // Loudly, at every start: a test double must never pass for a GPU host.
+        tracing::warn!(
+            gpus = inventory.gpus.len(),
+            "gpu.driver = \"fake\": these GPUs are SIMULATED by the fake-cuda test double \
+             (notebookosd-fake-gpu); no cell runs on a GPU"
+        );
+    }
     let leasing = if inventory.gpus.is_empty() {
         None
     } else {

@@ -16,6 +16,7 @@ use anyhow::Context;
 use crate::config::{Config, GpuDriver};
 use crate::kernel::shim_env;
 use crate::link::{tls, token};
+use crate::sys::dynamic_library;
 
 /// Every check above; the error names the config key and the file.
 pub fn check(config: &Config) -> anyhow::Result<()> {
@@ -83,24 +84,11 @@ fn gpu_libraries(config: &Config) -> anyhow::Result<()> {
     shim_env::find_shim(gpu).map(|_| ())
 }
 
-/// `dlopen` of `lib` succeeds (lazily, locally: nothing is called, nothing stays loaded).
+/// `dlopen` of `lib` succeeds (lazily, locally: nothing is called, nothing stays loaded;
+/// only the library's own initialisers run, as they do in every kernel).
 fn loads(lib: &Path) -> anyhow::Result<()> {
-    let c = std::ffi::CString::new(lib.as_os_str().as_encoded_bytes()).context("a NUL in the path")?;
-    // SAFETY: `c` is a NUL-terminated path that outlives the call; RTLD_LAZY resolves no
-    // symbol now, so only the library's own initialisers run, as they do in every kernel.
-    let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
-    if handle.is_null() {
-        // SAFETY: dlerror returns a thread-local NUL-terminated string or null.
-        let err = unsafe { libc::dlerror() };
-        let why = if err.is_null() {
-            "unknown error".to_owned()
-        } else {
-            // SAFETY: non-null, NUL-terminated, valid until the next dl* call on this thread.
-            unsafe { std::ffi::CStr::from_ptr(err) }.to_string_lossy().into_owned()
-        };
-        anyhow::bail!("does not load: {why}");
-    }
-    // SAFETY: `handle` came from dlopen above and is closed once.
-    unsafe { libc::dlclose(handle) };
+    let handle = dynamic_library::open(lib, libc::RTLD_LAZY | libc::RTLD_LOCAL)
+        .map_err(|why| anyhow::anyhow!("does not load: {why}"))?;
+    dynamic_library::close(handle);
     Ok(())
 }

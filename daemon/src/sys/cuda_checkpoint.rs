@@ -3,7 +3,7 @@
 //! with the argument structs they take. Each call returns the driver's `CUresult`;
 //! `gpu::checkpoint` turns them into its errors.
 
-use std::ffi::{c_int, c_void, CStr, CString};
+use std::ffi::{c_int, c_void, CStr};
 use std::path::Path;
 
 #[repr(C)]
@@ -54,21 +54,9 @@ pub struct CheckpointEntryPoints {
 impl CheckpointEntryPoints {
     /// Opens the driver at `path` (full path) and resolves the checkpoint API.
     pub fn load(path: &Path) -> Result<Self, DlError> {
-        let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| DlError::Open(e.to_string()))?;
-        // SAFETY: c is a valid C string; RTLD_LOCAL keeps the driver's symbols private to us.
-        // The handle is never closed: the functions below must stay valid for the daemon's life.
-        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if h.is_null() {
-            // SAFETY: dlerror returns NULL or a NUL-terminated message.
-            let e = unsafe { libc::dlerror() };
-            let reason = if e.is_null() {
-                "unknown error".to_owned()
-            } else {
-                // SAFETY: non-null dlerror message.
-                unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
-            };
-            return Err(DlError::Open(reason));
-        }
+        // RTLD_LOCAL keeps the driver's symbols private to us. The handle is never closed:
+        // the functions below must stay valid for the daemon's life.
+        let h = super::dynamic_library::open(path, libc::RTLD_NOW | libc::RTLD_LOCAL).map_err(DlError::Open)?.as_ptr();
         let sym = |name: &'static CStr| -> Result<usize, DlError> {
             // SAFETY: h is a live handle; name is NUL-terminated.
             let p = unsafe { libc::dlsym(h, name.as_ptr()) } as usize;

@@ -30,6 +30,7 @@ pub mod child_setup;
 pub mod confinement;
 pub mod credentials;
 pub mod cuda_checkpoint;
+pub mod dynamic_library;
 pub mod fs_stats;
 pub mod loop_device;
 pub mod mount;
