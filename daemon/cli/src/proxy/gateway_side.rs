@@ -44,13 +44,26 @@ pub(super) async fn learn(gateways: &mut Vec<GatewayClient>, from: usize) -> usi
         }
     };
     let before = gateways.len();
+    let scheme = scheme_of(&gateways[from].url);
     for url in urls {
+        // The proxy's credential goes with it: never to a gateway that would take it over
+        // another scheme than the configured one (a member advertising http:// where the
+        // cluster speaks https:// would read the users' token in clear).
+        if scheme_of(&url) != scheme {
+            tracing::warn!(gateway = %url, "a cluster gateway with another scheme than the configured one; not used");
+            continue;
+        }
         if !gateways.iter().any(|g| g.url == url) {
             let g = gateways[from].at(&url);
             gateways.push(g);
         }
     }
     gateways.len() - before
+}
+
+/// The scheme of `url` (`https`, `http`), lower case; empty when it has none.
+fn scheme_of(url: &str) -> String {
+    url.split_once("://").map(|(s, _)| s.to_ascii_lowercase()).unwrap_or_default()
 }
 
 /// Finds a gateway (starting after `from`) whose channels socket for `id` opens.
@@ -115,5 +128,17 @@ impl Drop for DeleteOnDrop {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::scheme_of;
+
+    #[test]
+    fn a_learned_gateway_must_speak_the_configured_scheme() {
+        assert_eq!(scheme_of("HTTPS://h1:8888"), "https");
+        assert_ne!(scheme_of("http://h2:8888"), scheme_of("https://h1:8888"));
+        assert_eq!(scheme_of("h3:8888"), "");
     }
 }
