@@ -185,6 +185,29 @@ fn hosts_form_a_cluster_fail_rejoin_join_and_leave() {
         let gone = !s["members"].as_array()?.iter().any(|m| m["node_id"] == 4);
         gone.then_some(())
     });
+
+    // A dead host (its disk full, say) is removed through another with `nbos cluster
+    // remove`, the operator's: without the operator token it is refused and nothing changes.
+    c.kill(3);
+    let users_only = std::process::Command::new(nbos())
+        .args(["--url", &c.host(1).url])
+        .env("NBOS_TOKEN", c.token())
+        .env_remove("NBOS_OPERATOR_TOKEN")
+        .args(c.layout_ca_args())
+        .args(["cluster", "remove", "3"])
+        .output()
+        .expect("run nbos");
+    let err = String::from_utf8_lossy(&users_only.stderr);
+    assert!(!users_only.status.success() && err.contains("operator token"), "{err}");
+    let member_ids = || -> Vec<u64> {
+        let s = c.status(1).expect("cluster status");
+        s["members"].as_array().expect("members").iter().filter_map(|m| m["node_id"].as_u64()).collect()
+    };
+    assert!(member_ids().contains(&3));
+    let (ok, out, err) = c.nbos(1, &["cluster", "remove", "3"]);
+    assert!(ok, "remove failed: {out}{err}");
+    assert!(out.contains("host 3 removed from the cluster"), "{out}");
+    assert!(!member_ids().contains(&3), "{:?}", member_ids());
 }
 
 #[test]

@@ -42,6 +42,8 @@ flock 9
 X= B= ROOT= DAEMON_PID=
 cleanup() {
     set +e
+    trap - ERR
+    walkthrough_cleanup
     if [ -n "$DAEMON_PID" ]; then
         kill "$DAEMON_PID" 2>/dev/null
         timeout 30 tail --pid="$DAEMON_PID" -f /dev/null || kill -9 "$DAEMON_PID" 2>/dev/null
@@ -56,6 +58,11 @@ cleanup() {
     [ -n "$X" ] && rm -rf "$X"
 }
 trap cleanup EXIT
+# A command that fails under `set -e` without a message of its own says where.
+set -E
+trap 'printf "test-packaging: FAIL: %s:%s: %s\n" "${BASH_SOURCE[0]}" "$LINENO" "$BASH_COMMAND" >&2' ERR
+# shellcheck source=tests/packaging/walkthrough.sh
+source "$REPO/tests/packaging/walkthrough.sh"
 
 # 1. The packages.
 TARGET_DIR=$(cargo metadata --format-version 1 --no-deps |
@@ -170,6 +177,16 @@ in_root python3 -c 'import nbos_kernel.sync, ipykernel, cloudpickle' || fail "th
 in_root nbos --version >/dev/null || fail "nbos does not run"
 say "files, owners and modes as expected; the helper imports with Debian's python3"
 
+# Every doc of docs/ that a shipped doc names is shipped too, in the .deb and the .rpm.
+rpm -qpl "$RPM" > "$X/rpm.files"
+[ -f "$X/deb/usr/share/doc/notebookosd/docs/operations.md" ] || fail "the manual (docs/operations.md) is not in $(basename "$DEB")"
+for name in $(grep -ohE '[a-z][a-z0-9_-]*\.md' "$X"/deb/usr/share/doc/notebookosd/README.md "$X"/deb/usr/share/doc/notebookosd/docs/*.md | sort -u); do
+    [ -f "docs/$name" ] || continue
+    [ -f "$X/deb/usr/share/doc/notebookosd/docs/$name" ] || fail "$name is named by the shipped docs but not in $(basename "$DEB")"
+    grep -qx "/usr/share/doc/notebookosd/docs/$name" "$X/rpm.files" || fail "$name is named by the shipped docs but not in $(basename "$RPM")"
+done
+say "every doc the shipped docs name is in the .deb and the .rpm"
+
 # The kernels' account: a system user with no login and no home.
 acct=$(in_root getent passwd notebookos-kernel) || fail "no notebookos-kernel account"
 uid=$(echo "$acct" | cut -d: -f3)
@@ -257,6 +274,10 @@ left=$(comm -13 "$X/before" "$X/after")
 [ -z "$left" ] || fail "dpkg --purge left: $left"
 in_root getent passwd notebookos-kernel >/dev/null || fail "purge removed the account (policy keeps it)"
 say "dpkg --purge left no file behind; the account stays"
+
+# 3b. The manual's walk-through: three hosts with TLS, Prometheus, a host killed under a
+# notebook, a purge (walkthrough.sh), on overlays of the root as it is now (no notebookosd).
+walkthrough
 
 # 4. The .rpm: contents, scripts, dependencies, and an install into a scratch root.
 rpm -qpl "$RPM" > "$X/rpm.list"

@@ -140,7 +140,16 @@ impl Client {
             }
             _ => None,
         };
-        let agent = target.agent(Duration::from_secs(10))?;
+        // The local daemon's own URL: verified against the CA its endpoint file names, unless
+        // --ca-cert says otherwise.
+        let endpoint_ca = endpoint
+            .as_ref()
+            .filter(|e| e.url == url && url.starts_with("https://") && target.ca_cert.is_none())
+            .and_then(|e| e.ca_cert.clone());
+        let agent = match endpoint_ca {
+            Some(ca) => ConnectArgs { ca_cert: Some(ca), ..target.clone() }.agent(Duration::from_secs(10))?,
+            None => target.agent(Duration::from_secs(10))?,
+        };
         Ok(Self {
             url: url.trim_end_matches('/').to_owned(),
             token,

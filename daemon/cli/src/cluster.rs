@@ -1,4 +1,4 @@
-//! `nbos cluster status|join|leave`: the hosts of a cluster, and adding or removing one.
+//! `nbos cluster status|join|leave|remove`: the hosts of a cluster, and adding or removing one.
 
 use std::fmt::Write;
 use std::time::{Duration, Instant};
@@ -20,6 +20,18 @@ pub enum ClusterCmd {
     /// Take this host out of the cluster: its kernel replicas move to other hosts, then it
     /// leaves the meta group. Refused when a replica has nowhere to go.
     Leave(LeaveArgs),
+    /// Remove another host, one that cannot answer (dead, or its disk full), from the meta
+    /// group through the member at --url: no replica is moved first (the cluster re-places
+    /// a down host's replicas by itself). A host that answers leaves with `leave`.
+    Remove(RemoveArgs),
+}
+
+/// Options of `nbos cluster remove`.
+#[derive(Debug, clap::Args)]
+pub struct RemoveArgs {
+    /// The node id of the host to remove (`nbos cluster status`).
+    #[arg(value_name = "NODE_ID")]
+    pub node_id: u64,
 }
 
 /// Options of `nbos cluster status`.
@@ -73,6 +85,13 @@ pub fn run(target: &ConnectArgs, cmd: ClusterCmd) -> anyhow::Result<()> {
         }
         ClusterCmd::Join(a) => join(&client, &a),
         ClusterCmd::Leave(a) => leave(&client, &a),
+        ClusterCmd::Remove(a) => {
+            let operator = client.as_operator()?.with_timeout(MEMBERSHIP_CALL_TIMEOUT);
+            let membership: serde_json::Value =
+                operator.send_json("DELETE", &format!("/api/v1/cluster/members/{}", a.node_id), None)?;
+            println!("host {} removed from the cluster (meta voters now {})", a.node_id, membership["voters"]);
+            Ok(())
+        }
     }
 }
 

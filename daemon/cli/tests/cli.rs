@@ -259,8 +259,38 @@ fn check_config_checks_the_files_the_config_names_and_the_start_refuses_them_wit
     );
     refused("bad-driver", gpu, &["CUDA driver", "does not load"]);
 
-    // The same files, right, pass.
+    // A shared object store the daemon cannot write: a read-only mount (what the unit's
+    // ProtectSystem=strict makes of /srv or /mnt without a drop-in), or, not root, a 0555 directory.
     let good = base(&tok, &cluster(&ours.join("ca.pem"), &ours.join("node-1.pem"), &ours.join("node-1.key")));
+    let store = d.join("objects");
+    std::fs::create_dir(&store).expect("store");
+    let cfg = d.join("read-only-store.toml");
+    std::fs::write(&cfg, &good).expect("config");
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let o = if root {
+        let script = format!(
+            "mount --bind {s} {s} && mount -o remount,bind,ro {s} && exec {bin} --config {cfg} --check-config",
+            s = store.display(),
+            bin = notebookosd(),
+            cfg = cfg.display()
+        );
+        run("unshare", &["--mount", "--propagation", "private", "sh", "-c", &script])
+    } else {
+        std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o555)).expect("chmod");
+        let o = run(&notebookosd(), &["--config", cfg.to_str().expect("utf8"), "--check-config"]);
+        std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        o
+    };
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    for s in ["cluster.object_store", "objects"] {
+        assert!(stderr(&o).contains(s), "{s:?} not in {}", stderr(&o));
+    }
+    if root {
+        assert!(stderr(&o).contains("ReadWritePaths="), "the drop-in is not named: {}", stderr(&o));
+    }
+
+    // The same files, right, pass.
     let cfg = d.join("good.toml");
     std::fs::write(&cfg, good).expect("config");
     let o = run(&notebookosd(), &["--config", cfg.to_str().expect("utf8"), "--check-config"]);
@@ -270,6 +300,112 @@ fn check_config_checks_the_files_the_config_names_and_the_start_refuses_them_wit
     let unit = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../packaging/notebookosd.service"))
         .expect("unit");
     assert!(unit.lines().any(|l| l.trim() == "RestartPreventExitStatus=2"), "{unit}");
+}
+
+/// The shipped config with its commented credential lines (`token_file`,
+/// `operator_token_file`, both `tls`) uncommented names one set of files, the ones
+/// operations.md installs: with them there (under a scratch /etc/notebookos), a cluster host
+/// starts from it, serves HTTPS with that certificate, and its endpoint file gives local
+/// clients its URL and CA (issue 33).
+#[test]
+fn the_shipped_config_with_its_credential_lines_uncommented_starts_a_tls_cluster_host() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let etc = d.join("etc");
+    let pki = etc.join("pki");
+    for args in [
+        vec!["pki", "init", "--dir", pki.to_str().expect("utf8")],
+        vec!["pki", "issue", "--dir", pki.to_str().expect("utf8"), "node", "1", "--ip", "127.0.0.1"],
+    ] {
+        let o = run(NBOS, &args);
+        assert!(o.status.success(), "nbos {args:?}: {}", stderr(&o));
+    }
+    // Where operations.md's `install` lines put them.
+    std::fs::rename(pki.join("node-1.pem"), pki.join("node.pem")).expect("node.pem");
+    std::fs::rename(pki.join("node-1.key"), pki.join("node.key")).expect("node.key");
+    for name in ["token", "operator-token"] {
+        std::fs::write(etc.join(name), format!("{name}-0123456789abcdef0123456789\n")).expect("token");
+        std::fs::set_permissions(etc.join(name), std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    }
+    let raft_port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../packaging/notebookosd.toml"))
+        .expect("shipped config");
+    let mut uncommented = 0;
+    let mut config = String::new();
+    for line in shipped.lines() {
+        let line = match line.strip_prefix("# ") {
+            Some(rest) if ["token_file = ", "operator_token_file = ", "tls = "].iter().any(|k| rest.starts_with(k)) => {
+                uncommented += 1;
+                rest.to_owned()
+            }
+            _ => line.to_owned(),
+        };
+        let line = match line.split_once(" = ").map(|(k, _)| k) {
+            Some("listen") => "listen = \"127.0.0.1:0\"".to_owned(),
+            Some("state_dir") => format!("state_dir = {:?}", d.join("state")),
+            Some("runtime_dir") => format!("runtime_dir = {:?}", d.join("run")),
+            Some("enabled") => "enabled = true".to_owned(),
+            Some("node_id") => "node_id = 1".to_owned(),
+            Some("raft_listen") => format!("raft_listen = \"127.0.0.1:{raft_port}\""),
+            Some("seeds") => format!("seeds = [\"1=127.0.0.1:{raft_port}\"]"),
+            Some("object_store") => format!("object_store = \"file://{}\"", d.join("objects").display()),
+            _ => line,
+        };
+        config.push_str(&line.replace("/etc/notebookos/", &format!("{}/", etc.display())));
+        config.push('\n');
+    }
+    assert_eq!(uncommented, 4, "token_file, operator_token_file and two tls lines are commented in the shipped config");
+    let cfg = write_config(d, &config);
+    let o = run(&notebookosd(), &["--config", cfg.to_str().expect("utf8"), "--check-config"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    let daemon = Daemon::start(&["--config", cfg.to_str().expect("utf8")]);
+    assert!(daemon.url.starts_with("https://127.0.0.1:"), "{}", daemon.url);
+    let endpoint: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("run/endpoint.json")).expect("endpoint.json"))
+            .expect("endpoint json");
+    assert_eq!(endpoint["url"], daemon.url.as_str());
+    assert_eq!(endpoint["ca_cert"], pki.join("ca.pem").to_str().expect("utf8"));
+    let mode = std::fs::metadata(d.join("run/endpoint.json")).expect("stat").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o644, "local users' clients must read the endpoint file");
+    // What nbos does with those two: the host answers over HTTPS with the operations.md certificate.
+    let o = Command::new(NBOS)
+        .args(["--url", &daemon.url, "--ca-cert", pki.join("ca.pem").to_str().expect("utf8"), "status", "--json"])
+        .env("NBOS_TOKEN_FILE", etc.join("token"))
+        .output()
+        .expect("nbos status");
+    assert!(o.status.success(), "nbos status: {}", stderr(&o));
+    assert_eq!(daemon.terminate().code(), Some(0));
+}
+
+/// Every environment variable an operator can set is in configuration.md's table (issue 33):
+/// the CLI's `env = "NBOS_…"` options, the token variables and the daemon's `NBOS_LOG`.
+#[test]
+fn the_environment_table_names_every_variable() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let doc = std::fs::read_to_string(root.join("docs/configuration.md")).expect("configuration.md");
+    let table = &doc[doc.find("## Environment").expect("an Environment section")..];
+    let mut names = vec!["NBOS_TOKEN".to_owned(), "NBOS_OPERATOR_TOKEN".to_owned(), "NBOS_LOG".to_owned()];
+    let mut dirs = vec![root.join("daemon/cli/src"), root.join("daemon/bench/src")];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).expect("source dir").flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|x| x == "rs") {
+                let text = std::fs::read_to_string(&path).expect("source");
+                for part in text.split("env = \"NBOS_").skip(1) {
+                    let name: String = part.chars().take_while(|c| c.is_ascii_uppercase() || *c == '_').collect();
+                    names.push(format!("NBOS_{name}"));
+                }
+            }
+        }
+    }
+    assert!(names.len() > 6, "no env options found: {names:?}");
+    for name in names {
+        assert!(table.contains(&format!("`{name}`")), "{name} is not in docs/configuration.md's Environment table");
+    }
 }
 
 #[test]

@@ -76,11 +76,16 @@ pub fn parse_gpu_memory_mib(value: &str) -> Result<u64, String> {
 }
 
 /// A short name for this host among others on the same machine: from its kernels
-/// directory, so it is the same after a restart (which then finds its old cgroups).
+/// directory and machine id, so it is the same after a restart (which then finds its old cgroups).
 pub(crate) fn host_tag(kernels_dir: &std::path::Path) -> String {
     use sha2::Digest;
-    let digest = sha2::Sha256::digest(kernels_dir.as_os_str().as_encoded_bytes());
-    hex::encode(&digest[..4])
+    // The machine's id too: machines (containers, chroots) that share one cgroup tree and
+    // the packaged paths must not take each other's kernels' cgroups for their own.
+    let machine = std::fs::read("/etc/machine-id").unwrap_or_default();
+    let mut h = sha2::Sha256::new();
+    h.update(kernels_dir.as_os_str().as_encoded_bytes());
+    h.update(machine.trim_ascii());
+    hex::encode(&h.finalize()[..4])
 }
 
 /// How a started kernel is kept, and whose it is.

@@ -21,6 +21,9 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + std::fmt::
 /// A WebSocket to a kernel's channels.
 pub type ChannelsSocket = tokio_tungstenite::WebSocketStream<Box<dyn ClientIo>>;
 
+/// The largest cluster status the proxy reads (thousands of hosts fit in a few MiB).
+const CLUSTER_STATUS_MAX_BYTES: u64 = 8 << 20;
+
 /// Kernel start waits for the kernel to answer; allow for a slow machine.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -86,7 +89,12 @@ impl GatewayClient {
             }
             _ => None,
         };
-        Ok(Self::new(&url, token))
+        let client = Self::new(&url, token);
+        // The local daemon's own URL: verified against the CA its endpoint file names.
+        match endpoint.and_then(|e| e.ca_cert.filter(|_| e.url == url && url.starts_with("https://"))) {
+            Some(ca) => Ok(client.with_tls(super::tls::client_config(&ca, None)?)),
+            None => Ok(client),
+        }
     }
 
     fn request(&self, method: &str, path: &str) -> ureq::Request {
@@ -137,7 +145,12 @@ impl GatewayClient {
     /// (blocking); none when the gateway is not a cluster host (404).
     pub fn cluster_gateways(&self) -> anyhow::Result<Vec<String>> {
         let status: serde_json::Value = match self.request("GET", "/api/v1/cluster/status").call() {
-            Ok(r) => r.into_json().context("decoding the cluster status")?,
+            // Read to a cap: a gateway the proxy only learned of must not make it hold any size.
+            Ok(r) => {
+                use std::io::Read;
+                serde_json::from_reader(r.into_reader().take(CLUSTER_STATUS_MAX_BYTES))
+                    .context("decoding the cluster status (at most 8 MiB)")?
+            }
             Err(ureq::Error::Status(404, _)) => return Ok(Vec::new()),
             Err(e) => return Err(Self::error("GET /api/v1/cluster/status", e)),
         };
@@ -263,4 +276,37 @@ pub fn is_not_found(err: &anyhow::Error) -> bool {
     err.chain().any(|e| {
         e.downcast_ref::<WsError>().is_some_and(|w| matches!(w, WsError::Http(r) if r.status().as_u16() == 404))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    use super::*;
+
+    /// A gateway answering the cluster status with `body_len` bytes of a JSON string.
+    fn serve_status(body_len: usize) -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        std::thread::spawn(move || {
+            let Ok((mut s, _)) = listener.accept() else { return };
+            let mut head = [0u8; 1024];
+            let _ = s.read(&mut head);
+            let body = format!("{{\"members\": [], \"pad\": \"{}\"}}", "x".repeat(body_len));
+            let _ = write!(s, "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+            let _ = s.write_all(body.as_bytes());
+        });
+        url
+    }
+
+    #[test]
+    fn a_cluster_status_past_the_cap_is_refused_and_one_within_it_read() {
+        assert_eq!(
+            GatewayClient::new(&serve_status(1000), None).cluster_gateways().expect("small"),
+            Vec::<String>::new()
+        );
+        let big = usize::try_from(CLUSTER_STATUS_MAX_BYTES).expect("fits") + 1;
+        let e = GatewayClient::new(&serve_status(big), None).cluster_gateways().expect_err("over the cap");
+        assert!(format!("{e:#}").contains("at most 8 MiB"), "{e:#}");
+    }
 }

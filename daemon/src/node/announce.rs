@@ -4,6 +4,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use anyhow::Context;
+
 use super::fs::write_file_atomically;
 use crate::config::Config;
 use crate::gateway::AppState;
@@ -13,14 +15,30 @@ use crate::link::endpoint::{Endpoint, ENDPOINT_FILE};
 /// path (removed at shutdown).
 pub(super) fn announce(config: &Config, state: &AppState, token_file: Option<&Path>) -> anyhow::Result<PathBuf> {
     let AppState { node, url, dev, token, inventory, .. } = state;
+    let advertise = if config.cluster.enabled { config.cluster.advertise_url.as_str() } else { "" };
+    // The cluster's CA (the node certificate serves HTTPS too), else the one clients are checked
+    // against, which a site's own PKI shares with its servers.
+    let ca_cert = match (&config.cluster.tls, &config.http.tls) {
+        (Some(t), Some(_)) if config.cluster.enabled => Some(t.ca_cert.clone()),
+        (_, Some(t)) => t.client_ca.clone(),
+        (_, None) => None,
+    };
     let endpoint = Endpoint {
-        url: url.clone(),
+        url: Endpoint::local_url(url, advertise),
         pid: std::process::id(),
         token_file: token_file.map(Path::to_path_buf),
         state_dir: config.node.state_dir.clone(),
+        ca_cert,
     };
     let endpoint_path = config.node.runtime_dir.join(ENDPOINT_FILE);
     write_file_atomically(&endpoint_path, serde_json::to_string_pretty(&endpoint)?.as_bytes())?;
+    // Every account may read it (no secret in it: the token file it names is the daemon's,
+    // 0600), so that a user's Jupyter client finds the daemon through the packaged kernelspecs.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&endpoint_path, std::fs::Permissions::from_mode(0o644))
+            .with_context(|| format!("opening {} to local clients", endpoint_path.display()))?;
+    }
 
     tracing::info!(
         node = %node, %url, state_dir = %config.node.state_dir.display(),

@@ -6,7 +6,9 @@
 //! What is checked: the token files exist, hold a token, and are not writable by others;
 //! TLS certificates and keys parse, each key matches its certificate, and the cluster's
 //! node certificate chains to its CA; the GPU driver library (`nvidia` or `fake`, or
-//! `auto` when one is found) and the CUDA shim are there and the driver loads.
+//! `auto` when one is found) and the CUDA shim are there and the driver loads; a shared
+//! directory object store (`file://`) can be written (the unit's `ProtectSystem=strict`
+//! makes one outside the daemon's own directories read-only unless a drop-in opens it).
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -49,7 +51,30 @@ pub fn check(config: &Config) -> anyhow::Result<()> {
             t.ca_cert.display()
         );
     }
+    if config.cluster.enabled {
+        if let Some(dir) = config.cluster.object_store.strip_prefix("file://") {
+            writable_dir(Path::new(dir))
+                .with_context(|| format!("cluster.object_store = {}", config.cluster.object_store))?;
+        }
+    }
     gpu_libraries(config)
+}
+
+/// A directory the daemon will write in, or the nearest existing one above it (it creates
+/// the rest): writable by this process as it runs now (its uid, its sandbox's read-only mounts).
+fn writable_dir(dir: &Path) -> anyhow::Result<()> {
+    use nix::unistd::{access, AccessFlags};
+    let existing = dir.ancestors().find(|d| d.exists()).unwrap_or(Path::new("/"));
+    match access(existing, AccessFlags::W_OK | AccessFlags::X_OK) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EROFS) => anyhow::bail!(
+            "{} is on a read-only file system here: under the unit's ProtectSystem=strict a shared store needs a \
+             drop-in (`systemctl edit notebookosd`: [Service] ReadWritePaths={})",
+            existing.display(),
+            dir.display()
+        ),
+        Err(e) => anyhow::bail!("{} is not writable by the daemon: {e}", existing.display()),
+    }
 }
 
 /// A secret (token, private key): a regular file nobody else may write.

@@ -439,7 +439,7 @@ impl TestCluster {
             // Secrets through the environment: argv is readable by every local user.
             .env("NBOS_TOKEN", self.token())
             .env("NBOS_OPERATOR_TOKEN", &self.layout.operator_token)
-            .args(self.layout.ca_cert.iter().flat_map(|ca| [PathBuf::from("--ca-cert"), ca.clone()]))
+            .args(self.layout_ca_args())
             .args(args)
             .output()
             .expect("run nbos");
@@ -448,6 +448,11 @@ impl TestCluster {
             String::from_utf8_lossy(&out.stdout).into_owned(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
+    }
+
+    /// `--ca-cert CA` for `nbos` when the cluster speaks TLS, else nothing.
+    pub fn layout_ca_args(&self) -> Vec<PathBuf> {
+        self.layout.ca_cert.iter().flat_map(|ca| [PathBuf::from("--ca-cert"), ca.clone()]).collect()
     }
 
     /// The directory shared by the hosts (tokens, object store, PKI).

@@ -72,8 +72,9 @@ pub(super) struct Round {
 pub(super) struct CellLoop {
     /// The rounds so far and what they decided.
     pub(super) election: Election,
-    /// Since when no replica was reachable, without a look in between that found one: a cell
-    /// that waited minutes for GPUs must not fail at a replica's first blink (a move's switch).
+    /// Since when no replica was reachable, with no replica's answer in between: a cell that
+    /// waited minutes for GPUs must not fail at a replica's first blink (a move's switch), and
+    /// one whose replicas only seem live now and then, never answering, must still end.
     unreachable_since: Option<Instant>,
     told_waiting: bool,
     told_moving: Option<u32>,
@@ -94,11 +95,9 @@ impl CellLoop {
 
     /// The next step, from what the driver looked up (`None`: the kernel's record is gone).
     pub(super) fn on_snapshot(&mut self, snapshot: Option<Snapshot>, now: Instant) -> Step {
-        let step = self.next_step(snapshot, now);
-        if !matches!(step, Step::WaitForReplica { .. } | Step::Fail(_)) {
-            self.unreachable_since = None;
-        }
-        step
+        // The stretch without a replica ends only with an answer ([`CellLoop::on`]): a replica
+        // whose round timed out counts as yielded, so a wait for GPUs is no proof of one.
+        self.next_step(snapshot, now)
     }
 
     fn next_step(&mut self, snapshot: Option<Snapshot>, now: Instant) -> Step {
@@ -116,8 +115,9 @@ impl CellLoop {
         }
         let election = &mut self.election;
         let live: HashSet<u32> = cands.iter().filter(|c| c.live).map(|c| c.replica).collect();
-        if !election.yielded.is_empty() && live.iter().all(|r| election.yielded.contains(r)) {
-            // Every live replica said it cannot: the cell waits for GPUs.
+        if !live.is_empty() && !election.yielded.is_empty() && live.iter().all(|r| election.yielded.contains(r)) {
+            // Every live replica said it cannot: the cell waits for GPUs. (With none live,
+            // it waits for a replica below, and that wait ends.)
             let tell_waiting = (!std::mem::replace(&mut self.told_waiting, true)).then(|| {
                 let reason = election.expected.as_ref().map(|e| e.reason.clone()).filter(|r| !r.is_empty());
                 format!(
@@ -165,6 +165,11 @@ impl CellLoop {
 
     /// What the running round makes of `heard` ([`Election::on`]).
     pub(super) fn on(&mut self, heard: Heard) -> Next {
+        // A replica answered: the stretch without one ends (a round alone does not: a
+        // replica that looks live but never answers would keep the cell waiting forever).
+        if matches!(heard, Heard::Outcome { .. }) {
+            self.unreachable_since = None;
+        }
         self.election.on(heard)
     }
 
@@ -246,12 +251,39 @@ mod tests {
         assert_eq!(cl.on_snapshot(none_live(), blink), Step::WaitForReplica { until: blink + YIELD_RETRY });
         let edge = blink + NO_REPLICA_TIMEOUT;
         assert_eq!(cl.on_snapshot(none_live(), edge), Step::WaitForReplica { until: edge + YIELD_RETRY });
-        // A replica back ends the stretch; the next stretch starts its own count.
-        assert!(matches!(cl.on_snapshot(busy(), edge), Step::Round(_)));
+        // A replica back, and answering, ends the stretch; the next stretch starts its own count.
+        let r = round(cl.on_snapshot(busy(), edge));
+        assert!(matches!(cl.on(yielded(r.lead_node, "busy")), Next::NewRound { .. }));
         let again = edge + Duration::from_secs(1);
         assert_eq!(cl.on_snapshot(none_live(), again), Step::WaitForReplica { until: again + YIELD_RETRY });
         let past = again + NO_REPLICA_TIMEOUT + Duration::from_millis(1);
         assert_eq!(cl.on_snapshot(none_live(), past), Step::Fail(Failure::NoReplica));
+    }
+
+    /// A replica that seems live now and then but never answers (its link flickers) does not
+    /// reset the count: rounds to it time out, and the cell fails NO_REPLICA_TIMEOUT after
+    /// the first look that found none.
+    #[test]
+    fn a_replica_that_flickers_live_but_never_answers_does_not_keep_the_cell_forever() {
+        let t0 = Instant::now();
+        let mut cl = CellLoop::new();
+        let blinking = || snap(vec![cand(1, true, 1), cand(2, false, 1)], 1, None, None);
+        let none_live = || snap(vec![cand(1, false, 1), cand(2, false, 1)], 1, None, None);
+        assert!(matches!(cl.on_snapshot(none_live(), t0), Step::WaitForReplica { .. }));
+        let mut now = t0;
+        while now - t0 <= NO_REPLICA_TIMEOUT {
+            now += Duration::from_secs(1);
+            // A round to it, or (it timed out: counted as yielded) a wait for GPUs.
+            match cl.on_snapshot(blinking(), now) {
+                Step::Round(_) => assert!(matches!(cl.on(Heard::TimedOut), Next::NewRound { .. })),
+                step => assert!(matches!(step, Step::WaitForGpus { .. }), "{step:?}"),
+            }
+            now += Duration::from_secs(1);
+            if now - t0 <= NO_REPLICA_TIMEOUT {
+                assert!(matches!(cl.on_snapshot(none_live(), now), Step::WaitForReplica { .. }));
+            }
+        }
+        assert_eq!(cl.on_snapshot(none_live(), now), Step::Fail(Failure::NoReplica));
     }
 
     #[test]
@@ -390,9 +422,6 @@ mod tests {
                 let live: Vec<u64> = cands.iter().filter(|c| c.live).map(|c| c.node_id).collect();
                 let last = last.map(|r| (r, u64::from(r) * 10));
                 let step = cl.on_snapshot(snap(cands.clone(), gpus, moving, last), now);
-                if !matches!(step, Step::WaitForReplica { .. } | Step::Fail(_)) {
-                    stretch = None;
-                }
                 match step {
                     Step::Round(r) => {
                         let mut sent: Vec<u64> = r.sends.iter().map(|&(n, _)| n).collect();
@@ -407,7 +436,11 @@ mod tests {
                             prop_assert!(rounds.is_empty() && r.round == 0);
                         }
                         rounds.push(r.round);
-                        let next = cl.on(undecided(heard, r.lead_node));
+                        let heard = undecided(heard, r.lead_node);
+                        if matches!(heard, Heard::Outcome { .. }) {
+                            stretch = None;
+                        }
+                        let next = cl.on(heard);
                         prop_assert!(matches!(next, Next::NewRound { .. }), "{:?}", next);
                     }
                     Step::WaitForGpus { tell_waiting, tell_moving, ask_move, until } => {
