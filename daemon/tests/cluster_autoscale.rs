@@ -215,7 +215,11 @@ fn the_example_provider_scales_out_for_kernels_and_back_in_when_they_go() {
     // seeds stay through more decisions (interval 1 s, peak window 2 s).
     let (code, v) = c.delete(1, &format!("/api/kernels/{k1}"));
     assert_eq!(code, 204, "{v}");
-    std::thread::sleep(Duration::from_secs(6));
+    let decisions = |c: &TestCluster| metric(c, "notebookos_autoscale_decisions_total ");
+    let d0 = decisions(&c);
+    wait_for(Duration::from_secs(60), "five autoscaler decisions with no kernel left (past the peak window)", || {
+        (decisions(&c) >= d0 + 5.0).then_some(())
+    });
     assert_eq!(members_up(&c), vec![1, 2, 3], "a seed was released");
     assert_eq!(metric(&c, released), in0 + 3.0, "a seed was released");
 }

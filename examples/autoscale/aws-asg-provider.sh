@@ -24,6 +24,11 @@ case "$(printf '%s' "$req" | jq -r .action)" in
   release)
     # The host's name is its EC2 instance id (node.name = the instance id in the launch template).
     instance="$(printf '%s' "$req" | jq -r .host.name)"
+    # Idempotent (a release is retried when its answer was lost): an instance no longer in the
+    # group is released already.
+    in_group="$(aws autoscaling describe-auto-scaling-instances --instance-ids "$instance" \
+      --query 'length(AutoScalingInstances)' --output text)" || answer false "could not look up $instance"
+    [ "$in_group" = 0 ] && answer true "$instance is no longer in $group"
     aws autoscaling terminate-instance-in-auto-scaling-group --instance-id "$instance" \
       --should-decrement-desired-capacity >/dev/null || answer false "could not terminate $instance"
     answer true "terminated $instance" ;;

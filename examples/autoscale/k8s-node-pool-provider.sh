@@ -23,6 +23,8 @@ case "$(printf '%s' "$req" | jq -r .action)" in
     # The host has left the cluster: make its pod the one the Deployment removes when it
     # shrinks by one (pod deletion cost), then shrink it (node.name = pod name).
     name="$(printf '%s' "$req" | jq -r .host.name)"; now="$(replicas)"
+    # Idempotent (a release is retried when its answer was lost): a pod already gone is released.
+    kubectl -n "$namespace" get pod "$name" >/dev/null 2>&1 || answer true "pod $name is already gone"
     kubectl -n "$namespace" annotate --overwrite pod "$name" controller.kubernetes.io/pod-deletion-cost=-1000000 \
       >/dev/null || answer false "could not mark pod $name for deletion"
     kubectl -n "$namespace" scale deployment "$deployment" --replicas=$((now - 1)) >/dev/null \

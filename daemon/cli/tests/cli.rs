@@ -233,6 +233,25 @@ fn check_config_checks_the_files_the_config_names_and_the_start_refuses_them_wit
     std::fs::write(&shared, "0123456789abcdef0123456789abcdef\n").expect("token");
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o666)).expect("chmod");
     refused("writable-token", base(&format!("token_file = {shared:?}"), ""), &["http.token_file", "0666"]);
+    // One in a directory others may write (they could put another file in its place).
+    let open_dir = d.join("open");
+    std::fs::create_dir(&open_dir).expect("dir");
+    std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    std::fs::copy(&token, open_dir.join("token")).expect("copy");
+    let in_open_dir = open_dir.join("token");
+    refused(
+        "token-in-open-dir",
+        base(&format!("token_file = {in_open_dir:?}"), ""),
+        &["http.token_file", "lets other accounts replace it"],
+    );
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        // One owned by another account, who could chmod it back and change it.
+        let theirs = d.join("their-token");
+        std::fs::copy(&token, &theirs).expect("copy");
+        std::os::unix::fs::chown(&theirs, Some(65534), None).expect("chown");
+        refused("foreign-owner", base(&format!("token_file = {theirs:?}"), ""), &["http.token_file", "uid 65534"]);
+    }
 
     // A TLS key that is not the certificate's.
     let (cert1, key2) = (ours.join("node-1.pem"), ours.join("node-2.key"));

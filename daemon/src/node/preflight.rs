@@ -77,14 +77,33 @@ fn writable_dir(dir: &Path) -> anyhow::Result<()> {
     }
 }
 
-/// A secret (token, private key): a regular file nobody else may write.
+/// A secret (token, private key): a regular file nobody else may write or replace: owned by
+/// root or the daemon's account, not group- or world-writable, in a directory likewise (or a
+/// sticky one, where others cannot rename it away).
 fn secret(path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(path).context("no such file, or not readable")?;
     anyhow::ensure!(meta.is_file(), "not a regular file");
+    let me = nix::unistd::geteuid().as_raw();
+    let trusted = |uid: u32| uid == 0 || uid == me;
+    anyhow::ensure!(
+        trusted(meta.uid()),
+        "owned by uid {}, who can change it (chown root, or the daemon's account)",
+        meta.uid()
+    );
     let mode = meta.permissions().mode() & 0o7777;
     anyhow::ensure!(
         mode & 0o022 == 0,
         "mode {mode:04o} lets other accounts change it (chmod 600 and chown root, or 640 with the daemon's group)"
+    );
+    let dir = std::path::absolute(path)?.parent().map(Path::to_path_buf).unwrap_or_else(|| "/".into());
+    let dmeta = std::fs::metadata(&dir).with_context(|| format!("reading its directory {}", dir.display()))?;
+    let dmode = dmeta.permissions().mode() & 0o7777;
+    anyhow::ensure!(
+        trusted(dmeta.uid()) && (dmode & 0o022 == 0 || dmode & 0o1000 != 0),
+        "its directory {} (uid {}, mode {dmode:04o}) lets other accounts replace it",
+        dir.display(),
+        dmeta.uid()
     );
     if mode & 0o004 != 0 {
         // Before logging starts (this runs first): stderr, which the journal keeps.

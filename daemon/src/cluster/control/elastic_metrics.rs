@@ -46,6 +46,8 @@ pub struct ElasticMetrics {
     pub hosts_booting: Gauge,
     /// Hosts that left the cluster whose release the provider has not done yet (retried).
     pub hosts_unreleased: Gauge,
+    /// Decisions the autoscaler made while this host led the meta group.
+    pub decisions: Counter,
 }
 
 impl Default for ElasticMetrics {
@@ -59,6 +61,7 @@ impl Default for ElasticMetrics {
             scaled_hosts: Family::default(),
             hosts_booting: Gauge::default(),
             hosts_unreleased: Gauge::default(),
+            decisions: Counter::default(),
         }
     }
 }
@@ -96,6 +99,11 @@ impl ElasticMetrics {
             "notebookos_autoscale_hosts_unreleased",
             "Hosts that left the cluster for a scale-in whose release the provider failed so far (retried)",
             self.hosts_unreleased.clone(),
+        );
+        r.register(
+            "notebookos_autoscale_decisions",
+            "Decisions the autoscaler made (one per interval while this host leads the meta group)",
+            self.decisions.clone(),
         );
         r
     }

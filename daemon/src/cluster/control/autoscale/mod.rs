@@ -114,7 +114,9 @@ async fn run(cluster: Arc<Cluster>, config: AutoscaleConfig, provider: Arc<dyn P
             waiting_gpus: waiting,
         };
         let millis = u64::try_from(cluster_clock().elapsed().as_millis()).unwrap_or(u64::MAX);
-        match decider.decide(millis, &now, cluster.settings().subscription_ratio) {
+        let scale = decider.decide(millis, &now, cluster.settings().subscription_ratio);
+        metrics.decisions.inc();
+        match scale {
             Scale::Out(n) => {
                 tracing::info!(hosts = now.hosts, booting = now.booting, count = n, ?now, "autoscaler: scaling out");
                 let view = ClusterView {
