@@ -6,7 +6,7 @@ Not a service manager: it reads a unit (its file and drop-ins), runs `ExecStartP
 starts `ExecStart=` in a session of its own as the unit's `User=`, with its
 `EnvironmentFile=` and `Environment=`, logging to /var/log/UNIT.log; like systemctl, `start`
 of a `Type=notify` unit returns once the service said READY=1 on its NOTIFY_SOCKET (or
-failed). It stops a unit with SIGTERM to that session. The sandboxing settings are not
+failed), of any other type at once. It stops a unit with SIGTERM to that session. The sandboxing settings are not
 applied (daemon/tests/systemd_unit.rs tests those). systemctl: start, stop, restart, reload
 (a restart), enable/disable [--now], daemon-reload, is-active; journalctl: -u UNIT (the log
 file). Anything else fails loudly.
@@ -140,8 +140,6 @@ def start(name: str) -> None:
     p = subprocess.Popen(as_user(command(exec_start[-1], env), keys), env=env, stdin=subprocess.DEVNULL,
                          stdout=log, stderr=log, start_new_session=True, cwd="/")
     (STATE / f"{name}.pid").write_text(str(p.pid))
-    if notify is None:
-        time.sleep(1)
     deadline = time.monotonic() + 90
     while notify is not None:
         if p.poll() is not None:

@@ -26,7 +26,8 @@ walkthrough_cleanup() {
     trap - ERR
     [ -n "$WT_CLIENT" ] && kill -9 "$WT_CLIENT" 2>/dev/null
     for pid in "${WT_INITS[@]}"; do kill -9 "$pid" 2>/dev/null; done
-    sleep 0.5
+    # A PID namespace's processes die with its init; its mounts are busy until they have.
+    for pid in "${WT_INITS[@]}"; do timeout 10 tail --pid="$pid" -f /dev/null; done
     if [ -n "$WT" ]; then
         for m in "${WT_MACHINES[@]}"; do
             mountpoint -q "$WT/$m/root" && umount -R -l "$WT/$m/root"

@@ -142,10 +142,8 @@ impl Client {
         };
         // The local daemon's own URL: verified against the CA its endpoint file names, unless
         // --ca-cert says otherwise.
-        let endpoint_ca = endpoint
-            .as_ref()
-            .filter(|e| e.url == url && url.starts_with("https://") && target.ca_cert.is_none())
-            .and_then(|e| e.ca_cert.clone());
+        let endpoint_ca =
+            endpoint.as_ref().filter(|_| target.ca_cert.is_none()).and_then(|e| e.ca_for(&url)).map(Into::into);
         let agent = match endpoint_ca {
             Some(ca) => ConnectArgs { ca_cert: Some(ca), ..target.clone() }.agent(Duration::from_secs(10))?,
             None => target.agent(Duration::from_secs(10))?,

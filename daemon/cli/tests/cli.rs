@@ -245,7 +245,8 @@ fn check_config_checks_the_files_the_config_names_and_the_start_refuses_them_wit
         &["http.token_file", "lets other accounts replace it"],
     );
     // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
+    let root = unsafe { libc::geteuid() } == 0;
+    if root {
         // One owned by another account, who could chmod it back and change it.
         let theirs = d.join("their-token");
         std::fs::copy(&token, &theirs).expect("copy");
@@ -285,8 +286,6 @@ fn check_config_checks_the_files_the_config_names_and_the_start_refuses_them_wit
     std::fs::create_dir(&store).expect("store");
     let cfg = d.join("read-only-store.toml");
     std::fs::write(&cfg, &good).expect("config");
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
     let o = if root {
         let script = format!(
             "mount --bind {s} {s} && mount -o remount,bind,ro {s} && exec {bin} --config {cfg} --check-config",
@@ -388,6 +387,10 @@ fn the_shipped_config_with_its_credential_lines_uncommented_starts_a_tls_cluster
     assert_eq!(endpoint["ca_cert"], pki.join("ca.pem").to_str().expect("utf8"));
     let mode = std::fs::metadata(d.join("run/endpoint.json")).expect("stat").permissions().mode() & 0o777;
     assert_eq!(mode, 0o644, "local users' clients must read the endpoint file");
+    // Which every account may: no token in it, only where the daemon's (0600) is.
+    let text = std::fs::read_to_string(d.join("run/endpoint.json")).expect("endpoint.json");
+    let token = std::fs::read_to_string(etc.join("token")).expect("token");
+    assert!(!text.contains(token.trim()), "the endpoint file holds the token: {text}");
     // What nbos does with those two: the host answers over HTTPS with the operations.md certificate.
     let o = Command::new(NBOS)
         .args(["--url", &daemon.url, "--ca-cert", pki.join("ca.pem").to_str().expect("utf8"), "status", "--json"])

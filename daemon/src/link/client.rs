@@ -91,8 +91,8 @@ impl GatewayClient {
         };
         let client = Self::new(&url, token);
         // The local daemon's own URL: verified against the CA its endpoint file names.
-        match endpoint.and_then(|e| e.ca_cert.filter(|_| e.url == url && url.starts_with("https://"))) {
-            Some(ca) => Ok(client.with_tls(super::tls::client_config(&ca, None)?)),
+        match endpoint.as_ref().and_then(|e| e.ca_for(&url)) {
+            Some(ca) => Ok(client.with_tls(super::tls::client_config(ca, None)?)),
             None => Ok(client),
         }
     }

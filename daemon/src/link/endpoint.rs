@@ -34,6 +34,11 @@ impl Endpoint {
         }
         listen_url.replacen("://0.0.0.0:", "://127.0.0.1:", 1).replacen("://[::]:", "://[::1]:", 1)
     }
+
+    /// The CA to verify `url` with: this daemon's, when `url` is its own https:// URL.
+    pub fn ca_for(&self, url: &str) -> Option<&std::path::Path> {
+        self.ca_cert.as_deref().filter(|_| self.url == url && url.starts_with("https://"))
+    }
 }
 
 /// Name of the file in `runtime_dir` where a running node describes its endpoint.
@@ -60,9 +65,26 @@ mod tests {
     }
 
     #[test]
+    fn the_ca_applies_to_the_daemons_own_https_url_only() {
+        let e = Endpoint {
+            url: "https://gpu-host-2.example:8888".into(),
+            pid: 1,
+            token_file: None,
+            state_dir: "/var/lib/notebookos".into(),
+            ca_cert: Some("/etc/notebookos/pki/ca.pem".into()),
+        };
+        assert_eq!(
+            e.ca_for("https://gpu-host-2.example:8888"),
+            Some(std::path::Path::new("/etc/notebookos/pki/ca.pem"))
+        );
+        assert_eq!(e.ca_for("https://elsewhere.example:8888"), None);
+    }
+
+    #[test]
     fn an_endpoint_file_of_the_version_before_still_reads() {
         let old = r#"{"url":"http://127.0.0.1:8888","pid":7,"token_file":null,"state_dir":"/var/lib/notebookos"}"#;
-        let e: Endpoint = serde_json::from_str(old).unwrap();
+        let e: Endpoint = serde_json::from_str(old).expect("the old endpoint file");
         assert_eq!(e.ca_cert, None);
+        assert_eq!(e.ca_for("http://127.0.0.1:8888"), None);
     }
 }
